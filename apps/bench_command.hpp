@@ -1,0 +1,33 @@
+#pragma once
+// `stepgraph bench`: for each hidden width and batch size of the reference
+// MLP (784-H-H-H-10), time training steps by CUDA-graph replay and by plain
+// stream launches of the same schedule, against floors measured in the same
+// run; merge PyTorch's numbers (bench/torch_bench.py) when given; write JSON,
+// CSV, SVG plots and a markdown table.
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace sg::app {
+
+struct BenchRequest {
+  std::string widths = "128,256,512,1024,2048,4096,8192";
+  std::string batches = "32,256,1024";
+  long long steps = 5000;
+  int repeats = 5;
+  long long warmup = 200;
+  std::string data_dir = "data/mnist";
+  std::string out_dir = "runs/bench";
+  std::string torch_json;  // output of bench/torch_bench.py to merge
+  std::string weights = "fp16";
+  std::string accumulate = "fp32";
+  int steps_per_launch = 1;
+  bool profile = true;     // per-launch profile of one step at batch 32
+};
+
+void add_bench_options(CLI::App& cmd, BenchRequest& request);
+int run_bench(const BenchRequest& request);
+
+}  // namespace sg::app

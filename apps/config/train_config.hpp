@@ -1,0 +1,101 @@
+#pragma once
+// The typed training configuration read from YAML (configs/*.yaml). Every key
+// below is the YAML key path; unknown keys, wrong types and out-of-range
+// values are ConfigError naming the file, line and key.
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sg::app {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  // Either `layers` (full list, input first, classes last: [784,128,128,128,10])
+  // or `input` + `hidden_width` + `hidden_depth` + `classes`; after loading,
+  // `layers` always holds the expanded list.
+  std::vector<std::int64_t> layers;
+  std::int64_t input = 784;
+  std::int64_t hidden_width = 0;
+  std::int64_t hidden_depth = 0;
+  std::int64_t classes = 10;
+  std::string activation = "relu";  // only relu is supported
+};
+
+struct DataConfig {
+  std::string dir = "data/mnist";  // folder with the four IDX files (.gz or raw)
+  std::int64_t batch_size = 32;
+  std::uint64_t shuffle_seed = 1;
+  bool normalize = false;          // (x - mean) / std after scaling to [0,1]
+  double mean = 0.1307;
+  double std = 0.3081;
+  std::int64_t train_limit = 0;    // use the first N training images (0 = all)
+  std::int64_t test_limit = 0;     // use the first N test images (0 = all)
+  std::int64_t eval_batch_size = 1000;
+};
+
+struct LrScheduleConfig {
+  std::string kind = "constant";   // constant | step | cosine
+  std::int64_t warmup_steps = 0;   // linear warm-up from 0 over this many steps
+  std::int64_t step_size = 1000;   // step: multiply by gamma every step_size steps
+  double gamma = 0.1;
+  double min_lr = 0.0;             // cosine: floor
+};
+
+struct OptimConfig {
+  std::string name = "sgd";        // only sgd
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  LrScheduleConfig schedule;
+};
+
+struct PrecisionConfig {
+  std::string weights = "fp16";     // fp16 | fp32 (fp32 master weights, fp16 matmul inputs)
+  std::string accumulate = "fp32";  // fp16 | fp32 (cuBLASLt compute type)
+};
+
+struct RunConfig {
+  std::int64_t steps = 0;          // exactly one of steps / epochs is > 0
+  std::int64_t epochs = 0;
+  std::uint64_t seed = 0;          // parameter initialisation
+  std::int64_t eval_every = 0;     // 0 = only at the end
+  std::int64_t log_every = 100;
+  std::string out_dir = "runs/default";  // metrics, plot, resolved config
+  std::string checkpoint;          // path to write at the end / on Ctrl-C ("" = none)
+  std::int64_t checkpoint_every = 0;
+  std::string resume;              // checkpoint to resume from ("" = fresh)
+};
+
+struct BackendConfig {
+  std::string kind = "auto";       // auto | cuda | cpu
+  bool cuda_graph = true;          // false: plain stream launches
+  bool autotune = false;           // time cuBLASLt candidates once per shape
+  std::int64_t steps_per_launch = 1;  // training steps captured per CUDA graph
+};
+
+struct TrainConfig {
+  std::string source;  // file the config came from (for messages)
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  PrecisionConfig precision;
+  RunConfig run;
+  BackendConfig backend;
+};
+
+// Loads and validates `path`, then applies `overrides` ("optim.lr=0.1"; the
+// value is parsed as YAML) before validation. Throws ConfigError.
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides = {});
+// Same from YAML text; `source` names it in messages.
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source,
+                         const std::vector<std::string>& overrides = {});
+// The fully resolved configuration as YAML (every key, defaults included);
+// parse_config(to_yaml(c)) reproduces c.
+std::string to_yaml(const TrainConfig& config);
+
+}  // namespace sg::app

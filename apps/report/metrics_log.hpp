@@ -1,0 +1,34 @@
+#pragma once
+// Per-run metrics: one row per logged step, written as CSV and JSON
+// (atomically) into the run's output folder.
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+namespace sg::report {
+
+struct MetricsRow {
+  std::int64_t step = 0;
+  double train_loss = std::numeric_limits<double>::quiet_NaN();
+  double test_loss = std::numeric_limits<double>::quiet_NaN();     // NaN when not evaluated
+  double test_accuracy = std::numeric_limits<double>::quiet_NaN();  // fraction in [0,1]
+  double lr = 0;
+  double elapsed_s = 0;
+};
+
+class MetricsLog {
+ public:
+  void add(const MetricsRow& row) { rows_.push_back(row); }
+  const std::vector<MetricsRow>& rows() const { return rows_; }
+  // Writes <dir>/metrics.csv and <dir>/metrics.json (NaN -> empty / null).
+  void write(const std::filesystem::path& dir) const;
+  // Writes <dir>/loss.svg: train loss and test loss over steps, test accuracy if any.
+  void write_loss_plot(const std::filesystem::path& dir, const std::string& title) const;
+
+ private:
+  std::vector<MetricsRow> rows_;
+};
+
+}  // namespace sg::report

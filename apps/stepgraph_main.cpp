@@ -1,0 +1,84 @@
+// stepgraph: train an MLP from a YAML config, inspect its graphs, benchmark
+// graph replay against stream launches and PyTorch.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "apps/bench_command.hpp"
+#include "apps/inspect_command.hpp"
+#include "apps/training_run.hpp"
+
+namespace {
+
+std::atomic<bool> g_stop_requested{false};
+
+extern "C" void on_sigint(int) {
+  // A second Ctrl-C kills the process the usual way.
+  if (g_stop_requested.exchange(true)) std::_Exit(130);
+}
+
+struct ConfigArgs {
+  std::string path = "configs/mnist_mlp.yaml";
+  std::vector<std::string> overrides;
+  void add_to(CLI::App& cmd) {
+    cmd.add_option("-c,--config", path, "YAML config file")->capture_default_str();
+    cmd.add_option("--set", overrides, "override a config key, e.g. --set optim.lr=0.1 (repeatable)");
+  }
+  sg::app::TrainConfig load() const { return sg::app::load_config(path, overrides); }
+};
+
+int train(const ConfigArgs& args) {
+  std::signal(SIGINT, on_sigint);
+  const auto config = args.load();
+  const auto summary = sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0});
+  if (summary.interrupted) return 130;
+  std::printf("test accuracy %.2f%%  (test loss %.4f, final train loss %.4f, %lld steps, %.2f s, %s)\n",
+              100 * summary.final_eval.accuracy, summary.final_eval.loss, summary.final_train_loss,
+              static_cast<long long>(summary.steps), summary.seconds, summary.backend.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"stepgraph: one captured CUDA graph per MLP training step"};
+  app.require_subcommand(1);
+
+  ConfigArgs train_args;
+  auto* train_cmd = app.add_subcommand("train", "train on MNIST-style IDX data as configured");
+  train_args.add_to(*train_cmd);
+
+  ConfigArgs inspect_args;
+  sg::app::InspectRequest inspect_request;
+  auto* inspect_cmd = app.add_subcommand("inspect", "dump the graph, schedule, memory plan or CUDA graph");
+  inspect_args.add_to(*inspect_cmd);
+  inspect_cmd->add_option("-f,--format", inspect_request.format, "text | json | dot | schedule | memory | cuda-graph")
+      ->capture_default_str();
+  inspect_cmd->add_option("-s,--stage", inspect_request.stage, "forward | backward | optimized | fused | eval")
+      ->capture_default_str();
+  inspect_cmd->add_option("-o,--out", inspect_request.out, "write to this file instead of stdout");
+
+  sg::app::BenchRequest bench_request;
+  auto* bench_cmd = app.add_subcommand("bench", "time graph replay vs stream launches (and merge PyTorch numbers)");
+  sg::app::add_bench_options(*bench_cmd, bench_request);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*train_cmd) return train(train_args);
+    if (*inspect_cmd) {
+      const auto dump = sg::app::run_inspect(inspect_args.load(), inspect_request);
+      if (inspect_request.out.empty()) std::fwrite(dump.data(), 1, dump.size(), stdout);
+      else spdlog::info("wrote {} ({} bytes)", inspect_request.out, dump.size());
+      return 0;
+    }
+    if (*bench_cmd) return sg::app::run_bench(bench_request);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,39 @@
+#pragma once
+// The product's main job: train a configured MLP, evaluate, log progress,
+// write metrics, a loss plot and checkpoints; stop cleanly on Ctrl-C and with
+// a clear error on a NaN/Inf loss.
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "apps/config/train_config.hpp"
+#include "runtime/trainer.hpp"
+
+namespace sg::app {
+
+struct TrainingError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainSummary {
+  std::string backend;
+  std::int64_t steps = 0;           // global step reached
+  double final_train_loss = 0;
+  EvalResult final_eval;
+  double seconds = 0;               // training time (no data loading, no eval)
+  double samples_per_second = 0;
+  bool interrupted = false;
+};
+
+struct RunControls {
+  const std::atomic<bool>* stop_requested = nullptr;  // set by the SIGINT handler
+  bool interactive_progress = false;                  // stdout is a terminal
+};
+
+TrainSummary run_training(const TrainConfig& config, const RunControls& controls = {});
+
+// Total steps the run asks for (run.steps, or run.epochs over the training rows).
+std::int64_t total_steps(const TrainConfig& config, std::int64_t train_rows);
+
+}  // namespace sg::app

@@ -1,0 +1,36 @@
+#include "graph/dtype.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace sg {
+
+std::string_view dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::i32: return "i32";
+    case DType::u8: return "u8";
+  }
+  return "?";
+}
+
+DType dtype_from_name(std::string_view name) {
+  for (DType d : {DType::f32, DType::f16, DType::i32, DType::u8})
+    if (dtype_name(d) == name) return d;
+  throw std::invalid_argument("unknown dtype '" + std::string(name) + "' (expected f32, f16, i32 or u8)");
+}
+
+std::size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f16: return 2;
+    case DType::i32: return 4;
+    case DType::u8: return 1;
+  }
+  return 0;
+}
+
+bool is_floating(DType dtype) { return dtype == DType::f32 || dtype == DType::f16; }
+
+}  // namespace sg

@@ -1,0 +1,68 @@
+#include <fmt/format.h>
+
+#include "graph/dump.hpp"
+
+namespace sg {
+namespace {
+
+enum class Phase { forward, backward, update };
+
+Phase phase_of(const Graph& g, const Node& n) {
+  if (op_updates_in_place(n.op)) return Phase::update;
+  for (ValueId o : n.outputs)
+    if (g.value(o).role == Role::grad) return Phase::backward;
+  return Phase::forward;
+}
+
+const char* phase_color(Phase p) {
+  switch (p) {
+    case Phase::forward: return "#dbe9f6";
+    case Phase::backward: return "#f6e0db";
+    case Phase::update: return "#def2d9";
+  }
+  return "white";
+}
+
+const char* role_color(Role r) {
+  switch (r) {
+    case Role::param: return "#f7d774";
+    case Role::state: return "#c9b3e6";
+    case Role::input:
+    case Role::label: return "#bfe3c0";
+    default: return "white";
+  }
+}
+
+std::string op_box(const Graph& g, const Node& n) {
+  std::string label = fmt::format("n{} {}", n.id, op_name(n.op));
+  if (n.op == OpKind::matmul) label += fmt::format("\\n{}{}", n.attrs.trans_a ? "A^T" : "A", n.attrs.trans_b ? " B^T" : " B");
+  return fmt::format("  n{} [shape=box, style=filled, fillcolor=\"{}\", label=\"{}\"];\n", n.id,
+                     phase_color(phase_of(g, n)), label);
+}
+
+}  // namespace
+
+std::string dump_dot(const Graph& g, const std::string& title) {
+  std::string out = fmt::format("digraph \"{}\" {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n", title);
+  for (const Value& v : g.values())
+    out += fmt::format("  v{} [shape=ellipse, style=filled, fillcolor=\"{}\", label=\"{}\\n{}{}\"];\n", v.id,
+                       role_color(v.role), v.name, shape_string(v.shape), dtype_name(v.dtype));
+  for (const FusionGroup& fg : g.fusion_groups()) {
+    out += fmt::format("  subgraph cluster_{} {{\n    label=\"{}#{}\"; style=dashed; color=\"#555555\";\n", fg.id,
+                       fusion_name(fg.kind), fg.id);
+    for (NodeId n : fg.nodes) out += "  " + op_box(g, g.node(n));
+    out += "  }\n";
+  }
+  for (const Node& n : g.nodes())
+    if (n.fusion_group < 0) out += op_box(g, n);
+  for (const Node& n : g.nodes()) {
+    for (ValueId in : n.inputs) out += fmt::format("  v{} -> n{};\n", in, n.id);
+    for (ValueId o : n.outputs) out += fmt::format("  n{} -> v{};\n", n.id, o);
+    for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+      out += fmt::format("  n{} -> v{} [style=dotted, label=\"updates\"];\n", n.id, n.inputs[static_cast<std::size_t>(slot)]);
+  }
+  out += "}\n";
+  return out;
+}
+
+}  // namespace sg

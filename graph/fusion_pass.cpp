@@ -1,0 +1,132 @@
+#include "graph/fusion_pass.hpp"
+
+#include <algorithm>
+#include <optional>
+
+namespace sg {
+namespace {
+
+class GroupCollector {
+ public:
+  explicit GroupCollector(const Graph& g) : g_(g), taken_(g.nodes().size(), false) {}
+
+  bool free(NodeId n) const { return n >= 0 && !taken_[static_cast<std::size_t>(n)]; }
+  void add(FusionKind kind, std::vector<NodeId> nodes) {
+    std::sort(nodes.begin(), nodes.end());
+    for (NodeId n : nodes) taken_[static_cast<std::size_t>(n)] = true;
+    groups_.push_back({-1, kind, std::move(nodes)});
+  }
+  std::vector<FusionGroup> take() { return std::move(groups_); }
+  // The node whose only output `v` is read by exactly one node, which is `reader`.
+  std::optional<NodeId> sole_feeder(ValueId v, NodeId reader) const {
+    const Value& value = g_.value(v);
+    if (value.producer < 0 || !free(value.producer)) return std::nullopt;
+    const auto readers = g_.consumers(v);
+    if (readers.size() != 1 || readers[0] != reader || g_.node(value.producer).outputs.size() != 1) return std::nullopt;
+    return value.producer;
+  }
+  // The single consumer of `v`, if it is the only one.
+  std::optional<NodeId> sole_reader(ValueId v) const {
+    const auto readers = g_.consumers(v);
+    if (readers.size() != 1 || !free(readers[0])) return std::nullopt;
+    return readers[0];
+  }
+
+ private:
+  const Graph& g_;
+  std::vector<bool> taken_;
+  std::vector<FusionGroup> groups_;
+};
+
+void fuse_batch_fetch(const Graph& g, GroupCollector& c) {
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::batch_indices || !c.free(n.id)) continue;
+    std::vector<NodeId> members{n.id};
+    bool only_gathers = true;
+    for (NodeId r : g.consumers(n.outputs[0])) {
+      only_gathers = only_gathers && g.node(r).op == OpKind::gather_rows && c.free(r);
+      members.push_back(r);
+    }
+    if (only_gathers && members.size() > 1) c.add(FusionKind::batch_fetch, members);
+  }
+}
+
+// matmul -> bias_add [-> relu]
+void fuse_linear_forward(const Graph& g, GroupCollector& c) {
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::bias_add || !c.free(n.id)) continue;
+    const auto mm = c.sole_feeder(n.inputs[0], n.id);
+    if (!mm || g.node(*mm).op != OpKind::matmul) continue;
+    std::vector<NodeId> members{*mm, n.id};
+    if (auto r = c.sole_reader(n.outputs[0]); r && g.node(*r).op == OpKind::relu) members.push_back(*r);
+    c.add(FusionKind::linear_forward, members);
+  }
+}
+
+// matmul -> relu_backward, where the relu's mask comes from a fused forward.
+void fuse_dgrad_drelu(const Graph& g, GroupCollector& c) {
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::relu_backward || !c.free(n.id)) continue;
+    const auto mm = c.sole_feeder(n.inputs[0], n.id);
+    if (!mm || g.node(*mm).op != OpKind::matmul) continue;
+    const Value& relu_out = g.value(n.inputs[1]);
+    if (relu_out.producer < 0) continue;
+    const Node& relu = g.node(relu_out.producer);
+    const bool mask_available = relu.op == OpKind::relu && relu.fusion_group >= 0 &&
+                                g.fusion_groups()[static_cast<std::size_t>(relu.fusion_group)].kind ==
+                                    FusionKind::linear_forward;
+    if (mask_available) c.add(FusionKind::dgrad_drelu, {*mm, n.id});
+  }
+}
+
+// producer [-> cast] -> sgd_update(grad): the gradient never needs a buffer.
+void fuse_sgd(const Graph& g, GroupCollector& c, OpKind producer_op, FusionKind kind) {
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::sgd_update || !c.free(n.id)) continue;
+    std::vector<NodeId> members{n.id};
+    auto feeder = c.sole_feeder(n.inputs[1], n.id);
+    if (feeder && g.node(*feeder).op == OpKind::cast) {
+      members.push_back(*feeder);
+      feeder = c.sole_feeder(g.node(*feeder).inputs[0], *feeder);
+    }
+    if (!feeder || g.node(*feeder).op != producer_op) continue;
+    members.push_back(*feeder);
+    c.add(kind, members);
+  }
+}
+
+void fuse_loss(const Graph& g, GroupCollector& c) {
+  for (const Node& fwd : g.nodes()) {
+    if (fwd.op != OpKind::softmax_xent || !c.free(fwd.id)) continue;
+    for (const Node& bwd : g.nodes())
+      if (bwd.op == OpKind::softmax_xent_backward && c.free(bwd.id) && bwd.inputs == fwd.inputs) {
+        c.add(FusionKind::xent_fused, {fwd.id, bwd.id});
+        break;
+      }
+  }
+}
+
+}  // namespace
+
+void fuse(Graph& g, const FusionOptions& options) {
+  GroupCollector c(g);
+  if (options.batch_fetch) fuse_batch_fetch(g, c);
+  if (options.matmul_epilogues) fuse_linear_forward(g, c);
+  if (options.fused_sgd) {
+    fuse_sgd(g, c, OpKind::matmul, FusionKind::wgrad_sgd);
+    fuse_sgd(g, c, OpKind::reduce_rows, FusionKind::bgrad_sgd);
+  }
+  if (options.fused_loss) fuse_loss(g, c);
+  // dgrad_drelu needs to know which relus were fused, so it runs on the
+  // groups collected so far.
+  auto groups = c.take();
+  g.set_fusion_groups(groups);
+  if (options.matmul_epilogues) {
+    GroupCollector more(g);
+    for (const auto& group : groups) more.add(group.kind, group.nodes);
+    fuse_dgrad_drelu(g, more);
+    g.set_fusion_groups(more.take());
+  }
+}
+
+}  // namespace sg

@@ -1,0 +1,204 @@
+#include "graph/graph.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "graph/shape_inference.hpp"
+
+namespace sg {
+
+ValueId Graph::add_owned(std::string name, Shape shape, DType dtype, Role role) {
+  if (find_value(name)) throw GraphError(fmt::format("value name '{}' is already used", name));
+  for (auto d : shape)
+    if (d <= 0) throw GraphError(fmt::format("value '{}' has a non-positive dimension {}", name, shape_string(shape)));
+  return add_value_raw(Value{-1, std::move(name), std::move(shape), dtype, role, -1});
+}
+
+ValueId Graph::input(std::string name, Shape shape, DType dtype) {
+  return add_owned(std::move(name), std::move(shape), dtype, Role::input);
+}
+ValueId Graph::label(std::string name, Shape shape, DType dtype) {
+  return add_owned(std::move(name), std::move(shape), dtype, Role::label);
+}
+ValueId Graph::param(std::string name, Shape shape, DType dtype) {
+  return add_owned(std::move(name), std::move(shape), dtype, Role::param);
+}
+ValueId Graph::state(std::string name, Shape shape, DType dtype) {
+  return add_owned(std::move(name), std::move(shape), dtype, Role::state);
+}
+
+ValueId Graph::batch_indices(ValueId perm, ValueId step, std::int64_t batch) {
+  OpAttrs a;
+  a.batch = batch;
+  return append_node(OpKind::batch_indices, {perm, step}, a).front();
+}
+
+ValueId Graph::gather_rows(ValueId table, ValueId indices, DType out_dtype, double scale, double shift,
+                           std::string name) {
+  OpAttrs a;
+  a.out_dtype = out_dtype;
+  a.scale = scale;
+  a.shift = shift;
+  return append_node(OpKind::gather_rows, {table, indices}, a, Role::activation, std::move(name)).front();
+}
+
+ValueId Graph::matmul(ValueId a, ValueId b, bool trans_a, bool trans_b) {
+  OpAttrs at;
+  at.trans_a = trans_a;
+  at.trans_b = trans_b;
+  return append_node(OpKind::matmul, {a, b}, at).front();
+}
+
+ValueId Graph::bias_add(ValueId x, ValueId bias) { return append_node(OpKind::bias_add, {x, bias}, {}).front(); }
+ValueId Graph::linear(ValueId x, ValueId w, ValueId b) { return bias_add(matmul(x, w, false, true), b); }
+ValueId Graph::relu(ValueId x) { return append_node(OpKind::relu, {x}, {}).front(); }
+ValueId Graph::relu_backward(ValueId dy, ValueId y) {
+  return append_node(OpKind::relu_backward, {dy, y}, {}, Role::grad).front();
+}
+ValueId Graph::softmax_xent(ValueId logits, ValueId labels) {
+  return append_node(OpKind::softmax_xent, {logits, labels}, {}, Role::activation, "loss").front();
+}
+ValueId Graph::softmax_xent_backward(ValueId logits, ValueId labels) {
+  return append_node(OpKind::softmax_xent_backward, {logits, labels}, {}, Role::grad).front();
+}
+ValueId Graph::reduce_rows(ValueId x) { return append_node(OpKind::reduce_rows, {x}, {}).front(); }
+ValueId Graph::add(ValueId a, ValueId b) { return append_node(OpKind::add, {a, b}, {}).front(); }
+ValueId Graph::cast(ValueId x, DType to) {
+  OpAttrs a;
+  a.out_dtype = to;
+  return append_node(OpKind::cast, {x}, a).front();
+}
+ValueId Graph::count_correct(ValueId logits, ValueId labels) {
+  return append_node(OpKind::count_correct, {logits, labels}, {}, Role::activation, "correct").front();
+}
+
+void Graph::sgd_update(ValueId param, ValueId grad, double lr, double momentum, double weight_decay,
+                       std::optional<ValueId> velocity) {
+  OpAttrs a;
+  a.lr = lr;
+  a.momentum = momentum;
+  a.weight_decay = weight_decay;
+  std::vector<ValueId> in{param, grad};
+  if (velocity) in.push_back(*velocity);
+  append_node(OpKind::sgd_update, std::move(in), a);
+}
+
+void Graph::advance_step(ValueId step) { append_node(OpKind::advance_step, {step}, {}); }
+
+std::vector<ValueId> Graph::append_node(OpKind op, std::vector<ValueId> inputs, OpAttrs attrs,
+                                        Role output_role, std::string name) {
+  return insert_node(nodes_.size(), op, std::move(inputs), attrs, output_role, std::move(name));
+}
+
+std::vector<ValueId> Graph::insert_node(std::size_t position, OpKind op, std::vector<ValueId> inputs,
+                                        OpAttrs attrs, Role output_role, std::string name) {
+  if (position > nodes_.size()) throw GraphError("insert_node: position past the end");
+  if (!groups_.empty()) throw GraphError("nodes cannot be added after fusion");
+  std::vector<const Value*> in;
+  for (ValueId id : inputs) in.push_back(&value(id));
+  const auto specs = infer_outputs(op, in, attrs);
+
+  Node node;
+  node.op = op;
+  node.inputs = std::move(inputs);
+  node.attrs = attrs;
+  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(position), node);
+  renumber_from(position);
+  for (const auto& spec : specs) {
+    std::string base = name.empty() ? std::string(op_name(op)) : name;
+    Value v{-1, unique_name(base), spec.shape, spec.dtype, output_role, static_cast<NodeId>(position)};
+    nodes_[position].outputs.push_back(add_value_raw(std::move(v)));
+  }
+  return nodes_[position].outputs;
+}
+
+void Graph::renumber_from(std::size_t position) {
+  for (std::size_t i = position; i < nodes_.size(); ++i) {
+    nodes_[i].id = static_cast<NodeId>(i);
+    for (ValueId out : nodes_[i].outputs) values_[static_cast<std::size_t>(out)].producer = nodes_[i].id;
+  }
+}
+
+std::string Graph::unique_name(std::string base) const {
+  if (!find_value(base)) return base;
+  for (int i = 1;; ++i) {
+    auto candidate = fmt::format("{}_{}", base, i);
+    if (!find_value(candidate)) return candidate;
+  }
+}
+
+const Value& Graph::value(ValueId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= values_.size())
+    throw GraphError(fmt::format("no value with id {}", id));
+  return values_[static_cast<std::size_t>(id)];
+}
+
+const Node& Graph::node(NodeId id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= nodes_.size())
+    throw GraphError(fmt::format("no node with id {}", id));
+  return nodes_[static_cast<std::size_t>(id)];
+}
+
+std::optional<ValueId> Graph::find_value(std::string_view name) const {
+  for (const auto& v : values_)
+    if (v.name == name) return v.id;
+  return std::nullopt;
+}
+
+ValueId Graph::value_named(std::string_view name) const {
+  if (auto id = find_value(name)) return *id;
+  throw GraphError(fmt::format("the graph has no value named '{}'", name));
+}
+
+std::vector<NodeId> Graph::consumers(ValueId id) const {
+  std::vector<NodeId> out;
+  for (const auto& n : nodes_)
+    if (std::find(n.inputs.begin(), n.inputs.end(), id) != n.inputs.end()) out.push_back(n.id);
+  return out;
+}
+
+std::vector<ValueId> Graph::values_with_role(Role role) const {
+  std::vector<ValueId> out;
+  for (const auto& v : values_)
+    if (v.role == role) out.push_back(v.id);
+  return out;
+}
+
+void Graph::mark_output(ValueId id) {
+  value(id);
+  if (std::find(outputs_.begin(), outputs_.end(), id) == outputs_.end()) outputs_.push_back(id);
+}
+
+void Graph::set_sgd_learning_rate(double lr) {
+  if (!(lr > 0.0)) throw GraphError(fmt::format("learning rate {} must be > 0", lr));
+  for (auto& n : nodes_)
+    if (n.op == OpKind::sgd_update) n.attrs.lr = lr;
+}
+
+void Graph::set_fusion_groups(std::vector<FusionGroup> groups) {
+  for (auto& n : nodes_) n.fusion_group = -1;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    groups[g].id = static_cast<int>(g);
+    for (NodeId n : groups[g].nodes) {
+      auto& node = nodes_.at(static_cast<std::size_t>(n));
+      if (node.fusion_group != -1)
+        throw GraphError(fmt::format("node {} is in two fusion groups", n));
+      node.fusion_group = static_cast<int>(g);
+    }
+  }
+  groups_ = std::move(groups);
+}
+
+ValueId Graph::add_value_raw(Value v) {
+  v.id = static_cast<ValueId>(values_.size());
+  values_.push_back(std::move(v));
+  return values_.back().id;
+}
+
+void Graph::add_node_raw(Node node) {
+  node.id = static_cast<NodeId>(nodes_.size());
+  nodes_.push_back(std::move(node));
+}
+
+}  // namespace sg

@@ -1,0 +1,88 @@
+#pragma once
+// The op graph: values plus nodes kept in a valid execution order. Builder
+// methods infer output shapes and throw GraphError naming op and shapes.
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "graph/op.hpp"
+#include "graph/value.hpp"
+
+namespace sg {
+
+struct GraphError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Graph {
+ public:
+  // ---- graph-owned values
+  ValueId input(std::string name, Shape shape, DType dtype);
+  ValueId label(std::string name, Shape shape, DType dtype);
+  ValueId param(std::string name, Shape shape, DType dtype);
+  ValueId state(std::string name, Shape shape, DType dtype);
+
+  // ---- builder ops (each appends one node, returns its output)
+  ValueId batch_indices(ValueId perm, ValueId step, std::int64_t batch);
+  ValueId gather_rows(ValueId table, ValueId indices, DType out_dtype, double scale = 1.0,
+                      double shift = 0.0, std::string name = {});
+  ValueId matmul(ValueId a, ValueId b, bool trans_a = false, bool trans_b = false);
+  ValueId bias_add(ValueId x, ValueId bias);
+  ValueId linear(ValueId x, ValueId weight_out_in, ValueId bias);  // x W^T + b
+  ValueId relu(ValueId x);
+  ValueId relu_backward(ValueId grad_out, ValueId relu_out);
+  ValueId softmax_xent(ValueId logits, ValueId labels);
+  ValueId softmax_xent_backward(ValueId logits, ValueId labels);
+  ValueId reduce_rows(ValueId x);
+  ValueId add(ValueId a, ValueId b);
+  ValueId cast(ValueId x, DType to);
+  ValueId count_correct(ValueId logits, ValueId labels);
+  void sgd_update(ValueId param, ValueId grad, double lr, double momentum = 0.0,
+                  double weight_decay = 0.0, std::optional<ValueId> velocity = std::nullopt);
+  void advance_step(ValueId step);
+
+  // Generic append / insert used by the builders and the passes. Output
+  // shapes come from shape inference; `output_role` and `name` label them.
+  std::vector<ValueId> append_node(OpKind op, std::vector<ValueId> inputs, OpAttrs attrs,
+                                   Role output_role = Role::activation, std::string name = {});
+  std::vector<ValueId> insert_node(std::size_t position, OpKind op, std::vector<ValueId> inputs,
+                                   OpAttrs attrs, Role output_role, std::string name);
+
+  // ---- queries
+  const Value& value(ValueId id) const;
+  const Node& node(NodeId id) const;
+  const std::vector<Value>& values() const { return values_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<FusionGroup>& fusion_groups() const { return groups_; }
+  std::optional<ValueId> find_value(std::string_view name) const;
+  ValueId value_named(std::string_view name) const;  // throws GraphError
+  std::vector<NodeId> consumers(ValueId id) const;
+  std::vector<ValueId> values_with_role(Role role) const;
+
+  // Outputs the caller wants to read after a run (loss, accuracy count).
+  void mark_output(ValueId id);
+  const std::vector<ValueId>& outputs() const { return outputs_; }
+
+  // Sets attrs.lr of every sgd_update (a learning-rate schedule step).
+  void set_sgd_learning_rate(double lr);
+
+  // ---- used by passes and deserialisation
+  void set_fusion_groups(std::vector<FusionGroup> groups);
+  ValueId add_value_raw(Value value);  // id is assigned; producer kept
+  void add_node_raw(Node node);        // id is assigned; nothing inferred
+
+  bool operator==(const Graph&) const = default;
+
+ private:
+  ValueId add_owned(std::string name, Shape shape, DType dtype, Role role);
+  std::string unique_name(std::string base) const;
+  void renumber_from(std::size_t position);
+
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::vector<FusionGroup> groups_;
+  std::vector<ValueId> outputs_;
+};
+
+}  // namespace sg

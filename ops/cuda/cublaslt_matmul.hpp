@@ -1,0 +1,99 @@
+#pragma once
+// cuBLASLt matmuls with row-major semantics and epilogues, as used by the
+// scheduler. C[m,n] = alpha * op(A) op(B) + beta * C (row-major, like the IR and
+// ops/cpu's ref::matmul); D may alias C (fused SGD: C = D = W, alpha = -lr,
+// beta = 1). alpha/beta are read from DEVICE memory so a learning-rate change
+// needs no graph re-capture. Internally the row-major product is issued as the
+// column-major product C^T = op(B)^T op(A)^T.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "ops/cuda/cuda_resources.hpp"
+
+namespace sg::cuda {
+
+enum class ElemType : std::uint8_t { f16, f32 };
+enum class Accumulate : std::uint8_t { f16, f32 };  // cuBLAS compute type 16F or 32F
+
+enum class Epilogue : std::uint8_t {
+  none,
+  bias,           // D = AB + bias[n]
+  relu_bias,      // D = relu(AB + bias), no aux
+  relu_aux_bias,  // D = relu(AB + bias), writes the ReLU bit-mask to aux
+  drelu,          // D = AB * relu'(aux)  (aux from a relu_aux_bias of the same [m,n] shape)
+};
+
+struct MatmulShape {
+  std::int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  ElemType ab_type = ElemType::f16;  // A and B
+  ElemType cd_type = ElemType::f16;  // C and D (f32 for fused SGD into fp32 master weights)
+  Accumulate accumulate = Accumulate::f32;
+  Epilogue epilogue = Epilogue::none;
+
+  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, ab_type, cd_type, accumulate, epilogue); }
+  bool operator<(const MatmulShape& o) const { return key() < o.key(); }
+  std::string describe() const;
+};
+
+// Scale type follows the compute type: alpha/beta point to __half for
+// Accumulate::f16 and to float for Accumulate::f32. f16 accumulate requires
+// cd_type == f16 (cuBLASLt has no 16F compute with 32F output).
+class LtHandle {
+ public:
+  LtHandle();
+  ~LtHandle();
+  LtHandle(const LtHandle&) = delete;
+  LtHandle& operator=(const LtHandle&) = delete;
+  cublasLtHandle_t get() const { return h_; }
+
+ private:
+  cublasLtHandle_t h_ = nullptr;
+};
+
+// Bytes of the ReLU bit-mask for an [m,n] row-major output, and its leading
+// dimension in elements (cuBLASLt wants it a multiple of 128).
+std::int64_t relu_aux_ld(std::int64_t n_cols);
+std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols);
+
+class LtMatmul {
+ public:
+  // Chooses the algorithm by heuristic; when `autotune` is set, times the top
+  // candidates once on scratch buffers and keeps the fastest (cached per shape
+  // in the process-wide AlgoCache).
+  LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+
+  // bias: epilogues bias/relu_bias/relu_aux_bias (length n, type cd_type).
+  // aux: relu_aux_bias (written) and drelu (read), relu_aux_bytes(m, n) bytes.
+  void run(const void* a, const void* b, const void* c, void* d, const void* alpha_dev,
+           const void* beta_dev, const void* bias, void* aux, cudaStream_t stream) const;
+
+  const MatmulShape& shape() const { return shape_; }
+  std::size_t workspace_bytes() const { return workspace_.bytes(); }
+  // Index of the chosen algorithm among the heuristic's list (0 = its first).
+  int chosen_rank() const { return chosen_rank_; }
+
+ private:
+  void create_descriptors();
+  void choose_algorithm(bool autotune, cudaStream_t stream);
+
+  const LtHandle& handle_;
+  MatmulShape shape_;
+  cublasLtMatmulDesc_t op_desc_ = nullptr;
+  cublasLtMatrixLayout_t a_layout_ = nullptr, b_layout_ = nullptr, c_layout_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  DeviceBuffer workspace_;
+  int chosen_rank_ = 0;
+};
+
+}  // namespace sg::cuda

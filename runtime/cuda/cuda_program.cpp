@@ -1,0 +1,344 @@
+#include "runtime/cuda/cuda_program.hpp"
+
+#include <cstddef>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ops/cuda/cuda_check.hpp"
+
+namespace sg::cuda {
+namespace {
+
+// alpha/beta values every plain matmul reads (pointer mode is device).
+struct MatmulConstants {
+  float one = 1.0f;
+  float zero = 0.0f;
+  __half one_h;
+  __half zero_h;
+};
+
+template <typename F>
+void with_float_type(DType dtype, F&& f) {
+  if (dtype == DType::f16) f(__half{});
+  else if (dtype == DType::f32) f(float{});
+  else throw CudaError(fmt::format("cuda backend: {} is not a floating dtype", dtype_name(dtype)));
+}
+
+ElemType elem_type(DType dtype) {
+  if (dtype == DType::f16) return ElemType::f16;
+  if (dtype == DType::f32) return ElemType::f32;
+  throw CudaError(fmt::format("cuda backend: matmul operand of dtype {}", dtype_name(dtype)));
+}
+
+Epilogue lt_epilogue(MatmulEpilogue e) {
+  switch (e) {
+    case MatmulEpilogue::none: return Epilogue::none;
+    case MatmulEpilogue::bias: return Epilogue::bias;
+    case MatmulEpilogue::relu_bias: return Epilogue::relu_bias;
+    case MatmulEpilogue::relu_aux_bias: return Epilogue::relu_aux_bias;
+    case MatmulEpilogue::drelu: return Epilogue::drelu;
+  }
+  return Epilogue::none;
+}
+
+std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
+
+}  // namespace
+
+struct CudaProgram::Bound {
+  std::unique_ptr<LtMatmul> matmul;
+  const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
+  void *d = nullptr, *aux = nullptr;
+};
+
+CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& lt, ProgramOptions options,
+                         cudaStream_t stream)
+    : graph_(std::move(graph)), options_(options), schedule_(build_schedule(graph_)), params_(params) {
+  std::vector<std::size_t> bytes;
+  for (const Value& v : graph_.values()) bytes.push_back(value_bytes(v));
+  std::vector<std::size_t> mask_bytes;
+  for (const AuxBuffer& aux : schedule_.aux) mask_bytes.push_back(relu_aux_bytes(aux.rows, aux.cols));
+  auto request = arena_request(graph_, schedule_, bytes, mask_bytes);
+  buffer_of_value_ = std::move(request.buffer_of_value);
+  buffer_of_mask_ = std::move(request.buffer_of_mask);
+  plan_ = plan_memory(std::move(request.buffers));
+  arena_ = DeviceBuffer(plan_.arena_bytes);
+
+  for (const Value& v : graph_.values()) {
+    void* ptr = nullptr;
+    if (v.role == Role::param) ptr = params_.get_or_create(v).data();
+    else if (is_graph_owned(v.role)) ptr = own_.get_or_create(v).data();
+    else if (int slot = buffer_of_value_[static_cast<std::size_t>(v.id)]; slot >= 0)
+      ptr = arena_.as<char>() + plan_.slots[static_cast<std::size_t>(slot)].offset;
+    value_ptr_.push_back(ptr);
+  }
+
+  std::vector<SgdScalars> scalars;
+  for (const Node& n : graph_.nodes())
+    if (n.op == OpKind::sgd_update) {
+      sgd_nodes_.push_back(n.id);
+      scalars.push_back(make_sgd_scalars(float(n.attrs.lr), float(n.attrs.momentum), float(n.attrs.weight_decay)));
+    }
+  sgd_scalars_ = DeviceBuffer(std::max<std::size_t>(1, scalars.size()) * sizeof(SgdScalars));
+  if (!scalars.empty()) sgd_scalars_.upload(scalars.data(), scalars.size() * sizeof(SgdScalars));
+  uploader_ = std::make_unique<ScalarUploader>(std::max<std::size_t>(1, scalars.size()) * sizeof(SgdScalars));
+
+  MatmulConstants constants;
+  constants.one_h = __float2half(1.0f);
+  constants.zero_h = __float2half(0.0f);
+  constants_ = DeviceBuffer(sizeof constants);
+  constants_.upload(&constants, sizeof constants);
+  scratch_loss_ = DeviceBuffer(sizeof(float));
+  bind_launches(lt, stream);
+}
+
+CudaProgram::~CudaProgram() = default;
+
+const SgdScalars* CudaProgram::scalars_of(NodeId sgd_node) const {
+  for (std::size_t i = 0; i < sgd_nodes_.size(); ++i)
+    if (sgd_nodes_[i] == sgd_node) return sgd_scalars_.as<SgdScalars>() + i;
+  throw CudaError(fmt::format("node {} is not an sgd_update", sgd_node));
+}
+
+void* CudaProgram::device_ptr(ValueId id) const {
+  void* p = value_ptr_.at(static_cast<std::size_t>(id));
+  if (!p) throw CudaError(fmt::format("value '{}' lives only inside a fused kernel", graph_.value(id).name));
+  return p;
+}
+
+DeviceBuffer& CudaProgram::owned(const std::string& name) { return own_.at(name); }
+
+void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
+  const auto* k = constants_.as<MatmulConstants>();
+  for (const Launch& l : schedule_.launches) {
+    auto bound = std::make_unique<Bound>();
+    if (l.kind == LaunchKind::matmul) {
+      const Node& mm = graph_.node(l.matmul_node);
+      const Value& a = graph_.value(mm.inputs[0]);
+      const Value& b = graph_.value(mm.inputs[1]);
+      MatmulShape shape;
+      shape.trans_a = mm.attrs.trans_a;
+      shape.trans_b = mm.attrs.trans_b;
+      shape.m = shape.trans_a ? a.shape[1] : a.shape[0];
+      shape.k = shape.trans_a ? a.shape[0] : a.shape[1];
+      shape.n = shape.trans_b ? b.shape[0] : b.shape[1];
+      shape.ab_type = elem_type(a.dtype);
+      shape.epilogue = lt_epilogue(l.epilogue);
+
+      const Node* sgd = l.sgd_node >= 0 ? &graph_.node(l.sgd_node) : nullptr;
+      ValueId target = l.output;
+      if (l.target == MatmulTarget::param_sgd) target = sgd->inputs[0];
+      if (l.target == MatmulTarget::velocity_sgd) target = sgd->inputs[2];
+      shape.cd_type = elem_type(graph_.value(target).dtype);
+      // cuBLASLt has no fp16 accumulation into fp32 outputs (master weights).
+      const bool f16 = options_.accumulate == Accumulate::f16 && shape.cd_type == ElemType::f16;
+      shape.accumulate = f16 ? Accumulate::f16 : Accumulate::f32;
+
+      bound->matmul = std::make_unique<LtMatmul>(lt, shape, options_.autotune, stream);
+      bound->a = device_ptr(mm.inputs[0]);
+      bound->b = device_ptr(mm.inputs[1]);
+      bound->d = device_ptr(target);
+      bound->c = bound->d;
+      bound->alpha = f16 ? static_cast<const void*>(&k->one_h) : &k->one;
+      bound->beta = f16 ? static_cast<const void*>(&k->zero_h) : &k->zero;
+      if (sgd) {
+        const SgdScalars* s = scalars_of(sgd->id);
+        if (l.target == MatmulTarget::param_sgd) {
+          bound->alpha = f16 ? static_cast<const void*>(&s->neg_lr_h) : &s->neg_lr;
+          bound->beta = f16 ? static_cast<const void*>(&s->one_minus_lr_wd_h) : &s->one_minus_lr_wd;
+        } else {
+          bound->beta = f16 ? static_cast<const void*>(&s->momentum_h) : &s->momentum;
+        }
+      }
+      if (l.bias >= 0) bound->bias = device_ptr(l.bias);
+      const int mask = l.aux_write >= 0 ? l.aux_write : l.aux_read;
+      if (mask >= 0) {
+        const int slot = buffer_of_mask_[static_cast<std::size_t>(mask)];
+        bound->aux = arena_.as<char>() + plan_.slots[static_cast<std::size_t>(slot)].offset;
+      }
+    }
+    bound_.push_back(std::move(bound));
+  }
+}
+
+void CudaProgram::record(cudaStream_t stream) const {
+  for (std::size_t i = 0; i < schedule_.launches.size(); ++i) record_launch(i, stream);
+}
+
+void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
+  const Launch& l = schedule_.launches.at(index);
+  switch (l.kind) {
+    case LaunchKind::matmul:
+      record_matmul(l, *bound_[index], stream);
+      return;
+    case LaunchKind::batch_fetch: {
+      const Node& bi = graph_.node(l.nodes[0]);
+      const Node* images = nullptr;
+      const Node* labels = nullptr;
+      for (std::size_t i = 1; i < l.nodes.size(); ++i) {
+        const Node& gather = graph_.node(l.nodes[i]);
+        (graph_.value(gather.outputs[0]).dtype == DType::i32 ? labels : images) = &gather;
+      }
+      if (!images || !labels || l.nodes.size() != 3)
+        throw CudaError("batch_fetch: the CUDA kernel fetches exactly one image and one label gather");
+      const Value& table = graph_.value(images->inputs[0]);
+      if (table.dtype != DType::u8 || graph_.value(labels->inputs[0]).dtype != DType::u8)
+        throw CudaError("batch_fetch: the CUDA kernel reads u8 image and label tables");
+      const Value& perm = graph_.value(bi.inputs[0]);
+      with_float_type(graph_.value(images->outputs[0]).dtype, [&](auto tag) {
+        using T = decltype(tag);
+        launch_batch_fetch(static_cast<const std::int32_t*>(device_ptr(perm.id)), perm.shape[0],
+                           static_cast<const std::int32_t*>(device_ptr(bi.inputs[1])), bi.attrs.batch,
+                           static_cast<const std::uint8_t*>(device_ptr(table.id)), table.shape[1],
+                           float(images->attrs.scale), float(images->attrs.shift),
+                           static_cast<T*>(device_ptr(images->outputs[0])),
+                           static_cast<const std::uint8_t*>(device_ptr(labels->inputs[0])),
+                           static_cast<std::int32_t*>(device_ptr(labels->outputs[0])), stream);
+      });
+      return;
+    }
+    case LaunchKind::xent: {
+      const Node& fwd = graph_.node(l.nodes[0]);
+      const Node& bwd = graph_.node(l.nodes[1]);
+      const Value& logits = graph_.value(fwd.inputs[0]);
+      with_float_type(logits.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        launch_softmax_xent(static_cast<const T*>(device_ptr(logits.id)),
+                            static_cast<const std::int32_t*>(device_ptr(fwd.inputs[1])), logits.shape[0],
+                            logits.shape[1], static_cast<float*>(device_ptr(fwd.outputs[0])),
+                            static_cast<T*>(device_ptr(bwd.outputs[0])), stream);
+      });
+      return;
+    }
+    case LaunchKind::bias_grad_sgd: {
+      const Node& reduce = graph_.node(l.nodes[0]);
+      const Node& sgd = graph_.node(l.sgd_node);
+      const Value& dy = graph_.value(reduce.inputs[0]);
+      const Value& bias = graph_.value(sgd.inputs[0]);
+      void* velocity = sgd.inputs.size() == 3 ? device_ptr(sgd.inputs[2]) : nullptr;
+      const SgdScalars* s = scalars_of(sgd.id);
+      if (bias.dtype == DType::f16 && dy.dtype == DType::f16)
+        launch_bias_grad_sgd(static_cast<const __half*>(device_ptr(dy.id)), dy.shape[0], dy.shape[1],
+                             static_cast<__half*>(device_ptr(bias.id)), static_cast<__half*>(velocity), s, stream);
+      else if (bias.dtype == DType::f32 && dy.dtype == DType::f16)
+        launch_bias_grad_sgd(static_cast<const __half*>(device_ptr(dy.id)), dy.shape[0], dy.shape[1],
+                             static_cast<float*>(device_ptr(bias.id)), static_cast<float*>(velocity), s, stream);
+      else if (bias.dtype == DType::f32 && dy.dtype == DType::f32)
+        launch_bias_grad_sgd(static_cast<const float*>(device_ptr(dy.id)), dy.shape[0], dy.shape[1],
+                             static_cast<float*>(device_ptr(bias.id)), static_cast<float*>(velocity), s, stream);
+      else
+        throw CudaError("bias_grad_sgd: unsupported dtype pair (f16 bias with f32 gradient)");
+      return;
+    }
+    case LaunchKind::single:
+      record_single(graph_.node(l.nodes[0]), stream);
+      return;
+  }
+}
+
+void CudaProgram::record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const {
+  b.matmul->run(b.a, b.b, b.c, b.d, b.alpha, b.beta, b.bias, b.aux, stream);
+  if (l.target != MatmulTarget::velocity_sgd) return;
+  // The matmul wrote v = momentum*v + g; finish with v += wd*w, w -= lr*v.
+  const Node& sgd = graph_.node(l.sgd_node);
+  const Value& w = graph_.value(sgd.inputs[0]);
+  with_float_type(w.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_momentum_finish(static_cast<T*>(device_ptr(w.id)), static_cast<T*>(device_ptr(sgd.inputs[2])),
+                           element_count(w.shape), scalars_of(sgd.id), stream);
+  });
+}
+
+void CudaProgram::record_single(const Node& n, cudaStream_t stream) const {
+  auto in = [&](std::size_t slot) { return device_ptr(n.inputs[slot]); };
+  const Value& x = graph_.value(n.inputs[0]);
+  const auto count = element_count(x.shape);
+  switch (n.op) {
+    case OpKind::advance_step:
+      launch_advance_step(static_cast<std::int32_t*>(in(0)), stream);
+      return;
+    case OpKind::cast: {
+      const Value& y = graph_.value(n.outputs[0]);
+      void* out = device_ptr(y.id);
+      if (x.dtype == y.dtype)
+        SG_CUDA_CHECK(cudaMemcpyAsync(out, in(0), value_bytes(x), cudaMemcpyDeviceToDevice, stream));
+      else if (x.dtype == DType::f32)
+        launch_cast(static_cast<const float*>(in(0)), count, static_cast<__half*>(out), stream);
+      else
+        launch_cast(static_cast<const __half*>(in(0)), count, static_cast<float*>(out), stream);
+      return;
+    }
+    case OpKind::sgd_update: {
+      const Value& g = graph_.value(n.inputs[1]);
+      void* v = n.inputs.size() == 3 ? in(2) : nullptr;
+      const SgdScalars* s = scalars_of(n.id);
+      if (x.dtype == DType::f16 && g.dtype == DType::f16)
+        launch_sgd_update(static_cast<__half*>(in(0)), static_cast<const __half*>(in(1)), static_cast<__half*>(v), count, s, stream);
+      else if (x.dtype == DType::f32 && g.dtype == DType::f32)
+        launch_sgd_update(static_cast<float*>(in(0)), static_cast<const float*>(in(1)), static_cast<float*>(v), count, s, stream);
+      else
+        launch_sgd_update(static_cast<float*>(in(0)), static_cast<const __half*>(in(1)), static_cast<float*>(v), count, s, stream);
+      return;
+    }
+    default:
+      break;
+  }
+  with_float_type(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto cin = [&](std::size_t slot) { return static_cast<const T*>(in(slot)); };
+    auto out = [&]() { return static_cast<T*>(device_ptr(n.outputs[0])); };
+    const auto rows = x.shape[0];
+    const auto cols = x.shape.size() > 1 ? x.shape[1] : 1;
+    switch (n.op) {
+      case OpKind::bias_add: launch_bias_add(cin(0), cin(1), rows, cols, out(), stream); return;
+      case OpKind::relu: launch_relu(cin(0), count, out(), stream); return;
+      case OpKind::relu_backward: launch_relu_backward(cin(0), cin(1), count, out(), stream); return;
+      case OpKind::add: launch_add(cin(0), cin(1), count, out(), stream); return;
+      case OpKind::reduce_rows: launch_reduce_rows(cin(0), rows, cols, out(), stream); return;
+      case OpKind::softmax_xent:
+        launch_softmax_xent(cin(0), static_cast<const std::int32_t*>(in(1)), rows, cols,
+                            static_cast<float*>(device_ptr(n.outputs[0])), static_cast<T*>(nullptr), stream);
+        return;
+      case OpKind::softmax_xent_backward:
+        launch_softmax_xent(cin(0), static_cast<const std::int32_t*>(in(1)), rows, cols, scratch_loss_.as<float>(),
+                            out(), stream);
+        return;
+      case OpKind::count_correct:
+        launch_count_correct(cin(0), static_cast<const std::int32_t*>(in(1)), rows, cols,
+                             static_cast<std::int32_t*>(device_ptr(n.outputs[0])), stream);
+        return;
+      default:
+        throw CudaError(fmt::format("cuda backend: no kernel for a lone {} (node {})", op_name(n.op), n.id));
+    }
+  });
+}
+
+std::string CudaProgram::launch_label(std::size_t index) const {
+  const Launch& l = schedule_.launches.at(index);
+  std::vector<std::string> ops;
+  for (NodeId n : l.nodes) ops.push_back(std::string(op_name(graph_.node(n).op)));
+  std::string kind(launch_kind_name(l.kind));
+  if (l.kind == LaunchKind::matmul) {
+    kind += fmt::format("[{}]", epilogue_name(l.epilogue));
+    if (l.target != MatmulTarget::output) kind += "+sgd";
+  }
+  if (l.kind == LaunchKind::single) kind = ops.front();
+  return fmt::format("L{} {} ({})", index, kind, fmt::join(ops, "+"));
+}
+
+void CudaProgram::set_learning_rate(double lr, cudaStream_t stream) {
+  std::vector<SgdScalars> scalars;
+  for (NodeId id : sgd_nodes_) {
+    const Node& n = graph_.node(id);
+    scalars.push_back(make_sgd_scalars(float(lr), float(n.attrs.momentum), float(n.attrs.weight_decay)));
+  }
+  if (!scalars.empty()) uploader_->upload(sgd_scalars_.data(), scalars.data(), stream);
+  graph_.set_sgd_learning_rate(lr);
+}
+
+void CudaProgram::poison_arena(cudaStream_t stream) const {
+  if (arena_.bytes()) launch_poison(arena_.data(), arena_.bytes(), stream);
+}
+
+}  // namespace sg::cuda

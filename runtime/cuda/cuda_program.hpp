@@ -1,0 +1,76 @@
+#pragma once
+// One lowered graph on the GPU: the schedule bound to device buffers (an
+// arena sized by the memory plan, shared parameter buffers), one cuBLASLt
+// matmul object per matmul launch, and device-resident optimizer scalars.
+// record() enqueues one step; it is what CUDA-graph capture records.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+#include "ops/cuda/cublaslt_matmul.hpp"
+#include "ops/cuda/cuda_resources.hpp"
+#include "ops/cuda/kernels.hpp"
+#include "runtime/cuda/device_values.hpp"
+#include "runtime/cuda/scalar_uploader.hpp"
+#include "runtime/plan/memory_plan.hpp"
+#include "runtime/plan/schedule.hpp"
+
+namespace sg::cuda {
+
+struct ProgramOptions {
+  Accumulate accumulate = Accumulate::f32;
+  bool autotune = false;
+};
+
+class CudaProgram {
+ public:
+  // `params` holds parameter buffers shared with other programs; every other
+  // graph-owned value gets a buffer of this program's own.
+  CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& lt, ProgramOptions options, cudaStream_t stream);
+  ~CudaProgram();
+  CudaProgram(const CudaProgram&) = delete;
+  CudaProgram& operator=(const CudaProgram&) = delete;
+
+  const sg::Graph& graph() const { return graph_; }
+  const Schedule& schedule() const { return schedule_; }
+  const MemoryPlan& memory_plan() const { return plan_; }
+
+  void record(cudaStream_t stream) const;                 // one step, every launch
+  void record_launch(std::size_t index, cudaStream_t stream) const;
+  std::string launch_label(std::size_t index) const;     // e.g. "L3 matmul[relu_aux_bias] n3 n4 n5"
+
+  void* device_ptr(ValueId id) const;
+  DeviceBuffer& owned(const std::string& name);           // this program's graph-owned buffers
+  // New learning rate for every sgd_update, in stream order, no re-capture.
+  void set_learning_rate(double lr, cudaStream_t stream);
+  // Fills the arena with NaN bytes so a read of an unwritten element shows.
+  void poison_arena(cudaStream_t stream) const;
+
+ private:
+  struct Bound;  // per-launch device objects (matmul, pointers)
+  void bind_launches(const LtHandle& lt, cudaStream_t stream);
+  void record_single(const Node& n, cudaStream_t stream) const;
+  void record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const;
+  const SgdScalars* scalars_of(NodeId sgd_node) const;
+
+  sg::Graph graph_;
+  ProgramOptions options_;
+  Schedule schedule_;
+  MemoryPlan plan_;
+  std::vector<int> buffer_of_value_, buffer_of_mask_;
+  DeviceBuffer arena_;
+  DeviceValues own_;
+  DeviceValues& params_;
+  std::vector<void*> value_ptr_;
+  std::vector<NodeId> sgd_nodes_;  // order of entries in sgd_scalars_
+  DeviceBuffer sgd_scalars_;       // SgdScalars[sgd_nodes_.size()]
+  DeviceBuffer constants_;         // MatmulConstants
+  DeviceBuffer scratch_loss_;      // loss output of a lone softmax_xent_backward
+  std::unique_ptr<ScalarUploader> uploader_;
+  std::vector<std::unique_ptr<Bound>> bound_;
+};
+
+}  // namespace sg::cuda

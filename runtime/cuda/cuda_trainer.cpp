@@ -1,0 +1,267 @@
+#include "runtime/cuda/cuda_trainer.hpp"
+
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "graph/training_graph.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "runtime/cuda/cuda_program.hpp"
+#include "runtime/epoch_schedule.hpp"
+#include "runtime/param_init.hpp"
+#include "runtime/tensor_blob.hpp"
+
+namespace sg::cuda {
+namespace {
+
+// A captured run of `steps` consecutive training steps.
+struct CapturedSteps {
+  Graph graph;
+  GraphExec exec;
+  std::int64_t steps = 0;
+};
+
+CapturedSteps capture(const CudaProgram& program, std::int64_t steps, cudaStream_t stream) {
+  begin_capture(stream);
+  for (std::int64_t i = 0; i < steps; ++i) program.record(stream);
+  CapturedSteps c;
+  c.graph = end_capture(stream);
+  c.exec = GraphExec(c.graph);
+  c.steps = steps;
+  return c;
+}
+
+sg::Graph training_graph(TrainerSpec spec, const Dataset& data) {
+  spec.mlp.dataset_rows = data.train.images.count;
+  spec.mlp.compute_dtype = DType::f16;
+  return build_training_stages(spec.mlp, spec.sgd, spec.fusion).fused;
+}
+
+sg::Graph eval_graph(TrainerSpec spec, const Dataset& data) {
+  spec.mlp.dataset_rows = data.test.images.count;
+  spec.mlp.compute_dtype = DType::f16;
+  spec.mlp.batch = eval_batch_for(data.test.images.count, spec.eval_batch);
+  sg::Graph g = build_mlp_eval(spec.mlp);
+  fuse(g, spec.fusion);
+  return g;
+}
+
+void upload_split(CudaProgram& program, const data::Split& split) {
+  program.owned(names::images).upload(split.images.pixels.data(), split.images.pixels.size());
+  program.owned(names::labels).upload(split.labels.labels.data(), split.labels.labels.size());
+}
+
+std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
+  return blob_from_floats(v.name, v.shape, v.dtype, values).bytes;
+}
+
+}  // namespace
+
+struct CudaTrainer::Impl {
+  TrainerSpec spec;
+  Stream stream;
+  LtHandle lt;
+  DeviceValues params;
+  std::unique_ptr<CudaProgram> train;
+  std::unique_ptr<CudaProgram> eval;
+  CapturedSteps one_step, many_steps, eval_step;
+  EpochSchedule epochs;
+  std::int64_t eval_batches = 0;
+
+  Impl(const TrainerSpec& s, const Dataset& data)
+      : spec(s), epochs(data.train.images.count, s.mlp.batch, s.shuffle_seed) {
+    if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
+    ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune};
+    train = std::make_unique<CudaProgram>(training_graph(s, data), params, lt, options, stream.get());
+    eval = std::make_unique<CudaProgram>(eval_graph(s, data), params, lt, options, stream.get());
+    upload_split(*train, data.train);
+    upload_split(*eval, data.test);
+    eval_batches = data.test.images.count / eval_batch_for(data.test.images.count, s.eval_batch);
+    std::vector<std::int32_t> identity(static_cast<std::size_t>(data.test.images.count));
+    std::iota(identity.begin(), identity.end(), 0);
+    eval->owned(names::perm).upload(identity.data(), identity.size() * sizeof(std::int32_t));
+    for (const auto& p : initial_parameters(s.mlp.layers, s.init_seed)) {
+      const Value& v = train->graph().value(train->graph().value_named(p.name));
+      const auto bytes = float_blob_bytes(v, p.values);
+      params.at(p.name).upload(bytes.data(), bytes.size());
+    }
+    if (s.cuda_graph) {
+      one_step = capture(*train, 1, stream.get());
+      if (s.steps_per_launch > 1) many_steps = capture(*train, s.steps_per_launch, stream.get());
+      eval_step = capture(*eval, 1, stream.get());
+    }
+  }
+
+  void run_train_steps(std::int64_t steps) {
+    while (steps > 0) {
+      if (many_steps.steps > 1 && steps >= many_steps.steps) {
+        many_steps.exec.launch(stream.get());
+        steps -= many_steps.steps;
+      } else if (one_step.steps == 1) {
+        one_step.exec.launch(stream.get());
+        --steps;
+      } else {
+        train->record(stream.get());
+        --steps;
+      }
+    }
+  }
+
+  void set_device_step(CudaProgram& program, std::int64_t step) {
+    const auto value = static_cast<std::int32_t>(step);
+    stream.synchronize();
+    program.owned(names::step).upload(&value, sizeof value);
+  }
+
+  void upload_permutation_if_needed(std::int64_t step) {
+    if (auto perm = epochs.permutation_if_changed(step)) {
+      stream.synchronize();  // epoch boundaries are rare: a plain synchronous upload is fine
+      train->owned(names::perm).upload(perm->data(), perm->size() * sizeof(std::int32_t));
+    }
+  }
+};
+
+CudaTrainer::CudaTrainer(const TrainerSpec& spec, const Dataset& data) : impl_(std::make_unique<Impl>(spec, data)) {}
+CudaTrainer::~CudaTrainer() = default;
+
+std::string CudaTrainer::description() const {
+  cudaDeviceProp prop{};
+  int device = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  const auto& s = impl_->spec;
+  return fmt::format("cuda on {} ({}, {} launches per step{}, {} accumulate)", prop.name,
+                     s.cuda_graph ? "CUDA graph replay" : "stream launches",
+                     impl_->train->schedule().launches.size(),
+                     s.cuda_graph && s.steps_per_launch > 1 ? fmt::format(", {} steps per graph", s.steps_per_launch) : "",
+                     s.accumulate_f16 ? "fp16" : "fp32");
+}
+
+void CudaTrainer::train(std::int64_t steps) {
+  while (steps > 0) {
+    impl_->upload_permutation_if_needed(step_);
+    const auto chunk = std::min(steps, impl_->epochs.steps_left_in_epoch(step_));
+    impl_->run_train_steps(chunk);
+    step_ += chunk;
+    steps -= chunk;
+  }
+}
+
+double CudaTrainer::last_loss() {
+  impl_->stream.synchronize();
+  float loss = 0;
+  const ValueId id = impl_->train->graph().value_named(names::loss);
+  SG_CUDA_CHECK(cudaMemcpy(&loss, impl_->train->device_ptr(id), sizeof loss, cudaMemcpyDeviceToHost));
+  return loss;
+}
+
+EvalResult CudaTrainer::evaluate() {
+  auto& im = *impl_;
+  im.set_device_step(*im.eval, 0);
+  const auto& g = im.eval->graph();
+  const auto batch = g.node(0).attrs.batch;
+  double loss_sum = 0, correct = 0;
+  for (std::int64_t b = 0; b < im.eval_batches; ++b) {
+    if (im.eval_step.steps == 1) im.eval_step.exec.launch(im.stream.get());
+    else im.eval->record(im.stream.get());
+    im.stream.synchronize();
+    float loss = 0;
+    std::int32_t hits = 0;
+    SG_CUDA_CHECK(cudaMemcpy(&loss, im.eval->device_ptr(g.value_named(names::loss)), sizeof loss, cudaMemcpyDeviceToHost));
+    SG_CUDA_CHECK(cudaMemcpy(&hits, im.eval->device_ptr(g.value_named(names::correct)), sizeof hits, cudaMemcpyDeviceToHost));
+    loss_sum += double(loss) * double(batch);
+    correct += hits;
+  }
+  const double n = double(im.eval_batches * batch);
+  return {loss_sum / n, correct / n, im.eval_batches * batch};
+}
+
+void CudaTrainer::set_learning_rate(double lr) { impl_->train->set_learning_rate(lr, impl_->stream.get()); }
+
+std::vector<io::TensorBlob> CudaTrainer::save_state() {
+  impl_->stream.synchronize();
+  const sg::Graph& g = impl_->train->graph();
+  std::vector<io::TensorBlob> blobs;
+  for (Role role : {Role::param, Role::state})
+    for (ValueId id : g.values_with_role(role)) {
+      const Value& v = g.value(id);
+      if (v.name == names::step) continue;
+      io::TensorBlob blob{v.name, v.dtype, v.shape, std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
+      SG_CUDA_CHECK(cudaMemcpy(blob.bytes.data(), impl_->train->device_ptr(id), blob.bytes.size(), cudaMemcpyDeviceToHost));
+      blobs.push_back(std::move(blob));
+    }
+  blobs.push_back(step_blob(step_));
+  return blobs;
+}
+
+void CudaTrainer::load_state(const std::vector<io::TensorBlob>& blobs) {
+  impl_->stream.synchronize();
+  const sg::Graph& g = impl_->train->graph();
+  for (const auto& blob : blobs) {
+    if (blob.name == names::step) continue;
+    const auto id = g.find_value(blob.name);
+    if (!id || g.value(*id).shape != blob.shape)
+      throw std::invalid_argument(fmt::format("state entry '{}' {} does not match the model", blob.name, shape_string(blob.shape)));
+    const Value& v = g.value(*id);
+    // Same dtype: raw bytes (bit-exact resume); otherwise convert through float.
+    const std::string bytes = blob.dtype == v.dtype ? blob.bytes : float_blob_bytes(v, floats_from_blob(blob));
+    SG_CUDA_CHECK(cudaMemcpy(impl_->train->device_ptr(*id), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+  }
+  step_ = step_from_blobs(blobs);
+  impl_->set_device_step(*impl_->train, step_);
+}
+
+void CudaTrainer::replay_steps(std::int64_t steps) {
+  if (impl_->one_step.steps != 1) throw CudaError("replay_steps: this trainer was built without CUDA graphs");
+  impl_->run_train_steps(steps);
+  step_ += steps;
+}
+
+void CudaTrainer::launch_steps(std::int64_t steps) {
+  for (std::int64_t i = 0; i < steps; ++i) impl_->train->record(impl_->stream.get());
+  step_ += steps;
+}
+
+void CudaTrainer::synchronize() const { impl_->stream.synchronize(); }
+void* CudaTrainer::stream_handle() const { return impl_->stream.get(); }
+
+std::vector<LaunchTiming> CudaTrainer::profile_step() {
+  auto& program = *impl_->train;
+  const auto count = program.schedule().launches.size();
+  std::vector<Event> marks(count + 1);
+  cudaStream_t s = impl_->stream.get();
+  marks[0].record(s);
+  for (std::size_t i = 0; i < count; ++i) {
+    program.record_launch(i, s);
+    marks[i + 1].record(s);
+  }
+  marks[count].synchronize();
+  ++step_;
+  std::vector<LaunchTiming> out;
+  for (std::size_t i = 0; i < count; ++i) out.push_back({program.launch_label(i), Event::elapsed_ms(marks[i], marks[i + 1])});
+  return out;
+}
+
+std::size_t CudaTrainer::cuda_graph_nodes() const {
+  if (!impl_->one_step.graph.get()) return 0;
+  std::size_t n = 0;
+  SG_CUDA_CHECK(cudaGraphGetNodes(impl_->one_step.graph.get(), nullptr, &n));
+  return n;
+}
+
+std::size_t CudaTrainer::dump_cuda_graph(const std::string& path) const {
+  if (!impl_->one_step.graph.get()) throw CudaError("dump_cuda_graph: built without CUDA graphs");
+  SG_CUDA_CHECK(cudaGraphDebugDotPrint(impl_->one_step.graph.get(), path.c_str(), cudaGraphDebugDotFlagsVerbose));
+  return cuda_graph_nodes();
+}
+
+const CudaProgram& CudaTrainer::training_program() const { return *impl_->train; }
+
+void CudaTrainer::poison_activations() { impl_->train->poison_arena(impl_->stream.get()); }
+
+std::unique_ptr<Trainer> make_cuda_trainer(const TrainerSpec& spec, const Dataset& data) {
+  return std::make_unique<CudaTrainer>(spec, data);
+}
+
+}  // namespace sg::cuda

@@ -1,0 +1,58 @@
+#pragma once
+// The CUDA backend behind the Trainer interface: the fused training-step
+// graph lowered once, captured into a CUDA graph (K steps per graph) and
+// replayed; plain stream launches of the same schedule on request. Beyond
+// Trainer it exposes what the bench and inspect commands need.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/trainer.hpp"
+
+namespace sg::cuda {
+
+class CudaProgram;
+
+struct LaunchTiming {
+  std::string label;
+  double ms = 0;
+};
+
+class CudaTrainer final : public Trainer {
+ public:
+  CudaTrainer(const TrainerSpec& spec, const Dataset& data);
+  ~CudaTrainer() override;
+
+  std::string description() const override;
+  void train(std::int64_t steps) override;
+  double last_loss() override;
+  EvalResult evaluate() override;
+  void set_learning_rate(double lr) override;
+  std::vector<io::TensorBlob> save_state() override;
+  void load_state(const std::vector<io::TensorBlob>& blobs) override;
+  std::int64_t step() const override { return step_; }
+
+  // Runs `steps` steps by graph replay or by stream launches regardless of
+  // the spec's choice (for benchmarks), without epoch reshuffles.
+  void replay_steps(std::int64_t steps);
+  void launch_steps(std::int64_t steps);
+  void synchronize() const;
+  void* stream_handle() const;  // cudaStream_t
+  // One step in stream mode with CUDA events around every launch.
+  std::vector<LaunchTiming> profile_step();
+  // cudaGraphDebugDotPrint of the one-step graph; returns its node count.
+  std::size_t dump_cuda_graph(const std::string& path) const;
+  std::size_t cuda_graph_nodes() const;
+  const CudaProgram& training_program() const;
+  // Poisons the activation arena (NaN bytes) before the next step.
+  void poison_activations();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::int64_t step_ = 0;
+};
+
+std::unique_ptr<Trainer> make_cuda_trainer(const TrainerSpec& spec, const Dataset& data);
+
+}  // namespace sg::cuda

@@ -1,0 +1,124 @@
+#include "runtime/data/idx_reader.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+
+#include <fmt/format.h>
+
+namespace sg::data {
+namespace {
+
+constexpr std::uint32_t kImageMagic = 0x00000803;  // unsigned byte, 3 dimensions
+constexpr std::uint32_t kLabelMagic = 0x00000801;  // unsigned byte, 1 dimension
+
+struct GzCloser {
+  void operator()(gzFile f) const { gzclose(f); }
+};
+using GzHandle = std::unique_ptr<std::remove_pointer_t<gzFile>, GzCloser>;
+
+// gzopen/gzread read gzip files and plain files alike.
+class IdxFile {
+ public:
+  explicit IdxFile(const std::filesystem::path& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
+    if (!file_) throw IdxError(fmt::format("{}: cannot open", path.string()));
+  }
+
+  std::uint32_t read_u32(const char* what) {
+    std::array<unsigned char, 4> b{};
+    read_exact(b.data(), b.size(), what);
+    return (std::uint32_t(b[0]) << 24) | (std::uint32_t(b[1]) << 16) | (std::uint32_t(b[2]) << 8) | b[3];
+  }
+
+  void read_exact(void* dst, std::size_t bytes, const char* what) {
+    std::size_t done = 0;
+    while (done < bytes) {
+      const auto chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
+      const int got = gzread(file_.get(), static_cast<char*>(dst) + done, chunk);
+      if (got < 0) throw IdxError(fmt::format("{}: read error ({})", path_.string(), error_text()));
+      if (got == 0)
+        throw IdxError(fmt::format("{}: truncated {}: expected {} bytes, file ends after {}", path_.string(), what,
+                                   bytes, done));
+      done += static_cast<std::size_t>(got);
+    }
+  }
+
+  void expect_end() {
+    char extra;
+    if (gzread(file_.get(), &extra, 1) > 0)
+      throw IdxError(fmt::format("{}: unexpected data after the last item", path_.string()));
+  }
+
+  void expect_magic(std::uint32_t wanted, const char* kind) {
+    const auto magic = read_u32("header");
+    if (magic != wanted)
+      throw IdxError(fmt::format("{}: wrong magic number 0x{:08x} for an IDX {} file (expected 0x{:08x})",
+                                 path_.string(), magic, kind, wanted));
+  }
+
+ private:
+  std::string error_text() {
+    int code = 0;
+    const char* msg = gzerror(file_.get(), &code);
+    return msg ? msg : "unknown";
+  }
+
+  std::filesystem::path path_;
+  GzHandle file_;
+};
+
+std::filesystem::path find_file(const std::filesystem::path& dir, const std::string& name) {
+  for (const auto& candidate : {dir / (name + ".gz"), dir / name})
+    if (std::filesystem::exists(candidate)) return candidate;
+  throw IdxError(fmt::format("{}: neither {}.gz nor {} exists (get MNIST with scripts/fetch_mnist.sh {})",
+                             dir.string(), name, name, dir.string()));
+}
+
+}  // namespace
+
+ImageSet read_idx_images(const std::filesystem::path& file) {
+  IdxFile f(file);
+  f.expect_magic(kImageMagic, "images");
+  ImageSet set;
+  set.count = f.read_u32("header");
+  set.rows = f.read_u32("header");
+  set.cols = f.read_u32("header");
+  if (set.count == 0 || set.rows == 0 || set.cols == 0)
+    throw IdxError(fmt::format("{}: empty image set ({} x {} x {})", file.string(), set.count, set.rows, set.cols));
+  set.pixels.resize(static_cast<std::size_t>(set.count * set.rows * set.cols));
+  f.read_exact(set.pixels.data(), set.pixels.size(), "pixel data");
+  f.expect_end();
+  return set;
+}
+
+LabelSet read_idx_labels(const std::filesystem::path& file) {
+  IdxFile f(file);
+  f.expect_magic(kLabelMagic, "labels");
+  LabelSet set;
+  set.labels.resize(f.read_u32("header"));
+  if (set.labels.empty()) throw IdxError(fmt::format("{}: empty label set", file.string()));
+  f.read_exact(set.labels.data(), set.labels.size(), "label data");
+  f.expect_end();
+  return set;
+}
+
+Split load_split(const std::filesystem::path& dir, const std::string& prefix, std::int64_t limit) {
+  const auto image_file = find_file(dir, prefix + "-images-idx3-ubyte");
+  const auto label_file = find_file(dir, prefix + "-labels-idx1-ubyte");
+  Split split{read_idx_images(image_file), read_idx_labels(label_file), 0};
+  const auto labels = static_cast<std::int64_t>(split.labels.labels.size());
+  if (labels != split.images.count)
+    throw IdxError(fmt::format("{} holds {} images but {} holds {} labels", image_file.string(), split.images.count,
+                               label_file.string(), labels));
+  if (limit > 0 && limit < split.images.count) {
+    split.images.count = limit;
+    split.images.pixels.resize(static_cast<std::size_t>(limit * split.images.pixels_per_image()));
+    split.labels.labels.resize(static_cast<std::size_t>(limit));
+  }
+  split.classes = *std::max_element(split.labels.labels.begin(), split.labels.labels.end()) + 1;
+  return split;
+}
+
+}  // namespace sg::data

@@ -1,0 +1,51 @@
+#pragma once
+// Assigns every activation/gradient buffer (and ReLU mask) of a schedule an
+// offset in one arena by liveness: buffers whose lifetimes do not overlap
+// share bytes. Backend-neutral; sizes come from the caller.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/plan/schedule.hpp"
+
+namespace sg {
+
+struct BufferLifetime {
+  std::string name;
+  std::size_t bytes = 0;
+  int first = 0, last = 0;  // launch indices, inclusive
+};
+
+struct ArenaSlot {
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+};
+
+struct MemoryPlan {
+  std::vector<BufferLifetime> buffers;  // activations/gradients first (by value id), then masks
+  std::vector<ArenaSlot> slots;         // one per buffer
+  std::size_t arena_bytes = 0;          // what is allocated
+  std::size_t unshared_bytes = 0;       // sum of all buffers: what no reuse would cost
+};
+
+// Greedy: largest buffers first, each at the lowest aligned offset that does
+// not overlap a placed buffer with an overlapping lifetime.
+MemoryPlan plan_memory(std::vector<BufferLifetime> buffers, std::size_t alignment = 256);
+
+// Lifetimes of the activation/grad values a schedule writes and of its ReLU
+// masks. A value lives from the launch writing it to the last launch reading
+// it; graph outputs live to the end so the host can read them after the step.
+// value_bytes[id] and mask_bytes[k] give sizes. Also returns, per value id,
+// the index into MemoryPlan::buffers (-1 when the value has no arena slot).
+struct ArenaRequest {
+  std::vector<BufferLifetime> buffers;
+  std::vector<int> buffer_of_value;
+  std::vector<int> buffer_of_mask;
+};
+ArenaRequest arena_request(const Graph& graph, const Schedule& schedule, const std::vector<std::size_t>& value_bytes,
+                           const std::vector<std::size_t>& mask_bytes);
+
+std::string dump_memory_plan(const MemoryPlan& plan);
+
+}  // namespace sg

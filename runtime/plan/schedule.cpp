@@ -1,0 +1,232 @@
+#include "runtime/plan/schedule.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace sg {
+
+std::string_view launch_kind_name(LaunchKind kind) {
+  switch (kind) {
+    case LaunchKind::batch_fetch: return "batch_fetch";
+    case LaunchKind::matmul: return "matmul";
+    case LaunchKind::xent: return "xent";
+    case LaunchKind::bias_grad_sgd: return "bias_grad_sgd";
+    case LaunchKind::single: return "single";
+  }
+  return "?";
+}
+
+std::string_view epilogue_name(MatmulEpilogue e) {
+  switch (e) {
+    case MatmulEpilogue::none: return "none";
+    case MatmulEpilogue::bias: return "bias";
+    case MatmulEpilogue::relu_bias: return "relu_bias";
+    case MatmulEpilogue::relu_aux_bias: return "relu_aux_bias";
+    case MatmulEpilogue::drelu: return "drelu";
+  }
+  return "?";
+}
+
+namespace {
+
+bool contains(const std::vector<NodeId>& v, NodeId x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+class Lowering {
+ public:
+  explicit Lowering(const Graph& g) : g_(g) {}
+
+  Schedule run() {
+    assign_relu_masks();
+    std::set<int> emitted;
+    for (const Node& n : g_.nodes()) {
+      if (n.fusion_group < 0) {
+        emit(lower_single(n));
+        continue;
+      }
+      const FusionGroup& group = g_.fusion_groups()[static_cast<std::size_t>(n.fusion_group)];
+      if (n.id == anchor(group) && emitted.insert(group.id).second) emit(lower_group(group));
+    }
+    return std::move(schedule_);
+  }
+
+ private:
+  // Groups that update a value in place run at their last node (after every
+  // read of the old value); the others at their first (before any consumer).
+  NodeId anchor(const FusionGroup& group) const {
+    for (NodeId id : group.nodes)
+      if (op_updates_in_place(g_.node(id).op)) return group.nodes.back();
+    return group.nodes.front();
+  }
+
+  // A relu fused into a forward matmul keeps its mask for the fused backward.
+  void assign_relu_masks() {
+    for (const FusionGroup& group : g_.fusion_groups()) {
+      if (group.kind != FusionKind::dgrad_drelu) continue;
+      const Node& relu_bw = g_.node(group.nodes.back());
+      const NodeId relu = g_.value(relu_bw.inputs[1]).producer;
+      if (!mask_of_relu_.count(relu)) {
+        const Value& out = g_.value(g_.node(relu).outputs[0]);
+        mask_of_relu_[relu] = static_cast<int>(schedule_.aux.size());
+        schedule_.aux.push_back({out.shape[0], out.shape[1]});
+      }
+    }
+  }
+
+  void emit(Launch launch) { schedule_.launches.push_back(std::move(launch)); }
+
+  // Values crossing the launch boundary: inputs produced outside, outputs
+  // read outside (or graph outputs), and in-place targets.
+  void fill_boundary(Launch& l) const {
+    for (NodeId id : l.nodes) {
+      const Node& n = g_.node(id);
+      for (ValueId in : n.inputs) {
+        const NodeId producer = g_.value(in).producer;
+        if ((producer < 0 || !contains(l.nodes, producer)) &&
+            std::find(l.reads.begin(), l.reads.end(), in) == l.reads.end())
+          l.reads.push_back(in);
+      }
+      for (ValueId out : n.outputs) {
+        bool external = std::find(g_.outputs().begin(), g_.outputs().end(), out) != g_.outputs().end();
+        for (NodeId reader : g_.consumers(out)) external = external || !contains(l.nodes, reader);
+        if (external) l.writes.push_back(out);
+      }
+      for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+        l.updates.push_back(n.inputs[static_cast<std::size_t>(slot)]);
+    }
+  }
+
+  Launch lower_single(const Node& n) const {
+    if (n.op == OpKind::batch_indices || n.op == OpKind::gather_rows)
+      throw GraphError(fmt::format("schedule: {} (node {}) must be fused into a batch_fetch group", op_name(n.op), n.id));
+    Launch l;
+    l.nodes = {n.id};
+    if (n.op == OpKind::matmul) {
+      l.kind = LaunchKind::matmul;
+      l.matmul_node = n.id;
+      l.output = n.outputs[0];
+    } else {
+      l.kind = LaunchKind::single;
+    }
+    fill_boundary(l);
+    return l;
+  }
+
+  Launch lower_group(const FusionGroup& group) const {
+    Launch l;
+    l.nodes = group.nodes;
+    l.fusion_group = group.id;
+    const Node& first = g_.node(group.nodes.front());
+    const Node& last = g_.node(group.nodes.back());
+    switch (group.kind) {
+      case FusionKind::batch_fetch:
+        l.kind = LaunchKind::batch_fetch;
+        break;
+      case FusionKind::xent_fused:
+        l.kind = LaunchKind::xent;
+        break;
+      case FusionKind::linear_forward: {
+        l.kind = LaunchKind::matmul;
+        l.matmul_node = first.id;
+        l.bias = g_.node(group.nodes[1]).inputs[1];
+        l.output = last.outputs[0];
+        if (last.op == OpKind::relu) {
+          auto mask = mask_of_relu_.find(last.id);
+          l.epilogue = mask == mask_of_relu_.end() ? MatmulEpilogue::relu_bias : MatmulEpilogue::relu_aux_bias;
+          if (mask != mask_of_relu_.end()) l.aux_write = mask->second;
+        } else {
+          l.epilogue = MatmulEpilogue::bias;
+        }
+        break;
+      }
+      case FusionKind::dgrad_drelu:
+        l.kind = LaunchKind::matmul;
+        l.matmul_node = first.id;
+        l.epilogue = MatmulEpilogue::drelu;
+        l.output = last.outputs[0];
+        l.aux_read = mask_of_relu_.at(g_.value(last.inputs[1]).producer);
+        break;
+      case FusionKind::wgrad_sgd:
+        l.kind = LaunchKind::matmul;
+        l.matmul_node = first.id;
+        l.sgd_node = last.id;
+        l.target = last.inputs.size() == 3 ? MatmulTarget::velocity_sgd : MatmulTarget::param_sgd;
+        break;
+      case FusionKind::bgrad_sgd:
+        l.kind = LaunchKind::bias_grad_sgd;
+        l.sgd_node = last.id;
+        break;
+    }
+    fill_boundary(l);
+    if (group.kind == FusionKind::dgrad_drelu) {
+      // The mask replaces the relu output: the kernel never reads that value.
+      const ValueId relu_out = last.inputs[1];
+      l.reads.erase(std::remove(l.reads.begin(), l.reads.end(), relu_out), l.reads.end());
+    }
+    return l;
+  }
+
+  const Graph& g_;
+  Schedule schedule_;
+  std::map<NodeId, int> mask_of_relu_;
+};
+
+}  // namespace
+
+Schedule build_schedule(const Graph& graph) {
+  Schedule s = Lowering(graph).run();
+  check_schedule_order(graph, s);
+  return s;
+}
+
+void check_schedule_order(const Graph& g, const Schedule& s) {
+  std::set<ValueId> written, updated;
+  std::set<int> masks;
+  for (const Value& v : g.values())
+    if (is_graph_owned(v.role)) written.insert(v.id);
+  for (std::size_t i = 0; i < s.launches.size(); ++i) {
+    const Launch& l = s.launches[i];
+    for (ValueId r : l.reads) {
+      if (!written.count(r))
+        throw GraphError(fmt::format("schedule: launch {} reads '{}' before it is written", i, g.value(r).name));
+      if (updated.count(r))
+        throw GraphError(fmt::format("schedule: launch {} reads '{}' after its in-place update", i, g.value(r).name));
+    }
+    if (l.aux_read >= 0 && !masks.count(l.aux_read))
+      throw GraphError(fmt::format("schedule: launch {} reads relu mask {} before it is written", i, l.aux_read));
+    for (ValueId w : l.writes) written.insert(w);
+    for (ValueId u : l.updates) updated.insert(u);
+    if (l.aux_write >= 0) masks.insert(l.aux_write);
+  }
+}
+
+std::string dump_schedule(const Graph& g, const Schedule& s) {
+  std::string out = fmt::format("# {} launches, {} relu masks\n", s.launches.size(), s.aux.size());
+  auto names_of = [&](const std::vector<ValueId>& ids) {
+    std::vector<std::string> names;
+    for (ValueId id : ids) names.push_back(g.value(id).name);
+    return fmt::format("{}", fmt::join(names, ","));
+  };
+  for (std::size_t i = 0; i < s.launches.size(); ++i) {
+    const Launch& l = s.launches[i];
+    std::vector<std::string> ops;
+    for (NodeId n : l.nodes) ops.push_back(fmt::format("n{}:{}", n, op_name(g.node(n).op)));
+    std::string what(launch_kind_name(l.kind));
+    if (l.kind == LaunchKind::matmul) {
+      what += fmt::format("[epilogue={}", epilogue_name(l.epilogue));
+      if (l.target == MatmulTarget::param_sgd) what += ",into=param(alpha=-lr,beta=1-lr*wd)";
+      if (l.target == MatmulTarget::velocity_sgd) what += ",into=velocity(alpha=1,beta=momentum)+momentum_finish";
+      if (l.aux_write >= 0) what += fmt::format(",writes mask{}", l.aux_write);
+      if (l.aux_read >= 0) what += fmt::format(",reads mask{}", l.aux_read);
+      what += "]";
+    }
+    out += fmt::format("L{} {} ({}) reads {{{}}} writes {{{}}}{}\n", i, what, fmt::join(ops, " "), names_of(l.reads),
+                       names_of(l.writes), l.updates.empty() ? "" : fmt::format(" updates {{{}}}", names_of(l.updates)));
+  }
+  return out;
+}
+
+}  // namespace sg

@@ -1,0 +1,68 @@
+#pragma once
+// Lowers a fused graph into an ordered list of launches: one per fusion group
+// (a cuBLASLt matmul with its epilogue, or one of our fused kernels) and one
+// per ungrouped node. Backend-neutral: the CUDA program binds each launch to
+// a kernel; tests check the order and what each launch reads and writes.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+
+namespace sg {
+
+enum class LaunchKind : std::uint8_t {
+  batch_fetch,    // batch_indices + gathers, one kernel
+  matmul,         // cuBLASLt, possibly with epilogue or accumulating into a param/velocity
+  xent,           // softmax_xent [+ its backward], one kernel
+  bias_grad_sgd,  // reduce_rows [+ cast] + sgd_update, one kernel, no gradient buffer
+  single,         // one ungrouped element-wise node
+};
+
+enum class MatmulEpilogue : std::uint8_t { none, bias, relu_bias, relu_aux_bias, drelu };
+// Where a matmul's result goes: its output value, or (fused SGD) straight
+// into the parameter (D = W - lr*G) or into the velocity (D = momentum*V + G).
+enum class MatmulTarget : std::uint8_t { output, param_sgd, velocity_sgd };
+
+std::string_view launch_kind_name(LaunchKind kind);
+std::string_view epilogue_name(MatmulEpilogue epilogue);
+
+// ReLU masks written by one matmul epilogue and read by a later one.
+struct AuxBuffer {
+  std::int64_t rows = 0, cols = 0;  // shape of the row-major output it masks
+};
+
+struct Launch {
+  LaunchKind kind = LaunchKind::single;
+  std::vector<NodeId> nodes;  // graph nodes implemented, in graph order
+  int fusion_group = -1;
+  std::vector<ValueId> reads;   // values read from outside the launch
+  std::vector<ValueId> writes;  // values produced for use outside the launch
+  std::vector<ValueId> updates; // graph-owned values updated in place
+  // matmul launches
+  NodeId matmul_node = -1;
+  MatmulEpilogue epilogue = MatmulEpilogue::none;
+  MatmulTarget target = MatmulTarget::output;
+  ValueId bias = -1;       // epilogue bias value
+  ValueId output = -1;     // D when target == output
+  NodeId sgd_node = -1;    // the sgd_update (fused SGD targets, bias_grad_sgd)
+  int aux_write = -1, aux_read = -1;  // index into Schedule::aux
+};
+
+struct Schedule {
+  std::vector<Launch> launches;
+  std::vector<AuxBuffer> aux;
+};
+
+// Throws GraphError for patterns no backend kernel exists for (a lone
+// batch_indices or gather_rows: the CUDA backend fetches batches fused).
+Schedule build_schedule(const Graph& graph);
+
+// Replays the schedule and throws GraphError if a launch reads a value before
+// it is written or after it was updated in place.
+void check_schedule_order(const Graph& graph, const Schedule& schedule);
+
+// One line per launch (for `inspect --format schedule`).
+std::string dump_schedule(const Graph& graph, const Schedule& schedule);
+
+}  // namespace sg

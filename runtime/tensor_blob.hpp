@@ -1,0 +1,21 @@
+#pragma once
+// Conversions between host float arrays and checkpoint blobs of any floating
+// dtype (f16 blobs keep fp16 weights bit-exact across save and resume).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/io/checkpoint.hpp"
+
+namespace sg {
+
+io::TensorBlob blob_from_floats(std::string name, Shape shape, DType dtype, const std::vector<float>& values);
+std::vector<float> floats_from_blob(const io::TensorBlob& blob);  // f32 or f16 blobs
+io::TensorBlob step_blob(std::int64_t step);                       // "step", i32 [1]
+std::int64_t step_from_blobs(const std::vector<io::TensorBlob>& blobs);  // throws if absent
+
+// IEEE half <-> float on the host (round to nearest even).
+std::uint16_t float_to_half_bits(float value);
+float half_bits_to_float(std::uint16_t bits);
+
+}  // namespace sg

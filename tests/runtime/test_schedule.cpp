@@ -1,0 +1,131 @@
+// Lowering the fused training graph into launches, and the memory plan.
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "graph/training_graph.hpp"
+#include "runtime/plan/memory_plan.hpp"
+#include "runtime/plan/schedule.hpp"
+
+using namespace sg;
+
+namespace {
+
+Graph reference_fused(double momentum = 0.0, DType weights = DType::f16) {
+  MlpSpec spec;
+  spec.layers = {784, 128, 128, 128, 10};
+  spec.weight_dtype = weights;
+  return build_training_stages(spec, {0.003, momentum, 0.0}).fused;
+}
+
+std::map<std::string, int> launch_counts(const Graph& g, const Schedule& s) {
+  std::map<std::string, int> counts;
+  for (const auto& l : s.launches) {
+    std::string key(launch_kind_name(l.kind));
+    if (l.kind == LaunchKind::matmul) key += std::string(":") + std::string(epilogue_name(l.epilogue)) +
+                                             (l.target == MatmulTarget::output ? "" : "+sgd");
+    if (l.kind == LaunchKind::single) key = std::string(op_name(g.node(l.nodes[0]).op));
+    ++counts[key];
+  }
+  return counts;
+}
+
+std::vector<std::size_t> sizes_of(const Graph& g) {
+  std::vector<std::size_t> bytes;
+  for (const auto& v : g.values()) bytes.push_back(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype));
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("the reference training step lowers to 18 launches") {
+  const Graph g = reference_fused();
+  const Schedule s = build_schedule(g);
+  auto counts = launch_counts(g, s);
+  CHECK(counts["batch_fetch"] == 1);
+  CHECK(counts["matmul:relu_aux_bias"] == 3);
+  CHECK(counts["matmul:bias"] == 1);
+  CHECK(counts["xent"] == 1);
+  CHECK(counts["matmul:drelu"] == 3);
+  CHECK(counts["matmul:none+sgd"] == 4);
+  CHECK(counts["bias_grad_sgd"] == 4);
+  CHECK(counts["advance_step"] == 1);
+  CHECK(s.launches.size() == 18);
+  CHECK(s.aux.size() == 3);
+  // Weight gradients never get a buffer: nothing writes grad_w*.
+  for (const auto& l : s.launches)
+    for (ValueId w : l.writes) CHECK(g.value(w).name.rfind("grad_w", 0) != 0);
+  CHECK_NOTHROW(check_schedule_order(g, s));
+  const std::string dump = dump_schedule(g, s);
+  CHECK(dump.find("into=param(alpha=-lr,beta=1-lr*wd)") != std::string::npos);
+}
+
+TEST_CASE("the dgrad matmul reading a weight runs before that weight's fused update") {
+  const Graph g = reference_fused();
+  const Schedule s = build_schedule(g);
+  std::map<std::string, std::size_t> update_at;
+  for (std::size_t i = 0; i < s.launches.size(); ++i)
+    for (ValueId u : s.launches[i].updates) update_at[g.value(u).name] = i;
+  for (std::size_t i = 0; i < s.launches.size(); ++i)
+    for (ValueId r : s.launches[i].reads) {
+      auto it = update_at.find(g.value(r).name);
+      if (it != update_at.end()) CHECK(i <= it->second);
+    }
+}
+
+TEST_CASE("momentum routes the weight-gradient matmul into the velocity") {
+  const Graph g = reference_fused(0.9);
+  const Schedule s = build_schedule(g);
+  int into_velocity = 0;
+  for (const auto& l : s.launches) into_velocity += l.target == MatmulTarget::velocity_sgd;
+  CHECK(into_velocity == 4);
+}
+
+TEST_CASE("an unfused graph lowers to one launch per node (but batch fetch stays fused)") {
+  MlpSpec spec;
+  spec.layers = {784, 64, 10};
+  FusionOptions only_fetch{false, false, false, true};
+  const Graph g = build_training_stages(spec, {0.1, 0.0, 0.0}, only_fetch).fused;
+  const Schedule s = build_schedule(g);
+  CHECK(s.launches.size() == g.nodes().size() - 2);  // 3 fetch nodes -> 1 launch
+  CHECK(s.aux.empty());
+  FusionOptions nothing{false, false, false, false};
+  const Graph bare = build_training_stages(spec, {0.1, 0.0, 0.0}, nothing).fused;
+  CHECK_THROWS_WITH_AS(build_schedule(bare), doctest::Contains("batch_fetch"), GraphError);
+}
+
+TEST_CASE("check_schedule_order catches a reordered schedule") {
+  const Graph g = reference_fused();
+  Schedule s = build_schedule(g);
+  std::swap(s.launches[1], s.launches[2]);  // second layer before the first
+  CHECK_THROWS_WITH_AS(check_schedule_order(g, s), doctest::Contains("before it is written"), GraphError);
+}
+
+TEST_CASE("memory plan: disjoint lifetimes share bytes, overlapping ones never do") {
+  std::vector<BufferLifetime> buffers{{"a", 1000, 0, 1}, {"b", 1000, 2, 3}, {"c", 500, 1, 2}, {"d", 3000, 4, 4}};
+  const MemoryPlan plan = plan_memory(buffers, 256);
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    for (std::size_t j = i + 1; j < buffers.size(); ++j) {
+      const bool live_together = buffers[i].first <= buffers[j].last && buffers[j].first <= buffers[i].last;
+      const auto& x = plan.slots[i];
+      const auto& y = plan.slots[j];
+      const bool bytes_overlap = x.offset < y.offset + y.bytes && y.offset < x.offset + x.bytes;
+      CHECK_FALSE((live_together && bytes_overlap));
+    }
+  CHECK(plan.unshared_bytes == 1024 + 1024 + 512 + 3072);
+  CHECK(plan.arena_bytes == 3072);  // d alone is the peak; a, b, c fit under it
+  for (const auto& slot : plan.slots) CHECK(slot.offset % 256 == 0);
+}
+
+TEST_CASE("the reference step's arena is smaller than the sum of its buffers") {
+  const Graph g = reference_fused();
+  const Schedule s = build_schedule(g);
+  const auto req = arena_request(g, s, sizes_of(g), std::vector<std::size_t>(s.aux.size(), 4096));
+  const MemoryPlan plan = plan_memory(req.buffers);
+  CHECK(plan.arena_bytes < plan.unshared_bytes);
+  // The loss is a graph output: it stays live to the last launch.
+  const int loss_buffer = req.buffer_of_value[static_cast<std::size_t>(g.value_named("loss"))];
+  REQUIRE(loss_buffer >= 0);
+  CHECK(req.buffers[static_cast<std::size_t>(loss_buffer)].last == static_cast<int>(s.launches.size()) - 1);
+  CHECK(dump_memory_plan(plan).find("saved by reuse") != std::string::npos);
+}
