@@ -44,6 +44,7 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
 }
 
+#ifdef STEPGRAPH_HAVE_CUDA
 namespace {
 
 using nlohmann::json;
@@ -146,8 +147,6 @@ std::vector<Record> read_torch(const std::string& path) {
   return out;
 }
 
-#ifdef STEPGRAPH_HAVE_CUDA
-
 struct DeviceInfo {
   std::string name;
   int sm_count = 0;
@@ -195,8 +194,6 @@ Record time_mode(const std::string& mode, cuda::CudaTrainer& t, const BenchReque
   rec.final_loss = t.last_loss();
   return rec;
 }
-
-#endif
 
 struct Table {
   std::map<std::tuple<std::int64_t, std::int64_t>, std::map<std::string, double>> us;  // (width, batch) -> mode -> us
@@ -270,6 +267,7 @@ void write_plots(const Table& t, const std::filesystem::path& dir) {
 }
 
 }  // namespace
+#endif
 
 int run_bench(const BenchRequest& r) {
 #ifndef STEPGRAPH_HAVE_CUDA

@@ -108,6 +108,7 @@ class TrainingLoop {
       if (config_.run.eval_every > 0 && now_step % config_.run.eval_every == 0 && now_step < total_) {
         progress.finish();
         evaluate(now_step, seconds_since(start));
+        window_start = Clock::now();  // keep evaluation out of the step timing
       }
       if (config_.run.checkpoint_every > 0 && now_step % config_.run.checkpoint_every == 0) save_checkpoint(checkpoint_path());
     }

@@ -53,9 +53,14 @@ class LtHandle {
   LtHandle(const LtHandle&) = delete;
   LtHandle& operator=(const LtHandle&) = delete;
   cublasLtHandle_t get() const { return h_; }
+  // One workspace for every matmul of this handle: launches on one stream
+  // never overlap, so they can share it.
+  void* workspace() const { return workspace_.data(); }
+  std::size_t workspace_bytes() const { return workspace_.bytes(); }
 
  private:
   cublasLtHandle_t h_ = nullptr;
+  DeviceBuffer workspace_;
 };
 
 // Bytes of the ReLU bit-mask for an [m,n] row-major output, and its leading
@@ -79,7 +84,6 @@ class LtMatmul {
            const void* beta_dev, const void* bias, void* aux, cudaStream_t stream) const;
 
   const MatmulShape& shape() const { return shape_; }
-  std::size_t workspace_bytes() const { return workspace_.bytes(); }
   // Index of the chosen algorithm among the heuristic's list (0 = its first).
   int chosen_rank() const { return chosen_rank_; }
 
@@ -92,7 +96,6 @@ class LtMatmul {
   cublasLtMatmulDesc_t op_desc_ = nullptr;
   cublasLtMatrixLayout_t a_layout_ = nullptr, b_layout_ = nullptr, c_layout_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
-  DeviceBuffer workspace_;
   int chosen_rank_ = 0;
 };
 

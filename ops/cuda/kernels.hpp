@@ -70,6 +70,11 @@ void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* 
 template <typename W>
 void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream);
 
+// Fills n elements with uniform values in [lo, hi) from a counter-based hash
+// of (seed, index): never zeros, for scratch operands and tests.
+void launch_fill_uniform(__half* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream);
+void launch_fill_uniform(float* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream);
+
 // Fills n elements with a NaN bit pattern (tests poison outputs with it).
 void launch_poison(void* data, std::size_t bytes, cudaStream_t stream);
 

@@ -52,3 +52,14 @@ TEST_CASE("initial parameters follow nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_i
   }
   CHECK(params[0].values != initial_parameters({784, 128, 10}, 4)[0].values);
 }
+
+TEST_CASE("the C++ streams agree with bench/stepgraph_data.py (an independent Python implementation)") {
+  // Printed by `python3 bench/stepgraph_data.py --selftest`.
+  CHECK(epoch_permutation(10, 1, 0) == std::vector<std::int32_t>{2, 5, 4, 0, 7, 9, 1, 3, 6, 8});
+  const auto big = epoch_permutation(60000, 1, 0);
+  CHECK(std::vector<std::int32_t>(big.begin(), big.begin() + 5) == std::vector<std::int32_t>{31496, 16882, 823, 27913, 11629});
+  const auto w = linear_init(5, 784, param_key(0, 0));
+  const std::vector<float> python{-0.023141959682106972f, -0.002923763357102871f, 0.0018013365333899856f,
+                                  -0.01001272164285183f, 0.0036066139582544565f};
+  CHECK(w == python);
+}

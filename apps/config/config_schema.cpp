@@ -1,0 +1,35 @@
+#include "apps/config/config_schema.hpp"
+
+#include <algorithm>
+
+namespace sg::app {
+
+const std::vector<ConfigSection>& config_schema() {
+  static const std::vector<ConfigSection> schema = {
+      {"", {}, {"model", "data", "optim", "precision", "run", "backend"}},
+      {"model", {"layers", "input", "hidden_width", "hidden_depth", "classes", "activation"}, {}},
+      {"data", {"dir", "batch_size", "shuffle_seed", "normalize", "mean", "std", "train_limit", "test_limit", "eval_batch_size"}, {}},
+      {"optim", {"name", "lr", "momentum", "weight_decay"}, {"schedule"}},
+      {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
+      {"precision", {"weights", "accumulate"}, {}},
+      {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume"}, {}},
+      {"backend", {"kind", "cuda_graph", "autotune", "steps_per_launch"}, {}},
+  };
+  return schema;
+}
+
+const ConfigSection* find_section(const std::string& path) {
+  for (const auto& s : config_schema())
+    if (s.path == path) return &s;
+  return nullptr;
+}
+
+bool is_known_key(const std::string& dotted) {
+  const auto dot = dotted.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : dotted.substr(0, dot);
+  const std::string key = dot == std::string::npos ? dotted : dotted.substr(dot + 1);
+  const ConfigSection* s = find_section(parent);
+  return s && std::find(s->keys.begin(), s->keys.end(), key) != s->keys.end();
+}
+
+}  // namespace sg::app

@@ -1,0 +1,323 @@
+#include "apps/config/train_config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "apps/config/config_schema.hpp"
+
+namespace sg::app {
+namespace {
+
+std::string join_path(const std::string& parent, const std::string& key) { return parent.empty() ? key : parent + "." + key; }
+
+// Reads typed values out of the YAML tree; every error names file, line, key.
+class ConfigReader {
+ public:
+  explicit ConfigReader(std::string source) : source_(std::move(source)) {}
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& key, const std::string& problem) const {
+    const int line = node.Mark().line;
+    const std::string where = line >= 0 ? fmt::format("{}:{}", source_, line + 1) : fmt::format("{} (--set)", source_);
+    throw ConfigError(fmt::format("{}: {}: {}", where, key, problem));
+  }
+
+  // Rejects keys the schema does not list, recursively.
+  void check_keys(const YAML::Node& map, const std::string& path) const {
+    const ConfigSection* section = find_section(path);
+    if (!map.IsMap()) fail(map, path.empty() ? "(top level)" : path, "must be a mapping of keys");
+    for (const auto& kv : map) {
+      const auto key = kv.first.as<std::string>();
+      const auto full = join_path(path, key);
+      const bool is_sub = std::find(section->subsections.begin(), section->subsections.end(), key) != section->subsections.end();
+      const bool is_key = std::find(section->keys.begin(), section->keys.end(), key) != section->keys.end();
+      if (is_sub) check_keys(kv.second, full);
+      else if (!is_key) {
+        std::vector<std::string> known = section->keys;
+        known.insert(known.end(), section->subsections.begin(), section->subsections.end());
+        fail(kv.first, full, fmt::format("unknown key (known here: {})", fmt::join(known, ", ")));
+      }
+    }
+  }
+
+  template <typename T>
+  void read(const YAML::Node& section, const std::string& path, const char* key, T& out) const {
+    if (!section || !section.IsMap()) return;
+    const YAML::Node node = section[key];
+    if (!node || node.IsNull()) return;  // "key:" with no value keeps the default
+    const auto full = join_path(path, key);
+    if (!node.IsScalar()) fail(node, full, fmt::format("expected {}, got a {}", type_name<T>(), node.IsSequence() ? "list" : "mapping"));
+    try {
+      out = node.as<T>();
+    } catch (const YAML::Exception&) {
+      fail(node, full, fmt::format("expected {}, got '{}'", type_name<T>(), node.Scalar()));
+    }
+  }
+
+  void read_list(const YAML::Node& section, const std::string& path, const char* key, std::vector<std::int64_t>& out) const {
+    if (!section || !section.IsMap()) return;
+    const YAML::Node node = section[key];
+    if (!node) return;
+    const auto full = join_path(path, key);
+    if (!node.IsSequence()) fail(node, full, "expected a list of integers, e.g. [784, 128, 10]");
+    out.clear();
+    for (const auto& item : node) {
+      try {
+        out.push_back(item.as<std::int64_t>());
+      } catch (const YAML::Exception&) {
+        fail(item, full, fmt::format("expected an integer, got '{}'", item.IsScalar() ? item.Scalar() : "a collection"));
+      }
+    }
+  }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else return "a string";
+  }
+
+  std::string source_;
+};
+
+YAML::Node section_of(const YAML::Node& root, const char* name) { return root.IsMap() ? root[name] : YAML::Node(); }
+
+void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
+  const auto model = section_of(root, "model");
+  r.read_list(model, "model", "layers", c.model.layers);
+  r.read(model, "model", "input", c.model.input);
+  r.read(model, "model", "hidden_width", c.model.hidden_width);
+  r.read(model, "model", "hidden_depth", c.model.hidden_depth);
+  r.read(model, "model", "classes", c.model.classes);
+  r.read(model, "model", "activation", c.model.activation);
+
+  const auto data = section_of(root, "data");
+  r.read(data, "data", "dir", c.data.dir);
+  r.read(data, "data", "batch_size", c.data.batch_size);
+  r.read(data, "data", "shuffle_seed", c.data.shuffle_seed);
+  r.read(data, "data", "normalize", c.data.normalize);
+  r.read(data, "data", "mean", c.data.mean);
+  r.read(data, "data", "std", c.data.std);
+  r.read(data, "data", "train_limit", c.data.train_limit);
+  r.read(data, "data", "test_limit", c.data.test_limit);
+  r.read(data, "data", "eval_batch_size", c.data.eval_batch_size);
+
+  const auto optim = section_of(root, "optim");
+  r.read(optim, "optim", "name", c.optim.name);
+  r.read(optim, "optim", "lr", c.optim.lr);
+  r.read(optim, "optim", "momentum", c.optim.momentum);
+  r.read(optim, "optim", "weight_decay", c.optim.weight_decay);
+  const auto sched = optim && optim.IsMap() ? optim["schedule"] : YAML::Node();
+  r.read(sched, "optim.schedule", "kind", c.optim.schedule.kind);
+  r.read(sched, "optim.schedule", "warmup_steps", c.optim.schedule.warmup_steps);
+  r.read(sched, "optim.schedule", "step_size", c.optim.schedule.step_size);
+  r.read(sched, "optim.schedule", "gamma", c.optim.schedule.gamma);
+  r.read(sched, "optim.schedule", "min_lr", c.optim.schedule.min_lr);
+
+  const auto prec = section_of(root, "precision");
+  r.read(prec, "precision", "weights", c.precision.weights);
+  r.read(prec, "precision", "accumulate", c.precision.accumulate);
+
+  const auto run = section_of(root, "run");
+  r.read(run, "run", "steps", c.run.steps);
+  r.read(run, "run", "epochs", c.run.epochs);
+  r.read(run, "run", "seed", c.run.seed);
+  r.read(run, "run", "eval_every", c.run.eval_every);
+  r.read(run, "run", "log_every", c.run.log_every);
+  r.read(run, "run", "out_dir", c.run.out_dir);
+  r.read(run, "run", "checkpoint", c.run.checkpoint);
+  r.read(run, "run", "checkpoint_every", c.run.checkpoint_every);
+  r.read(run, "run", "resume", c.run.resume);
+
+  const auto backend = section_of(root, "backend");
+  r.read(backend, "backend", "kind", c.backend.kind);
+  r.read(backend, "backend", "cuda_graph", c.backend.cuda_graph);
+  r.read(backend, "backend", "autotune", c.backend.autotune);
+  r.read(backend, "backend", "steps_per_launch", c.backend.steps_per_launch);
+}
+
+// The node of a key, for the line number in a validation error.
+YAML::Node node_at(const YAML::Node& root, const std::string& dotted) {
+  YAML::Node node = root;
+  std::stringstream ss(dotted);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (!node.IsMap() || !node[part]) return root;
+    node = node[part];
+  }
+  return node;
+}
+
+void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
+  auto require = [&](bool ok, const std::string& key, const std::string& problem) {
+    if (!ok) r.fail(node_at(root, key), key, problem);
+  };
+  auto one_of = [&](const std::string& value, std::vector<std::string> allowed, const std::string& key) {
+    require(std::find(allowed.begin(), allowed.end(), value) != allowed.end(), key,
+            fmt::format("'{}' is not one of {}", value, fmt::join(allowed, ", ")));
+  };
+  auto& m = c.model;
+  const bool width_form = m.hidden_width > 0 || m.hidden_depth > 0;
+  require(!(width_form && !m.layers.empty()), "model.layers", "give either model.layers or model.hidden_width/hidden_depth, not both");
+  if (width_form) {
+    require(m.hidden_width > 0, "model.hidden_width", "must be > 0");
+    require(m.hidden_depth > 0, "model.hidden_depth", "must be > 0");
+    require(m.input > 0, "model.input", "must be > 0");
+    require(m.classes > 1, "model.classes", "must be > 1");
+    m.layers = {m.input};
+    for (std::int64_t i = 0; i < m.hidden_depth; ++i) m.layers.push_back(m.hidden_width);
+    m.layers.push_back(m.classes);
+    m.hidden_width = m.hidden_depth = 0;
+  }
+  require(m.layers.size() >= 2, "model.layers", "needs at least an input and an output size");
+  for (auto s : m.layers) require(s > 0, "model.layers", fmt::format("size {} must be > 0", s));
+  m.input = m.layers.front();
+  m.classes = m.layers.back();
+  one_of(m.activation, {"relu"}, "model.activation");
+
+  require(c.data.batch_size > 0, "data.batch_size", fmt::format("must be > 0 (got {})", c.data.batch_size));
+  require(c.data.eval_batch_size > 0, "data.eval_batch_size", "must be > 0");
+  require(c.data.std > 0, "data.std", "must be > 0");
+  require(c.data.train_limit >= 0, "data.train_limit", "must be >= 0");
+  require(c.data.test_limit >= 0, "data.test_limit", "must be >= 0");
+  require(!c.data.dir.empty(), "data.dir", "must not be empty");
+
+  one_of(c.optim.name, {"sgd"}, "optim.name");
+  require(c.optim.lr > 0, "optim.lr", fmt::format("must be > 0 (got {})", c.optim.lr));
+  require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", fmt::format("must be in [0, 1) (got {})", c.optim.momentum));
+  require(c.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
+  one_of(c.optim.schedule.kind, {"constant", "step", "cosine"}, "optim.schedule.kind");
+  require(c.optim.schedule.warmup_steps >= 0, "optim.schedule.warmup_steps", "must be >= 0");
+  require(c.optim.schedule.step_size > 0, "optim.schedule.step_size", "must be > 0");
+  require(c.optim.schedule.gamma > 0 && c.optim.schedule.gamma <= 1, "optim.schedule.gamma", "must be in (0, 1]");
+  require(c.optim.schedule.min_lr >= 0 && c.optim.schedule.min_lr <= c.optim.lr, "optim.schedule.min_lr", "must be in [0, optim.lr]");
+
+  one_of(c.precision.weights, {"fp16", "fp32"}, "precision.weights");
+  one_of(c.precision.accumulate, {"fp16", "fp32"}, "precision.accumulate");
+  require(!(c.precision.accumulate == "fp16" && c.precision.weights == "fp32"), "precision.accumulate",
+          "cuBLASLt has no fp16 accumulation into fp32 master weights: use accumulate: fp32 or weights: fp16");
+
+  require((c.run.steps > 0) != (c.run.epochs > 0), "run.steps", "set exactly one of run.steps and run.epochs to a positive number");
+  require(c.run.steps >= 0, "run.steps", "must be >= 0");
+  require(c.run.epochs >= 0, "run.epochs", "must be >= 0");
+  require(c.run.log_every > 0, "run.log_every", "must be > 0");
+  require(c.run.eval_every >= 0, "run.eval_every", "must be >= 0");
+  require(c.run.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0");
+  require(!c.run.out_dir.empty(), "run.out_dir", "must not be empty");
+
+  one_of(c.backend.kind, {"auto", "cuda", "cpu"}, "backend.kind");
+  require(c.backend.steps_per_launch >= 1, "backend.steps_per_launch", "must be >= 1");
+}
+
+void apply_override(YAML::Node& root, const std::string& source, const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError(fmt::format("{}: --set '{}': expected key.path=value", source, text));
+  const std::string key = text.substr(0, eq);
+  if (!is_known_key(key)) throw ConfigError(fmt::format("{}: --set '{}': unknown key '{}'", source, text, key));
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: --set '{}': value is not valid YAML: {}", source, text, e.msg));
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  // yaml-cpp nodes are handles: walk by reassignment, creating sections as needed.
+  std::vector<YAML::Node> chain{root};
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = chain.back()[parts[i]];
+    if (!next.IsMap()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      next = chain.back()[parts[i]];
+    }
+    chain.push_back(next);
+  }
+  chain.back()[parts.back()] = value;
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(fmt::format("{}:{}: invalid YAML: {}", source, e.mark.line + 1, e.msg));
+  }
+  if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  for (const auto& o : overrides) apply_override(root, source, o);
+  ConfigReader reader(source);
+  reader.check_keys(root, "");
+  TrainConfig c;
+  c.source = source;
+  read_all(reader, root, c);
+  validate(reader, root, c);
+  return c;
+}
+
+TrainConfig load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path.string(), overrides);
+}
+
+std::string to_yaml(const TrainConfig& c) {
+  YAML::Emitter e;
+  e.SetDoublePrecision(17);
+  e << YAML::BeginMap;
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "layers" << YAML::Value << YAML::Flow << c.model.layers;
+  e << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::EndMap;
+  e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "dir" << YAML::Value << c.data.dir;
+  e << YAML::Key << "batch_size" << YAML::Value << c.data.batch_size;
+  e << YAML::Key << "shuffle_seed" << YAML::Value << c.data.shuffle_seed;
+  e << YAML::Key << "normalize" << YAML::Value << c.data.normalize;
+  e << YAML::Key << "mean" << YAML::Value << c.data.mean;
+  e << YAML::Key << "std" << YAML::Value << c.data.std;
+  e << YAML::Key << "train_limit" << YAML::Value << c.data.train_limit;
+  e << YAML::Key << "test_limit" << YAML::Value << c.data.test_limit;
+  e << YAML::Key << "eval_batch_size" << YAML::Value << c.data.eval_batch_size << YAML::EndMap;
+  e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "name" << YAML::Value << c.optim.name;
+  e << YAML::Key << "lr" << YAML::Value << c.optim.lr;
+  e << YAML::Key << "momentum" << YAML::Value << c.optim.momentum;
+  e << YAML::Key << "weight_decay" << YAML::Value << c.optim.weight_decay;
+  e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << c.optim.schedule.kind;
+  e << YAML::Key << "warmup_steps" << YAML::Value << c.optim.schedule.warmup_steps;
+  e << YAML::Key << "step_size" << YAML::Value << c.optim.schedule.step_size;
+  e << YAML::Key << "gamma" << YAML::Value << c.optim.schedule.gamma;
+  e << YAML::Key << "min_lr" << YAML::Value << c.optim.schedule.min_lr << YAML::EndMap << YAML::EndMap;
+  e << YAML::Key << "precision" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "weights" << YAML::Value << c.precision.weights;
+  e << YAML::Key << "accumulate" << YAML::Value << c.precision.accumulate << YAML::EndMap;
+  e << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "steps" << YAML::Value << c.run.steps;
+  e << YAML::Key << "epochs" << YAML::Value << c.run.epochs;
+  e << YAML::Key << "seed" << YAML::Value << c.run.seed;
+  e << YAML::Key << "eval_every" << YAML::Value << c.run.eval_every;
+  e << YAML::Key << "log_every" << YAML::Value << c.run.log_every;
+  e << YAML::Key << "out_dir" << YAML::Value << c.run.out_dir;
+  e << YAML::Key << "checkpoint" << YAML::Value << c.run.checkpoint;
+  e << YAML::Key << "checkpoint_every" << YAML::Value << c.run.checkpoint_every;
+  e << YAML::Key << "resume" << YAML::Value << c.run.resume << YAML::EndMap;
+  e << YAML::Key << "backend" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "kind" << YAML::Value << c.backend.kind;
+  e << YAML::Key << "cuda_graph" << YAML::Value << c.backend.cuda_graph;
+  e << YAML::Key << "autotune" << YAML::Value << c.backend.autotune;
+  e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch << YAML::EndMap;
+  e << YAML::EndMap;
+  return std::string(e.c_str()) + "\n";
+}
+
+}  // namespace sg::app

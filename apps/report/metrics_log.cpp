@@ -1,0 +1,52 @@
+#include "apps/report/metrics_log.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <fmt/format.h>
+
+#include "apps/report/svg_plot.hpp"
+#include "runtime/io/atomic_file.hpp"
+
+namespace sg::report {
+namespace {
+
+std::string csv_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
+nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+}  // namespace
+
+void MetricsLog::write(const std::filesystem::path& dir) const {
+  std::string csv = "step,train_loss,test_loss,test_accuracy,lr,elapsed_s\n";
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : rows_) {
+    csv += fmt::format("{},{},{},{},{},{}\n", r.step, csv_number(r.train_loss), csv_number(r.test_loss),
+                       csv_number(r.test_accuracy), csv_number(r.lr), csv_number(r.elapsed_s));
+    rows.push_back({{"step", r.step}, {"train_loss", json_number(r.train_loss)}, {"test_loss", json_number(r.test_loss)},
+                    {"test_accuracy", json_number(r.test_accuracy)}, {"lr", json_number(r.lr)},
+                    {"elapsed_s", json_number(r.elapsed_s)}});
+  }
+  io::write_file_atomically(dir / "metrics.csv", csv);
+  io::write_file_atomically(dir / "metrics.json", nlohmann::json{{"rows", rows}}.dump(2) + "\n");
+}
+
+void MetricsLog::write_loss_plot(const std::filesystem::path& dir, const std::string& title) const {
+  Series train{"train loss", {}, {}}, test{"test loss", {}, {}}, acc{"test error (1 - accuracy)", {}, {}};
+  for (const auto& r : rows_) {
+    if (std::isfinite(r.train_loss)) {
+      train.x.push_back(double(r.step));
+      train.y.push_back(r.train_loss);
+    }
+    if (std::isfinite(r.test_loss)) {
+      test.x.push_back(double(r.step));
+      test.y.push_back(r.test_loss);
+      acc.x.push_back(double(r.step));
+      acc.y.push_back(1.0 - r.test_accuracy);
+    }
+  }
+  std::vector<Series> series;
+  for (auto* s : {&train, &test, &acc})
+    if (!s->x.empty()) series.push_back(*s);
+  io::write_file_atomically(dir / "loss.svg", render_svg({title, "step", "loss / error", false, false}, series));
+}
+
+}  // namespace sg::report

@@ -1,0 +1,204 @@
+"""PyTorch baselines for `stepgraph bench`: the MLP 784-H-H-H-10 trained with
+SGD (lr 0.01) under fp16 autocast with fp32 master weights, on MNIST
+preloaded on the GPU, batches in the runtime's order. Modes:
+  torch_eager      plain eager loop (fused SGD when available)
+  torch_compile    torch.compile(mode="max-autotune", fullgraph=True) of
+                   forward+loss (inductor also CUDA-graphs it); backward and
+                   the optimizer step stay eager
+  torch_cudagraph  the whole step (batch fetch by a device-side counter,
+                   forward, backward, SGD step) hand-captured with
+                   torch.cuda.CUDAGraph and replayed
+Each point: --warmup untimed steps, then --repeats timings of --steps steps
+with CUDA events; the median is reported with the SM clock before/after.
+"""
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import stepgraph_data as sd
+
+
+def sm_clock():
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM))
+    except Exception:
+        return float("nan")
+
+
+def make_model(width):
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)).cuda()
+
+
+def make_sgd(model, lr):
+    try:
+        return torch.optim.SGD(model.parameters(), lr=lr, fused=True)
+    except (TypeError, RuntimeError):
+        return torch.optim.SGD(model.parameters(), lr=lr, foreach=True)
+
+
+class Data:
+    def __init__(self, folder, batch, steps):
+        images, labels = sd.load_split(folder, "train")
+        self.x = torch.from_numpy(images.copy()).cuda()
+        self.y = torch.from_numpy(labels.astype(np.int64)).cuda()
+        n = self.x.shape[0]
+        self.order = torch.tensor([sd.batch_rows(s, n, batch, 1) for s in range(steps)], device="cuda")
+        self.scale = 1.0 / 255.0
+
+    def batch(self, idx):
+        return self.x[idx].float() * self.scale, self.y[idx]
+
+
+def time_loop(run, steps, repeats):
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        run(steps)
+        stop.record()
+        stop.synchronize()
+        times.append(1e3 * start.elapsed_time(stop) / steps)
+    return times
+
+
+def eager_runner(width, data, lr, compiled):
+    model = make_model(width)
+    opt = make_sgd(model, lr)
+
+    def forward_loss(x, y):
+        with torch.autocast("cuda", dtype=torch.float16):
+            return F.cross_entropy(model(x), y)
+
+    fl = torch.compile(forward_loss, mode="max-autotune", fullgraph=True) if compiled else forward_loss
+    state = {"s": 0, "loss": None}
+    steps = data.order.shape[0]
+
+    def run(n):
+        for _ in range(n):
+            x, y = data.batch(data.order[state["s"] % steps])
+            loss = fl(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            state["s"] += 1
+            state["loss"] = loss
+    return run, state
+
+
+def cudagraph_runner(width, data, lr):
+    model = make_model(width)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, foreach=True)
+    counter = torch.zeros(1, dtype=torch.int64, device="cuda")
+    steps = data.order.shape[0]
+    static = {}
+
+    def step():
+        idx = data.order.index_select(0, counter).squeeze(0)
+        x, y = data.batch(idx)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        counter.add_(1).remainder_(steps)
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up before capture, as the CUDA-graph docs require
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static["loss"] = step()
+
+    state = {"loss": None}
+
+    def run(n):
+        for _ in range(n):
+            graph.replay()
+        state["loss"] = static["loss"]
+    return run, state
+
+
+def measure(mode, width, batch, args, data):
+    record = {"mode": mode, "width": width, "batch": batch, "steps": args.steps, "repeats": args.repeats}
+    try:
+        if mode == "torch_cudagraph":
+            run, state = cudagraph_runner(width, data, args.lr)
+        else:
+            run, state = eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"))
+        run(args.warmup)
+        torch.cuda.synchronize()
+        record["sm_clock_mhz_before"] = sm_clock()
+        times = time_loop(run, args.steps, args.repeats)
+        record["sm_clock_mhz_after"] = sm_clock()
+        record["all_us_per_step"] = times
+        record["us_per_step"] = statistics.median(times)
+        record["samples_per_s"] = batch * 1e6 / record["us_per_step"]
+        record["final_loss"] = float(state["loss"].item())
+    except Exception as e:  # a mode that fails (OOM, compile error) is recorded, not fatal
+        record["error"] = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return record
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="data/mnist")
+    p.add_argument("--widths", default="128,256,512,1024,2048,4096,8192")
+    p.add_argument("--batches", default="32,256,1024")
+    p.add_argument("--modes", default="torch_eager,torch_compile,torch_cudagraph")
+    p.add_argument("--compile-batches", default="32", help="batches at which torch_compile runs (it compiles for minutes per shape)")
+    p.add_argument("--steps", type=int, default=5000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--quick", action="store_true", help="widths 128,1024, batch 32, 500 steps, 3 repeats")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    if a.quick:
+        a.widths, a.batches, a.steps, a.repeats = "128,1024", "32", 500, 3
+    widths = [int(w) for w in a.widths.split(",")]
+    batches = [int(b) for b in a.batches.split(",")]
+    compile_batches = {int(b) for b in a.compile_batches.split(",")} if a.compile_batches else set(batches)
+    modes = a.modes.split(",")
+
+    records = []
+    for b in batches:
+        data = Data(a.data, b, a.steps)
+        for w in widths:
+            for mode in modes:
+                if mode == "torch_compile" and b not in compile_batches:
+                    continue
+                r = measure(mode, w, b, a, data)
+                records.append(r)
+                shown = f"{r['us_per_step']:.1f} us/step" if "us_per_step" in r else r["error"]
+                print(f"H={w} B={b} {mode}: {shown}", flush=True)
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "records": records}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=2)
+    print(f"{'mode':<18}{'width':>7}{'batch':>7}{'us/step':>12}")
+    for r in records:
+        print(f"{r['mode']:<18}{r['width']:>7}{r['batch']:>7}{r.get('us_per_step', float('nan')):>12.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""PyTorch run of the reference setup, for comparison with `stepgraph train
+--config configs/parity_reference.yaml`: same initial weights and the same
+batches (bench/stepgraph_data.py mirrors the runtime's RNG), fp16 autocast
+with fp32 master weights, plain SGD."""
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import stepgraph_data as sd
+
+
+def build_model(layers, seed, device):
+    mods = []
+    for l, (w, b) in enumerate(sd.initial_parameters(layers, seed)):
+        lin = torch.nn.Linear(layers[l], layers[l + 1])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(np.asarray(w, dtype=np.float32).reshape(layers[l + 1], layers[l])))
+            lin.bias.copy_(torch.from_numpy(np.asarray(b, dtype=np.float32)))
+        mods.append(lin)
+        if l + 2 < len(layers):
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods).to(device)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--data", default="data/mnist")
+    p.add_argument("--layers", default="784,128,128,128,10")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--steps", type=int, default=5000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shuffle-seed", type=int, default=1)
+    p.add_argument("--normalize", action="store_true")
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+
+    device = torch.device("cuda")
+    layers = [int(x) for x in a.layers.split(",")]
+    train_x, train_y = sd.load_split(a.data, "train")
+    test_x, test_y = sd.load_split(a.data, "t10k")
+    scale, shift = sd.input_affine(a.normalize)
+    gx = torch.from_numpy(train_x.copy()).to(device)
+    gy = torch.from_numpy(train_y.astype(np.int64)).to(device)
+    n = gx.shape[0]
+    order = torch.tensor([sd.batch_rows(s, n, a.batch, a.shuffle_seed) for s in range(a.steps)], device=device)
+
+    model = build_model(layers, a.seed, device)
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay)
+    losses = []
+    start = time.time()
+    for s in range(a.steps):
+        idx = order[s]
+        x = gx[idx].float() * scale + shift
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(x), gy[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    torch.cuda.synchronize()
+    seconds = time.time() - start
+    losses = torch.stack(losses).float().cpu().numpy()
+
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        tx = torch.from_numpy(test_x.copy()).to(device).float() * scale + shift
+        ty = torch.from_numpy(test_y.astype(np.int64)).to(device)
+        logits = model(tx).float()
+        test_loss = F.cross_entropy(logits, ty).item()
+        test_acc = (logits.argmax(1) == ty).float().mean().item()
+    result = {
+        "final_train_loss_mean_last_100": float(losses[-100:].mean()),
+        "test_loss": test_loss,
+        "test_accuracy": test_acc,
+        "steps": a.steps,
+        "losses_every_100": [float(v) for v in losses[::100]],
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "seconds": seconds,
+    }
+    print(f"torch parity: {a.steps} steps, train loss (mean of last 100) {result['final_train_loss_mean_last_100']:.4f}, "
+          f"test loss {test_loss:.4f}, test accuracy {100 * test_acc:.2f}%", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+// IDX reader on real and broken files; checkpoints; atomic writes.
+#include <doctest/doctest.h>
+
+#include <zlib.h>
+
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "runtime/data/idx_reader.hpp"
+#include "runtime/io/atomic_file.hpp"
+#include "runtime/io/checkpoint.hpp"
+#include "tests/support/test_data.hpp"
+
+using namespace sg;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("stepgraph-test-" + name + "-" + std::to_string(std::random_device{}()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string gunzip(const fs::path& gz) {
+  gzFile f = gzopen(gz.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  std::string out;
+  char buf[1 << 16];
+  for (int n; (n = gzread(f, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  gzclose(f);
+  return out;
+}
+
+void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+// A raw copy of the t10k split in `dir`, optionally edited.
+void copy_t10k(const fs::path& dir, const std::function<void(std::string&, std::string&)>& edit = {}) {
+  std::string images = gunzip(sg::test::mnist_dir() / "t10k-images-idx3-ubyte.gz");
+  std::string labels = gunzip(sg::test::mnist_dir() / "t10k-labels-idx1-ubyte.gz");
+  if (edit) edit(images, labels);
+  write(dir / "t10k-images-idx3-ubyte", images);
+  write(dir / "t10k-labels-idx1-ubyte", labels);
+}
+
+}  // namespace
+
+TEST_CASE("real MNIST loads with the right counts, shapes and classes") {
+  const auto train = data::load_split(sg::test::mnist_dir(), "train");
+  const auto test = data::load_split(sg::test::mnist_dir(), "t10k");
+  CHECK(train.images.count == 60000);
+  CHECK(test.images.count == 10000);
+  CHECK(train.images.rows == 28);
+  CHECK(train.images.cols == 28);
+  CHECK(train.classes == 10);
+  std::vector<int> histogram(10, 0);
+  for (auto l : test.labels.labels) ++histogram[l];
+  for (int c = 0; c < 10; ++c) CHECK(histogram[static_cast<std::size_t>(c)] > 800);  // every digit appears
+  const auto limited = data::load_split(sg::test::mnist_dir(), "train", 2000);
+  CHECK(limited.images.count == 2000);
+  CHECK(limited.images.pixels.size() == 2000u * 784u);
+  CHECK(std::equal(limited.images.pixels.begin(), limited.images.pixels.end(), train.images.pixels.begin()));
+}
+
+TEST_CASE("raw (uncompressed) IDX files read the same as gzipped ones") {
+  const auto dir = fresh_dir("raw");
+  copy_t10k(dir);
+  const auto raw = data::load_split(dir, "t10k");
+  const auto gz = data::load_split(sg::test::mnist_dir(), "t10k");
+  CHECK(raw.images.pixels == gz.images.pixels);
+  CHECK(raw.labels.labels == gz.labels.labels);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("broken IDX files are clear errors naming the file") {
+  const auto dir = fresh_dir("broken");
+  SUBCASE("truncated images") {
+    copy_t10k(dir, [](std::string& images, std::string&) { images.resize(images.size() - 100); });
+    CHECK_THROWS_WITH_AS(data::load_split(dir, "t10k"), doctest::Contains("t10k-images-idx3-ubyte: truncated"), data::IdxError);
+  }
+  SUBCASE("wrong magic") {
+    copy_t10k(dir, [](std::string&, std::string& labels) { labels[3] = 0x03; });
+    CHECK_THROWS_WITH_AS(data::load_split(dir, "t10k"), doctest::Contains("wrong magic number 0x00000803"), data::IdxError);
+  }
+  SUBCASE("image and label counts disagree") {
+    copy_t10k(dir, [](std::string&, std::string& labels) {
+      labels.resize(labels.size() - 1);
+      labels[7] = static_cast<char>(0x0F);  // header count 10000 -> 9999 (0x270F)
+    });
+    CHECK_THROWS_WITH_AS(data::load_split(dir, "t10k"), doctest::Contains("holds 10000 images but"), data::IdxError);
+  }
+  SUBCASE("trailing garbage") {
+    copy_t10k(dir, [](std::string&, std::string& labels) { labels += "xx"; });
+    CHECK_THROWS_WITH_AS(data::load_split(dir, "t10k"), doctest::Contains("unexpected data after the last item"), data::IdxError);
+  }
+  SUBCASE("missing files") {
+    CHECK_THROWS_WITH_AS(data::load_split(dir, "t10k"), doctest::Contains("fetch_mnist.sh"), data::IdxError);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoints round-trip and reject corruption") {
+  const auto dir = fresh_dir("ckpt");
+  std::mt19937 rng(std::random_device{}());
+  io::Checkpoint c;
+  c.step = 1234;
+  c.data_seed = 99;
+  c.config_yaml = "model:\n  layers: [784, 10]\n";
+  for (auto [name, dtype, shape] : std::vector<std::tuple<std::string, DType, Shape>>{
+           {"w1", DType::f16, {10, 784}}, {"b1", DType::f32, {10}}, {"step", DType::i32, {1}}}) {
+    io::TensorBlob t{name, dtype, shape, std::string(static_cast<std::size_t>(element_count(shape)) * dtype_size(dtype), '\0')};
+    for (auto& ch : t.bytes) ch = static_cast<char>(rng());
+    c.tensors.push_back(t);
+  }
+  const auto path = dir / "sub" / "model.sgck";
+  io::save_checkpoint(path, c);
+  CHECK(io::load_checkpoint(path) == c);
+  for (const auto& entry : fs::directory_iterator(path.parent_path()))
+    CHECK(entry.path().filename().string().find(".tmp.") == std::string::npos);  // no temp file left behind
+
+  std::string bytes = io::read_file(path);
+  SUBCASE("one flipped byte") {
+    bytes[bytes.size() / 2] ^= 0x40;
+    write(path, bytes);
+    CHECK_THROWS_WITH_AS(io::load_checkpoint(path), doctest::Contains("checksum mismatch"), io::IoError);
+  }
+  SUBCASE("truncated") {
+    write(path, bytes.substr(0, bytes.size() - 10));
+    CHECK_THROWS_AS(io::load_checkpoint(path), io::IoError);
+  }
+  SUBCASE("not a checkpoint") {
+    write(path, "hello, this is not a checkpoint at all");
+    CHECK_THROWS_WITH_AS(io::load_checkpoint(path), doctest::Contains("bad magic"), io::IoError);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("atomic writes replace a file whole") {
+  const auto dir = fresh_dir("atomic");
+  const auto path = dir / "out.txt";
+  io::write_file_atomically(path, "first version, longer than the second");
+  io::write_file_atomically(path, "second");
+  CHECK(io::read_file(path) == "second");
+  std::size_t files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++files;
+  CHECK(files == 1);
+  CHECK_THROWS_AS(io::read_file(dir / "missing"), io::IoError);
+  fs::remove_all(dir);
+}

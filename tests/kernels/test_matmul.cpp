@@ -1,0 +1,154 @@
+// cuBLASLt matmuls (row-major semantics) against ref::matmul: every transpose
+// combination, both accumulation types, each epilogue and the fused-SGD form.
+#include <doctest/doctest.h>
+
+#include <array>
+
+#include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/cublaslt_matmul.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/device_array.hpp"
+
+using namespace sg;
+using sg::test::DeviceArray;
+
+namespace {
+
+struct Scalars {
+  explicit Scalars(float alpha, float beta, bool half) : buf(16) {
+    if (half) {
+      const __half v[2] = {__float2half(alpha), __float2half(beta)};
+      buf.upload(v, sizeof v);
+    } else {
+      const float v[2] = {alpha, beta};
+      buf.upload(v, sizeof v);
+    }
+    alpha_ptr = buf.data();
+    beta_ptr = buf.as<char>() + (half ? 2 : 4);
+  }
+  cuda::DeviceBuffer buf;
+  const void* alpha_ptr;
+  const void* beta_ptr;
+};
+
+struct Operands {
+  std::vector<float> a, b;
+};
+
+Operands random_operands(const cuda::MatmulShape& s, std::mt19937_64& rng) {
+  return {sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(s.m * s.k), rng)),
+          sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(s.k * s.n), rng))};
+}
+
+std::vector<double> reference(const cuda::MatmulShape& s, const Operands& o) {
+  std::vector<double> a(o.a.begin(), o.a.end()), b(o.b.begin(), o.b.end()), c(static_cast<std::size_t>(s.m * s.n));
+  ref::matmul(a.data(), b.data(), c.data(), s.m, s.n, s.k, s.trans_a, s.trans_b);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("plain matmul: all transposes, fp16 and fp32 accumulation, odd shapes") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  cuda::LtHandle lt;
+  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{{37, 129, 65}}, {{32, 128, 784}}, {{1, 1, 1}}, {{256, 10, 128}}, {{33, 1000, 8}}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto acc : {cuda::Accumulate::f16, cuda::Accumulate::f32}) {
+          cuda::MatmulShape s{m, n, k, ta, tb, cuda::ElemType::f16, cuda::ElemType::f16, acc, cuda::Epilogue::none};
+          INFO(s.describe());
+          const auto ops = random_operands(s, rng);
+          DeviceArray<__half> a(ops.a), b(ops.b), d(static_cast<std::size_t>(m * n));
+          Scalars sc(1.f, 0.f, acc == cuda::Accumulate::f16);
+          cuda::LtMatmul mm(lt, s, false, nullptr);
+          mm.run(a.get(), b.get(), d.get(), d.get(), sc.alpha_ptr, sc.beta_ptr, nullptr, nullptr, nullptr);
+          // fp16 accumulation over k terms: error grows like sqrt(k) ulps.
+          CHECK(sg::test::relative_error(d.download(), reference(s, ops)) < (acc == cuda::Accumulate::f16 ? 2e-2 : 5e-3));
+        }
+}
+
+TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  cuda::LtHandle lt;
+  for (auto [batch, in, out] : std::vector<std::array<std::int64_t, 3>>{{{32, 784, 128}}, {{37, 65, 129}}, {{256, 128, 10}}}) {
+    INFO(batch << " " << in << " " << out);
+    // z = x W^T + b, h = relu(z)
+    cuda::MatmulShape fwd{batch, out, in, false, true, cuda::ElemType::f16, cuda::ElemType::f16, cuda::Accumulate::f32,
+                          cuda::Epilogue::relu_aux_bias};
+    const auto x = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * in), rng));
+    const auto w = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(out * in), rng, -0.2f, 0.2f));
+    const auto bias = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(out), rng));
+    DeviceArray<__half> dx(x), dw(w), db(bias), h(static_cast<std::size_t>(batch * out));
+    cuda::DeviceBuffer aux(cuda::relu_aux_bytes(batch, out));
+    Scalars sc(1.f, 0.f, false);
+    cuda::LtMatmul forward(lt, fwd, false, nullptr);
+    forward.run(dx.get(), dw.get(), h.get(), h.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), aux.data(), nullptr);
+    std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end());
+    std::vector<double> z(static_cast<std::size_t>(batch * out)), href(z.size());
+    ref::matmul(xd.data(), wd.data(), z.data(), batch, out, in, false, true);
+    ref::bias_add(z.data(), bd.data(), batch, out, z.data());
+    ref::relu(z.data(), std::int64_t(z.size()), href.data());
+    const auto hgot = h.download();
+    CHECK(sg::test::relative_error(hgot, href) < 5e-3);
+
+    // dh = dz2 W2 masked by relu'(z): the mask comes from the aux buffer.
+    const std::int64_t next = 17;
+    cuda::MatmulShape bwd{batch, out, next, false, false, cuda::ElemType::f16, cuda::ElemType::f16, cuda::Accumulate::f32,
+                          cuda::Epilogue::drelu};
+    const auto dz2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * next), rng));
+    const auto w2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(next * out), rng));
+    DeviceArray<__half> ddz2(dz2), dw2(w2), dz(static_cast<std::size_t>(batch * out));
+    cuda::LtMatmul backward(lt, bwd, false, nullptr);
+    backward.run(ddz2.get(), dw2.get(), dz.get(), dz.get(), sc.alpha_ptr, sc.beta_ptr, nullptr, aux.data(), nullptr);
+    std::vector<double> dz2d(dz2.begin(), dz2.end()), w2d(w2.begin(), w2.end()), dh(static_cast<std::size_t>(batch * out)), dzref(dh.size());
+    ref::matmul(dz2d.data(), w2d.data(), dh.data(), batch, out, next, false, false);
+    std::vector<double> hd(hgot.begin(), hgot.end());  // the mask is h > 0 as the GPU computed it
+    ref::relu_backward(dh.data(), hd.data(), std::int64_t(dh.size()), dzref.data());
+    CHECK(sg::test::relative_error(dz.download(), dzref) < 5e-3);
+  }
+}
+
+TEST_CASE("fused SGD: the weight-gradient matmul updates W in place (f16 and f32 W)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  cuda::LtHandle lt;
+  const std::int64_t batch = 32, in = 129, out = 37;
+  const float lr = 0.1f, wd = 0.01f;
+  // dW = dz^T x : [out, in] from dz [batch, out] and x [batch, in]
+  const auto dz = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * out), rng));
+  const auto x = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * in), rng));
+  const auto w0 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(out * in), rng));
+  std::vector<double> dzd(dz.begin(), dz.end()), xd(x.begin(), x.end()), g(static_cast<std::size_t>(out * in));
+  ref::matmul(dzd.data(), xd.data(), g.data(), out, in, batch, true, false);
+  std::vector<double> wref(w0.begin(), w0.end());
+  ref::sgd_update(wref.data(), g.data(), static_cast<double*>(nullptr), out * in, double(lr), 0.0, double(wd));
+
+  DeviceArray<__half> ddz(dz), dx(x);
+  const auto scalars = cuda::make_sgd_scalars(lr, 0.f, wd);
+  cuda::DeviceBuffer ds(sizeof scalars);
+  ds.upload(&scalars, sizeof scalars);
+  const auto* s = ds.as<cuda::SgdScalars>();
+  for (auto cd : {cuda::ElemType::f16, cuda::ElemType::f32}) {
+    for (bool autotune : {false, true}) {
+      INFO("W " << (cd == cuda::ElemType::f16 ? "f16" : "f32") << " autotune " << autotune);
+      cuda::MatmulShape shape{out, in, batch, true, false, cuda::ElemType::f16, cd, cuda::Accumulate::f32, cuda::Epilogue::none};
+      cuda::LtMatmul mm(lt, shape, autotune, nullptr);
+      std::vector<float> got;
+      if (cd == cuda::ElemType::f16) {
+        DeviceArray<__half> w(w0);
+        mm.run(ddz.get(), dx.get(), w.get(), w.get(), &s->neg_lr, &s->one_minus_lr_wd, nullptr, nullptr, nullptr);
+        got = w.download();
+      } else {
+        DeviceArray<float> w(w0);
+        mm.run(ddz.get(), dx.get(), w.get(), w.get(), &s->neg_lr, &s->one_minus_lr_wd, nullptr, nullptr, nullptr);
+        got = w.download();
+      }
+      CHECK(sg::test::relative_error(got, wref) < (cd == cuda::ElemType::f16 ? 2e-3 : 1e-5));
+    }
+  }
+  CHECK_THROWS_AS(cuda::LtMatmul(lt, {out, in, batch, true, false, cuda::ElemType::f16, cuda::ElemType::f32,
+                                      cuda::Accumulate::f16, cuda::Epilogue::none}, false, nullptr),
+                  cuda::CudaError);
+}
