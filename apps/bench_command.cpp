@@ -37,7 +37,7 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--warmup", r.warmup, "untimed steps first (clocks ramp up)")->capture_default_str();
   cmd.add_option("--data", r.data_dir, "MNIST IDX folder")->capture_default_str();
   cmd.add_option("--out-dir", r.out_dir, "where bench.json/.csv/.md and the plots go")->capture_default_str();
-  cmd.add_option("--torch-json", r.torch_json, "PyTorch results from bench/torch_bench.py to merge");
+  cmd.add_option("--torch-json", r.torch_json, "PyTorch results from bench/torch_bench.py to merge (comma-separated files)");
   cmd.add_option("--weights", r.weights, "fp16 | fp32 master weights")->capture_default_str();
   cmd.add_option("--accumulate", r.accumulate, "fp16 | fp32 matmul accumulation")->capture_default_str();
   cmd.add_option("--steps-per-launch", r.steps_per_launch, "training steps captured per CUDA graph")->capture_default_str();
@@ -130,9 +130,21 @@ json record_json(const Record& r) {
   return j;
 }
 
-std::vector<Record> read_torch(const std::string& path) {
+std::vector<Record> read_torch_file(const std::string& path);
+
+// Records of one or more bench/torch_bench.py outputs (comma-separated paths).
+std::vector<Record> read_torch(const std::string& paths) {
   std::vector<Record> out;
-  if (path.empty()) return out;
+  std::stringstream list(paths);
+  for (std::string path; std::getline(list, path, ',');) {
+    if (path.empty()) continue;
+    for (auto& r : read_torch_file(path)) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<Record> read_torch_file(const std::string& path) {
+  std::vector<Record> out;
   const json doc = json::parse(io::read_file(path));
   const json& list = doc.is_array() ? doc : doc.at("records");
   for (const json& j : list) {

@@ -180,6 +180,14 @@ def main():
     modes = a.modes.split(",")
 
     records = []
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC")}
+
+    def save():  # after every point, so a run cut short keeps what it measured
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({**meta, "records": records}, f, indent=2)
+
     for b in batches:
         data = Data(a.data, b, a.steps)
         for w in widths:
@@ -190,11 +198,8 @@ def main():
                 records.append(r)
                 shown = f"{r['us_per_step']:.1f} us/step" if "us_per_step" in r else r["error"]
                 print(f"H={w} B={b} {mode}: {shown}", flush=True)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "records": records}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(out, f, indent=2)
+                save()
+    save()
     print(f"{'mode':<18}{'width':>7}{'batch':>7}{'us/step':>12}")
     for r in records:
         print(f"{r['mode']:<18}{r['width']:>7}{r['batch']:>7}{r.get('us_per_step', float('nan')):>12.1f}")
