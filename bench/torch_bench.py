@@ -85,14 +85,20 @@ def eager_runner(width, data, lr, compiled):
     steps = data.order.shape[0]
 
     def run(n):
+        loss = None
         for _ in range(n):
+            if compiled:
+                # Tells inductor's CUDA-graph trees that a new training step begins, so
+                # replays are not re-recorded while the previous step's tensors are alive.
+                torch.compiler.cudagraph_mark_step_begin()
             x, y = data.batch(data.order[state["s"] % steps])
             loss = fl(x, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             state["s"] += 1
-            state["loss"] = loss
+        if loss is not None:
+            state["loss"] = loss.detach().clone()
     return run, state
 
 
