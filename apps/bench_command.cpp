@@ -348,7 +348,7 @@ int run_bench(const BenchRequest& r) {
   write_plots(table, dir);
   std::string profile_md;
   for (const auto& [key, rows] : profiles.items()) {
-    profile_md += fmt::format("\nper-launch profile {} (stream mode, CUDA events around each launch):\n", key);
+    profile_md += fmt::format("\nper-launch profile {} (GPU time per launch: stream mode, CUDA events around each launch, queued behind a busy-wait so host gaps do not count; median of 5 steps):\n", key);
     for (const auto& row : rows)
       profile_md += fmt::format("  {:<60} {:>9.2f} us {:>6.1f}%\n", row["launch"].get<std::string>(), row["us"].get<double>(),
                                 100 * row["share"].get<double>());

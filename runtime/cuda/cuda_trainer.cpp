@@ -1,5 +1,6 @@
 #include "runtime/cuda/cuda_trainer.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -8,6 +9,7 @@
 #include "graph/training_graph.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/cuda_program.hpp"
+#include "runtime/cuda/floors.hpp"
 #include "runtime/epoch_schedule.hpp"
 #include "runtime/param_init.hpp"
 #include "runtime/tensor_blob.hpp"
@@ -226,20 +228,28 @@ void CudaTrainer::launch_steps(std::int64_t steps) {
 void CudaTrainer::synchronize() const { impl_->stream.synchronize(); }
 void* CudaTrainer::stream_handle() const { return impl_->stream.get(); }
 
-std::vector<LaunchTiming> CudaTrainer::profile_step() {
+std::vector<LaunchTiming> CudaTrainer::profile_step(int repeats) {
   auto& program = *impl_->train;
   const auto count = program.schedule().launches.size();
-  std::vector<Event> marks(count + 1);
   cudaStream_t s = impl_->stream.get();
-  marks[0].record(s);
-  for (std::size_t i = 0; i < count; ++i) {
-    program.record_launch(i, s);
-    marks[i + 1].record(s);
+  std::vector<std::vector<double>> us(count);
+  for (int r = 0; r < repeats; ++r) {
+    std::vector<Event> marks(count + 1);
+    enqueue_busy_wait(s, 5000.0);  // the host enqueues the whole step while the GPU waits
+    marks[0].record(s);
+    for (std::size_t i = 0; i < count; ++i) {
+      program.record_launch(i, s);
+      marks[i + 1].record(s);
+    }
+    marks[count].synchronize();
+    ++step_;
+    for (std::size_t i = 0; i < count; ++i) us[i].push_back(1e3 * Event::elapsed_ms(marks[i], marks[i + 1]));
   }
-  marks[count].synchronize();
-  ++step_;
   std::vector<LaunchTiming> out;
-  for (std::size_t i = 0; i < count; ++i) out.push_back({program.launch_label(i), Event::elapsed_ms(marks[i], marks[i + 1])});
+  for (std::size_t i = 0; i < count; ++i) {
+    std::sort(us[i].begin(), us[i].end());
+    out.push_back({program.launch_label(i), us[i][us[i].size() / 2] / 1e3});
+  }
   return out;
 }
 

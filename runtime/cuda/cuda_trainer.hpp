@@ -38,8 +38,10 @@ class CudaTrainer final : public Trainer {
   void launch_steps(std::int64_t steps);
   void synchronize() const;
   void* stream_handle() const;  // cudaStream_t
-  // One step in stream mode with CUDA events around every launch.
-  std::vector<LaunchTiming> profile_step();
+  // GPU time of every launch of a step: stream mode with CUDA events around
+  // each launch, queued behind a busy-wait so host launch gaps do not count;
+  // the median over `repeats` steps.
+  std::vector<LaunchTiming> profile_step(int repeats = 5);
   // cudaGraphDebugDotPrint of the one-step graph; returns its node count.
   std::size_t dump_cuda_graph(const std::string& path) const;
   std::size_t cuda_graph_nodes() const;

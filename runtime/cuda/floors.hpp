@@ -2,6 +2,8 @@
 // Hardware floors measured in the same run as a benchmark, so every timing
 // is read against them: the cost of one stream launch and of one graph node
 // (both of an empty kernel), and device-to-device copy bandwidth.
+#include <cuda_runtime.h>
+
 namespace sg::cuda {
 
 struct Floors {
@@ -11,5 +13,10 @@ struct Floors {
 };
 
 Floors measure_floors();
+
+// Keeps the GPU busy for about `microseconds` on `stream`, so that work the
+// host enqueues meanwhile runs back to back (used to time kernels without
+// host launch gaps between them).
+void enqueue_busy_wait(cudaStream_t stream, double microseconds);
 
 }  // namespace sg::cuda
