@@ -28,6 +28,7 @@ TrainerSpec trainer_spec(const TrainConfig& c) {
   s.accumulate_f16 = c.precision.accumulate == "fp16";
   s.cuda_graph = c.backend.cuda_graph;
   s.autotune = c.backend.autotune;
+  s.whole_step = c.backend.whole_step;
   s.steps_per_launch = c.backend.steps_per_launch;
   return s;
 }

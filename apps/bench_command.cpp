@@ -42,9 +42,11 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--accumulate", r.accumulate, "fp16 | fp32 matmul accumulation")->capture_default_str();
   cmd.add_option("--steps-per-launch", r.steps_per_launch, "training steps captured per CUDA graph")->capture_default_str();
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
+  cmd.add_flag("--autotune", r.autotune, "time the top cuBLASLt candidates per shape once");
+  cmd.add_flag("!--no-whole-step", r.whole_step, "always use the per-group cuBLASLt schedule");
+  cmd.add_option("--replot", r.replot, "only re-render bench.md and the plots of this bench.json into --out-dir");
 }
 
-#ifdef STEPGRAPH_HAVE_CUDA
 namespace {
 
 using nlohmann::json;
@@ -59,7 +61,7 @@ struct Record {
   std::string error;
 };
 
-std::vector<std::int64_t> parse_list(const std::string& text, const char* what) {
+[[maybe_unused]] std::vector<std::int64_t> parse_list(const std::string& text, const char* what) {
   std::vector<std::int64_t> out;
   std::stringstream ss(text);
   for (std::string item; std::getline(ss, item, ',');) {
@@ -74,13 +76,13 @@ std::vector<std::int64_t> parse_list(const std::string& text, const char* what) 
   return out;
 }
 
-double median(std::vector<double> v) {
+[[maybe_unused]] double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? NAN : v[v.size() / 2];
 }
 
 // The SM clock as nvidia-smi reports it now (NaN when unavailable).
-double sm_clock_mhz() {
+[[maybe_unused]] double sm_clock_mhz() {
   std::FILE* p = ::popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null", "r");
   if (!p) return NAN;
   double mhz = NAN;
@@ -89,7 +91,7 @@ double sm_clock_mhz() {
   return mhz;
 }
 
-std::string today() {
+[[maybe_unused]] std::string today() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
@@ -115,7 +117,7 @@ double flops_per_step(const std::vector<std::int64_t>& layers, std::int64_t batc
 
 std::vector<std::int64_t> mlp_layers(std::int64_t width) { return {784, width, width, width, 10}; }
 
-json record_json(const Record& r) {
+[[maybe_unused]] json record_json(const Record& r) {
   json j = {{"mode", r.mode}, {"width", r.width}, {"batch", r.batch}};
   if (!r.error.empty()) {
     j["error"] = r.error;
@@ -133,7 +135,7 @@ json record_json(const Record& r) {
 std::vector<Record> read_torch_file(const std::string& path);
 
 // Records of one or more bench/torch_bench.py outputs (comma-separated paths).
-std::vector<Record> read_torch(const std::string& paths) {
+[[maybe_unused]] std::vector<Record> read_torch(const std::string& paths) {
   std::vector<Record> out;
   std::stringstream list(paths);
   for (std::string path; std::getline(list, path, ',');) {
@@ -159,6 +161,7 @@ std::vector<Record> read_torch_file(const std::string& path) {
   return out;
 }
 
+#ifdef STEPGRAPH_HAVE_CUDA
 struct DeviceInfo {
   std::string name;
   int sm_count = 0;
@@ -178,6 +181,8 @@ TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t b
   s.sgd = {0.01, 0.0, 0.0};
   s.accumulate_f16 = r.accumulate == "fp16";
   s.steps_per_launch = r.steps_per_launch;
+  s.autotune = r.autotune;
+  s.whole_step = r.whole_step;
   return s;
 }
 
@@ -206,6 +211,7 @@ Record time_mode(const std::string& mode, cuda::CudaTrainer& t, const BenchReque
   rec.final_loss = t.last_loss();
   return rec;
 }
+#endif
 
 struct Table {
   std::map<std::tuple<std::int64_t, std::int64_t>, std::map<std::string, double>> us;  // (width, batch) -> mode -> us
@@ -278,10 +284,29 @@ void write_plots(const Table& t, const std::filesystem::path& dir) {
                                                                        ratios));
 }
 
+// Re-renders bench.md and the plots of an earlier bench.json (no GPU needed).
+int replot(const BenchRequest& r) {
+  const json doc = json::parse(io::read_file(r.replot));
+  Table table;
+  for (const auto& rec : read_torch_file(r.replot)) table.add(rec);
+  const double bandwidth = doc.at("floors").at("copy_bandwidth_gbs").get<double>();
+  const std::size_t elem = doc.at("settings").at("weights").get<std::string>() == "fp32" ? 4 : 2;
+  std::map<std::tuple<std::int64_t, std::int64_t>, std::pair<double, double>> floor_and_flops;
+  for (const auto& [key, modes] : table.us)
+    floor_and_flops[key] = {weight_bytes_per_step(mlp_layers(std::get<0>(key)), elem) / (bandwidth * 1e3),
+                            flops_per_step(mlp_layers(std::get<0>(key)), std::get<1>(key))};
+  const std::filesystem::path dir = r.out_dir;
+  const std::string md = markdown_table(table, floor_and_flops);
+  io::write_file_atomically(dir / "bench.md", md);
+  write_plots(table, dir);
+  std::printf("%s", md.c_str());
+  return 0;
+}
+
 }  // namespace
-#endif
 
 int run_bench(const BenchRequest& r) {
+  if (!r.replot.empty()) return replot(r);
 #ifndef STEPGRAPH_HAVE_CUDA
   (void)r;
   throw std::runtime_error("bench needs a build with CUDA");
@@ -294,8 +319,10 @@ int run_bench(const BenchRequest& r) {
   const Dataset data{data::load_split(r.data_dir, "train"), data::load_split(r.data_dir, "t10k", 1000)};
 
   const cuda::Floors floors = cuda::measure_floors();
-  spdlog::info("device {} ({} SMs): empty stream launch {:.2f} us, graph node {:.2f} us, D2D copy {:.0f} GB/s",
-               device.name, device.sm_count, floors.empty_launch_us, floors.graph_node_us, floors.copy_bandwidth_gbs);
+  spdlog::info("device {} ({} SMs): empty stream launch {:.2f} us, graph node {:.2f} us, D2D copy {:.0f} GB/s, "
+               "fp16 matmul {:.0f} TFLOP/s",
+               device.name, device.sm_count, floors.empty_launch_us, floors.graph_node_us, floors.copy_bandwidth_gbs,
+               floors.matmul_tflops);
 
   std::vector<Record> records;
   json profiles = json::object();
@@ -306,11 +333,19 @@ int run_bench(const BenchRequest& r) {
       cuda::CudaTrainer t(bench_spec(r, w, b), data);
       records.push_back(time_mode("graph_replay", t, r, w, b, [&](std::int64_t n) { t.replay_steps(n); }));
       records.push_back(time_mode("stream_launch", t, r, w, b, [&](std::int64_t n) { t.launch_steps(n); }));
+      if (t.training_program().uses_whole_step()) {
+        // The same step as the per-group schedule (cuBLASLt + our kernels),
+        // replayed: what the whole-step kernel is measured against.
+        TrainerSpec spec = bench_spec(r, w, b);
+        spec.whole_step = false;
+        cuda::CudaTrainer lt(spec, data);
+        records.push_back(time_mode("lt_schedule_replay", lt, r, w, b, [&](std::int64_t n) { lt.replay_steps(n); }));
+      }
       floor_and_flops[{w, b}] = {weight_bytes_per_step(mlp_layers(w), elem) / (floors.copy_bandwidth_gbs * 1e3),
                                  flops_per_step(mlp_layers(w), b)};
-      spdlog::info("H={} B={}: graph replay {:.1f} us/step, stream launches {:.1f} us/step ({} launches, {} graph nodes)",
-                   w, b, records[records.size() - 2].us_per_step, records.back().us_per_step,
-                   t.training_program().schedule().launches.size(), t.cuda_graph_nodes());
+      spdlog::info("H={} B={}: {}", w, b, t.description());
+      for (std::size_t i = records.size(); i-- > 0 && records[i].width == w && records[i].batch == b;)
+        spdlog::info("  {:<20} {:>9.1f} us/step", records[i].mode, records[i].us_per_step);
       if (r.profile && b == batches.front()) {
         json rows = json::array();
         const auto timings = t.profile_step();
@@ -329,9 +364,9 @@ int run_bench(const BenchRequest& r) {
   json out = {{"device", device.name},
               {"date", today()},
               {"floors", {{"empty_launch_us", floors.empty_launch_us}, {"graph_node_us", floors.graph_node_us},
-                          {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}}},
+                          {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
               {"settings", {{"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
-                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch}}},
+                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch}, {"autotune", r.autotune}}},
               {"records", json::array()},
               {"profiles", profiles}};
   std::string csv = "mode,width,batch,us_per_step,samples_per_s,sm_clock_mhz_before,sm_clock_mhz_after,error\n";
@@ -355,8 +390,10 @@ int run_bench(const BenchRequest& r) {
   }
   io::write_file_atomically(dir / "profile.txt", profile_md);
   std::printf("%s\n%s", profile_md.c_str(), md.c_str());
-  std::printf("floors: empty stream launch %.2f us, graph node %.2f us, D2D copy %.0f GB/s; device %s; %s\n",
-              floors.empty_launch_us, floors.graph_node_us, floors.copy_bandwidth_gbs, device.name.c_str(), today().c_str());
+  std::printf("floors: empty stream launch %.2f us, graph node %.2f us, D2D copy %.0f GB/s, fp16 matmul %.0f TFLOP/s; "
+              "device %s; %s\n",
+              floors.empty_launch_us, floors.graph_node_us, floors.copy_bandwidth_gbs, floors.matmul_tflops,
+              device.name.c_str(), today().c_str());
   return 0;
 #endif
 }

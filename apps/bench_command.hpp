@@ -25,6 +25,9 @@ struct BenchRequest {
   std::string accumulate = "fp32";
   int steps_per_launch = 1;
   bool profile = true;     // per-launch profile of one step at batch 32
+  bool autotune = false;   // time cuBLASLt candidates per shape at plan time
+  bool whole_step = true;  // one kernel per step where the MLP fits (else the per-group schedule)
+  std::string replot;      // re-render an earlier bench.json (no GPU)
 };
 
 void add_bench_options(CLI::App& cmd, BenchRequest& request);

@@ -25,6 +25,7 @@ struct TrainerSpec {
   bool accumulate_f16 = false;
   bool cuda_graph = true;
   bool autotune = false;
+  bool whole_step = true;  // one kernel per step where the MLP fits it
   std::int64_t steps_per_launch = 1;
 };
 

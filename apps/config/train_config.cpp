@@ -139,6 +139,7 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(backend, "backend", "kind", c.backend.kind);
   r.read(backend, "backend", "cuda_graph", c.backend.cuda_graph);
   r.read(backend, "backend", "autotune", c.backend.autotune);
+  r.read(backend, "backend", "whole_step", c.backend.whole_step);
   r.read(backend, "backend", "steps_per_launch", c.backend.steps_per_launch);
 }
 
@@ -315,6 +316,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "kind" << YAML::Value << c.backend.kind;
   e << YAML::Key << "cuda_graph" << YAML::Value << c.backend.cuda_graph;
   e << YAML::Key << "autotune" << YAML::Value << c.backend.autotune;
+  e << YAML::Key << "whole_step" << YAML::Value << c.backend.whole_step;
   e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -75,6 +75,7 @@ struct BackendConfig {
   std::string kind = "auto";       // auto | cuda | cpu
   bool cuda_graph = true;          // false: plain stream launches
   bool autotune = false;           // time cuBLASLt candidates once per shape
+  bool whole_step = true;          // one kernel per step where the MLP fits it
   std::int64_t steps_per_launch = 1;  // training steps captured per CUDA graph
 };
 

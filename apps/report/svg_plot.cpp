@@ -40,7 +40,10 @@ struct Axis {
         const double v = std::pow(10.0, d);
         if (v >= lo * 0.999 && v <= hi * 1.001) out.push_back(v);
       }
-      if (out.size() < 2) out = {lo, hi};
+      if (out.size() < 3) {  // less than two decades: ticks at powers of two read better
+        out.clear();
+        for (double v = std::exp2(std::ceil(std::log2(lo))); v <= hi * 1.001; v *= 2) out.push_back(v);
+      }
       return out;
     }
     const double raw = (hi - lo) / 5.0;

@@ -6,6 +6,8 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/whole_step.hpp"
+#include "runtime/plan/whole_step_match.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -44,17 +46,45 @@ Epilogue lt_epilogue(MatmulEpilogue e) {
 
 std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
 
+// The sizes of a whole-step launch (pointers are bound later).
+WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
+  WholeStepArgs args;
+  args.layers = static_cast<int>(plan.layers.size());
+  args.batch = static_cast<int>(plan.batch);
+  for (std::size_t i = 0; i < plan.dims.size() && i <= std::size_t(kWholeStepMaxLayers); ++i)
+    args.dims[i] = static_cast<int>(plan.dims[i]);
+  args.rows = g.value(plan.perm).shape[0];
+  args.scale = float(plan.input_scale);
+  args.shift = float(plan.input_shift);
+  return args;
+}
+
+// Why the kernel cannot run this plan ("" when it can): it keeps fp16
+// parameters and activations and implements SGD without momentum.
+std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
+  for (const WholeStepLayer& layer : plan.layers) {
+    if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
+      return "parameters or activations are not fp16";
+    if (g.node(layer.weight_sgd).attrs.momentum != 0.0) return "SGD with momentum";
+  }
+  if (plan.layers.size() > std::size_t(kWholeStepMaxLayers)) return "too many layers";
+  return whole_step_unsupported(whole_step_shape(g, plan));
+}
+
 }  // namespace
 
 struct CudaProgram::Bound {
   std::unique_ptr<LtMatmul> matmul;
+  std::unique_ptr<WholeStepArgs> whole_step;
+  int whole_step_blocks = 0;
   const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
   void *d = nullptr, *aux = nullptr;
 };
 
 CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& lt, ProgramOptions options,
                          cudaStream_t stream)
-    : graph_(std::move(graph)), options_(options), schedule_(build_schedule(graph_)), params_(params) {
+    : graph_(std::move(graph)), options_(options), params_(params) {
+  schedule_ = choose_schedule();
   std::vector<std::size_t> bytes;
   for (const Value& v : graph_.values()) bytes.push_back(value_bytes(v));
   std::vector<std::size_t> mask_bytes;
@@ -95,6 +125,36 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
 
 CudaProgram::~CudaProgram() = default;
 
+Schedule CudaProgram::choose_schedule() {
+  if (!options_.whole_step) {
+    whole_step_note_ = "turned off";
+    return build_schedule(graph_);
+  }
+  const auto plan = match_whole_step(graph_);
+  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan) : "the graph is not a plain MLP training step";
+  return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_);
+}
+
+void CudaProgram::bind_whole_step(const WholeStepPlan& plan, Bound& bound) const {
+  auto args = std::make_unique<WholeStepArgs>(whole_step_shape(graph_, plan));
+  for (std::size_t l = 0; l < plan.layers.size(); ++l) {
+    const WholeStepLayer& layer = plan.layers[l];
+    args->weight[l] = static_cast<__half*>(device_ptr(layer.weight));
+    args->bias[l] = static_cast<__half*>(device_ptr(layer.bias));
+    args->weight_sgd[l] = scalars_of(layer.weight_sgd);
+    args->bias_sgd[l] = scalars_of(layer.bias_sgd);
+    args->act[l] = static_cast<__half*>(device_ptr(layer.output));
+    if (layer.pre_activation_grad >= 0) args->grad[l] = static_cast<__half*>(device_ptr(layer.pre_activation_grad));
+  }
+  args->perm = static_cast<const std::int32_t*>(device_ptr(plan.perm));
+  args->step = static_cast<std::int32_t*>(device_ptr(plan.step));
+  args->images = static_cast<const std::uint8_t*>(device_ptr(plan.images));
+  args->labels = static_cast<const std::uint8_t*>(device_ptr(plan.labels));
+  args->loss = static_cast<float*>(device_ptr(plan.loss));
+  bound.whole_step_blocks = whole_step_blocks(*args);
+  bound.whole_step = std::move(args);
+}
+
 const SgdScalars* CudaProgram::scalars_of(NodeId sgd_node) const {
   for (std::size_t i = 0; i < sgd_nodes_.size(); ++i)
     if (sgd_nodes_[i] == sgd_node) return sgd_scalars_.as<SgdScalars>() + i;
@@ -113,6 +173,7 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
   const auto* k = constants_.as<MatmulConstants>();
   for (const Launch& l : schedule_.launches) {
     auto bound = std::make_unique<Bound>();
+    if (l.kind == LaunchKind::whole_step) bind_whole_step(*l.whole_step, *bound);
     if (l.kind == LaunchKind::matmul) {
       const Node& mm = graph_.node(l.matmul_node);
       const Value& a = graph_.value(mm.inputs[0]);
@@ -234,6 +295,9 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
     case LaunchKind::single:
       record_single(graph_.node(l.nodes[0]), stream);
       return;
+    case LaunchKind::whole_step:
+      launch_whole_step(*bound_[index]->whole_step, bound_[index]->whole_step_blocks, stream);
+      return;
   }
 }
 
@@ -324,6 +388,8 @@ std::string CudaProgram::launch_label(std::size_t index) const {
     if (l.target != MatmulTarget::output) kind += "+sgd";
   }
   if (l.kind == LaunchKind::single) kind = ops.front();
+  if (l.kind == LaunchKind::whole_step)
+    return fmt::format("L{} whole_step ({} nodes, {} blocks)", index, l.nodes.size(), bound_[index]->whole_step_blocks);
   return fmt::format("L{} {} ({})", index, kind, fmt::join(ops, "+"));
 }
 

@@ -23,6 +23,9 @@ namespace sg::cuda {
 struct ProgramOptions {
   Accumulate accumulate = Accumulate::f32;
   bool autotune = false;
+  // Run a graph that is exactly an MLP training step as one whole-step
+  // kernel when the kernel supports its sizes (else the per-group schedule).
+  bool whole_step = true;
 };
 
 class CudaProgram {
@@ -37,6 +40,9 @@ class CudaProgram {
   const sg::Graph& graph() const { return graph_; }
   const Schedule& schedule() const { return schedule_; }
   const MemoryPlan& memory_plan() const { return plan_; }
+  // Why the whole-step kernel is not used ("" when it is).
+  const std::string& whole_step_note() const { return whole_step_note_; }
+  bool uses_whole_step() const { return whole_step_note_.empty(); }
 
   void record(cudaStream_t stream) const;                 // one step, every launch
   void record_launch(std::size_t index, cudaStream_t stream) const;
@@ -51,13 +57,16 @@ class CudaProgram {
 
  private:
   struct Bound;  // per-launch device objects (matmul, pointers)
+  Schedule choose_schedule();
   void bind_launches(const LtHandle& lt, cudaStream_t stream);
+  void bind_whole_step(const WholeStepPlan& plan, Bound& bound) const;
   void record_single(const Node& n, cudaStream_t stream) const;
   void record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const;
   const SgdScalars* scalars_of(NodeId sgd_node) const;
 
   sg::Graph graph_;
   ProgramOptions options_;
+  std::string whole_step_note_;
   Schedule schedule_;
   MemoryPlan plan_;
   std::vector<int> buffer_of_value_, buffer_of_mask_;

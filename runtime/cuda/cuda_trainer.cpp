@@ -74,7 +74,7 @@ struct CudaTrainer::Impl {
   Impl(const TrainerSpec& s, const Dataset& data)
       : spec(s), epochs(data.train.images.count, s.mlp.batch, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
-    ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune};
+    ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune, s.whole_step};
     train = std::make_unique<CudaProgram>(training_graph(s, data), params, lt, options, stream.get());
     eval = std::make_unique<CudaProgram>(eval_graph(s, data), params, lt, options, stream.get());
     upload_split(*train, data.train);
@@ -133,9 +133,11 @@ std::string CudaTrainer::description() const {
   SG_CUDA_CHECK(cudaGetDevice(&device));
   SG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   const auto& s = impl_->spec;
-  return fmt::format("cuda on {} ({}, {} launches per step{}, {} accumulate)", prop.name,
-                     s.cuda_graph ? "CUDA graph replay" : "stream launches",
-                     impl_->train->schedule().launches.size(),
+  const auto& program = *impl_->train;
+  return fmt::format("cuda on {} ({}, {} launches per step{}{}, {} accumulate)", prop.name,
+                     s.cuda_graph ? "CUDA graph replay" : "stream launches", program.schedule().launches.size(),
+                     program.uses_whole_step() ? " (whole-step kernel)"
+                                               : fmt::format(" (whole-step kernel not used: {})", program.whole_step_note()),
                      s.cuda_graph && s.steps_per_launch > 1 ? fmt::format(", {} steps per graph", s.steps_per_launch) : "",
                      s.accumulate_f16 ? "fp16" : "fp32");
 }

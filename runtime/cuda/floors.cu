@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/cuda/cublaslt_matmul.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/kernels.hpp"
 #include "ops/cuda/cuda_resources.hpp"
 
 namespace sg::cuda {
@@ -44,6 +46,25 @@ double time_ms(const Stream& stream, int repeats, Work&& work) {
   return median(ms);
 }
 
+// The fp16 tensor-core peak as cuBLASLt reaches it: a square 8192^3 matmul.
+double measure_matmul_tflops(const Stream& stream) {
+  constexpr std::int64_t n = 8192;
+  LtHandle lt;
+  MatmulShape shape{n, n, n, false, false, ElemType::f16, ElemType::f16, Accumulate::f32, Epilogue::none};
+  LtMatmul mm(lt, shape, false, stream.get());
+  DeviceBuffer a(n * n * 2), b(n * n * 2), d(n * n * 2), scalars(8);
+  launch_fill_uniform(a.as<__half>(), n * n, 1, -1.f, 1.f, stream.get());
+  launch_fill_uniform(b.as<__half>(), n * n, 2, -1.f, 1.f, stream.get());
+  const float one_zero[2] = {1.f, 0.f};
+  scalars.upload(one_zero, sizeof one_zero);
+  const void* alpha = scalars.as<float>();
+  const void* beta = scalars.as<float>() + 1;
+  const double ms = time_ms(stream, 5, [&] {
+    for (int i = 0; i < 5; ++i) mm.run(a.data(), b.data(), d.data(), d.data(), alpha, beta, nullptr, nullptr, stream.get());
+  }) / 5;
+  return 2.0 * double(n) * n * n / (ms * 1e-3) / 1e12;
+}
+
 }  // namespace
 
 void enqueue_busy_wait(cudaStream_t stream, double microseconds) {
@@ -73,6 +94,7 @@ Floors measure_floors() {
     SG_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), kBytes, cudaMemcpyDeviceToDevice, stream.get()));
   });
   f.copy_bandwidth_gbs = 2.0 * double(kBytes) / (ms * 1e-3) / 1e9;
+  f.matmul_tflops = measure_matmul_tflops(stream);
   return f;
 }
 

@@ -10,6 +10,7 @@ struct Floors {
   double empty_launch_us = 0;    // per empty kernel launched on a stream, back to back
   double graph_node_us = 0;      // per empty-kernel node of a replayed CUDA graph
   double copy_bandwidth_gbs = 0; // bytes read + written per second / 1e9
+  double matmul_tflops = 0;      // cuBLASLt fp16 8192^3 matmul, fp32 accumulate
 };
 
 Floors measure_floors();

@@ -60,7 +60,7 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
   };
   for (int i = 0; i <= end; ++i) {
     const Launch& l = s.launches[static_cast<std::size_t>(i)];
-    for (const auto* ids : {&l.writes, &l.reads})
+    for (const auto* ids : {&l.writes, &l.reads, &l.scratch})
       for (ValueId id : *ids) {
         const Value& v = g.value(id);
         if (is_graph_owned(v.role)) continue;

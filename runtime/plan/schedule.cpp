@@ -16,6 +16,7 @@ std::string_view launch_kind_name(LaunchKind kind) {
     case LaunchKind::xent: return "xent";
     case LaunchKind::bias_grad_sgd: return "bias_grad_sgd";
     case LaunchKind::single: return "single";
+    case LaunchKind::whole_step: return "whole_step";
   }
   return "?";
 }
@@ -34,6 +35,27 @@ std::string_view epilogue_name(MatmulEpilogue e) {
 namespace {
 
 bool contains(const std::vector<NodeId>& v, NodeId x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Values crossing the launch boundary: inputs produced outside, outputs
+// read outside (or graph outputs), and in-place targets.
+void fill_boundary(const Graph& g, Launch& l) {
+  for (NodeId id : l.nodes) {
+    const Node& n = g.node(id);
+    for (ValueId in : n.inputs) {
+      const NodeId producer = g.value(in).producer;
+      if ((producer < 0 || !contains(l.nodes, producer)) &&
+          std::find(l.reads.begin(), l.reads.end(), in) == l.reads.end())
+        l.reads.push_back(in);
+    }
+    for (ValueId out : n.outputs) {
+      bool external = std::find(g.outputs().begin(), g.outputs().end(), out) != g.outputs().end();
+      for (NodeId reader : g.consumers(out)) external = external || !contains(l.nodes, reader);
+      if (external) l.writes.push_back(out);
+    }
+    for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+      l.updates.push_back(n.inputs[static_cast<std::size_t>(slot)]);
+  }
+}
 
 class Lowering {
  public:
@@ -78,27 +100,6 @@ class Lowering {
 
   void emit(Launch launch) { schedule_.launches.push_back(std::move(launch)); }
 
-  // Values crossing the launch boundary: inputs produced outside, outputs
-  // read outside (or graph outputs), and in-place targets.
-  void fill_boundary(Launch& l) const {
-    for (NodeId id : l.nodes) {
-      const Node& n = g_.node(id);
-      for (ValueId in : n.inputs) {
-        const NodeId producer = g_.value(in).producer;
-        if ((producer < 0 || !contains(l.nodes, producer)) &&
-            std::find(l.reads.begin(), l.reads.end(), in) == l.reads.end())
-          l.reads.push_back(in);
-      }
-      for (ValueId out : n.outputs) {
-        bool external = std::find(g_.outputs().begin(), g_.outputs().end(), out) != g_.outputs().end();
-        for (NodeId reader : g_.consumers(out)) external = external || !contains(l.nodes, reader);
-        if (external) l.writes.push_back(out);
-      }
-      for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
-        l.updates.push_back(n.inputs[static_cast<std::size_t>(slot)]);
-    }
-  }
-
   Launch lower_single(const Node& n) const {
     if (n.op == OpKind::batch_indices || n.op == OpKind::gather_rows)
       throw GraphError(fmt::format("schedule: {} (node {}) must be fused into a batch_fetch group", op_name(n.op), n.id));
@@ -111,7 +112,7 @@ class Lowering {
     } else {
       l.kind = LaunchKind::single;
     }
-    fill_boundary(l);
+    fill_boundary(g_, l);
     return l;
   }
 
@@ -160,7 +161,7 @@ class Lowering {
         l.sgd_node = last.id;
         break;
     }
-    fill_boundary(l);
+    fill_boundary(g_, l);
     if (group.kind == FusionKind::dgrad_drelu) {
       // The mask replaces the relu output: the kernel never reads that value.
       const ValueId relu_out = last.inputs[1];
@@ -178,6 +179,22 @@ class Lowering {
 
 Schedule build_schedule(const Graph& graph) {
   Schedule s = Lowering(graph).run();
+  check_schedule_order(graph, s);
+  return s;
+}
+
+Schedule build_whole_step_schedule(const Graph& graph, const WholeStepPlan& plan) {
+  Launch l;
+  l.kind = LaunchKind::whole_step;
+  for (const Node& n : graph.nodes()) l.nodes.push_back(n.id);
+  fill_boundary(graph, l);
+  for (const WholeStepLayer& layer : plan.layers) {
+    l.scratch.push_back(layer.output);
+    if (layer.pre_activation_grad >= 0) l.scratch.push_back(layer.pre_activation_grad);
+  }
+  l.whole_step = std::make_shared<const WholeStepPlan>(plan);
+  Schedule s;
+  s.launches.push_back(std::move(l));
   check_schedule_order(graph, s);
   return s;
 }
@@ -223,6 +240,9 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
       if (l.aux_read >= 0) what += fmt::format(",reads mask{}", l.aux_read);
       what += "]";
     }
+    if (l.kind == LaunchKind::whole_step)
+      what += fmt::format("[dims={},batch={},scratch {{{}}}]", fmt::join(l.whole_step->dims, "-"), l.whole_step->batch,
+                          names_of(l.scratch));
     out += fmt::format("L{} {} ({}) reads {{{}}} writes {{{}}}{}\n", i, what, fmt::join(ops, " "), names_of(l.reads),
                        names_of(l.writes), l.updates.empty() ? "" : fmt::format(" updates {{{}}}", names_of(l.updates)));
   }

@@ -4,6 +4,7 @@
 // per ungrouped node. Backend-neutral: the CUDA program binds each launch to
 // a kernel; tests check the order and what each launch reads and writes.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@ enum class LaunchKind : std::uint8_t {
   xent,           // softmax_xent [+ its backward], one kernel
   bias_grad_sgd,  // reduce_rows [+ cast] + sgd_update, one kernel, no gradient buffer
   single,         // one ungrouped element-wise node
+  whole_step,     // every node of an MLP training step, one kernel (see WholeStepPlan)
 };
 
 enum class MatmulEpilogue : std::uint8_t { none, bias, relu_bias, relu_aux_bias, drelu };
@@ -30,6 +32,24 @@ std::string_view epilogue_name(MatmulEpilogue epilogue);
 // ReLU masks written by one matmul epilogue and read by a later one.
 struct AuxBuffer {
   std::int64_t rows = 0, cols = 0;  // shape of the row-major output it masks
+};
+
+// What a whole-step kernel needs to know of the graph it replaces: per layer
+// (input side first) its parameters, their sgd_update nodes, the value the
+// layer outputs (ReLU output, or the logits for the last layer) and, for
+// hidden layers, the gradient of its pre-activation.
+struct WholeStepLayer {
+  ValueId weight = -1, bias = -1;
+  NodeId weight_sgd = -1, bias_sgd = -1;
+  ValueId output = -1;
+  ValueId pre_activation_grad = -1;  // -1 for the logits layer
+};
+struct WholeStepPlan {
+  std::vector<std::int64_t> dims;  // input width, hidden widths, classes
+  std::int64_t batch = 0;
+  double input_scale = 1, input_shift = 0;
+  ValueId images = -1, labels = -1, perm = -1, step = -1, loss = -1;
+  std::vector<WholeStepLayer> layers;
 };
 
 struct Launch {
@@ -47,6 +67,9 @@ struct Launch {
   ValueId output = -1;     // D when target == output
   NodeId sgd_node = -1;    // the sgd_update (fused SGD targets, bias_grad_sgd)
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
+  // whole_step launches
+  std::shared_ptr<const WholeStepPlan> whole_step;
+  std::vector<ValueId> scratch;  // intermediates the kernel keeps in memory between its phases
 };
 
 struct Schedule {
@@ -57,6 +80,10 @@ struct Schedule {
 // Throws GraphError for patterns no backend kernel exists for (a lone
 // batch_indices or gather_rows: the CUDA backend fetches batches fused).
 Schedule build_schedule(const Graph& graph);
+
+// One whole_step launch for every node of `graph`, which the plan describes
+// (see match_whole_step in whole_step_match.hpp).
+Schedule build_whole_step_schedule(const Graph& graph, const WholeStepPlan& plan);
 
 // Replays the schedule and throws GraphError if a launch reads a value before
 // it is written or after it was updated in place.

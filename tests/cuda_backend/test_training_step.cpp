@@ -11,27 +11,14 @@
 #include "runtime/tensor_blob.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/test_data.hpp"
+#include "tests/support/training_helpers.hpp"
 
 using namespace sg;
+using sg::test::all_parameters;
+using sg::test::losses;
+using sg::test::random_dataset;
 
 namespace {
-
-// Random u8 "images" of an odd width, so nothing is special-cased for 784.
-Dataset random_dataset(std::int64_t rows, std::int64_t cols, std::int64_t classes, std::mt19937_64& rng) {
-  auto split = [&](std::int64_t n) {
-    data::Split s;
-    s.images.count = n;
-    s.images.rows = 1;
-    s.images.cols = cols;
-    s.images.pixels.resize(static_cast<std::size_t>(n * cols));
-    for (auto& p : s.images.pixels) p = static_cast<std::uint8_t>(rng() % 256);
-    s.labels.labels.resize(static_cast<std::size_t>(n));
-    for (auto& l : s.labels.labels) l = static_cast<std::uint8_t>(rng() % static_cast<std::uint64_t>(classes));
-    s.classes = classes;
-    return s;
-  };
-  return {split(rows), split(rows / 2)};
-}
 
 TrainerSpec odd_spec(DType weights, double momentum) {
   TrainerSpec spec;
@@ -42,26 +29,7 @@ TrainerSpec odd_spec(DType weights, double momentum) {
   spec.eval_batch = 100;
   spec.init_seed = 3;
   spec.shuffle_seed = 5;
-  return spec;
-}
-
-std::vector<float> losses(Trainer& t, int steps) {
-  std::vector<float> out;
-  for (int i = 0; i < steps; ++i) {
-    t.train(1);
-    out.push_back(static_cast<float>(t.last_loss()));
-  }
-  return out;
-}
-
-std::vector<float> all_parameters(Trainer& t) {
-  std::vector<float> out;
-  for (const auto& blob : t.save_state())
-    if (blob.dtype == DType::f16 || blob.dtype == DType::f32) {
-      const auto v = floats_from_blob(blob);
-      out.insert(out.end(), v.begin(), v.end());
-    }
-  return out;
+  return spec;  // widths 37/129/65 are not multiples of 16: always the per-group schedule
 }
 
 }  // namespace
@@ -175,6 +143,7 @@ TEST_CASE("the reference network trains on real MNIST through CUDA graph replay"
   spec.mlp.batch = 32;
   spec.mlp.weight_dtype = DType::f16;
   spec.sgd = {0.05, 0.0, 0.0};
+  spec.whole_step = false;  // the per-group schedule (test_whole_step covers the one-kernel step)
   cuda::CudaTrainer t(spec, data);
   CHECK(t.training_program().schedule().launches.size() == 18);
   t.train(5000);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -15,8 +16,10 @@ inline unsigned& last_seed() {
   return seed;
 }
 
+// A new random seed per call; SG_TEST_SEED=<n> replays a failure's seed.
 inline std::mt19937_64 fresh_rng() {
-  last_seed() = std::random_device{}();
+  const char* fixed = std::getenv("SG_TEST_SEED");
+  last_seed() = fixed ? static_cast<unsigned>(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
   return std::mt19937_64(last_seed());
 }
 

@@ -1,0 +1,393 @@
+// One cooperative kernel per training step (see whole_step.hpp). Phases, with
+// a grid-wide barrier after each (L layers, 0-based l):
+//   fetch      every block gathers the batch into its own shared memory
+//   F_l        hidden layer l: act[l] = relu(x W_l^T + b_l)          (tensor cores)
+//   logits     act[L-1] = act[L-2] W_{L-1}^T + b_{L-1}                (one warp per logit)
+//   softmax    every block: dlogits in shared memory; block 0: the loss;
+//              grad[L-2] = (dlogits W_{L-1}) * relu'(act[L-2]); b_{L-1} update
+//   Q_l        l = L-2 .. 0: grad[l-1] = (grad[l] W_l) * relu'(act[l-1]);
+//              W_{l+1} -= lr grad[l+1]^T act[l]; b_l -= lr colsum(grad[l]);
+//              at l = 0 also W_0 -= lr grad[0]^T x and the step advances
+// A weight is only updated in the phase after the last one that reads it,
+// so no block can see a half-updated matrix.
+#include <cooperative_groups.h>
+#include <mma.h>
+
+#include <cfloat>
+
+#include <fmt/format.h>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/whole_step.hpp"
+
+namespace sg::cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace nvcuda;
+
+constexpr int kWarps = 8;
+constexpr int kBlockThreads = kWarps * 32;
+constexpr int kMaxMTiles = kWholeStepMaxBatch / 16;
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
+using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major>;
+using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// Per-block shared memory, carved from one dynamic allocation.
+struct Shared {
+  __half* x;        // [batch, dims[0]] the fetched batch
+  float* partial;   // [kWarps][batch][16] split-K partial tiles
+  float* wtile;     // [kWarps][16*16] one weight-gradient tile per warp
+  float* dlogits;   // [batch, classes], values rounded to fp16
+  float* row_loss;  // [batch]
+  int* label;       // [batch]
+};
+
+
+__host__ __device__ std::size_t shared_bytes(int batch, int d0, Shared* carve = nullptr, unsigned char* base = nullptr) {
+  std::size_t off = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t at = off;
+    off = (off + bytes + 127) / 128 * 128;
+    return at;
+  };
+  const std::size_t x = take(std::size_t(batch) * d0 * sizeof(__half));
+  const std::size_t partial = take(std::size_t(kWarps) * batch * 16 * sizeof(float));
+  const std::size_t wtile = take(std::size_t(kWarps) * 256 * sizeof(float));
+  const std::size_t dl = take(std::size_t(batch) * kWholeStepMaxClasses * sizeof(float));
+  const std::size_t rl = take(std::size_t(batch) * sizeof(float));
+  const std::size_t lb = take(std::size_t(batch) * sizeof(int));
+  if (carve) {
+    carve->x = reinterpret_cast<__half*>(base + x);
+    carve->partial = reinterpret_cast<float*>(base + partial);
+    carve->wtile = reinterpret_cast<float*>(base + wtile);
+    carve->dlogits = reinterpret_cast<float*>(base + dl);
+    carve->row_loss = reinterpret_cast<float*>(base + rl);
+    carve->label = reinterpret_cast<int*>(base + lb);
+  }
+  return off;
+}
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ int warp_id() { return threadIdx.x / 32; }
+__device__ int lane_id() { return threadIdx.x % 32; }
+__device__ int grid_warp() { return blockIdx.x * kWarps + warp_id(); }
+__device__ int grid_warps() { return gridDim.x * kWarps; }
+__device__ std::int64_t grid_thread() { return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
+
+// PyTorch SGD without momentum, as the cuBLASLt path computes it:
+// w' = (1 - lr*wd) * w - lr * g, in fp32, rounded once.
+__device__ float sgd(float w, float g, const SgdScalars& s) { return s.neg_lr * g + s.one_minus_lr_wd * w; }
+
+// The batch: 16 pixels per load, scaled as the batch_fetch kernel scales them.
+__device__ void fetch_batch(const WholeStepArgs& a, const Shared& sh) {
+  const int batch = a.batch, cols = a.dims[0];
+  const std::int64_t base = std::int64_t(*a.step % (a.rows / batch)) * batch;
+  for (int i = threadIdx.x; i < batch; i += blockDim.x) sh.label[i] = a.labels[a.perm[base + i]];
+  const int chunks_per_row = cols / 16;
+  for (int e = threadIdx.x; e < batch * chunks_per_row; e += blockDim.x) {
+    const int r = e / chunks_per_row, c = (e % chunks_per_row) * 16;
+    const std::int64_t row = a.perm[base + r];
+    const uint4 packed = *reinterpret_cast<const uint4*>(a.images + row * cols + c);
+    const auto* bytes = reinterpret_cast<const std::uint8_t*>(&packed);
+    __half* dst = sh.x + std::int64_t(r) * cols + c;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) dst[k] = __float2half(float(bytes[k]) * a.scale + a.shift);
+  }
+}
+
+// Sums the warps' partial [batch,16] tiles and hands each element to `store(r, c, sum)`.
+template <typename Store>
+__device__ void reduce_partials(const Shared& sh, int batch, Store&& store) {
+  __syncthreads();
+  for (int e = threadIdx.x; e < batch * 16; e += blockDim.x) {
+    float s = 0.f;
+    for (int w = 0; w < kWarps; ++w) s += sh.partial[w * batch * 16 + e];
+    store(e / 16, e % 16, s);
+  }
+  __syncthreads();
+}
+
+// out[B,N] = relu(A[B,K] W[N,K]^T + bias): a block per 16 output columns, its
+// warps splitting K.
+__device__ void forward_relu(const __half* A, const __half* W, const __half* bias, __half* out, int batch, int K,
+                             int N, const Shared& sh) {
+  const int mtiles = batch / 16;
+  for (int t = blockIdx.x; t < N / 16; t += gridDim.x) {
+    FragC acc[kMaxMTiles];
+#pragma unroll
+    for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
+    for (int ks = warp_id(); ks < K / 16; ks += kWarps) {
+      FragBT b;
+      wmma::load_matrix_sync(b, W + std::int64_t(t) * 16 * K + ks * 16, K);
+#pragma unroll
+      for (int m = 0; m < kMaxMTiles; ++m)
+        if (m < mtiles) {
+          FragA a;
+          wmma::load_matrix_sync(a, A + std::int64_t(m) * 16 * K + ks * 16, K);
+          wmma::mma_sync(acc[m], a, b, acc[m]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < kMaxMTiles; ++m)
+      if (m < mtiles) wmma::store_matrix_sync(sh.partial + warp_id() * batch * 16 + m * 256, acc[m], 16, wmma::mem_row_major);
+    reduce_partials(sh, batch, [&](int r, int c, float s) {
+      const int n = t * 16 + c;
+      out[std::int64_t(r) * N + n] = __float2half(fmaxf(s + __half2float(bias[n]), 0.f));
+    });
+  }
+}
+
+// dX[B,K] = (dY[B,N] W[N,K]) * (act[B,K] > 0), rounded to fp16 like DRELU.
+__device__ void backward_drelu(const __half* dY, const __half* W, const __half* act, __half* dX, int batch, int N,
+                               int K, const Shared& sh) {
+  const int mtiles = batch / 16;
+  for (int t = blockIdx.x; t < K / 16; t += gridDim.x) {
+    FragC acc[kMaxMTiles];
+#pragma unroll
+    for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
+    for (int ks = warp_id(); ks < N / 16; ks += kWarps) {
+      FragB b;
+      wmma::load_matrix_sync(b, W + std::int64_t(ks) * 16 * K + t * 16, K);
+#pragma unroll
+      for (int m = 0; m < kMaxMTiles; ++m)
+        if (m < mtiles) {
+          FragA a;
+          wmma::load_matrix_sync(a, dY + std::int64_t(m) * 16 * N + ks * 16, N);
+          wmma::mma_sync(acc[m], a, b, acc[m]);
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < kMaxMTiles; ++m)
+      if (m < mtiles) wmma::store_matrix_sync(sh.partial + warp_id() * batch * 16 + m * 256, acc[m], 16, wmma::mem_row_major);
+    reduce_partials(sh, batch, [&](int r, int c, float s) {
+      const std::int64_t at = std::int64_t(r) * K + t * 16 + c;
+      dX[at] = __half2float(act[at]) > 0.f ? __float2half(s) : __float2half(0.f);
+    });
+  }
+}
+
+// W[N,K] = sgd(W, dY[B,N]^T X[B,K]): one warp per 16x16 tile of W.
+__device__ void weight_update(const __half* dY, const __half* X, __half* W, int batch, int N, int K,
+                              const SgdScalars* scalars, const Shared& sh) {
+  const SgdScalars s = *scalars;
+  const int ktiles = K / 16, tiles = (N / 16) * ktiles;
+  float* tile = sh.wtile + warp_id() * 256;
+  const int lane = lane_id(), row = lane / 2, half = lane % 2;
+  for (int t = grid_warp(); t < tiles; t += grid_warps()) {
+    const int nt = t / ktiles, kt = t % ktiles;
+    FragC acc;
+    wmma::fill_fragment(acc, 0.f);
+    for (int bc = 0; bc < batch / 16; ++bc) {
+      FragAT a;
+      FragB b;
+      wmma::load_matrix_sync(a, dY + std::int64_t(bc) * 16 * N + nt * 16, N);
+      wmma::load_matrix_sync(b, X + std::int64_t(bc) * 16 * K + kt * 16, K);
+      wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(tile, acc, 16, wmma::mem_row_major);
+    __syncwarp();
+    __half* w = W + std::int64_t(nt * 16 + row) * K + kt * 16 + half * 8;
+    uint4 packed = *reinterpret_cast<const uint4*>(w);
+    auto* v = reinterpret_cast<__half*>(&packed);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) v[q] = __float2half(sgd(__half2float(v[q]), tile[row * 16 + half * 8 + q], s));
+    *reinterpret_cast<uint4*>(w) = packed;
+    __syncwarp();
+  }
+}
+
+// logits[B,C] = A[B,K] W[C,K]^T + bias: one warp per logit (C is not a tile multiple).
+__device__ void logits_layer(const __half* A, const __half* W, const __half* bias, __half* out, int batch, int K,
+                             int C) {
+  for (int o = grid_warp(); o < batch * C; o += grid_warps()) {
+    const int r = o / C, c = o % C;
+    const auto* a = reinterpret_cast<const __half2*>(A + std::int64_t(r) * K);
+    const auto* w = reinterpret_cast<const __half2*>(W + std::int64_t(c) * K);
+    float s = 0.f;
+    for (int k = lane_id(); k < K / 2; k += 32) {
+      const float2 av = __half22float2(a[k]), wv = __half22float2(w[k]);
+      s += av.x * wv.x + av.y * wv.y;
+    }
+    s = warp_sum(s);
+    if (lane_id() == 0) out[std::int64_t(r) * C + c] = __float2half(s + __half2float(bias[c]));
+  }
+}
+
+// Every block: dlogits = (softmax - onehot) / B rounded to fp16, as the xent
+// kernel computes them; block 0 also stores the loss, summed in the xent
+// kernel's order (rows r, r+32, ... per warp, then warps in order).
+__device__ void softmax_xent(const __half* logits, int batch, int C, float* loss, const Shared& sh) {
+  const int lane = lane_id();
+  for (int r = warp_id(); r < batch; r += kWarps) {
+    const float z = lane < C ? __half2float(logits[std::int64_t(r) * C + lane]) : -FLT_MAX;
+    const float mx = warp_max(z);
+    const float sum = warp_sum(lane < C ? __expf(z - mx) : 0.f);
+    const int label = sh.label[r];
+    const float z_label = __shfl_sync(0xffffffffu, z, label);
+    if (lane == 0) sh.row_loss[r] = logf(sum) + mx - z_label;
+    if (lane < C) {
+      const float p = __expf(z - mx) / sum;
+      sh.dlogits[r * C + lane] = __half2float(__float2half((p - (lane == label ? 1.f : 0.f)) * (1.f / float(batch))));
+    }
+  }
+  __syncthreads();
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < 32; ++w) {
+      float partial = 0.f;
+      for (int r = w; r < batch; r += 32) partial += sh.row_loss[r];
+      total += partial;
+    }
+    *loss = total * (1.f / float(batch));
+  }
+}
+
+// grad[B,K] = (dlogits[B,C] W[C,K]) * (act > 0).
+__device__ void logits_backward(const Shared& sh, const __half* W, const __half* act, __half* grad, int batch, int C,
+                                int K) {
+  for (std::int64_t e = grid_thread(); e < std::int64_t(batch) * K; e += grid_threads()) {
+    const int r = int(e / K), k = int(e % K);
+    float s = 0.f;
+    for (int c = 0; c < C; ++c) s += sh.dlogits[r * C + c] * __half2float(W[std::int64_t(c) * K + k]);
+    grad[e] = __half2float(act[e]) > 0.f ? __float2half(s) : __float2half(0.f);
+  }
+}
+
+// W[C,K] = sgd(W, dlogits^T X) for the logits layer.
+__device__ void logits_weight_update(const Shared& sh, const __half* X, __half* W, int batch, int C, int K,
+                                     const SgdScalars* scalars) {
+  const SgdScalars s = *scalars;
+  for (std::int64_t e = grid_thread(); e < std::int64_t(C) * K; e += grid_threads()) {
+    const int c = int(e / K), k = int(e % K);
+    float g = 0.f;
+    for (int r = 0; r < batch; ++r) g += sh.dlogits[r * C + c] * __half2float(X[std::int64_t(r) * K + k]);
+    W[e] = __float2half(sgd(__half2float(W[e]), g, s));
+  }
+}
+
+struct HalfReader {
+  const __half* p;
+  __device__ float operator[](std::int64_t i) const { return __half2float(p[i]); }
+};
+
+// b[N] = sgd(b, column sums of dY[B,N]) by `threads` threads starting at `thread`.
+// Rows reads dY[i] as float (a float pointer, or HalfReader for fp16).
+template <typename Rows>
+__device__ void bias_update(Rows dY, __half* b, int batch, int N, const SgdScalars* scalars,
+                            std::int64_t thread, std::int64_t threads) {
+  for (std::int64_t n = thread; n < N; n += threads) {
+    float g = 0.f;
+    for (int r = 0; r < batch; ++r) g += dY[std::int64_t(r) * N + n];
+    b[n] = __float2half(sgd(__half2float(b[n]), g, *scalars));
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const WholeStepArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  Shared sh;
+  shared_bytes(a.batch, a.dims[0], &sh, smem);
+  cg::grid_group grid = cg::this_grid();
+  const int L = a.layers, B = a.batch, C = a.dims[L];
+
+  fetch_batch(a, sh);
+  __syncthreads();
+  for (int l = 0; l + 1 < L; ++l) {
+    forward_relu(l == 0 ? sh.x : a.act[l - 1], a.weight[l], a.bias[l], a.act[l], B, a.dims[l], a.dims[l + 1], sh);
+    grid.sync();
+  }
+  const __half* last_input = L == 1 ? sh.x : a.act[L - 2];
+  logits_layer(last_input, a.weight[L - 1], a.bias[L - 1], a.act[L - 1], B, a.dims[L - 1], C);
+  grid.sync();
+
+  softmax_xent(a.act[L - 1], B, C, a.loss, sh);  // ends with every block's dlogits in shared memory
+  __syncthreads();
+  if (blockIdx.x == 0) bias_update(sh.dlogits, a.bias[L - 1], B, C, a.bias_sgd[L - 1], threadIdx.x, blockDim.x);
+  if (L == 1) {
+    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0]);
+  } else {
+    logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
+    grid.sync();
+  }
+
+  for (int l = L - 2; l >= 0; --l) {  // grad[l] is complete
+    if (l >= 1) backward_drelu(a.grad[l], a.weight[l], a.act[l - 1], a.grad[l - 1], B, a.dims[l + 1], a.dims[l], sh);
+    if (l + 1 == L - 1)
+      logits_weight_update(sh, a.act[l], a.weight[l + 1], B, C, a.dims[l + 1], a.weight_sgd[l + 1]);
+    else
+      weight_update(a.grad[l + 1], a.act[l], a.weight[l + 1], B, a.dims[l + 2], a.dims[l + 1], a.weight_sgd[l + 1], sh);
+    bias_update(HalfReader{a.grad[l]}, a.bias[l], B, a.dims[l + 1], a.bias_sgd[l], grid_thread(), grid_threads());
+    if (l == 0) weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh);
+    else grid.sync();
+  }
+  // Every block read the step counter in its fetch, several barriers ago.
+  if (blockIdx.x == 0 && threadIdx.x == 0) *a.step += 1;
+}
+
+int max_shared_optin() {
+  int device = 0, bytes = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
+}  // namespace
+
+std::string whole_step_unsupported(const WholeStepArgs& a) {
+  if (a.layers < 1 || a.layers > kWholeStepMaxLayers)
+    return fmt::format("{} layers (1..{} supported)", a.layers, kWholeStepMaxLayers);
+  if (a.batch % 16 != 0 || a.batch < 16 || a.batch > kWholeStepMaxBatch)
+    return fmt::format("batch {} (a multiple of 16 up to {} supported)", a.batch, kWholeStepMaxBatch);
+  for (int l = 0; l < a.layers; ++l)
+    if (a.dims[l] % 16 != 0 || a.dims[l] <= 0)
+      return fmt::format("layer width {} is not a multiple of 16", a.dims[l]);
+  const int classes = a.dims[a.layers];
+  if (classes < 1 || classes > kWholeStepMaxClasses)
+    return fmt::format("{} classes (1..{} supported)", classes, kWholeStepMaxClasses);
+  if (a.rows < a.batch) return "fewer dataset rows than one batch";
+  const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
+  if (smem > std::size_t(max_shared_optin()))
+    return fmt::format("needs {} bytes of shared memory per block", smem);
+  return {};
+}
+
+int whole_step_blocks(const WholeStepArgs& a) {
+  int device = 0, sms = 0, per_sm = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
+  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_step_kernel, kBlockThreads, smem));
+  if (per_sm < 1) throw CudaError("whole_step_kernel: no block fits on a multiprocessor");
+  // Enough blocks for the widest phase, no more: a grid barrier costs more
+  // with every block that has to arrive.
+  std::int64_t want = (std::int64_t(a.batch) * a.dims[a.layers] + kWarps - 1) / kWarps;  // logits: a warp each
+  for (int l = 0; l < a.layers; ++l) {
+    want = std::max<std::int64_t>(want, a.dims[l + 1] / 16);                                       // forward tiles
+    want = std::max<std::int64_t>(want, a.dims[l] / 16);                                           // dgrad tiles
+    want = std::max<std::int64_t>(want, (std::int64_t(a.dims[l + 1] / 16) * (a.dims[l] / 16) + kWarps - 1) / kWarps);
+  }
+  return int(std::min<std::int64_t>(want, std::int64_t(sms) * per_sm));
+}
+
+void launch_whole_step(const WholeStepArgs& args, int blocks, cudaStream_t stream) {
+  if (blocks < 1) throw CudaError("whole_step_kernel: launched with no blocks");
+  const std::size_t smem = shared_bytes(args.batch, args.dims[0]);
+  void* params[] = {const_cast<WholeStepArgs*>(&args)};
+  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&whole_step_kernel), dim3(unsigned(blocks)),
+                                            dim3(kBlockThreads), params, smem, stream));
+}
+
+}  // namespace sg::cuda

@@ -1,0 +1,56 @@
+#pragma once
+// The whole training step of a small MLP as ONE cooperative kernel: batch
+// fetch, every Linear(+ReLU) forward, softmax cross-entropy, every backward
+// matmul and the fused SGD updates, and the step-counter advance. Between
+// dependent phases the grid synchronises (cooperative groups) instead of
+// ending a kernel, so a step costs one launch instead of ~18. Matmuls use
+// tensor cores (wmma 16x16x16, fp16 in, fp32 accumulate); every intermediate
+// is rounded to fp16 where the cuBLASLt schedule rounds it, so both paths
+// follow the same math (tests compare them and the CPU backend).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/kernels.hpp"
+
+namespace sg::cuda {
+
+constexpr int kWholeStepMaxLayers = 8;
+constexpr int kWholeStepMaxBatch = 64;
+constexpr int kWholeStepMaxClasses = 32;
+
+// Layer l maps dims[l] -> dims[l+1]; weights are [dims[l+1], dims[l]] row-major.
+struct WholeStepArgs {
+  int layers = 0;
+  int batch = 0;
+  int dims[kWholeStepMaxLayers + 1] = {};
+  __half* weight[kWholeStepMaxLayers] = {};
+  __half* bias[kWholeStepMaxLayers] = {};
+  const SgdScalars* weight_sgd[kWholeStepMaxLayers] = {};
+  const SgdScalars* bias_sgd[kWholeStepMaxLayers] = {};
+  // act[l]: output of layer l, [batch, dims[l+1]] (ReLU applied for hidden
+  // layers, the logits for the last); grad[l]: dloss/d(pre-activation) of
+  // hidden layer l, [batch, dims[l+1]]. Scratch owned by the caller.
+  __half* act[kWholeStepMaxLayers] = {};
+  __half* grad[kWholeStepMaxLayers] = {};
+  // batch fetch: rows perm[(step mod (rows/batch))*batch + i] of the u8 tables
+  const std::int32_t* perm = nullptr;
+  std::int64_t rows = 0;
+  std::int32_t* step = nullptr;  // advanced by one at the end of the step
+  const std::uint8_t* images = nullptr;
+  const std::uint8_t* labels = nullptr;
+  float scale = 1.f, shift = 0.f;
+  float* loss = nullptr;  // mean cross-entropy of the batch
+};
+
+// Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).
+std::string whole_step_unsupported(const WholeStepArgs& args);
+// Blocks to launch with (all co-resident: a cooperative launch); also sets
+// the kernel's shared-memory limit, so call it once before the first launch
+// (and outside stream capture).
+int whole_step_blocks(const WholeStepArgs& args);
+void launch_whole_step(const WholeStepArgs& args, int blocks, cudaStream_t stream);
+
+}  // namespace sg::cuda

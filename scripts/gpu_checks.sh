@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one go (run it on the GPU machine before
+# calling CUDA work done): the whole ctest suite with the GPU tests,
+# compute-sanitizer memcheck and racecheck on a short training run, the
+# default config's accuracy, the PyTorch parity check, and the
+# replay_reference example. Logs go to OUT (default runs/gpu_checks).
+# Usage: scripts/gpu_checks.sh [OUT] ; DATA=<mnist dir> (default data/mnist)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-runs/gpu_checks}"
+data="$(realpath -m "${DATA:-data/mnist}")"
+mkdir -p "$out"
+failed=()
+step() {  # step NAME COMMAND...: runs COMMAND, logs to OUT/NAME.log, remembers failures
+  local name="$1"; shift
+  echo "=== $name: $*"
+  if "$@" >"$out/$name.log" 2>&1; then echo "--- $name: ok"; else echo "--- $name: FAILED"; failed+=("$name"); fi
+  tail -n "${TAIL:-6}" "$out/$name.log"
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
+step build scripts/build.sh
+SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
+short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data"
+       --set run.steps=30 --set run.log_every=10 --set run.out_dir="$out/sanitized")
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
+step racecheck compute-sanitizer --tool racecheck --error-exitcode 3 "${short[@]}"
+step default_config build/apps/stepgraph train --config configs/mnist_mlp.yaml --set data.dir="$data" \
+  --set run.out_dir="$out/mnist_mlp"
+step replay_reference build/apps/replay_reference "$data"
+DATA="$data" step parity bench/parity_check.sh "$out/parity"
+if [ ${#failed[@]} -gt 0 ]; then echo "gpu_checks: FAILED: ${failed[*]}"; exit 1; fi
+echo "gpu_checks: all passed"

@@ -1,0 +1,152 @@
+// The whole-step kernel (one cooperative kernel per training step) against
+// the CPU backend on random shapes, against the per-group cuBLASLt schedule
+// on the reference network, and its fallbacks, replay/stream identity and
+// learning-rate changes.
+#include <doctest/doctest.h>
+
+#include <array>
+
+#include "runtime/cuda/cuda_program.hpp"
+#include "runtime/cuda/cuda_trainer.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/training_helpers.hpp"
+
+using namespace sg;
+using sg::test::all_parameters;
+using sg::test::losses;
+using sg::test::random_dataset;
+
+namespace {
+
+TrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, double weight_decay = 0.0) {
+  TrainerSpec spec;
+  spec.mlp.layers = std::move(layers);
+  spec.mlp.batch = batch;
+  spec.mlp.weight_dtype = DType::f16;
+  spec.sgd = {0.05, 0.0, weight_decay};
+  spec.eval_batch = 100;
+  spec.init_seed = 7;
+  spec.shuffle_seed = 9;
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  struct Case {
+    std::vector<std::int64_t> layers;
+    std::int64_t batch;
+    double weight_decay;
+  };
+  for (const Case& c : std::vector<Case>{{{48, 64, 32, 10}, 32, 0.0},
+                                         {{32, 16, 7}, 16, 1e-3},
+                                         {{64, 10}, 64, 0.0},
+                                         {{112, 96, 80, 48, 29}, 48, 0.0}}) {
+    const TrainerSpec spec = f16_spec(c.layers, c.batch, c.weight_decay);
+    INFO("layers " << c.layers.size() << " first width " << c.layers[0] << " batch " << c.batch);
+    const Dataset data = random_dataset(c.batch * 12 + 5, c.layers.front(), c.layers.back(), rng);  // reshuffles happen
+    auto cpu = make_cpu_trainer(spec, data);
+    cuda::CudaTrainer gpu(spec, data);
+    REQUIRE(gpu.training_program().uses_whole_step());
+    CHECK(gpu.training_program().schedule().launches.size() == 1);
+    gpu.poison_activations();  // scratch the kernel forgot to write would show as NaN
+    const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
+    CHECK(std::abs(first_gpu[0] - first_cpu[0]) / first_cpu[0] < 2e-3);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-3);
+    const auto gpu_curve = losses(gpu, 99), cpu_curve = losses(*cpu, 99);
+    MESSAGE("step 100 loss gpu " << gpu_curve.back() << " cpu " << cpu_curve.back());
+    CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
+    CHECK(gpu.step() == 100);
+  }
+}
+
+TEST_CASE("on the reference network the whole-step kernel follows the per-group schedule") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const Dataset data = random_dataset(32 * 40, 784, 10, rng);
+  TrainerSpec spec = f16_spec({784, 128, 128, 128, 10}, 32);
+  spec.sgd.lr = 0.01;
+  cuda::CudaTrainer whole(spec, data);
+  spec.whole_step = false;
+  cuda::CudaTrainer grouped(spec, data);
+  REQUIRE(whole.training_program().uses_whole_step());
+  REQUIRE(grouped.training_program().schedule().launches.size() == 18);
+  const auto a = losses(whole, 200), b = losses(grouped, 200);
+  MESSAGE("step 200 loss whole-step " << a.back() << " per-group " << b.back());
+  CHECK(sg::test::relative_error(a, b) < 1e-2);
+  CHECK(sg::test::relative_error(all_parameters(whole), all_parameters(grouped)) < 2e-2);
+  CHECK(a.back() < a.front());
+}
+
+TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group schedule, saying why") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(400, 48, 10, rng);
+  struct Case {
+    TrainerSpec spec;
+    const char* reason;
+  };
+  TrainerSpec odd_width = f16_spec({48, 40, 10}, 32);
+  TrainerSpec odd_batch = f16_spec({48, 32, 10}, 24);
+  TrainerSpec momentum = f16_spec({48, 32, 10}, 32);
+  momentum.sgd.momentum = 0.9;
+  TrainerSpec master = f16_spec({48, 32, 10}, 32);
+  master.mlp.weight_dtype = DType::f32;
+  TrainerSpec off = f16_spec({48, 32, 10}, 32);
+  off.whole_step = false;
+  for (const Case& c : {Case{odd_width, "multiple of 16"}, Case{odd_batch, "batch 24"}, Case{momentum, "momentum"},
+                        Case{master, "fp16"}, Case{off, "turned off"}}) {
+    cuda::CudaTrainer t(c.spec, data);
+    INFO(t.description());
+    CHECK_FALSE(t.training_program().uses_whole_step());
+    CHECK(t.training_program().whole_step_note().find(c.reason) != std::string::npos);
+    CHECK(t.training_program().schedule().launches.size() > 1);
+    t.train(3);
+    CHECK(std::isfinite(t.last_loss()));
+  }
+}
+
+TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-identical") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(500, 64, 10, rng);
+  TrainerSpec spec = f16_spec({64, 96, 48, 10}, 32);
+  cuda::CudaTrainer replay(spec, data);
+  spec.cuda_graph = false;
+  cuda::CudaTrainer stream(spec, data);
+  spec.cuda_graph = true;
+  spec.steps_per_launch = 4;
+  cuda::CudaTrainer unrolled(spec, data);
+  REQUIRE(replay.training_program().uses_whole_step());
+  replay.train(37);
+  stream.train(37);
+  unrolled.train(37);
+  const auto a = replay.save_state(), b = stream.save_state(), c = unrolled.save_state();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].name);
+    CHECK(a[i] == b[i]);
+    CHECK(a[i] == c[i]);
+  }
+  CHECK(replay.last_loss() == stream.last_loss());
+}
+
+TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(500, 64, 10, rng);
+  const TrainerSpec spec = f16_spec({64, 32, 10}, 16);
+  auto cpu = make_cpu_trainer(spec, data);
+  cuda::CudaTrainer gpu(spec, data);
+  REQUIRE(gpu.training_program().uses_whole_step());
+  for (double lr : {0.05, 0.2, 0.01}) {
+    cpu->set_learning_rate(lr);
+    gpu.set_learning_rate(lr);
+    cpu->train(10);
+    gpu.train(10);
+  }
+  CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-2);
+  cuda::CudaTrainer constant(spec, data);
+  constant.train(30);
+  CHECK(sg::test::relative_error(all_parameters(constant), all_parameters(gpu)) > 1e-3);
+}
