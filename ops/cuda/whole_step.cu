@@ -97,6 +97,7 @@ __device__ void fetch_batch(const WholeStepArgs& a, const Shared& sh) {
   const std::int64_t base = std::int64_t(*a.step % (a.rows / batch)) * batch;
   for (int i = threadIdx.x; i < batch; i += blockDim.x) sh.label[i] = a.labels[a.perm[base + i]];
   const int chunks_per_row = cols / 16;
+#pragma unroll 4
   for (int e = threadIdx.x; e < batch * chunks_per_row; e += blockDim.x) {
     const int r = e / chunks_per_row, c = (e % chunks_per_row) * 16;
     const std::int64_t row = a.perm[base + r];
@@ -129,6 +130,7 @@ __device__ void forward_relu(const __half* A, const __half* W, const __half* bia
     FragC acc[kMaxMTiles];
 #pragma unroll
     for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
+#pragma unroll 4
     for (int ks = warp_id(); ks < K / 16; ks += kWarps) {
       FragBT b;
       wmma::load_matrix_sync(b, W + std::int64_t(t) * 16 * K + ks * 16, K);
@@ -158,6 +160,7 @@ __device__ void backward_drelu(const __half* dY, const __half* W, const __half* 
     FragC acc[kMaxMTiles];
 #pragma unroll
     for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
+#pragma unroll 4
     for (int ks = warp_id(); ks < N / 16; ks += kWarps) {
       FragB b;
       wmma::load_matrix_sync(b, W + std::int64_t(ks) * 16 * K + t * 16, K);
@@ -295,22 +298,35 @@ __device__ void bias_update(Rows dY, __half* b, int batch, int N, const SgdScala
   }
 }
 
+__device__ void mark_phase(const WholeStepArgs& a, int& phase) {
+  if (a.phase_clock && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    a.phase_clock[phase] = ns;
+  }
+  ++phase;
+}
+
 __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const WholeStepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
   shared_bytes(a.batch, a.dims[0], &sh, smem);
   cg::grid_group grid = cg::this_grid();
   const int L = a.layers, B = a.batch, C = a.dims[L];
+  int phase = 0;
+  mark_phase(a, phase);
 
   fetch_batch(a, sh);
   __syncthreads();
   for (int l = 0; l + 1 < L; ++l) {
     forward_relu(l == 0 ? sh.x : a.act[l - 1], a.weight[l], a.bias[l], a.act[l], B, a.dims[l], a.dims[l + 1], sh);
     grid.sync();
+    mark_phase(a, phase);
   }
   const __half* last_input = L == 1 ? sh.x : a.act[L - 2];
   logits_layer(last_input, a.weight[L - 1], a.bias[L - 1], a.act[L - 1], B, a.dims[L - 1], C);
   grid.sync();
+  mark_phase(a, phase);
 
   softmax_xent(a.act[L - 1], B, C, a.loss, sh);  // ends with every block's dlogits in shared memory
   __syncthreads();
@@ -320,6 +336,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   } else {
     logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
     grid.sync();
+    mark_phase(a, phase);
   }
 
   for (int l = L - 2; l >= 0; --l) {  // grad[l] is complete
@@ -329,9 +346,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
     else
       weight_update(a.grad[l + 1], a.act[l], a.weight[l + 1], B, a.dims[l + 2], a.dims[l + 1], a.weight_sgd[l + 1], sh);
     bias_update(HalfReader{a.grad[l]}, a.bias[l], B, a.dims[l + 1], a.bias_sgd[l], grid_thread(), grid_threads());
-    if (l == 0) weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh);
-    else grid.sync();
+    if (l == 0) {
+      weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh);
+    } else {
+      grid.sync();
+      mark_phase(a, phase);
+    }
   }
+  __syncthreads();
+  mark_phase(a, phase);  // block 0's own end: the others finish about then
   // Every block read the step counter in its fetch, several barriers ago.
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.step += 1;
 }
@@ -344,6 +367,22 @@ int max_shared_optin() {
 }
 
 }  // namespace
+
+std::vector<std::string> whole_step_phase_names(int layers) {
+  std::vector<std::string> names;
+  for (int l = 0; l + 1 < layers; ++l)
+    names.push_back(l == 0 ? "fetch + layer 1 forward" : fmt::format("layer {} forward", l + 1));
+  names.push_back(layers == 1 ? "fetch + logits" : "logits");
+  if (layers == 1) {
+    names.push_back("softmax-xent + logits-layer SGD");
+    return names;
+  }
+  names.push_back(fmt::format("softmax-xent + layer {} dgrad", layers));
+  for (int l = layers - 2; l >= 0; --l)
+    names.push_back(l >= 1 ? fmt::format("layer {} dgrad + layer {} SGD", l + 1, l + 2)
+                           : fmt::format("layer 2 SGD + layer 1 SGD"));
+  return names;
+}
 
 std::string whole_step_unsupported(const WholeStepArgs& a) {
   if (a.layers < 1 || a.layers > kWholeStepMaxLayers)

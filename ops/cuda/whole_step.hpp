@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/cuda/kernels.hpp"
 
@@ -43,7 +44,13 @@ struct WholeStepArgs {
   const std::uint8_t* labels = nullptr;
   float scale = 1.f, shift = 0.f;
   float* loss = nullptr;  // mean cross-entropy of the batch
+  // Profiling only: when set, block 0 stores the GPU clock (ns) at the start
+  // and after each phase: whole_step_phase_names(layers) names the gaps.
+  unsigned long long* phase_clock = nullptr;
 };
+
+// Names of the phases between consecutive phase_clock entries.
+std::vector<std::string> whole_step_phase_names(int layers);
 
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).
 std::string whole_step_unsupported(const WholeStepArgs& args);

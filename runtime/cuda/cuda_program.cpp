@@ -1,5 +1,6 @@
 #include "runtime/cuda/cuda_program.hpp"
 
+#include <algorithm>
 #include <cstddef>
 
 #include <fmt/format.h>
@@ -59,9 +60,20 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
   return args;
 }
 
-// Why the kernel cannot run this plan ("" when it can): it keeps fp16
-// parameters and activations and implements SGD without momentum.
+// Above this many parameters the per-group cuBLASLt schedule is faster on an
+// H100 (measured crossover between widths 1024 and 2048 of 784-H-H-H-10:
+// docs/performance.md), so the whole-step kernel is not picked.
+constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(4) << 20;
+
+// Why the kernel should not run this plan ("" when it should): it keeps fp16
+// parameters and activations, implements SGD without momentum, and pays off
+// for small networks only.
 std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
+  std::int64_t parameters = 0;
+  for (const WholeStepLayer& layer : plan.layers)
+    parameters += element_count(g.value(layer.weight).shape) + element_count(g.value(layer.bias).shape);
+  if (parameters > kWholeStepMaxParameters)
+    return fmt::format("{} parameters: above {} the per-group schedule is faster", parameters, kWholeStepMaxParameters);
   for (const WholeStepLayer& layer : plan.layers) {
     if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
       return "parameters or activations are not fp16";
@@ -401,6 +413,31 @@ void CudaProgram::set_learning_rate(double lr, cudaStream_t stream) {
   }
   if (!scalars.empty()) uploader_->upload(sgd_scalars_.data(), scalars.data(), stream);
   graph_.set_sgd_learning_rate(lr);
+}
+
+std::vector<std::pair<std::string, double>> CudaProgram::profile_whole_step(int repeats, cudaStream_t stream) const {
+  const auto it = std::find_if(schedule_.launches.begin(), schedule_.launches.end(),
+                               [](const Launch& l) { return l.kind == LaunchKind::whole_step; });
+  if (it == schedule_.launches.end()) throw CudaError("profile_whole_step: this program has no whole-step launch");
+  const Bound& bound = *bound_[static_cast<std::size_t>(it - schedule_.launches.begin())];
+  const auto names = whole_step_phase_names(bound.whole_step->layers);
+  DeviceBuffer clock((names.size() + 1) * sizeof(unsigned long long));
+  WholeStepArgs args = *bound.whole_step;
+  args.phase_clock = clock.as<unsigned long long>();
+  std::vector<std::vector<double>> us(names.size());
+  std::vector<unsigned long long> ns(names.size() + 1);
+  for (int r = 0; r < repeats; ++r) {
+    launch_whole_step(args, bound.whole_step_blocks, stream);
+    SG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    clock.download(ns.data(), ns.size() * sizeof(unsigned long long));
+    for (std::size_t i = 0; i < names.size(); ++i) us[i].push_back(double(ns[i + 1] - ns[i]) / 1e3);
+  }
+  std::vector<std::pair<std::string, double>> out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::sort(us[i].begin(), us[i].end());
+    out.emplace_back(names[i], us[i][us[i].size() / 2]);
+  }
+  return out;
 }
 
 void CudaProgram::poison_arena(cudaStream_t stream) const {

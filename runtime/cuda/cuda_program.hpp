@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/graph.hpp"
@@ -52,6 +53,9 @@ class CudaProgram {
   DeviceBuffer& owned(const std::string& name);           // this program's graph-owned buffers
   // New learning rate for every sgd_update, in stream order, no re-capture.
   void set_learning_rate(double lr, cudaStream_t stream);
+  // Runs `repeats` training steps of the whole-step kernel, timing each of
+  // its phases with the GPU clock; the median per phase, in microseconds.
+  std::vector<std::pair<std::string, double>> profile_whole_step(int repeats, cudaStream_t stream) const;
   // Fills the arena with NaN bytes so a read of an unwritten element shows.
   void poison_arena(cudaStream_t stream) const;
 

@@ -40,7 +40,8 @@ class CudaTrainer final : public Trainer {
   void* stream_handle() const;  // cudaStream_t
   // GPU time of every launch of a step: stream mode with CUDA events around
   // each launch, queued behind a busy-wait so host launch gaps do not count;
-  // the median over `repeats` steps.
+  // the median over `repeats` steps. A whole-step kernel reports its phases
+  // (GPU clock at each grid barrier) instead.
   std::vector<LaunchTiming> profile_step(int repeats = 5);
   // cudaGraphDebugDotPrint of the one-step graph; returns its node count.
   std::size_t dump_cuda_graph(const std::string& path) const;

@@ -96,8 +96,10 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
   master.mlp.weight_dtype = DType::f32;
   TrainerSpec off = f16_spec({48, 32, 10}, 32);
   off.whole_step = false;
+  TrainerSpec wide = f16_spec({48, 2048, 2048, 10}, 32);
   for (const Case& c : {Case{odd_width, "multiple of 16"}, Case{odd_batch, "batch 24"}, Case{momentum, "momentum"},
-                        Case{master, "fp16"}, Case{off, "turned off"}}) {
+                        Case{master, "not a plain MLP training step"},  // casts to fp32 master weights
+                        Case{off, "turned off"}, Case{wide, "parameters"}}) {
     cuda::CudaTrainer t(c.spec, data);
     INFO(t.description());
     CHECK_FALSE(t.training_program().uses_whole_step());
@@ -130,6 +132,22 @@ TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-ide
     CHECK(a[i] == c[i]);
   }
   CHECK(replay.last_loss() == stream.last_loss());
+}
+
+TEST_CASE("whole-step: the phase profile names every phase and takes real time") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(500, 64, 10, rng);
+  cuda::CudaTrainer t(f16_spec({64, 96, 48, 10}, 32), data);
+  const auto phases = t.profile_step(3);
+  REQUIRE(phases.size() == 6);  // 2 hidden forwards, logits, softmax, 2 backward phases
+  CHECK(phases.front().label == "whole_step: fetch + layer 1 forward");
+  CHECK(phases.back().label == "whole_step: layer 2 SGD + layer 1 SGD");
+  for (const auto& p : phases) {
+    INFO(p.label);
+    CHECK(p.ms > 0);
+    CHECK(p.ms < 10);
+  }
+  CHECK(t.step() == 3);
 }
 
 TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
