@@ -14,6 +14,7 @@
 #include <mma.h>
 
 #include <cfloat>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -307,11 +308,18 @@ __device__ void mark_phase(const WholeStepArgs& a, int& phase) {
   ++phase;
 }
 
+// The barrier between phases: the whole cluster, or the whole cooperative grid.
+template <bool kCluster>
+__device__ void phase_barrier() {
+  if constexpr (kCluster) cg::this_cluster().sync();
+  else cg::this_grid().sync();
+}
+
+template <bool kCluster>
 __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const WholeStepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
   shared_bytes(a.batch, a.dims[0], &sh, smem);
-  cg::grid_group grid = cg::this_grid();
   const int L = a.layers, B = a.batch, C = a.dims[L];
   int phase = 0;
   mark_phase(a, phase);
@@ -320,12 +328,12 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   __syncthreads();
   for (int l = 0; l + 1 < L; ++l) {
     forward_relu(l == 0 ? sh.x : a.act[l - 1], a.weight[l], a.bias[l], a.act[l], B, a.dims[l], a.dims[l + 1], sh);
-    grid.sync();
+    phase_barrier<kCluster>();
     mark_phase(a, phase);
   }
   const __half* last_input = L == 1 ? sh.x : a.act[L - 2];
   logits_layer(last_input, a.weight[L - 1], a.bias[L - 1], a.act[L - 1], B, a.dims[L - 1], C);
-  grid.sync();
+  phase_barrier<kCluster>();
   mark_phase(a, phase);
 
   softmax_xent(a.act[L - 1], B, C, a.loss, sh);  // ends with every block's dlogits in shared memory
@@ -335,7 +343,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
     logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0]);
   } else {
     logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
-    grid.sync();
+    phase_barrier<kCluster>();
     mark_phase(a, phase);
   }
 
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
     if (l == 0) {
       weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh);
     } else {
-      grid.sync();
+      phase_barrier<kCluster>();
       mark_phase(a, phase);
     }
   }
@@ -402,31 +410,94 @@ std::string whole_step_unsupported(const WholeStepArgs& a) {
   return {};
 }
 
-int whole_step_blocks(const WholeStepArgs& a) {
-  int device = 0, sms = 0, per_sm = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
-  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_step_kernel, kBlockThreads, smem));
-  if (per_sm < 1) throw CudaError("whole_step_kernel: no block fits on a multiprocessor");
-  // Enough blocks for the widest phase, no more: a grid barrier costs more
-  // with every block that has to arrive.
+namespace {
+
+// Blocks the widest phase can keep busy: more only make barriers dearer.
+std::int64_t useful_blocks(const WholeStepArgs& a) {
   std::int64_t want = (std::int64_t(a.batch) * a.dims[a.layers] + kWarps - 1) / kWarps;  // logits: a warp each
   for (int l = 0; l < a.layers; ++l) {
-    want = std::max<std::int64_t>(want, a.dims[l + 1] / 16);                                       // forward tiles
-    want = std::max<std::int64_t>(want, a.dims[l] / 16);                                           // dgrad tiles
+    want = std::max<std::int64_t>(want, a.dims[l + 1] / 16);  // forward tiles
+    want = std::max<std::int64_t>(want, a.dims[l] / 16);      // dgrad tiles
     want = std::max<std::int64_t>(want, (std::int64_t(a.dims[l + 1] / 16) * (a.dims[l] / 16) + kWarps - 1) / kWarps);
   }
-  return int(std::min<std::int64_t>(want, std::int64_t(sms) * per_sm));
+  return want;
 }
 
-void launch_whole_step(const WholeStepArgs& args, int blocks, cudaStream_t stream) {
-  if (blocks < 1) throw CudaError("whole_step_kernel: launched with no blocks");
+std::int64_t parameter_count(const WholeStepArgs& a) {
+  std::int64_t n = 0;
+  for (int l = 0; l < a.layers; ++l) n += std::int64_t(a.dims[l + 1]) * (a.dims[l] + 1);
+  return n;
+}
+
+// Up to this many parameters one cluster beats a full grid (docs/performance.md).
+constexpr std::int64_t kClusterMaxParameters = std::int64_t(1) << 20;
+
+cudaLaunchConfig_t cluster_config(int blocks, std::size_t smem, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(kBlockThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(blocks);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// The largest cluster (16, else 8) of which one fits on this GPU; 0 if none.
+int largest_cluster(std::size_t smem) {
+  for (int size : {16, 8}) {
+    cudaLaunchAttribute attr{};
+    const cudaLaunchConfig_t cfg = cluster_config(size, smem, nullptr, attr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, whole_step_kernel<true>, &cfg) == cudaSuccess && clusters > 0)
+      return size;
+    (void)cudaGetLastError();  // a refused size is an answer, not an error
+  }
+  return 0;
+}
+
+}  // namespace
+
+WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
+  int device = 0, sms = 0, per_sm = 0, major = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
+  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_step_kernel<false>, kBlockThreads, smem));
+  if (per_sm < 1) throw CudaError("whole_step_kernel: no block fits on a multiprocessor");
+  const std::int64_t want = useful_blocks(a);
+  WholeStepLaunch grid{int(std::min<std::int64_t>(want, std::int64_t(sms) * per_sm)), false};
+
+  const char* forced = std::getenv("SG_WHOLE_STEP_MODE");
+  const std::string mode = forced ? forced : "auto";
+  if (mode == "grid" || major < 9) return grid;
+  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const int cluster = largest_cluster(smem);
+  if (cluster == 0) return grid;
+  if (mode == "cluster" || parameter_count(a) <= kClusterMaxParameters)
+    return {int(std::min<std::int64_t>(want, cluster)), true};
+  return grid;
+}
+
+void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream) {
+  if (launch.blocks < 1) throw CudaError("whole_step_kernel: launched with no blocks");
   const std::size_t smem = shared_bytes(args.batch, args.dims[0]);
+  if (launch.cluster) {
+    cudaLaunchAttribute attr{};
+    const cudaLaunchConfig_t cfg = cluster_config(launch.blocks, smem, stream, attr);
+    SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, whole_step_kernel<true>, args));
+    return;
+  }
   void* params[] = {const_cast<WholeStepArgs*>(&args)};
-  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&whole_step_kernel), dim3(unsigned(blocks)),
-                                            dim3(kBlockThreads), params, smem, stream));
+  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&whole_step_kernel<false>),
+                                            dim3(unsigned(launch.blocks)), dim3(kBlockThreads), params, smem, stream));
 }
 
 }  // namespace sg::cuda

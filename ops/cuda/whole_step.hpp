@@ -54,10 +54,18 @@ std::vector<std::string> whole_step_phase_names(int layers);
 
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).
 std::string whole_step_unsupported(const WholeStepArgs& args);
-// Blocks to launch with (all co-resident: a cooperative launch); also sets
-// the kernel's shared-memory limit, so call it once before the first launch
-// (and outside stream capture).
-int whole_step_blocks(const WholeStepArgs& args);
-void launch_whole_step(const WholeStepArgs& args, int blocks, cudaStream_t stream);
+// How the kernel is launched. A small network runs as ONE thread-block
+// cluster (up to 16 blocks on Hopper): its barriers are hardware cluster
+// barriers, far cheaper than grid-wide ones. A larger one runs as a
+// cooperative grid of up to one block per SM with grid barriers.
+struct WholeStepLaunch {
+  int blocks = 0;
+  bool cluster = false;
+};
+// Picks the launch (SG_WHOLE_STEP_MODE=grid|cluster forces one, for
+// benchmarks); also sets the kernels' attributes, so call it once before the
+// first launch and outside stream capture.
+WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& args);
+void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream);
 
 }  // namespace sg::cuda

@@ -88,7 +88,7 @@ std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
 struct CudaProgram::Bound {
   std::unique_ptr<LtMatmul> matmul;
   std::unique_ptr<WholeStepArgs> whole_step;
-  int whole_step_blocks = 0;
+  WholeStepLaunch whole_step_launch;
   const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
   void *d = nullptr, *aux = nullptr;
 };
@@ -163,7 +163,7 @@ void CudaProgram::bind_whole_step(const WholeStepPlan& plan, Bound& bound) const
   args->images = static_cast<const std::uint8_t*>(device_ptr(plan.images));
   args->labels = static_cast<const std::uint8_t*>(device_ptr(plan.labels));
   args->loss = static_cast<float*>(device_ptr(plan.loss));
-  bound.whole_step_blocks = whole_step_blocks(*args);
+  bound.whole_step_launch = plan_whole_step_launch(*args);
   bound.whole_step = std::move(args);
 }
 
@@ -308,7 +308,7 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
       record_single(graph_.node(l.nodes[0]), stream);
       return;
     case LaunchKind::whole_step:
-      launch_whole_step(*bound_[index]->whole_step, bound_[index]->whole_step_blocks, stream);
+      launch_whole_step(*bound_[index]->whole_step, bound_[index]->whole_step_launch, stream);
       return;
   }
 }
@@ -401,7 +401,9 @@ std::string CudaProgram::launch_label(std::size_t index) const {
   }
   if (l.kind == LaunchKind::single) kind = ops.front();
   if (l.kind == LaunchKind::whole_step)
-    return fmt::format("L{} whole_step ({} nodes, {} blocks)", index, l.nodes.size(), bound_[index]->whole_step_blocks);
+    return fmt::format("L{} whole_step ({} nodes, {} blocks as {})", index, l.nodes.size(),
+                       bound_[index]->whole_step_launch.blocks,
+                       bound_[index]->whole_step_launch.cluster ? "one cluster" : "a cooperative grid");
   return fmt::format("L{} {} ({})", index, kind, fmt::join(ops, "+"));
 }
 
@@ -427,7 +429,7 @@ std::vector<std::pair<std::string, double>> CudaProgram::profile_whole_step(int 
   std::vector<std::vector<double>> us(names.size());
   std::vector<unsigned long long> ns(names.size() + 1);
   for (int r = 0; r < repeats; ++r) {
-    launch_whole_step(args, bound.whole_step_blocks, stream);
+    launch_whole_step(args, bound.whole_step_launch, stream);
     SG_CUDA_CHECK(cudaStreamSynchronize(stream));
     clock.download(ns.data(), ns.size() * sizeof(unsigned long long));
     for (std::size_t i = 0; i < names.size(); ++i) us[i].push_back(double(ns[i + 1] - ns[i]) / 1e3);

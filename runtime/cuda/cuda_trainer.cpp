@@ -136,7 +136,7 @@ std::string CudaTrainer::description() const {
   const auto& program = *impl_->train;
   return fmt::format("cuda on {} ({}, {} launches per step{}{}, {} accumulate)", prop.name,
                      s.cuda_graph ? "CUDA graph replay" : "stream launches", program.schedule().launches.size(),
-                     program.uses_whole_step() ? " (whole-step kernel)"
+                     program.uses_whole_step() ? fmt::format(" ({})", program.launch_label(0))
                                                : fmt::format(" (whole-step kernel not used: {})", program.whole_step_note()),
                      s.cuda_graph && s.steps_per_launch > 1 ? fmt::format(", {} steps per graph", s.steps_per_launch) : "",
                      s.accumulate_f16 ? "fp16" : "fp32");

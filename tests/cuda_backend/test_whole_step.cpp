@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cstdlib>
 
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
@@ -32,9 +33,22 @@ TrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, doubl
 
 }  // namespace
 
+// Runs `body` once with the kernel as one thread-block cluster and once as a
+// cooperative grid (the two ways it is launched).
+template <typename Body>
+void in_both_launch_modes(Body&& body) {
+  for (const char* mode : {"cluster", "grid"}) {
+    ::setenv("SG_WHOLE_STEP_MODE", mode, 1);
+    INFO("launch mode " << mode);
+    body(std::string(mode));
+  }
+  ::unsetenv("SG_WHOLE_STEP_MODE");
+}
+
 TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
+  in_both_launch_modes([&](const std::string& mode) {
   struct Case {
     std::vector<std::int64_t> layers;
     std::int64_t batch;
@@ -60,7 +74,9 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
     CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
     CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
     CHECK(gpu.step() == 100);
+    CHECK(gpu.description().find(mode == "cluster" ? "one cluster" : "cooperative grid") != std::string::npos);
   }
+  });
 }
 
 TEST_CASE("on the reference network the whole-step kernel follows the per-group schedule") {
@@ -111,6 +127,7 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
 }
 
 TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-identical") {
+  in_both_launch_modes([&](const std::string&) {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
   TrainerSpec spec = f16_spec({64, 96, 48, 10}, 32);
@@ -132,6 +149,7 @@ TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-ide
     CHECK(a[i] == c[i]);
   }
   CHECK(replay.last_loss() == stream.last_loss());
+  });
 }
 
 TEST_CASE("whole-step: the phase profile names every phase and takes real time") {
