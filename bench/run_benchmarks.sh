@@ -3,7 +3,7 @@
 # replay and stream launches (with floors) in the same session; writes
 # bench.json/.csv/.md, speed.svg, speedup.svg and profile.txt into OUT.
 # Usage: bench/run_benchmarks.sh [OUT=runs/bench]
-# Knobs (environment): WIDTHS, BATCHES, STEPS, REPEATS, WARMUP, DATA, COMPILE_BATCHES
+# Knobs (environment): WIDTHS, BATCHES, STEPS, REPEATS, WARMUP, DATA, COMPILE_BATCHES, TORCH_MODES
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/bench}"
@@ -19,6 +19,7 @@ out_abs="$(realpath -m "$out")"
 [ -x build/apps/stepgraph ] || scripts/build.sh
 (cd bench && PYTHONUNBUFFERED=1 python3 torch_bench.py --data "$data_abs" \
   --widths "$widths" --batches "$batches" --steps "$steps" --repeats "$repeats" --warmup "$warmup" \
-  --compile-batches "${COMPILE_BATCHES:-32}" --out "$out_abs/torch.json")
+  --compile-batches "${COMPILE_BATCHES:-32}" --modes "${TORCH_MODES:-torch_eager,torch_compile,torch_cudagraph}" \
+  --out "$out_abs/torch.json")
 build/apps/stepgraph bench --data "$data" --widths "$widths" --batches "$batches" --steps "$steps" \
   --repeats "$repeats" --warmup "$warmup" --out-dir "$out" --torch-json "$out/torch.json"

@@ -54,10 +54,11 @@ std::vector<std::string> whole_step_phase_names(int layers);
 
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).
 std::string whole_step_unsupported(const WholeStepArgs& args);
-// How the kernel is launched. A small network runs as ONE thread-block
-// cluster (up to 16 blocks on Hopper): its barriers are hardware cluster
-// barriers, far cheaper than grid-wide ones. A larger one runs as a
-// cooperative grid of up to one block per SM with grid barriers.
+// How the kernel is launched: a cooperative grid of up to one block per SM
+// with grid barriers, or ONE thread-block cluster (up to 16 blocks on
+// Hopper) with hardware cluster barriers. The cluster's barriers are cheaper
+// but its 16 SMs do less per phase; measured, the grid is as fast or faster
+// (docs/performance.md), so the cluster runs only on request.
 struct WholeStepLaunch {
   int blocks = 0;
   bool cluster = false;

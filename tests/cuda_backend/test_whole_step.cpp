@@ -10,6 +10,8 @@
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "runtime/data/idx_reader.hpp"
+#include "tests/support/test_data.hpp"
 #include "tests/support/training_helpers.hpp"
 
 using namespace sg;
@@ -79,12 +81,10 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
   });
 }
 
-TEST_CASE("on the reference network the whole-step kernel follows the per-group schedule") {
-  auto rng = sg::test::fresh_rng();
-  INFO("random seed " << sg::test::last_seed());
-  const Dataset data = random_dataset(32 * 40, 784, 10, rng);
+TEST_CASE("on the reference network and real MNIST the whole-step kernel follows the per-group schedule") {
+  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
   TrainerSpec spec = f16_spec({784, 128, 128, 128, 10}, 32);
-  spec.sgd.lr = 0.01;
+  spec.sgd.lr = 0.05;
   cuda::CudaTrainer whole(spec, data);
   spec.whole_step = false;
   cuda::CudaTrainer grouped(spec, data);
@@ -94,7 +94,7 @@ TEST_CASE("on the reference network the whole-step kernel follows the per-group 
   MESSAGE("step 200 loss whole-step " << a.back() << " per-group " << b.back());
   CHECK(sg::test::relative_error(a, b) < 1e-2);
   CHECK(sg::test::relative_error(all_parameters(whole), all_parameters(grouped)) < 2e-2);
-  CHECK(a.back() < a.front());
+  CHECK(a.back() < 0.8 * a.front());  // it learns: 200 steps of real digits
 }
 
 TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group schedule, saying why") {
