@@ -9,7 +9,9 @@
 //              W_{l+1} -= lr grad[l+1]^T act[l]; b_l -= lr colsum(grad[l]);
 //              at l = 0 also W_0 -= lr grad[0]^T x and the step advances
 // A weight is only updated in the phase after the last one that reads it,
-// so no block can see a half-updated matrix.
+// so no block can see a half-updated matrix. Loops over the batch or the
+// classes are unrolled so their loads are in flight together: a phase is
+// bound by load latency, not by arithmetic.
 #include <cooperative_groups.h>
 #include <mma.h>
 
@@ -221,6 +223,7 @@ __device__ void logits_layer(const __half* A, const __half* W, const __half* bia
     const auto* a = reinterpret_cast<const __half2*>(A + std::int64_t(r) * K);
     const auto* w = reinterpret_cast<const __half2*>(W + std::int64_t(c) * K);
     float s = 0.f;
+#pragma unroll 4
     for (int k = lane_id(); k < K / 2; k += 32) {
       const float2 av = __half22float2(a[k]), wv = __half22float2(w[k]);
       s += av.x * wv.x + av.y * wv.y;
@@ -265,6 +268,7 @@ __device__ void logits_backward(const Shared& sh, const __half* W, const __half*
   for (std::int64_t e = grid_thread(); e < std::int64_t(batch) * K; e += grid_threads()) {
     const int r = int(e / K), k = int(e % K);
     float s = 0.f;
+#pragma unroll 8
     for (int c = 0; c < C; ++c) s += sh.dlogits[r * C + c] * __half2float(W[std::int64_t(c) * K + k]);
     grad[e] = __half2float(act[e]) > 0.f ? __float2half(s) : __float2half(0.f);
   }
@@ -277,6 +281,7 @@ __device__ void logits_weight_update(const Shared& sh, const __half* X, __half* 
   for (std::int64_t e = grid_thread(); e < std::int64_t(C) * K; e += grid_threads()) {
     const int c = int(e / K), k = int(e % K);
     float g = 0.f;
+#pragma unroll 8
     for (int r = 0; r < batch; ++r) g += sh.dlogits[r * C + c] * __half2float(X[std::int64_t(r) * K + k]);
     W[e] = __float2half(sgd(__half2float(W[e]), g, s));
   }
@@ -294,6 +299,7 @@ __device__ void bias_update(Rows dY, __half* b, int batch, int N, const SgdScala
                             std::int64_t thread, std::int64_t threads) {
   for (std::int64_t n = thread; n < N; n += threads) {
     float g = 0.f;
+#pragma unroll 8
     for (int r = 0; r < batch; ++r) g += dY[std::int64_t(r) * N + n];
     b[n] = __float2half(sgd(__half2float(b[n]), g, *scalars));
   }
