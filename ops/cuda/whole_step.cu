@@ -124,30 +124,40 @@ __device__ void reduce_partials(const Shared& sh, int batch, Store&& store) {
   __syncthreads();
 }
 
-// out[B,N] = relu(A[B,K] W[N,K]^T + bias): a block per 16 output columns, its
-// warps splitting K.
-__device__ void forward_relu(const __half* A, const __half* W, const __half* bias, __half* out, int batch, int K,
-                             int N, const Shared& sh) {
+// One 16-column output tile of A[B, ksteps*16] times a [ksteps*16, 16] slice
+// of W, the block's warps splitting the k-steps; `b_tile(ks)` points at the
+// slice's 16x16 block ks (leading dimension ldb). Leaves the warps' partial
+// sums in shared memory for reduce_partials.
+template <typename FragBType, typename BTile>
+__device__ void split_k_tile(const __half* A, int lda, int ksteps, int ldb, BTile&& b_tile, int batch,
+                             const Shared& sh) {
   const int mtiles = batch / 16;
-  for (int t = blockIdx.x; t < N / 16; t += gridDim.x) {
-    FragC acc[kMaxMTiles];
+  FragC acc[kMaxMTiles];
 #pragma unroll
-    for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
+  for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
 #pragma unroll 4
-    for (int ks = warp_id(); ks < K / 16; ks += kWarps) {
-      FragBT b;
-      wmma::load_matrix_sync(b, W + std::int64_t(t) * 16 * K + ks * 16, K);
-#pragma unroll
-      for (int m = 0; m < kMaxMTiles; ++m)
-        if (m < mtiles) {
-          FragA a;
-          wmma::load_matrix_sync(a, A + std::int64_t(m) * 16 * K + ks * 16, K);
-          wmma::mma_sync(acc[m], a, b, acc[m]);
-        }
-    }
+  for (int ks = warp_id(); ks < ksteps; ks += kWarps) {
+    FragBType b;
+    wmma::load_matrix_sync(b, b_tile(ks), ldb);
 #pragma unroll
     for (int m = 0; m < kMaxMTiles; ++m)
-      if (m < mtiles) wmma::store_matrix_sync(sh.partial + warp_id() * batch * 16 + m * 256, acc[m], 16, wmma::mem_row_major);
+      if (m < mtiles) {
+        FragA a;
+        wmma::load_matrix_sync(a, A + std::int64_t(m) * 16 * lda + ks * 16, lda);
+        wmma::mma_sync(acc[m], a, b, acc[m]);
+      }
+  }
+#pragma unroll
+  for (int m = 0; m < kMaxMTiles; ++m)
+    if (m < mtiles) wmma::store_matrix_sync(sh.partial + warp_id() * batch * 16 + m * 256, acc[m], 16, wmma::mem_row_major);
+}
+
+// out[B,N] = relu(A[B,K] W[N,K]^T + bias): a block per 16 output columns.
+__device__ void forward_relu(const __half* A, const __half* W, const __half* bias, __half* out, int batch, int K,
+                             int N, const Shared& sh) {
+  for (int t = blockIdx.x; t < N / 16; t += gridDim.x) {
+    // W^T's column block t is W's row block t, read column-major.
+    split_k_tile<FragBT>(A, K, K / 16, K, [&](int ks) { return W + std::int64_t(t) * 16 * K + ks * 16; }, batch, sh);
     reduce_partials(sh, batch, [&](int r, int c, float s) {
       const int n = t * 16 + c;
       out[std::int64_t(r) * N + n] = __float2half(fmaxf(s + __half2float(bias[n]), 0.f));
@@ -158,26 +168,8 @@ __device__ void forward_relu(const __half* A, const __half* W, const __half* bia
 // dX[B,K] = (dY[B,N] W[N,K]) * (act[B,K] > 0), rounded to fp16 like DRELU.
 __device__ void backward_drelu(const __half* dY, const __half* W, const __half* act, __half* dX, int batch, int N,
                                int K, const Shared& sh) {
-  const int mtiles = batch / 16;
   for (int t = blockIdx.x; t < K / 16; t += gridDim.x) {
-    FragC acc[kMaxMTiles];
-#pragma unroll
-    for (int m = 0; m < kMaxMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
-#pragma unroll 4
-    for (int ks = warp_id(); ks < N / 16; ks += kWarps) {
-      FragB b;
-      wmma::load_matrix_sync(b, W + std::int64_t(ks) * 16 * K + t * 16, K);
-#pragma unroll
-      for (int m = 0; m < kMaxMTiles; ++m)
-        if (m < mtiles) {
-          FragA a;
-          wmma::load_matrix_sync(a, dY + std::int64_t(m) * 16 * N + ks * 16, N);
-          wmma::mma_sync(acc[m], a, b, acc[m]);
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < kMaxMTiles; ++m)
-      if (m < mtiles) wmma::store_matrix_sync(sh.partial + warp_id() * batch * 16 + m * 256, acc[m], 16, wmma::mem_row_major);
+    split_k_tile<FragB>(dY, N, N / 16, K, [&](int ks) { return W + std::int64_t(ks) * 16 * K + t * 16; }, batch, sh);
     reduce_partials(sh, batch, [&](int r, int c, float s) {
       const std::int64_t at = std::int64_t(r) * K + t * 16 + c;
       dX[at] = __half2float(act[at]) > 0.f ? __float2half(s) : __float2half(0.f);
