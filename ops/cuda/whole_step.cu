@@ -47,6 +47,8 @@ struct Shared {
   float* dlogits;   // [batch, classes], values rounded to fp16
   float* row_loss;  // [batch]
   int* label;       // [batch]
+  int* row;         // [batch] dataset row of each batch row
+  float* logits;    // [batch, classes]
 };
 
 
@@ -63,6 +65,8 @@ __host__ __device__ std::size_t shared_bytes(int batch, int d0, Shared* carve = 
   const std::size_t dl = take(std::size_t(batch) * kWholeStepMaxClasses * sizeof(float));
   const std::size_t rl = take(std::size_t(batch) * sizeof(float));
   const std::size_t lb = take(std::size_t(batch) * sizeof(int));
+  const std::size_t rw = take(std::size_t(batch) * sizeof(int));
+  const std::size_t lg = take(std::size_t(batch) * kWholeStepMaxClasses * sizeof(float));
   if (carve) {
     carve->x = reinterpret_cast<__half*>(base + x);
     carve->partial = reinterpret_cast<float*>(base + partial);
@@ -70,6 +74,8 @@ __host__ __device__ std::size_t shared_bytes(int batch, int d0, Shared* carve = 
     carve->dlogits = reinterpret_cast<float*>(base + dl);
     carve->row_loss = reinterpret_cast<float*>(base + rl);
     carve->label = reinterpret_cast<int*>(base + lb);
+    carve->row = reinterpret_cast<int*>(base + rw);
+    carve->logits = reinterpret_cast<float*>(base + lg);
   }
   return off;
 }
@@ -90,6 +96,13 @@ __device__ int grid_warps() { return gridDim.x * kWarps; }
 __device__ std::int64_t grid_thread() { return std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ std::int64_t grid_threads() { return std::int64_t(gridDim.x) * blockDim.x; }
 
+// This thread's (or warp's) rank among `total` when a task's workers are
+// numbered from `offset`: tasks sharing a phase start on different blocks
+// instead of queueing on the first ones.
+__device__ std::int64_t rotated(std::int64_t me, std::int64_t total, std::int64_t offset) {
+  return (me + total - offset % total) % total;
+}
+
 // PyTorch SGD without momentum, as the cuBLASLt path computes it:
 // w' = (1 - lr*wd) * w - lr * g, in fp32, rounded once.
 __device__ float sgd(float w, float g, const SgdScalars& s) { return s.neg_lr * g + s.one_minus_lr_wd * w; }
@@ -98,12 +111,17 @@ __device__ float sgd(float w, float g, const SgdScalars& s) { return s.neg_lr * 
 __device__ void fetch_batch(const WholeStepArgs& a, const Shared& sh) {
   const int batch = a.batch, cols = a.dims[0];
   const std::int64_t base = std::int64_t(*a.step % (a.rows / batch)) * batch;
-  for (int i = threadIdx.x; i < batch; i += blockDim.x) sh.label[i] = a.labels[a.perm[base + i]];
+  for (int i = threadIdx.x; i < batch; i += blockDim.x) {
+    const int row = a.perm[base + i];
+    sh.row[i] = row;
+    sh.label[i] = a.labels[row];
+  }
+  __syncthreads();
   const int chunks_per_row = cols / 16;
-#pragma unroll 4
+#pragma unroll 8
   for (int e = threadIdx.x; e < batch * chunks_per_row; e += blockDim.x) {
     const int r = e / chunks_per_row, c = (e % chunks_per_row) * 16;
-    const std::int64_t row = a.perm[base + r];
+    const std::int64_t row = sh.row[r];
     const uint4 packed = *reinterpret_cast<const uint4*>(a.images + row * cols + c);
     const auto* bytes = reinterpret_cast<const std::uint8_t*>(&packed);
     __half* dst = sh.x + std::int64_t(r) * cols + c;
@@ -179,15 +197,16 @@ __device__ void backward_drelu(const __half* dY, const __half* W, const __half* 
 
 // W[N,K] = sgd(W, dY[B,N]^T X[B,K]): one warp per 16x16 tile of W.
 __device__ void weight_update(const __half* dY, const __half* X, __half* W, int batch, int N, int K,
-                              const SgdScalars* scalars, const Shared& sh) {
+                              const SgdScalars* scalars, const Shared& sh, std::int64_t warp_offset) {
   const SgdScalars s = *scalars;
   const int ktiles = K / 16, tiles = (N / 16) * ktiles;
   float* tile = sh.wtile + warp_id() * 256;
   const int lane = lane_id(), row = lane / 2, half = lane % 2;
-  for (int t = grid_warp(); t < tiles; t += grid_warps()) {
-    const int nt = t / ktiles, kt = t % ktiles;
+  for (std::int64_t t = rotated(grid_warp(), grid_warps(), warp_offset); t < tiles; t += grid_warps()) {
+    const int nt = int(t / ktiles), kt = int(t % ktiles);
     FragC acc;
     wmma::fill_fragment(acc, 0.f);
+#pragma unroll
     for (int bc = 0; bc < batch / 16; ++bc) {
       FragAT a;
       FragB b;
@@ -230,8 +249,11 @@ __device__ void logits_layer(const __half* A, const __half* W, const __half* bia
 // kernel's order (rows r, r+32, ... per warp, then warps in order).
 __device__ void softmax_xent(const __half* logits, int batch, int C, float* loss, const Shared& sh) {
   const int lane = lane_id();
+  for (int i = threadIdx.x; i < batch * C; i += blockDim.x) sh.logits[i] = __half2float(logits[i]);  // one load each
+  __syncthreads();
+#pragma unroll
   for (int r = warp_id(); r < batch; r += kWarps) {
-    const float z = lane < C ? __half2float(logits[std::int64_t(r) * C + lane]) : -FLT_MAX;
+    const float z = lane < C ? sh.logits[r * C + lane] : -FLT_MAX;
     const float mx = warp_max(z);
     const float sum = warp_sum(lane < C ? __expf(z - mx) : 0.f);
     const int label = sh.label[r];
@@ -268,12 +290,13 @@ __device__ void logits_backward(const Shared& sh, const __half* W, const __half*
 
 // W[C,K] = sgd(W, dlogits^T X) for the logits layer.
 __device__ void logits_weight_update(const Shared& sh, const __half* X, __half* W, int batch, int C, int K,
-                                     const SgdScalars* scalars) {
+                                     const SgdScalars* scalars, std::int64_t thread_offset) {
   const SgdScalars s = *scalars;
-  for (std::int64_t e = grid_thread(); e < std::int64_t(C) * K; e += grid_threads()) {
+  for (std::int64_t e = rotated(grid_thread(), grid_threads(), thread_offset); e < std::int64_t(C) * K;
+       e += grid_threads()) {
     const int c = int(e / K), k = int(e % K);
     float g = 0.f;
-#pragma unroll 8
+#pragma unroll
     for (int r = 0; r < batch; ++r) g += sh.dlogits[r * C + c] * __half2float(X[std::int64_t(r) * K + k]);
     W[e] = __float2half(sgd(__half2float(W[e]), g, s));
   }
@@ -291,7 +314,7 @@ __device__ void bias_update(Rows dY, __half* b, int batch, int N, const SgdScala
                             std::int64_t thread, std::int64_t threads) {
   for (std::int64_t n = thread; n < N; n += threads) {
     float g = 0.f;
-#pragma unroll 8
+#pragma unroll
     for (int r = 0; r < batch; ++r) g += dY[std::int64_t(r) * N + n];
     b[n] = __float2half(sgd(__half2float(b[n]), g, *scalars));
   }
@@ -313,12 +336,16 @@ __device__ void phase_barrier() {
   else cg::this_grid().sync();
 }
 
-template <bool kCluster>
+// kBatch is a template argument so every loop over the batch has a constant
+// trip count and unrolls: the phases are bound by load latency, and loads
+// of an unrolled loop are in flight together.
+template <bool kCluster, int kBatch>
 __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const WholeStepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
-  shared_bytes(a.batch, a.dims[0], &sh, smem);
-  const int L = a.layers, B = a.batch, C = a.dims[L];
+  shared_bytes(kBatch, a.dims[0], &sh, smem);
+  const int L = a.layers, C = a.dims[L];
+  constexpr int B = kBatch;
   int phase = 0;
   mark_phase(a, phase);
 
@@ -338,7 +365,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   __syncthreads();
   if (blockIdx.x == 0) bias_update(sh.dlogits, a.bias[L - 1], B, C, a.bias_sgd[L - 1], threadIdx.x, blockDim.x);
   if (L == 1) {
-    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0]);
+    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0], 0);
   } else {
     logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
     phase_barrier<kCluster>();
@@ -346,14 +373,26 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   }
 
   for (int l = L - 2; l >= 0; --l) {  // grad[l] is complete
-    if (l >= 1) backward_drelu(a.grad[l], a.weight[l], a.act[l - 1], a.grad[l - 1], B, a.dims[l + 1], a.dims[l], sh);
-    if (l + 1 == L - 1)
-      logits_weight_update(sh, a.act[l], a.weight[l + 1], B, C, a.dims[l + 1], a.weight_sgd[l + 1]);
-    else
-      weight_update(a.grad[l + 1], a.act[l], a.weight[l + 1], B, a.dims[l + 2], a.dims[l + 1], a.weight_sgd[l + 1], sh);
-    bias_update(HalfReader{a.grad[l]}, a.bias[l], B, a.dims[l + 1], a.bias_sgd[l], grid_thread(), grid_threads());
+    // The dgrad takes blocks 0.. (one per 16 columns); the updates are laid
+    // out after it in warp order so every task starts on idle blocks.
+    std::int64_t warps_used = 0;
+    if (l >= 1) {
+      backward_drelu(a.grad[l], a.weight[l], a.act[l - 1], a.grad[l - 1], B, a.dims[l + 1], a.dims[l], sh);
+      warps_used = std::int64_t(min(int(gridDim.x), a.dims[l] / 16)) * kWarps;
+    }
+    if (l + 1 == L - 1) {
+      logits_weight_update(sh, a.act[l], a.weight[l + 1], B, C, a.dims[l + 1], a.weight_sgd[l + 1], warps_used * 32);
+      warps_used += (std::int64_t(C) * a.dims[l + 1] + 31) / 32;
+    } else {
+      weight_update(a.grad[l + 1], a.act[l], a.weight[l + 1], B, a.dims[l + 2], a.dims[l + 1], a.weight_sgd[l + 1], sh,
+                    warps_used);
+      warps_used += std::int64_t(a.dims[l + 2] / 16) * (a.dims[l + 1] / 16);
+    }
+    bias_update(HalfReader{a.grad[l]}, a.bias[l], B, a.dims[l + 1], a.bias_sgd[l],
+                rotated(grid_thread(), grid_threads(), warps_used * 32), grid_threads());
+    warps_used += (a.dims[l + 1] + 31) / 32;
     if (l == 0) {
-      weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh);
+      weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh, warps_used);
     } else {
       phase_barrier<kCluster>();
       mark_phase(a, phase);
@@ -410,6 +449,19 @@ std::string whole_step_unsupported(const WholeStepArgs& a) {
 
 namespace {
 
+using KernelFn = void (*)(WholeStepArgs);
+
+template <bool kCluster>
+KernelFn kernel_for(int batch) {
+  switch (batch) {
+    case 16: return whole_step_kernel<kCluster, 16>;
+    case 32: return whole_step_kernel<kCluster, 32>;
+    case 48: return whole_step_kernel<kCluster, 48>;
+    case 64: return whole_step_kernel<kCluster, 64>;
+  }
+  throw CudaError(fmt::format("whole_step_kernel: no instance for batch {}", batch));
+}
+
 // Blocks the widest phase can keep busy: more only make barriers dearer.
 std::int64_t useful_blocks(const WholeStepArgs& a) {
   std::int64_t want = (std::int64_t(a.batch) * a.dims[a.layers] + kWarps - 1) / kWarps;  // logits: a warp each
@@ -437,12 +489,12 @@ cudaLaunchConfig_t cluster_config(int blocks, std::size_t smem, cudaStream_t str
 }
 
 // The largest cluster (16, else 8) of which one fits on this GPU; 0 if none.
-int largest_cluster(std::size_t smem) {
+int largest_cluster(KernelFn kernel, std::size_t smem) {
   for (int size : {16, 8}) {
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t cfg = cluster_config(size, smem, nullptr, attr);
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, whole_step_kernel<true>, &cfg) == cudaSuccess && clusters > 0)
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0)
       return size;
     (void)cudaGetLastError();  // a refused size is an answer, not an error
   }
@@ -457,8 +509,9 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
-  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, whole_step_kernel<false>, kBlockThreads, smem));
+  const KernelFn grid_kernel = kernel_for<false>(a.batch);
+  SG_CUDA_CHECK(cudaFuncSetAttribute(grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grid_kernel, kBlockThreads, smem));
   if (per_sm < 1) throw CudaError("whole_step_kernel: no block fits on a multiprocessor");
   const std::int64_t want = useful_blocks(a);
   WholeStepLaunch grid{int(std::min<std::int64_t>(want, std::int64_t(sms) * per_sm)), false};
@@ -466,9 +519,10 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
   const char* forced = std::getenv("SG_WHOLE_STEP_MODE");
   const std::string mode = forced ? forced : "auto";
   if (mode == "grid" || major < 9) return grid;
-  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  SG_CUDA_CHECK(cudaFuncSetAttribute(whole_step_kernel<true>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  const int cluster = largest_cluster(smem);
+  const KernelFn cluster_kernel = kernel_for<true>(a.batch);
+  SG_CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  SG_CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  const int cluster = largest_cluster(cluster_kernel, smem);
   if (cluster == 0) return grid;
   // Measured on an H100 (docs/performance.md): one cluster is no faster than
   // the grid at width 128 and slower from 256 up, so it runs only on request.
@@ -482,11 +536,11 @@ void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch,
   if (launch.cluster) {
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t cfg = cluster_config(launch.blocks, smem, stream, attr);
-    SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, whole_step_kernel<true>, args));
+    SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for<true>(args.batch), args));
     return;
   }
   void* params[] = {const_cast<WholeStepArgs*>(&args)};
-  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&whole_step_kernel<false>),
+  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel_for<false>(args.batch)),
                                             dim3(unsigned(launch.blocks)), dim3(kBlockThreads), params, smem, stream));
 }
 
