@@ -2,11 +2,12 @@
 // a grid-wide barrier after each (L layers, 0-based l):
 //   fetch      every block gathers the batch into its own shared memory
 //   F_l        hidden layer l: act[l] = relu(x W_l^T + b_l)          (tensor cores)
-//   logits     act[L-1] = act[L-2] W_{L-1}^T + b_{L-1}                (one warp per logit)
-//   softmax    every block: dlogits in shared memory; block 0: the loss;
-//              grad[L-2] = (dlogits W_{L-1}) * relu'(act[L-2]); b_{L-1} update
+//   softmax    every block: the logits and dlogits in its shared memory
+//              (block 0 also stores the loss); grad[L-2] = (dlogits W_{L-1})
+//              * relu'(act[L-2])
 //   Q_l        l = L-2 .. 0: grad[l-1] = (grad[l] W_l) * relu'(act[l-1]);
-//              W_{l+1} -= lr grad[l+1]^T act[l]; b_l -= lr colsum(grad[l]);
+//              W_{l+1} -= lr grad[l+1]^T act[l]; b_l -= lr colsum(grad[l])
+//              (and b_{L-1} from dlogits);
 //              at l = 0 also W_0 -= lr grad[0]^T x and the step advances
 // A weight is only updated in the phase after the last one that reads it,
 // so no block can see a half-updated matrix. Loops over the batch or the
@@ -49,10 +50,15 @@ struct Shared {
   int* label;       // [batch]
   int* row;         // [batch] dataset row of each batch row
   float* logits;    // [batch, classes]
+  __half* w_last;   // [classes padded to 16 or 32, K] the logits layer's weights
 };
 
+// Rows the logits layer's weights are padded to (wmma tiles of 16).
+__host__ __device__ int padded_classes(int classes) { return classes <= 16 ? 16 : 32; }
 
-__host__ __device__ std::size_t shared_bytes(int batch, int d0, Shared* carve = nullptr, unsigned char* base = nullptr) {
+
+__host__ __device__ std::size_t shared_bytes(int batch, int d0, int k_last, int classes, Shared* carve = nullptr,
+                                             unsigned char* base = nullptr) {
   std::size_t off = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t at = off;
@@ -67,6 +73,7 @@ __host__ __device__ std::size_t shared_bytes(int batch, int d0, Shared* carve = 
   const std::size_t lb = take(std::size_t(batch) * sizeof(int));
   const std::size_t rw = take(std::size_t(batch) * sizeof(int));
   const std::size_t lg = take(std::size_t(batch) * kWholeStepMaxClasses * sizeof(float));
+  const std::size_t wl = take(std::size_t(padded_classes(classes)) * k_last * sizeof(__half));
   if (carve) {
     carve->x = reinterpret_cast<__half*>(base + x);
     carve->partial = reinterpret_cast<float*>(base + partial);
@@ -76,6 +83,7 @@ __host__ __device__ std::size_t shared_bytes(int batch, int d0, Shared* carve = 
     carve->label = reinterpret_cast<int*>(base + lb);
     carve->row = reinterpret_cast<int*>(base + rw);
     carve->logits = reinterpret_cast<float*>(base + lg);
+    carve->w_last = reinterpret_cast<__half*>(base + wl);
   }
   return off;
 }
@@ -226,31 +234,34 @@ __device__ void weight_update(const __half* dY, const __half* X, __half* W, int 
   }
 }
 
-// logits[B,C] = A[B,K] W[C,K]^T + bias: one warp per logit (C is not a tile multiple).
-__device__ void logits_layer(const __half* A, const __half* W, const __half* bias, __half* out, int batch, int K,
-                             int C) {
-  for (int o = grid_warp(); o < batch * C; o += grid_warps()) {
-    const int r = o / C, c = o % C;
-    const auto* a = reinterpret_cast<const __half2*>(A + std::int64_t(r) * K);
-    const auto* w = reinterpret_cast<const __half2*>(W + std::int64_t(c) * K);
-    float s = 0.f;
-#pragma unroll 4
-    for (int k = lane_id(); k < K / 2; k += 32) {
-      const float2 av = __half22float2(a[k]), wv = __half22float2(w[k]);
-      s += av.x * wv.x + av.y * wv.y;
-    }
-    s = warp_sum(s);
-    if (lane_id() == 0) out[std::int64_t(r) * C + c] = __float2half(s + __half2float(bias[c]));
+// Every block: logits[B,C] = A[B,K] W[C,K]^T + bias into its shared memory,
+// rounded to fp16 as the stored logits are. W is staged zero-padded to whole
+// 16-row tiles so the tensor-core tile code applies. Each block computing
+// them itself saves a grid barrier.
+__device__ void logits_in_block(const __half* A, const __half* W, const __half* bias, int batch, int K, int C,
+                                const Shared& sh) {
+  const int rows = padded_classes(C), vectors_per_row = K / 8;
+  for (int i = threadIdx.x; i < rows * vectors_per_row; i += blockDim.x) {
+    const int row = i / vectors_per_row, col = (i % vectors_per_row) * 8;
+    const uint4 v = row < C ? *reinterpret_cast<const uint4*>(W + std::int64_t(row) * K + col) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(sh.w_last + std::int64_t(row) * K + col) = v;
+  }
+  __syncthreads();
+  for (int nt = 0; nt < rows / 16; ++nt) {
+    split_k_tile<FragBT>(A, K, K / 16, K, [&](int ks) { return sh.w_last + std::int64_t(nt) * 16 * K + ks * 16; },
+                         batch, sh);
+    reduce_partials(sh, batch, [&](int r, int c, float s) {
+      const int cls = nt * 16 + c;
+      if (cls < C) sh.logits[r * C + cls] = __half2float(__float2half(s + __half2float(bias[cls])));
+    });
   }
 }
 
 // Every block: dlogits = (softmax - onehot) / B rounded to fp16, as the xent
 // kernel computes them; block 0 also stores the loss, summed in the xent
 // kernel's order (rows r, r+32, ... per warp, then warps in order).
-__device__ void softmax_xent(const __half* logits, int batch, int C, float* loss, const Shared& sh) {
+__device__ void softmax_xent(int batch, int C, float* loss, const Shared& sh) {
   const int lane = lane_id();
-  for (int i = threadIdx.x; i < batch * C; i += blockDim.x) sh.logits[i] = __half2float(logits[i]);  // one load each
-  __syncthreads();
 #pragma unroll
   for (int r = warp_id(); r < batch; r += kWarps) {
     const float z = lane < C ? sh.logits[r * C + lane] : -FLT_MAX;
@@ -343,7 +354,7 @@ template <bool kCluster, int kBatch>
 __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const WholeStepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
-  shared_bytes(kBatch, a.dims[0], &sh, smem);
+  shared_bytes(kBatch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers], &sh, smem);
   const int L = a.layers, C = a.dims[L];
   constexpr int B = kBatch;
   int phase = 0;
@@ -356,20 +367,17 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
     phase_barrier<kCluster>();
     mark_phase(a, phase);
   }
-  const __half* last_input = L == 1 ? sh.x : a.act[L - 2];
-  logits_layer(last_input, a.weight[L - 1], a.bias[L - 1], a.act[L - 1], B, a.dims[L - 1], C);
-  phase_barrier<kCluster>();
-  mark_phase(a, phase);
-
-  softmax_xent(a.act[L - 1], B, C, a.loss, sh);  // ends with every block's dlogits in shared memory
+  // Every block: the logits, the softmax gradient (kept in shared memory for
+  // the rest of the step), and its share of the last hidden layer's gradient.
+  logits_in_block(L == 1 ? sh.x : a.act[L - 2], a.weight[L - 1], a.bias[L - 1], B, a.dims[L - 1], C, sh);
+  softmax_xent(B, C, a.loss, sh);
   __syncthreads();
-  if (blockIdx.x == 0) bias_update(sh.dlogits, a.bias[L - 1], B, C, a.bias_sgd[L - 1], threadIdx.x, blockDim.x);
+  if (L >= 2) logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
+  phase_barrier<kCluster>();  // the logits layer's W and b were read above: update them only now
+  mark_phase(a, phase);
   if (L == 1) {
-    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0], 0);
-  } else {
-    logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
-    phase_barrier<kCluster>();
-    mark_phase(a, phase);
+    bias_update(sh.dlogits, a.bias[0], B, C, a.bias_sgd[0], grid_thread(), grid_threads());
+    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0], (C + 31) / 32 * 32);
   }
 
   for (int l = L - 2; l >= 0; --l) {  // grad[l] is complete
@@ -383,6 +391,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
     if (l + 1 == L - 1) {
       logits_weight_update(sh, a.act[l], a.weight[l + 1], B, C, a.dims[l + 1], a.weight_sgd[l + 1], warps_used * 32);
       warps_used += (std::int64_t(C) * a.dims[l + 1] + 31) / 32;
+      bias_update(sh.dlogits, a.bias[l + 1], B, C, a.bias_sgd[l + 1],
+                  rotated(grid_thread(), grid_threads(), warps_used * 32), grid_threads());
+      warps_used += 1;
     } else {
       weight_update(a.grad[l + 1], a.act[l], a.weight[l + 1], B, a.dims[l + 2], a.dims[l + 1], a.weight_sgd[l + 1], sh,
                     warps_used);
@@ -417,12 +428,8 @@ std::vector<std::string> whole_step_phase_names(int layers) {
   std::vector<std::string> names;
   for (int l = 0; l + 1 < layers; ++l)
     names.push_back(l == 0 ? "fetch + layer 1 forward" : fmt::format("layer {} forward", l + 1));
-  names.push_back(layers == 1 ? "fetch + logits" : "logits");
-  if (layers == 1) {
-    names.push_back("softmax-xent + logits-layer SGD");
-    return names;
-  }
-  names.push_back(fmt::format("softmax-xent + layer {} dgrad", layers));
+  if (layers == 1) return {"fetch + logits + softmax-xent", "logits-layer SGD"};
+  names.push_back(fmt::format("logits + softmax-xent + layer {} dgrad", layers));
   for (int l = layers - 2; l >= 0; --l)
     names.push_back(l >= 1 ? fmt::format("layer {} dgrad + layer {} SGD", l + 1, l + 2)
                            : fmt::format("layer 2 SGD + layer 1 SGD"));
@@ -441,7 +448,7 @@ std::string whole_step_unsupported(const WholeStepArgs& a) {
   if (classes < 1 || classes > kWholeStepMaxClasses)
     return fmt::format("{} classes (1..{} supported)", classes, kWholeStepMaxClasses);
   if (a.rows < a.batch) return "fewer dataset rows than one batch";
-  const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
+  const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
   if (smem > std::size_t(max_shared_optin()))
     return fmt::format("needs {} bytes of shared memory per block", smem);
   return {};
@@ -508,7 +515,7 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
   SG_CUDA_CHECK(cudaGetDevice(&device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const std::size_t smem = shared_bytes(a.batch, a.dims[0]);
+  const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
   const KernelFn grid_kernel = kernel_for<false>(a.batch);
   SG_CUDA_CHECK(cudaFuncSetAttribute(grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grid_kernel, kBlockThreads, smem));
@@ -532,7 +539,7 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
 
 void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream) {
   if (launch.blocks < 1) throw CudaError("whole_step_kernel: launched with no blocks");
-  const std::size_t smem = shared_bytes(args.batch, args.dims[0]);
+  const std::size_t smem = shared_bytes(args.batch, args.dims[0], args.dims[args.layers - 1], args.dims[args.layers]);
   if (launch.cluster) {
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t cfg = cluster_config(launch.blocks, smem, stream, attr);

@@ -31,9 +31,9 @@ struct WholeStepArgs {
   __half* bias[kWholeStepMaxLayers] = {};
   const SgdScalars* weight_sgd[kWholeStepMaxLayers] = {};
   const SgdScalars* bias_sgd[kWholeStepMaxLayers] = {};
-  // act[l]: output of layer l, [batch, dims[l+1]] (ReLU applied for hidden
-  // layers, the logits for the last); grad[l]: dloss/d(pre-activation) of
-  // hidden layer l, [batch, dims[l+1]]. Scratch owned by the caller.
+  // Hidden layers l < layers-1 only (the logits stay in shared memory):
+  // act[l] = ReLU output of layer l, [batch, dims[l+1]]; grad[l] =
+  // dloss/d(pre-activation) of layer l, same shape. Scratch owned by the caller.
   __half* act[kWholeStepMaxLayers] = {};
   __half* grad[kWholeStepMaxLayers] = {};
   // batch fetch: rows perm[(step mod (rows/batch))*batch + i] of the u8 tables

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/whole_step.hpp"
 #include "runtime/plan/whole_step_match.hpp"
 
@@ -85,7 +86,33 @@ std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
 
 }  // namespace
 
+namespace {
+
+// Who computes a matmul launch: cuBLASLt, or one of our kernels for the
+// classifier layer's tiny dimension (fp32 accumulation only, like cuBLASLt's).
+enum class MatmulImpl : std::uint8_t { cublaslt, small_n_forward, small_m_wgrad_sgd, small_k_dgrad_relu };
+
+MatmulImpl pick_matmul_impl(const MatmulShape& s, const Launch& l) {
+  const MatmulTarget target = l.target;
+  // The schedule chose a value mask for this dgrad: only our kernel reads one.
+  if (l.mask_from_relu_output) return MatmulImpl::small_k_dgrad_relu;
+  if (s.ab_type != ElemType::f16 || s.accumulate != Accumulate::f32) return MatmulImpl::cublaslt;
+  if (target == MatmulTarget::output && s.epilogue == Epilogue::bias && !s.trans_a && s.trans_b &&
+      s.cd_type == ElemType::f16 && s.n <= kSmallLinearMaxDim)
+    return MatmulImpl::small_n_forward;
+  if (target == MatmulTarget::param_sgd && s.epilogue == Epilogue::none && s.trans_a && !s.trans_b &&
+      s.m <= kSmallLinearMaxDim)
+    return MatmulImpl::small_m_wgrad_sgd;
+  return MatmulImpl::cublaslt;
+}
+
+}  // namespace
+
 struct CudaProgram::Bound {
+  MatmulImpl impl = MatmulImpl::cublaslt;
+  MatmulShape shape;
+  const SgdScalars* sgd = nullptr;
+  const void* relu_out = nullptr;  // small_k_dgrad_relu's mask source
   std::unique_ptr<LtMatmul> matmul;
   std::unique_ptr<WholeStepArgs> whole_step;
   WholeStepLaunch whole_step_launch;
@@ -155,8 +182,10 @@ void CudaProgram::bind_whole_step(const WholeStepPlan& plan, Bound& bound) const
     args->bias[l] = static_cast<__half*>(device_ptr(layer.bias));
     args->weight_sgd[l] = scalars_of(layer.weight_sgd);
     args->bias_sgd[l] = scalars_of(layer.bias_sgd);
-    args->act[l] = static_cast<__half*>(device_ptr(layer.output));
-    if (layer.pre_activation_grad >= 0) args->grad[l] = static_cast<__half*>(device_ptr(layer.pre_activation_grad));
+    if (layer.pre_activation_grad >= 0) {  // a hidden layer (the logits never leave the chip)
+      args->act[l] = static_cast<__half*>(device_ptr(layer.output));
+      args->grad[l] = static_cast<__half*>(device_ptr(layer.pre_activation_grad));
+    }
   }
   args->perm = static_cast<const std::int32_t*>(device_ptr(plan.perm));
   args->step = static_cast<std::int32_t*>(device_ptr(plan.step));
@@ -208,7 +237,16 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
       const bool f16 = options_.accumulate == Accumulate::f16 && shape.cd_type == ElemType::f16;
       shape.accumulate = f16 ? Accumulate::f16 : Accumulate::f32;
 
-      bound->matmul = std::make_unique<LtMatmul>(lt, shape, options_.autotune, stream);
+      bound->shape = shape;
+      bound->impl = pick_matmul_impl(shape, l);
+      if (bound->impl == MatmulImpl::small_k_dgrad_relu) {
+        if (shape.ab_type != ElemType::f16 || shape.trans_a || shape.trans_b || shape.k > kSmallLinearMaxDim)
+          throw CudaError("a relu-output-masked dgrad needs fp16 operands, no transposes and K <= 32: " + shape.describe());
+        bound->relu_out = device_ptr(graph_.node(l.nodes.back()).inputs[1]);
+      }
+      if (bound->impl == MatmulImpl::cublaslt)
+        bound->matmul = std::make_unique<LtMatmul>(lt, shape, options_.autotune, stream);
+      if (sgd) bound->sgd = scalars_of(sgd->id);
       bound->a = device_ptr(mm.inputs[0]);
       bound->b = device_ptr(mm.inputs[1]);
       bound->d = device_ptr(target);
@@ -314,6 +352,28 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
 }
 
 void CudaProgram::record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const {
+  const MatmulShape& s = b.shape;
+  switch (b.impl) {
+    case MatmulImpl::small_n_forward:
+      launch_linear_small_n(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b),
+                            static_cast<const __half*>(b.bias), s.m, s.n, s.k, static_cast<__half*>(b.d), stream);
+      return;
+    case MatmulImpl::small_m_wgrad_sgd:  // D = W: the update in place, as cuBLASLt would write it
+      if (s.cd_type == ElemType::f16)
+        launch_wgrad_sgd_small_m(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), s.k, s.m, s.n,
+                                 static_cast<__half*>(b.d), b.sgd, stream);
+      else
+        launch_wgrad_sgd_small_m(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), s.k, s.m, s.n,
+                                 static_cast<float*>(b.d), b.sgd, stream);
+      return;
+    case MatmulImpl::small_k_dgrad_relu:
+      launch_dgrad_relu_small_k(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b),
+                                static_cast<const __half*>(b.relu_out), s.m, s.n, s.k, static_cast<__half*>(b.d),
+                                stream);
+      return;
+    case MatmulImpl::cublaslt:
+      break;
+  }
   b.matmul->run(b.a, b.b, b.c, b.d, b.alpha, b.beta, b.bias, b.aux, stream);
   if (l.target != MatmulTarget::velocity_sgd) return;
   // The matmul wrote v = momentum*v + g; finish with v += wd*w, w -= lr*v.
@@ -398,6 +458,7 @@ std::string CudaProgram::launch_label(std::size_t index) const {
   if (l.kind == LaunchKind::matmul) {
     kind += fmt::format("[{}]", epilogue_name(l.epilogue));
     if (l.target != MatmulTarget::output) kind += "+sgd";
+    if (bound_[index]->impl != MatmulImpl::cublaslt) kind += " (small-dim kernel)";
   }
   if (l.kind == LaunchKind::single) kind = ops.front();
   if (l.kind == LaunchKind::whole_step)

@@ -84,10 +84,18 @@ class Lowering {
     return group.nodes.front();
   }
 
-  // A relu fused into a forward matmul keeps its mask for the fused backward.
+  // A dgrad_drelu group whose matmul sums over at most kSmallInnerDim terms.
+  bool small_inner_dgrad(const FusionGroup& group) const {
+    const Node& mm = g_.node(group.nodes.front());
+    const Value& a = g_.value(mm.inputs[0]);
+    return (mm.attrs.trans_a ? a.shape[0] : a.shape[1]) <= kSmallInnerDim;
+  }
+
+  // A relu fused into a forward matmul keeps its mask for the fused backward
+  // (unless that backward masks by the relu output instead).
   void assign_relu_masks() {
     for (const FusionGroup& group : g_.fusion_groups()) {
-      if (group.kind != FusionKind::dgrad_drelu) continue;
+      if (group.kind != FusionKind::dgrad_drelu || small_inner_dgrad(group)) continue;
       const Node& relu_bw = g_.node(group.nodes.back());
       const NodeId relu = g_.value(relu_bw.inputs[1]).producer;
       if (!mask_of_relu_.count(relu)) {
@@ -148,7 +156,8 @@ class Lowering {
         l.matmul_node = first.id;
         l.epilogue = MatmulEpilogue::drelu;
         l.output = last.outputs[0];
-        l.aux_read = mask_of_relu_.at(g_.value(last.inputs[1]).producer);
+        l.mask_from_relu_output = small_inner_dgrad(group);
+        if (!l.mask_from_relu_output) l.aux_read = mask_of_relu_.at(g_.value(last.inputs[1]).producer);
         break;
       case FusionKind::wgrad_sgd:
         l.kind = LaunchKind::matmul;
@@ -162,7 +171,7 @@ class Lowering {
         break;
     }
     fill_boundary(g_, l);
-    if (group.kind == FusionKind::dgrad_drelu) {
+    if (group.kind == FusionKind::dgrad_drelu && !l.mask_from_relu_output) {
       // The mask replaces the relu output: the kernel never reads that value.
       const ValueId relu_out = last.inputs[1];
       l.reads.erase(std::remove(l.reads.begin(), l.reads.end(), relu_out), l.reads.end());
@@ -188,10 +197,11 @@ Schedule build_whole_step_schedule(const Graph& graph, const WholeStepPlan& plan
   l.kind = LaunchKind::whole_step;
   for (const Node& n : graph.nodes()) l.nodes.push_back(n.id);
   fill_boundary(graph, l);
-  for (const WholeStepLayer& layer : plan.layers) {
-    l.scratch.push_back(layer.output);
-    if (layer.pre_activation_grad >= 0) l.scratch.push_back(layer.pre_activation_grad);
-  }
+  for (const WholeStepLayer& layer : plan.layers)  // hidden layers; the logits stay on chip
+    if (layer.pre_activation_grad >= 0) {
+      l.scratch.push_back(layer.output);
+      l.scratch.push_back(layer.pre_activation_grad);
+    }
   l.whole_step = std::make_shared<const WholeStepPlan>(plan);
   Schedule s;
   s.launches.push_back(std::move(l));
@@ -238,6 +248,7 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
       if (l.target == MatmulTarget::velocity_sgd) what += ",into=velocity(alpha=1,beta=momentum)+momentum_finish";
       if (l.aux_write >= 0) what += fmt::format(",writes mask{}", l.aux_write);
       if (l.aux_read >= 0) what += fmt::format(",reads mask{}", l.aux_read);
+      if (l.mask_from_relu_output) what += ",mask=relu output";
       what += "]";
     }
     if (l.kind == LaunchKind::whole_step)

@@ -67,10 +67,17 @@ struct Launch {
   ValueId output = -1;     // D when target == output
   NodeId sgd_node = -1;    // the sgd_update (fused SGD targets, bias_grad_sgd)
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
+  // drelu launches whose inner dimension is tiny (the classifier layer's
+  // dgrad, <= kSmallInnerDim terms): they mask by the ReLU output's sign
+  // (read as a value) instead of a cuBLASLt aux mask, so a small kernel can
+  // run them.
+  bool mask_from_relu_output = false;
   // whole_step launches
   std::shared_ptr<const WholeStepPlan> whole_step;
-  std::vector<ValueId> scratch;  // intermediates the kernel keeps in memory between its phases
+  std::vector<ValueId> scratch;  // intermediates the kernel keeps in device memory between its phases
 };
+
+inline constexpr std::int64_t kSmallInnerDim = 32;
 
 struct Schedule {
   std::vector<Launch> launches;

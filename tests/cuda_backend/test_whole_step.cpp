@@ -161,7 +161,7 @@ TEST_CASE("whole-step: the phase profile names every phase and takes real time")
   const Dataset data = random_dataset(500, 64, 10, rng);
   cuda::CudaTrainer t(f16_spec({64, 96, 48, 10}, 32), data);
   const auto phases = t.profile_step(3);
-  REQUIRE(phases.size() == 6);  // 2 hidden forwards, logits, softmax, 2 backward phases
+  REQUIRE(phases.size() == 5);  // 2 hidden forwards, logits + softmax, 2 backward phases
   CHECK(phases.front().label == "whole_step: fetch + layer 1 forward");
   CHECK(phases.back().label == "whole_step: layer 2 SGD + layer 1 SGD");
   for (const auto& p : phases) {

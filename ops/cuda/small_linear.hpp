@@ -1,0 +1,33 @@
+#pragma once
+// Matmuls with one tiny dimension (the classifier layer: N or M = the number
+// of classes): cuBLASLt tiles them badly (one CTA walking all of K), so these
+// CUDA-core kernels spread the work over many warps/threads instead. Same
+// contracts and fp16 rounding points as the cuBLASLt calls they replace.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kernels.hpp"
+
+namespace sg::cuda {
+
+// Largest tiny dimension these kernels take.
+constexpr std::int64_t kSmallLinearMaxDim = 32;
+
+// y[M,N] = x[M,K] w[N,K]^T + bias[N] (N <= kSmallLinearMaxDim): one warp per output.
+void launch_linear_small_n(const __half* x, const __half* w, const __half* bias, std::int64_t m, std::int64_t n,
+                           std::int64_t k, __half* y, cudaStream_t stream);
+
+// Fused-SGD weight gradient with few output rows: w[M,K] = one_minus_lr_wd * w
+// + neg_lr * (dy[B,M]^T x[B,K]) (M <= kSmallLinearMaxDim), one thread per weight.
+template <typename W>
+void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
+                              W* w, const SgdScalars* scalars, cudaStream_t stream);
+
+// dx[M,N] = (dy[M,K] w[K,N]) * (relu_out[M,N] > 0) with K <= kSmallLinearMaxDim:
+// the classifier layer's dgrad, one thread per output, rounded to fp16 once.
+void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
+                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream);
+
+}  // namespace sg::cuda

@@ -1,0 +1,55 @@
+// The classifier-layer kernels against the CPU reference: forward with a
+// tiny N, fused-SGD weight gradient with a tiny M; odd K takes the scalar path.
+#include <doctest/doctest.h>
+
+#include <array>
+
+#include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/small_linear.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/device_array.hpp"
+
+using namespace sg;
+using sg::test::DeviceArray;
+
+TEST_CASE("linear with a tiny N matches x W^T + b") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{37, 11, 129}}, {{64, 32, 2048}}, {{1, 1, 1}}}) {
+    INFO(m << "x" << n << "x" << k);
+    const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+    DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
+    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr);
+    std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()), ref(std::size_t(m * n));
+    ref::matmul(xd.data(), wd.data(), ref.data(), m, n, k, false, true);
+    ref::bias_add(ref.data(), bd.data(), m, n, ref.data());
+    CHECK(sg::test::relative_error(y.download(), ref) < 2e-3);
+  }
+}
+
+TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) - lr*dy^T x", W, __half, float) {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const float lr = 0.1f, wd = 0.01f;
+  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
+  const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, wd);
+  scalars.upload(&host, sizeof host);
+  for (auto [batch, m, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{33, 11, 129}}, {{64, 32, 784}}}) {
+    INFO(batch << " " << m << " " << k);
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * m), rng));
+    const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+    const auto w = sg::test::representable<W>(sg::test::uniform(std::size_t(m * k), rng));
+    DeviceArray<__half> ddy(dy), dx(x);
+    DeviceArray<W> dw(w);
+    cuda::launch_wgrad_sgd_small_m(ddy.get(), dx.get(), batch, m, k, dw.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+    std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), g(std::size_t(m * k)), ref(g.size());
+    ref::matmul(dyd.data(), xd.data(), g.data(), m, k, batch, true, false);
+    for (std::size_t i = 0; i < ref.size(); ++i) ref[i] = w[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
+    const auto got = dw.download();
+    CHECK(sg::test::relative_error(got, ref) < (std::is_same_v<W, float> ? 1e-5 : 2e-3));
+    // The update really happened: W moved away from its start by about lr*|g|.
+    CHECK(sg::test::relative_error(got, std::vector<double>(w.begin(), w.end())) > 1e-3);
+  }
+}
