@@ -29,6 +29,7 @@ TrainerSpec trainer_spec(const TrainConfig& c) {
   s.cuda_graph = c.backend.cuda_graph;
   s.autotune = c.backend.autotune;
   s.whole_step = c.backend.whole_step;
+  s.one_pass_backward = c.backend.one_pass_backward;
   s.steps_per_launch = c.backend.steps_per_launch;
   return s;
 }

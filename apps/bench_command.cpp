@@ -44,6 +44,7 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
   cmd.add_flag("--autotune", r.autotune, "time the top cuBLASLt candidates per shape once");
   cmd.add_flag("!--no-whole-step", r.whole_step, "always use the per-group cuBLASLt schedule");
+  cmd.add_flag("!--no-one-pass-backward", r.one_pass_backward, "dgrad and weight update as two cuBLASLt passes");
   cmd.add_option("--replot", r.replot, "only re-render bench.md and the plots of this bench.json into --out-dir");
 }
 
@@ -183,6 +184,7 @@ TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t b
   s.steps_per_launch = r.steps_per_launch;
   s.autotune = r.autotune;
   s.whole_step = r.whole_step;
+  s.one_pass_backward = r.one_pass_backward;
   return s;
 }
 
@@ -366,7 +368,8 @@ int run_bench(const BenchRequest& r) {
               {"floors", {{"empty_launch_us", floors.empty_launch_us}, {"graph_node_us", floors.graph_node_us},
                           {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
               {"settings", {{"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
-                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch}, {"autotune", r.autotune}}},
+                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch}, {"autotune", r.autotune},
+                            {"whole_step", r.whole_step}, {"one_pass_backward", r.one_pass_backward}}},
               {"records", json::array()},
               {"profiles", profiles}};
   std::string csv = "mode,width,batch,us_per_step,samples_per_s,sm_clock_mhz_before,sm_clock_mhz_after,error\n";

@@ -27,6 +27,7 @@ struct BenchRequest {
   bool profile = true;     // per-launch profile of one step at batch 32
   bool autotune = false;   // time cuBLASLt candidates per shape at plan time
   bool whole_step = true;  // one kernel per step where the MLP fits (else the per-group schedule)
+  bool one_pass_backward = true;  // dgrad + SGD in one pass over each weight where it fits
   std::string replot;      // re-render an earlier bench.json (no GPU)
 };
 

@@ -140,6 +140,7 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(backend, "backend", "cuda_graph", c.backend.cuda_graph);
   r.read(backend, "backend", "autotune", c.backend.autotune);
   r.read(backend, "backend", "whole_step", c.backend.whole_step);
+  r.read(backend, "backend", "one_pass_backward", c.backend.one_pass_backward);
   r.read(backend, "backend", "steps_per_launch", c.backend.steps_per_launch);
 }
 
@@ -317,6 +318,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "cuda_graph" << YAML::Value << c.backend.cuda_graph;
   e << YAML::Key << "autotune" << YAML::Value << c.backend.autotune;
   e << YAML::Key << "whole_step" << YAML::Value << c.backend.whole_step;
+  e << YAML::Key << "one_pass_backward" << YAML::Value << c.backend.one_pass_backward;
   e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";

@@ -76,6 +76,7 @@ struct BackendConfig {
   bool cuda_graph = true;          // false: plain stream launches
   bool autotune = false;           // time cuBLASLt candidates once per shape
   bool whole_step = true;          // one kernel per step where the MLP fits it
+  bool one_pass_backward = true;   // a layer's dgrad + SGD in one pass over its weights where it fits
   std::int64_t steps_per_launch = 1;  // training steps captured per CUDA graph
 };
 

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dgrad_wgrad.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/whole_step.hpp"
 #include "runtime/plan/whole_step_match.hpp"
@@ -84,6 +85,16 @@ std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
   return whole_step_unsupported(whole_step_shape(g, plan));
 }
 
+// Whether the one-pass dgrad + SGD kernel takes this layer's pair of matmuls.
+bool one_pass_backward_fits(const sg::Graph& g, NodeId dgrad, NodeId /*wgrad*/) {
+  const Node& mm = g.node(dgrad);
+  const Value& dy = g.value(mm.inputs[0]);
+  const Value& w = g.value(mm.inputs[1]);
+  if (mm.attrs.trans_a || mm.attrs.trans_b || dy.dtype != DType::f16 || w.dtype != DType::f16 || w.role != Role::param)
+    return false;
+  return dgrad_wgrad_unsupported(dy.shape[0], w.shape[0], w.shape[1]).empty();
+}
+
 }  // namespace
 
 namespace {
@@ -115,6 +126,9 @@ struct CudaProgram::Bound {
   const void* relu_out = nullptr;  // small_k_dgrad_relu's mask source
   std::unique_ptr<LtMatmul> matmul;
   std::unique_ptr<WholeStepArgs> whole_step;
+  // dgrad_wgrad_sgd: d = dx, a = dy, b = x (the relu output), w below
+  void* w = nullptr;
+  std::int64_t batch = 0, rows = 0, cols = 0;
   WholeStepLaunch whole_step_launch;
   const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
   void *d = nullptr, *aux = nullptr;
@@ -165,13 +179,32 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
 CudaProgram::~CudaProgram() = default;
 
 Schedule CudaProgram::choose_schedule() {
+  ScheduleOptions per_group;
+  if (options_.one_pass_backward && options_.accumulate == Accumulate::f32)
+    per_group.merge_dgrad_wgrad = one_pass_backward_fits;
   if (!options_.whole_step) {
     whole_step_note_ = "turned off";
-    return build_schedule(graph_);
+    return build_schedule(graph_, per_group);
   }
   const auto plan = match_whole_step(graph_);
   whole_step_note_ = plan ? whole_step_blocker(graph_, *plan) : "the graph is not a plain MLP training step";
-  return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_);
+  return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_, per_group);
+}
+
+void CudaProgram::bind_dgrad_wgrad(const Launch& l, Bound& bound) const {
+  const Node& mm = graph_.node(l.matmul_node);
+  const Node& relu_bw = graph_.node(l.nodes[1]);  // the dgrad group: matmul, relu_backward
+  if (relu_bw.op != OpKind::relu_backward) throw CudaError("dgrad_wgrad_sgd: the launch does not start with a dgrad");
+  const Value& w = graph_.value(mm.inputs[1]);
+  bound.a = device_ptr(mm.inputs[0]);
+  bound.b = device_ptr(relu_bw.inputs[1]);
+  bound.d = device_ptr(relu_bw.outputs[0]);
+  bound.w = device_ptr(w.id);
+  bound.sgd = scalars_of(l.sgd_node);
+  bound.batch = graph_.value(mm.inputs[0]).shape[0];
+  bound.rows = w.shape[0];
+  bound.cols = w.shape[1];
+  prepare_dgrad_wgrad_sgd(bound.batch, bound.cols);
 }
 
 void CudaProgram::bind_whole_step(const WholeStepPlan& plan, Bound& bound) const {
@@ -215,6 +248,7 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
   for (const Launch& l : schedule_.launches) {
     auto bound = std::make_unique<Bound>();
     if (l.kind == LaunchKind::whole_step) bind_whole_step(*l.whole_step, *bound);
+    if (l.kind == LaunchKind::dgrad_wgrad_sgd) bind_dgrad_wgrad(l, *bound);
     if (l.kind == LaunchKind::matmul) {
       const Node& mm = graph_.node(l.matmul_node);
       const Value& a = graph_.value(mm.inputs[0]);
@@ -345,6 +379,12 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
     case LaunchKind::single:
       record_single(graph_.node(l.nodes[0]), stream);
       return;
+    case LaunchKind::dgrad_wgrad_sgd: {
+      const Bound& b = *bound_[index];
+      launch_dgrad_wgrad_sgd(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), b.batch, b.rows, b.cols,
+                             static_cast<__half*>(b.w), static_cast<__half*>(b.d), b.sgd, stream);
+      return;
+    }
     case LaunchKind::whole_step:
       launch_whole_step(*bound_[index]->whole_step, bound_[index]->whole_step_launch, stream);
       return;

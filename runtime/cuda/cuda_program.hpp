@@ -27,6 +27,9 @@ struct ProgramOptions {
   // Run a graph that is exactly an MLP training step as one whole-step
   // kernel when the kernel supports its sizes (else the per-group schedule).
   bool whole_step = true;
+  // Run a layer's dgrad and its weight's SGD update as one pass over the
+  // weights where the sizes fit (batch 16/32, fp16, no momentum).
+  bool one_pass_backward = true;
 };
 
 class CudaProgram {
@@ -64,6 +67,7 @@ class CudaProgram {
   Schedule choose_schedule();
   void bind_launches(const LtHandle& lt, cudaStream_t stream);
   void bind_whole_step(const WholeStepPlan& plan, Bound& bound) const;
+  void bind_dgrad_wgrad(const Launch& launch, Bound& bound) const;
   void record_single(const Node& n, cudaStream_t stream) const;
   void record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const;
   const SgdScalars* scalars_of(NodeId sgd_node) const;

@@ -74,7 +74,8 @@ struct CudaTrainer::Impl {
   Impl(const TrainerSpec& s, const Dataset& data)
       : spec(s), epochs(data.train.images.count, s.mlp.batch, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
-    ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune, s.whole_step};
+    ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune, s.whole_step,
+                           s.one_pass_backward};
     train = std::make_unique<CudaProgram>(training_graph(s, data), params, lt, options, stream.get());
     eval = std::make_unique<CudaProgram>(eval_graph(s, data), params, lt, options, stream.get());
     upload_split(*train, data.train);

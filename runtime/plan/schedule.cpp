@@ -17,6 +17,7 @@ std::string_view launch_kind_name(LaunchKind kind) {
     case LaunchKind::bias_grad_sgd: return "bias_grad_sgd";
     case LaunchKind::single: return "single";
     case LaunchKind::whole_step: return "whole_step";
+    case LaunchKind::dgrad_wgrad_sgd: return "dgrad_wgrad_sgd";
   }
   return "?";
 }
@@ -59,9 +60,10 @@ void fill_boundary(const Graph& g, Launch& l) {
 
 class Lowering {
  public:
-  explicit Lowering(const Graph& g) : g_(g) {}
+  Lowering(const Graph& g, const ScheduleOptions& options) : g_(g), options_(options) {}
 
   Schedule run() {
+    find_merged_dgrads();
     assign_relu_masks();
     std::set<int> emitted;
     for (const Node& n : g_.nodes()) {
@@ -72,6 +74,7 @@ class Lowering {
       const FusionGroup& group = g_.fusion_groups()[static_cast<std::size_t>(n.fusion_group)];
       if (n.id == anchor(group) && emitted.insert(group.id).second) emit(lower_group(group));
     }
+    merge_dgrad_wgrad_pairs();
     return std::move(schedule_);
   }
 
@@ -82,6 +85,54 @@ class Lowering {
     for (NodeId id : group.nodes)
       if (op_updates_in_place(g_.node(id).op)) return group.nodes.back();
     return group.nodes.front();
+  }
+
+  // The wgrad_sgd group updating the weight a dgrad_drelu group reads with
+  // the same output gradient (nullptr if none).
+  const FusionGroup* wgrad_partner(const FusionGroup& dgrad) const {
+    const Node& mm = g_.node(dgrad.nodes.front());
+    for (const FusionGroup& other : g_.fusion_groups()) {
+      if (other.kind != FusionKind::wgrad_sgd) continue;
+      const Node& wmm = g_.node(other.nodes.front());
+      const Node& sgd = g_.node(other.nodes.back());
+      if (wmm.inputs[0] == mm.inputs[0] && sgd.inputs[0] == mm.inputs[1] && sgd.inputs.size() == 2) return &other;
+    }
+    return nullptr;
+  }
+
+  // Dgrads the backend runs together with their weight's update: they mask by
+  // the ReLU output (which the weight gradient reads anyway), not an aux mask.
+  void find_merged_dgrads() {
+    if (!options_.merge_dgrad_wgrad) return;
+    for (const FusionGroup& group : g_.fusion_groups()) {
+      if (group.kind != FusionKind::dgrad_drelu) continue;
+      const FusionGroup* partner = wgrad_partner(group);
+      if (partner && options_.merge_dgrad_wgrad(g_, group.nodes.front(), partner->nodes.front()))
+        merged_dgrads_.insert(group.id);
+    }
+  }
+
+  // Replaces each adjacent (dgrad, wgrad) launch pair of a merged dgrad by one launch.
+  void merge_dgrad_wgrad_pairs() {
+    auto& ls = schedule_.launches;
+    for (std::size_t i = 0; i + 1 < ls.size(); ++i) {
+      if (!merged_dgrads_.count(ls[i].fusion_group)) continue;
+      const FusionGroup* partner = wgrad_partner(g_.fusion_groups()[static_cast<std::size_t>(ls[i].fusion_group)]);
+      if (ls[i + 1].fusion_group != partner->id)
+        throw GraphError(fmt::format("schedule: dgrad launch {} is not followed by its weight's update", i));
+      Launch merged;
+      merged.kind = LaunchKind::dgrad_wgrad_sgd;
+      merged.nodes = ls[i].nodes;
+      merged.nodes.insert(merged.nodes.end(), ls[i + 1].nodes.begin(), ls[i + 1].nodes.end());
+      merged.matmul_node = ls[i].matmul_node;
+      merged.sgd_node = ls[i + 1].sgd_node;
+      merged.output = ls[i].output;
+      merged.epilogue = MatmulEpilogue::drelu;
+      merged.mask_from_relu_output = true;
+      fill_boundary(g_, merged);
+      ls[i] = std::move(merged);
+      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
   }
 
   // A dgrad_drelu group whose matmul sums over at most kSmallInnerDim terms.
@@ -95,7 +146,7 @@ class Lowering {
   // (unless that backward masks by the relu output instead).
   void assign_relu_masks() {
     for (const FusionGroup& group : g_.fusion_groups()) {
-      if (group.kind != FusionKind::dgrad_drelu || small_inner_dgrad(group)) continue;
+      if (group.kind != FusionKind::dgrad_drelu || small_inner_dgrad(group) || merged_dgrads_.count(group.id)) continue;
       const Node& relu_bw = g_.node(group.nodes.back());
       const NodeId relu = g_.value(relu_bw.inputs[1]).producer;
       if (!mask_of_relu_.count(relu)) {
@@ -156,7 +207,7 @@ class Lowering {
         l.matmul_node = first.id;
         l.epilogue = MatmulEpilogue::drelu;
         l.output = last.outputs[0];
-        l.mask_from_relu_output = small_inner_dgrad(group);
+        l.mask_from_relu_output = small_inner_dgrad(group) || merged_dgrads_.count(group.id);
         if (!l.mask_from_relu_output) l.aux_read = mask_of_relu_.at(g_.value(last.inputs[1]).producer);
         break;
       case FusionKind::wgrad_sgd:
@@ -180,14 +231,16 @@ class Lowering {
   }
 
   const Graph& g_;
+  const ScheduleOptions& options_;
   Schedule schedule_;
   std::map<NodeId, int> mask_of_relu_;
+  std::set<int> merged_dgrads_;  // fusion group ids
 };
 
 }  // namespace
 
-Schedule build_schedule(const Graph& graph) {
-  Schedule s = Lowering(graph).run();
+Schedule build_schedule(const Graph& graph, const ScheduleOptions& options) {
+  Schedule s = Lowering(graph, options).run();
   check_schedule_order(graph, s);
   return s;
 }
@@ -251,6 +304,8 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
       if (l.mask_from_relu_output) what += ",mask=relu output";
       what += "]";
     }
+    if (l.kind == LaunchKind::dgrad_wgrad_sgd)
+      what += fmt::format("[mask=relu output,into=param(alpha=-lr,beta=1-lr*wd)]");
     if (l.kind == LaunchKind::whole_step)
       what += fmt::format("[dims={},batch={},scratch {{{}}}]", fmt::join(l.whole_step->dims, "-"), l.whole_step->batch,
                           names_of(l.scratch));

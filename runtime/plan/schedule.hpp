@@ -4,6 +4,7 @@
 // per ungrouped node. Backend-neutral: the CUDA program binds each launch to
 // a kernel; tests check the order and what each launch reads and writes.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ enum class LaunchKind : std::uint8_t {
   matmul,         // cuBLASLt, possibly with epilogue or accumulating into a param/velocity
   xent,           // softmax_xent [+ its backward], one kernel
   bias_grad_sgd,  // reduce_rows [+ cast] + sgd_update, one kernel, no gradient buffer
+  dgrad_wgrad_sgd,  // one layer's dgrad (masked by its input's ReLU) and its weight's fused SGD, one pass over W
   single,         // one ungrouped element-wise node
   whole_step,     // every node of an MLP training step, one kernel (see WholeStepPlan)
 };
@@ -67,7 +69,8 @@ struct Launch {
   ValueId output = -1;     // D when target == output
   NodeId sgd_node = -1;    // the sgd_update (fused SGD targets, bias_grad_sgd)
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
-  // drelu launches whose inner dimension is tiny (the classifier layer's
+  // drelu and dgrad_wgrad_sgd launches whose mask is the sign of the ReLU
+  // output they read (dgrad_wgrad_sgd: always). drelu launches whose inner dimension is tiny (the classifier layer's
   // dgrad, <= kSmallInnerDim terms): they mask by the ReLU output's sign
   // (read as a value) instead of a cuBLASLt aux mask, so a small kernel can
   // run them.
@@ -84,9 +87,17 @@ struct Schedule {
   std::vector<AuxBuffer> aux;
 };
 
+// Backend choices the lowering asks about.
+struct ScheduleOptions {
+  // May the dgrad matmul (node `dgrad`, with its relu_backward) and the
+  // fused-SGD weight-gradient matmul (node `wgrad`) of the same weight run
+  // as one dgrad_wgrad_sgd launch? Unset: never.
+  std::function<bool(const Graph&, NodeId dgrad, NodeId wgrad)> merge_dgrad_wgrad;
+};
+
 // Throws GraphError for patterns no backend kernel exists for (a lone
 // batch_indices or gather_rows: the CUDA backend fetches batches fused).
-Schedule build_schedule(const Graph& graph);
+Schedule build_schedule(const Graph& graph, const ScheduleOptions& options = {});
 
 // One whole_step launch for every node of `graph`, which the plan describes
 // (see match_whole_step in whole_step_match.hpp).

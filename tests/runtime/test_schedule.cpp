@@ -141,3 +141,33 @@ TEST_CASE("the reference step's arena is smaller than the sum of its buffers") {
   CHECK(req.buffers[static_cast<std::size_t>(loss_buffer)].last == static_cast<int>(s.launches.size()) - 1);
   CHECK(dump_memory_plan(plan).find("saved by reuse") != std::string::npos);
 }
+
+TEST_CASE("a backend may merge each dgrad with its weight's update into one launch") {
+  const Graph g = reference_fused();
+  ScheduleOptions options;
+  int asked = 0;
+  options.merge_dgrad_wgrad = [&](const Graph& graph, NodeId dgrad, NodeId wgrad) {
+    ++asked;
+    CHECK(graph.node(dgrad).inputs[0] == graph.node(wgrad).inputs[0]);  // the same output gradient
+    return graph.value(graph.node(dgrad).inputs[1]).shape[0] == 128;      // only w2 and w3 ([128,128])
+  };
+  const Schedule s = build_schedule(g, options);
+  CHECK(asked == 3);  // the dgrads of w2, w3, w4
+  int merged = 0;
+  for (const Launch& l : s.launches)
+    if (l.kind == LaunchKind::dgrad_wgrad_sgd) {
+      ++merged;
+      CHECK(l.mask_from_relu_output);
+      CHECK(l.updates.size() == 1);
+      CHECK(g.value(l.updates[0]).role == Role::param);
+      CHECK(l.writes.size() == 1);  // the previous layer's gradient
+    }
+  CHECK(merged == 2);
+  CHECK(s.launches.size() == 16);
+  // No cuBLASLt ReLU mask is left: w4's dgrad (10 terms) and the merged ones
+  // mask by the ReLU outputs they read.
+  CHECK(s.aux.empty());
+  for (const Launch& l : s.launches) CHECK(l.epilogue != MatmulEpilogue::relu_aux_bias);
+  CHECK_NOTHROW(check_schedule_order(g, s));
+  CHECK(dump_schedule(g, s).find("dgrad_wgrad_sgd[mask=relu output") != std::string::npos);
+}

@@ -1,0 +1,195 @@
+// One pass over W for a layer's dgrad and its SGD update (dgrad_wgrad.hpp).
+// Each block owns a strip of S columns of W and walks all N rows of it, 16 at
+// a time, its 8 warps taking turns: a warp copies its 16 x S chunk of W to
+// shared memory (the next chunk's loads already in flight), adds
+// dY[:, rows] * chunk to its dX partial, computes the chunk's gradient
+// dY[:, rows]^T * X[:, strip], and writes the updated chunk back. The warps'
+// dX partials are summed at the end and masked by X > 0.
+#include <mma.h>
+
+#include <fmt/format.h>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dgrad_wgrad.hpp"
+
+namespace sg::cuda {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
+using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::col_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+template <int S, int B>
+struct Layout {
+  static constexpr int kChunkVectors = 16 * S / 8;                  // uint4 per 16 x S chunk of W
+  static constexpr int kVectorsPerLane = kChunkVectors / 32;
+  static constexpr std::size_t x_bytes = std::size_t(B) * S * 2;     // X strip, fp16
+  static constexpr std::size_t chunk_bytes = std::size_t(16) * S * 2;  // per warp: W chunk, fp16
+  static constexpr std::size_t grad_bytes = std::size_t(16) * S * 4;   // per warp: chunk gradient, fp32
+  static constexpr std::size_t partial_bytes = std::size_t(kWarps) * B * S * 4;  // dX partials, fp32
+  static constexpr std::size_t total = x_bytes + kWarps * (chunk_bytes + grad_bytes) + partial_bytes;
+};
+
+template <int S, int B>
+__global__ void __launch_bounds__(kThreads, 1)
+    dgrad_wgrad_sgd_kernel(const __half* dy, const __half* x, int n, int k, __half* w, __half* dx,
+                           const SgdScalars* scalars) {
+  using L = Layout<S, B>;
+  constexpr int kMTiles = B / 16, kSTiles = S / 16;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __half* xs = reinterpret_cast<__half*>(smem);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __half* chunk = reinterpret_cast<__half*>(smem + L::x_bytes + warp * L::chunk_bytes);
+  float* grad = reinterpret_cast<float*>(smem + L::x_bytes + kWarps * L::chunk_bytes + warp * L::grad_bytes);
+  float* partial = reinterpret_cast<float*>(smem + L::x_bytes + kWarps * (L::chunk_bytes + L::grad_bytes));
+  const int col0 = blockIdx.x * S;
+
+  for (int i = threadIdx.x; i < B * S / 8; i += kThreads) {
+    const int r = i / (S / 8), c = (i % (S / 8)) * 8;
+    *reinterpret_cast<uint4*>(xs + r * S + c) = *reinterpret_cast<const uint4*>(x + std::int64_t(r) * k + col0 + c);
+  }
+  __syncthreads();
+  const SgdScalars s = *scalars;
+
+  FragC acc[kMTiles][kSTiles];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t) wmma::fill_fragment(acc[m][t], 0.f);
+
+  auto load_chunk = [&](int row0, uint4 (&regs)[L::kVectorsPerLane]) {
+#pragma unroll
+    for (int v = 0; v < L::kVectorsPerLane; ++v) {
+      const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
+      regs[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + r) * k + col0 + c);
+    }
+  };
+  const int chunks = n / 16;
+  uint4 next[L::kVectorsPerLane];
+  if (warp < chunks) load_chunk(warp * 16, next);
+  for (int ch = warp; ch < chunks; ch += kWarps) {
+    const int row0 = ch * 16;
+#pragma unroll
+    for (int v = 0; v < L::kVectorsPerLane; ++v) {
+      const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
+      *reinterpret_cast<uint4*>(chunk + r * S + c) = next[v];
+    }
+    if (ch + kWarps < chunks) load_chunk(row0 + kWarps * 16, next);  // in flight while this chunk is used
+    __syncwarp();
+    // dX partial += dY[:, rows] * chunk
+    FragA a[kMTiles];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(a[m], dy + std::int64_t(m) * 16 * n + row0, n);
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t) {
+      FragB b;
+      wmma::load_matrix_sync(b, chunk + t * 16, S);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) wmma::mma_sync(acc[m][t], a[m], b, acc[m][t]);
+    }
+    // the chunk's gradient dY[:, rows]^T X[:, strip]
+    FragAT at[kMTiles];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(at[m], dy + std::int64_t(m) * 16 * n + row0, n);
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t) {
+      FragC g;
+      wmma::fill_fragment(g, 0.f);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        FragB xb;
+        wmma::load_matrix_sync(xb, xs + m * 16 * S + t * 16, S);
+        wmma::mma_sync(g, at[m], xb, g);
+      }
+      wmma::store_matrix_sync(grad + t * 16, g, S, wmma::mem_row_major);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int v = 0; v < L::kVectorsPerLane; ++v) {
+      const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
+      uint4 packed = *reinterpret_cast<const uint4*>(chunk + r * S + c);
+      auto* h = reinterpret_cast<__half*>(&packed);
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        h[q] = __float2half(s.neg_lr * grad[r * S + c + q] + s.one_minus_lr_wd * __half2float(h[q]));
+      *reinterpret_cast<uint4*>(w + std::int64_t(row0 + r) * k + col0 + c) = packed;
+    }
+    __syncwarp();
+  }
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t)
+      wmma::store_matrix_sync(partial + warp * B * S + m * 16 * S + t * 16, acc[m][t], S, wmma::mem_row_major);
+  __syncthreads();
+  for (int e = threadIdx.x; e < B * S; e += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi * B * S + e];
+    const int r = e / S, c = e % S;
+    dx[std::int64_t(r) * k + col0 + c] = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
+  }
+}
+
+// Strip width: as wide as keeps at least ~one block per SM busy.
+int strip_width(std::int64_t k) {
+  for (int s : {64, 32})
+    if (k % s == 0 && k / s >= 128) return s;
+  return 16;
+}
+
+// The instance for (S, B) and its shared-memory bytes.
+struct Instance {
+  void (*kernel)(const __half*, const __half*, int, int, __half*, __half*, const SgdScalars*);
+  std::size_t smem;
+  int strip;
+};
+
+template <int S, int B>
+Instance instance() {
+  return {dgrad_wgrad_sgd_kernel<S, B>, Layout<S, B>::total, S};
+}
+
+template <int B>
+Instance instance_for_strip(int strip) {
+  if (strip == 64) return instance<64, B>();
+  if (strip == 32) return instance<32, B>();
+  return instance<16, B>();
+}
+
+Instance instance_for(std::int64_t batch, std::int64_t k) {
+  const int strip = strip_width(k);
+  return batch == 16 ? instance_for_strip<16>(strip) : instance_for_strip<32>(strip);
+}
+
+}  // namespace
+
+std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k) {
+  if (batch != 16 && batch != 32) return fmt::format("batch {} (16 or 32 supported)", batch);
+  if (n % 16 != 0 || k % 16 != 0 || n <= 0 || k <= 0)
+    return fmt::format("weight [{},{}] is not a multiple of 16 both ways", n, k);
+  if (n > (std::int64_t(1) << 30) || k > (std::int64_t(1) << 30)) return "weight too large";
+  return {};
+}
+
+void prepare_dgrad_wgrad_sgd(std::int64_t batch, std::int64_t k) {
+  const Instance in = instance_for(batch, k);
+  SG_CUDA_CHECK(cudaFuncSetAttribute(in.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(in.smem)));
+}
+
+void launch_dgrad_wgrad_sgd(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
+                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream) {
+  if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
+    throw CudaError("dgrad_wgrad_sgd_kernel: unsupported: " + why);
+  const Instance in = instance_for(batch, k);
+  in.kernel<<<unsigned(k / in.strip), kThreads, in.smem, stream>>>(dy, x, int(n), int(k), w, dx, scalars);
+  SG_LAUNCH_CHECK("dgrad_wgrad_sgd_kernel");
+}
+
+}  // namespace sg::cuda

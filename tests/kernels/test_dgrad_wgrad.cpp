@@ -1,0 +1,52 @@
+// The one-pass dgrad + SGD kernel against the CPU reference: the previous
+// layer's gradient (masked by the ReLU output) and the updated weights.
+#include <doctest/doctest.h>
+
+#include <array>
+
+#include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/dgrad_wgrad.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/device_array.hpp"
+
+using namespace sg;
+using sg::test::DeviceArray;
+
+TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - lr dY^T X") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const float lr = 0.05f, wd = 0.01f;
+  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
+  const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, wd);
+  scalars.upload(&host, sizeof host);
+  // (batch, N rows of W, K columns): every strip width (16/32/64), fewer chunks than warps, many
+  for (auto [batch, n, k] : std::vector<std::array<std::int64_t, 3>>{
+           {{32, 128, 128}}, {{16, 48, 80}}, {{32, 256, 4096}}, {{32, 64, 8192}}, {{16, 16, 2048}}}) {
+    INFO(batch << " x " << n << " x " << k);
+    REQUIRE(cuda::dgrad_wgrad_unsupported(batch, n, k).empty());
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+    auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+    for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));  // dx starts poisoned
+    cuda::prepare_dgrad_wgrad_sgd(batch, k);
+    cuda::launch_dgrad_wgrad_sgd(ddy.get(), dx_in.get(), batch, n, k, dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(),
+                                 nullptr);
+    std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), wd0(w.begin(), w.end());
+    std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size()), g(std::size_t(n * k)), w_ref(g.size());
+    ref::matmul(dyd.data(), wd0.data(), dh.data(), batch, k, n, false, false);
+    ref::relu_backward(dh.data(), xd.data(), std::int64_t(dh.size()), dx_ref.data());
+    ref::matmul(dyd.data(), xd.data(), g.data(), n, k, batch, true, false);
+    for (std::size_t i = 0; i < g.size(); ++i) w_ref[i] = wd0[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
+    CHECK(sg::test::relative_error(dx.download(), dx_ref) < 5e-3);
+    const auto w_new = dw.download();
+    CHECK(sg::test::relative_error(w_new, w_ref) < 2e-3);
+    CHECK(sg::test::relative_error(w_new, wd0) > 1e-3);  // the update happened
+  }
+}
+
+TEST_CASE("sizes the one-pass kernel does not take are refused with a reason") {
+  CHECK(cuda::dgrad_wgrad_unsupported(24, 64, 64).find("batch") != std::string::npos);
+  CHECK(cuda::dgrad_wgrad_unsupported(32, 40, 64).find("multiple of 16") != std::string::npos);
+  CHECK(cuda::dgrad_wgrad_unsupported(32, 64, 64).empty());
+}
