@@ -1,7 +1,7 @@
 // One pass over W for a layer's dgrad and its SGD update (dgrad_wgrad.hpp).
 // Each block owns a strip of S columns of W and walks all N rows of it, 16 at
 // a time, its 8 warps taking turns: a warp copies its 16 x S chunk of W to
-// shared memory (the next chunk's loads already in flight), adds
+// shared memory (its next chunks' loads already in flight), adds
 // dY[:, rows] * chunk to its dX partial, computes the chunk's gradient
 // dY[:, rows]^T * X[:, strip], and writes the updated chunk back. The warps'
 // dX partials are summed at the end and masked by X > 0.
@@ -29,6 +29,9 @@ template <int S, int B>
 struct Layout {
   static constexpr int kChunkVectors = 16 * S / 8;                  // uint4 per 16 x S chunk of W
   static constexpr int kVectorsPerLane = kChunkVectors / 32;
+  // Chunks in flight per warp: 16 uint4 registers per lane whatever S, so
+  // ~8 KB per warp and 64 KB per SM are on their way from memory.
+  static constexpr int kDepth = 16 / kVectorsPerLane;
   static constexpr std::size_t x_bytes = std::size_t(B) * S * 2;     // X strip, fp16
   static constexpr std::size_t chunk_bytes = std::size_t(16) * S * 2;  // per warp: W chunk, fp16
   static constexpr std::size_t grad_bytes = std::size_t(16) * S * 4;   // per warp: chunk gradient, fp32
@@ -70,57 +73,67 @@ __global__ void __launch_bounds__(kThreads, 1)
       regs[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + r) * k + col0 + c);
     }
   };
+  // The warp's chunks are ch = warp, warp + 8, ...; kDepth of them are in
+  // flight at any time (registers, a ring indexed by compile-time d).
   const int chunks = n / 16;
-  uint4 next[L::kVectorsPerLane];
-  if (warp < chunks) load_chunk(warp * 16, next);
-  for (int ch = warp; ch < chunks; ch += kWarps) {
-    const int row0 = ch * 16;
+  uint4 ring[L::kDepth][L::kVectorsPerLane];
 #pragma unroll
-    for (int v = 0; v < L::kVectorsPerLane; ++v) {
-      const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-      *reinterpret_cast<uint4*>(chunk + r * S + c) = next[v];
-    }
-    if (ch + kWarps < chunks) load_chunk(row0 + kWarps * 16, next);  // in flight while this chunk is used
-    __syncwarp();
-    // dX partial += dY[:, rows] * chunk
-    FragA a[kMTiles];
+  for (int d = 0; d < L::kDepth; ++d)
+    if (warp + d * kWarps < chunks) load_chunk((warp + d * kWarps) * 16, ring[d]);
+  for (int first = warp; first < chunks; first += kWarps * L::kDepth) {
 #pragma unroll
-    for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(a[m], dy + std::int64_t(m) * 16 * n + row0, n);
+    for (int d = 0; d < L::kDepth; ++d) {
+      const int ch = first + d * kWarps;
+      if (ch >= chunks) break;
+      const int row0 = ch * 16;
 #pragma unroll
-    for (int t = 0; t < kSTiles; ++t) {
-      FragB b;
-      wmma::load_matrix_sync(b, chunk + t * 16, S);
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) wmma::mma_sync(acc[m][t], a[m], b, acc[m][t]);
-    }
-    // the chunk's gradient dY[:, rows]^T X[:, strip]
-    FragAT at[kMTiles];
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(at[m], dy + std::int64_t(m) * 16 * n + row0, n);
-#pragma unroll
-    for (int t = 0; t < kSTiles; ++t) {
-      FragC g;
-      wmma::fill_fragment(g, 0.f);
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        FragB xb;
-        wmma::load_matrix_sync(xb, xs + m * 16 * S + t * 16, S);
-        wmma::mma_sync(g, at[m], xb, g);
+      for (int v = 0; v < L::kVectorsPerLane; ++v) {
+        const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
+        *reinterpret_cast<uint4*>(chunk + r * S + c) = ring[d][v];
       }
-      wmma::store_matrix_sync(grad + t * 16, g, S, wmma::mem_row_major);
-    }
-    __syncwarp();
+      const int refill = ch + kWarps * L::kDepth;
+      if (refill < chunks) load_chunk(refill * 16, ring[d]);
+      __syncwarp();
+      // dX partial += dY[:, rows] * chunk
+      FragA a[kMTiles];
 #pragma unroll
-    for (int v = 0; v < L::kVectorsPerLane; ++v) {
-      const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-      uint4 packed = *reinterpret_cast<const uint4*>(chunk + r * S + c);
-      auto* h = reinterpret_cast<__half*>(&packed);
+      for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(a[m], dy + std::int64_t(m) * 16 * n + row0, n);
 #pragma unroll
-      for (int q = 0; q < 8; ++q)
-        h[q] = __float2half(s.neg_lr * grad[r * S + c + q] + s.one_minus_lr_wd * __half2float(h[q]));
-      *reinterpret_cast<uint4*>(w + std::int64_t(row0 + r) * k + col0 + c) = packed;
+      for (int t = 0; t < kSTiles; ++t) {
+        FragB b;
+        wmma::load_matrix_sync(b, chunk + t * 16, S);
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) wmma::mma_sync(acc[m][t], a[m], b, acc[m][t]);
+      }
+      // the chunk's gradient dY[:, rows]^T X[:, strip]
+      FragAT at[kMTiles];
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(at[m], dy + std::int64_t(m) * 16 * n + row0, n);
+#pragma unroll
+      for (int t = 0; t < kSTiles; ++t) {
+        FragC g;
+        wmma::fill_fragment(g, 0.f);
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          FragB xb;
+          wmma::load_matrix_sync(xb, xs + m * 16 * S + t * 16, S);
+          wmma::mma_sync(g, at[m], xb, g);
+        }
+        wmma::store_matrix_sync(grad + t * 16, g, S, wmma::mem_row_major);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int v = 0; v < L::kVectorsPerLane; ++v) {
+        const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
+        uint4 packed = *reinterpret_cast<const uint4*>(chunk + r * S + c);
+        auto* h = reinterpret_cast<__half*>(&packed);
+#pragma unroll
+        for (int q = 0; q < 8; ++q)
+          h[q] = __float2half(s.neg_lr * grad[r * S + c + q] + s.one_minus_lr_wd * __half2float(h[q]));
+        *reinterpret_cast<uint4*>(w + std::int64_t(row0 + r) * k + col0 + c) = packed;
+      }
+      __syncwarp();
     }
-    __syncwarp();
   }
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m)

@@ -145,6 +145,7 @@ TEST_CASE("the reference network trains on real MNIST through CUDA graph replay"
   spec.mlp.weight_dtype = DType::f16;
   spec.sgd = {0.05, 0.0, 0.0};
   spec.whole_step = false;  // the per-group schedule (test_whole_step covers the one-kernel step)
+  spec.one_pass_backward = false;  // with its two-pass cuBLASLt backward: 18 launches
   cuda::CudaTrainer t(spec, data);
   CHECK(t.training_program().schedule().launches.size() == 18);
   t.train(5000);

@@ -88,6 +88,7 @@ TEST_CASE("on the reference network and real MNIST the whole-step kernel follows
   spec.sgd.lr = 0.1;
   cuda::CudaTrainer whole(spec, data);
   spec.whole_step = false;
+  spec.one_pass_backward = false;
   cuda::CudaTrainer grouped(spec, data);
   REQUIRE(whole.training_program().uses_whole_step());
   REQUIRE(grouped.training_program().schedule().launches.size() == 18);
