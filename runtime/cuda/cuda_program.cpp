@@ -111,8 +111,9 @@ MatmulImpl pick_matmul_impl(const MatmulShape& s, const Launch& l) {
   if (target == MatmulTarget::output && s.epilogue == Epilogue::bias && !s.trans_a && s.trans_b &&
       s.cd_type == ElemType::f16 && s.n <= kSmallLinearMaxDim)
     return MatmulImpl::small_n_forward;
+  // (k is the batch here: each thread sums over it, so only small batches)
   if (target == MatmulTarget::param_sgd && s.epilogue == Epilogue::none && s.trans_a && !s.trans_b &&
-      s.m <= kSmallLinearMaxDim)
+      s.m <= kSmallLinearMaxDim && s.k <= 64)
     return MatmulImpl::small_m_wgrad_sgd;
   return MatmulImpl::cublaslt;
 }
