@@ -1,7 +1,9 @@
 // One pass over W for a layer's dgrad and its SGD update (dgrad_wgrad.hpp).
 // Each block owns a strip of S columns of W and walks all N rows of it, 16 at
-// a time, its 8 warps taking turns: a warp copies its 16 x S chunk of W to
-// shared memory (its next chunks' loads already in flight), adds
+// a time, its 8 warps taking turns: a warp copies its 16 x S chunk of W and
+// the matching 16 columns of dY to shared memory (its next chunks' loads
+// already in flight: every operand of the math then comes from shared
+// memory, nothing waits on a global load mid-chunk), adds
 // dY[:, rows] * chunk to its dX partial, computes the chunk's gradient
 // dY[:, rows]^T * X[:, strip], and writes the updated chunk back. The warps'
 // dX partials are summed at the end and masked by X > 0.
@@ -29,14 +31,16 @@ template <int S, int B>
 struct Layout {
   static constexpr int kChunkVectors = 16 * S / 8;                  // uint4 per 16 x S chunk of W
   static constexpr int kVectorsPerLane = kChunkVectors / 32;
-  // Chunks in flight per warp: 16 uint4 registers per lane whatever S, so
-  // ~8 KB per warp and 64 KB per SM are on their way from memory.
-  static constexpr int kDepth = 16 / kVectorsPerLane;
+  static constexpr int kGradVectorsPerLane = B * 16 / 8 / 32;       // uint4 per lane of dY[:, 16 rows]
+  // Chunks in flight per warp (a ring of registers): ~16 uint4 per lane.
+  static constexpr int kDepth = 16 / (kVectorsPerLane + kGradVectorsPerLane) > 0
+                                    ? 16 / (kVectorsPerLane + kGradVectorsPerLane) : 1;
+  static constexpr std::size_t dy_bytes = std::size_t(B) * 16 * 2;    // per warp: dY[:, 16 rows], fp16
   static constexpr std::size_t x_bytes = std::size_t(B) * S * 2;     // X strip, fp16
   static constexpr std::size_t chunk_bytes = std::size_t(16) * S * 2;  // per warp: W chunk, fp16
   static constexpr std::size_t grad_bytes = std::size_t(16) * S * 4;   // per warp: chunk gradient, fp32
   static constexpr std::size_t partial_bytes = std::size_t(kWarps) * B * S * 4;  // dX partials, fp32
-  static constexpr std::size_t total = x_bytes + kWarps * (chunk_bytes + grad_bytes) + partial_bytes;
+  static constexpr std::size_t total = x_bytes + kWarps * (chunk_bytes + grad_bytes + dy_bytes) + partial_bytes;
 };
 
 template <int S, int B>
@@ -51,6 +55,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __half* chunk = reinterpret_cast<__half*>(smem + L::x_bytes + warp * L::chunk_bytes);
   float* grad = reinterpret_cast<float*>(smem + L::x_bytes + kWarps * L::chunk_bytes + warp * L::grad_bytes);
   float* partial = reinterpret_cast<float*>(smem + L::x_bytes + kWarps * (L::chunk_bytes + L::grad_bytes));
+  __half* dys = reinterpret_cast<__half*>(reinterpret_cast<unsigned char*>(partial) + L::partial_bytes + warp * L::dy_bytes);
   const int col0 = blockIdx.x * S;
 
   for (int i = threadIdx.x; i < B * S / 8; i += kThreads) {
@@ -66,17 +71,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int t = 0; t < kSTiles; ++t) wmma::fill_fragment(acc[m][t], 0.f);
 
-  auto load_chunk = [&](int row0, uint4 (&regs)[L::kVectorsPerLane]) {
+  // A chunk: rows row0.. row0+15 of W's strip, and the same 16 columns of dY.
+  struct Chunk {
+    uint4 w[L::kVectorsPerLane];
+    uint4 dy[L::kGradVectorsPerLane];
+  };
+  auto load_chunk = [&](int row0, Chunk& regs) {
 #pragma unroll
     for (int v = 0; v < L::kVectorsPerLane; ++v) {
       const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-      regs[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + r) * k + col0 + c);
+      regs.w[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + r) * k + col0 + c);
+    }
+#pragma unroll
+    for (int v = 0; v < L::kGradVectorsPerLane; ++v) {
+      const int i = lane + v * 32, b = i / 2, c = (i % 2) * 8;
+      regs.dy[v] = *reinterpret_cast<const uint4*>(dy + std::int64_t(b) * n + row0 + c);
     }
   };
   // The warp's chunks are ch = warp, warp + 8, ...; kDepth of them are in
   // flight at any time (registers, a ring indexed by compile-time d).
   const int chunks = n / 16;
-  uint4 ring[L::kDepth][L::kVectorsPerLane];
+  Chunk ring[L::kDepth];
 #pragma unroll
   for (int d = 0; d < L::kDepth; ++d)
     if (warp + d * kWarps < chunks) load_chunk((warp + d * kWarps) * 16, ring[d]);
@@ -89,7 +104,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int v = 0; v < L::kVectorsPerLane; ++v) {
         const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-        *reinterpret_cast<uint4*>(chunk + r * S + c) = ring[d][v];
+        *reinterpret_cast<uint4*>(chunk + r * S + c) = ring[d].w[v];
+      }
+#pragma unroll
+      for (int v = 0; v < L::kGradVectorsPerLane; ++v) {  // dys: [B][16], row-major
+        const int i = lane + v * 32, b = i / 2, c = (i % 2) * 8;
+        *reinterpret_cast<uint4*>(dys + b * 16 + c) = ring[d].dy[v];
       }
       const int refill = ch + kWarps * L::kDepth;
       if (refill < chunks) load_chunk(refill * 16, ring[d]);
@@ -97,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // dX partial += dY[:, rows] * chunk
       FragA a[kMTiles];
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(a[m], dy + std::int64_t(m) * 16 * n + row0, n);
+      for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(a[m], dys + m * 16 * 16, 16);
 #pragma unroll
       for (int t = 0; t < kSTiles; ++t) {
         FragB b;
@@ -108,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // the chunk's gradient dY[:, rows]^T X[:, strip]
       FragAT at[kMTiles];
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(at[m], dy + std::int64_t(m) * 16 * n + row0, n);
+      for (int m = 0; m < kMTiles; ++m) wmma::load_matrix_sync(at[m], dys + m * 16 * 16, 16);
 #pragma unroll
       for (int t = 0; t < kSTiles; ++t) {
         FragC g;

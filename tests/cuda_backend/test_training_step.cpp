@@ -60,7 +60,10 @@ TEST_CASE("100 CUDA training steps follow the CPU backend's loss curve") {
     // After 100 steps fp16 rounding of activations and gradients has compounded
     // (momentum 0.9 amplifies it tenfold); the loss curve above is the contract.
     CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
-    CHECK(gpu_losses[99] < gpu_losses[0]);  // it learns something, even from noise
+    // It learns something, even from noise (400 rows seen 8 times): the mean
+    // loss of the last 10 steps is below that of the first 10.
+    CHECK(std::accumulate(gpu_losses.end() - 10, gpu_losses.end(), 0.0) <
+          std::accumulate(gpu_losses.begin(), gpu_losses.begin() + 10, 0.0));
     const EvalResult ge = gpu.evaluate(), ce = cpu->evaluate();
     CHECK(ge.examples == ce.examples);
     CHECK(std::abs(ge.loss - ce.loss) / ce.loss < 1e-2);
