@@ -38,7 +38,8 @@ struct Layout {
   static constexpr std::size_t dy_bytes = std::size_t(B) * 16 * 2;    // per warp: dY[:, 16 rows], fp16
   static constexpr std::size_t x_bytes = std::size_t(B) * S * 2;     // X strip, fp16
   static constexpr std::size_t chunk_bytes = std::size_t(16) * S * 2;  // per warp: W chunk, fp16
-  static constexpr std::size_t grad_bytes = std::size_t(16) * S * 4;   // per warp: chunk gradient, fp32
+  static constexpr int kGradLd = S + 4;  // padded: the update's float4 reads spread over the banks
+  static constexpr std::size_t grad_bytes = std::size_t(16) * kGradLd * 4;  // per warp: chunk gradient, fp32
   static constexpr std::size_t partial_bytes = std::size_t(kWarps) * B * S * 4;  // dX partials, fp32
   static constexpr std::size_t total = x_bytes + kWarps * (chunk_bytes + grad_bytes + dy_bytes) + partial_bytes;
 };
@@ -64,6 +65,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   const SgdScalars s = *scalars;
+
+  // X's fragments are the same for every chunk: load them once.
+  FragB xb[kMTiles][kSTiles];
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t) wmma::load_matrix_sync(xb[m][t], xs + m * 16 * S + t * 16, S);
 
   FragC acc[kMTiles][kSTiles];
 #pragma unroll
@@ -134,12 +142,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         FragC g;
         wmma::fill_fragment(g, 0.f);
 #pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-          FragB xb;
-          wmma::load_matrix_sync(xb, xs + m * 16 * S + t * 16, S);
-          wmma::mma_sync(g, at[m], xb, g);
-        }
-        wmma::store_matrix_sync(grad + t * 16, g, S, wmma::mem_row_major);
+        for (int m = 0; m < kMTiles; ++m) wmma::mma_sync(g, at[m], xb[m][t], g);
+        wmma::store_matrix_sync(grad + t * 16, g, L::kGradLd, wmma::mem_row_major);
       }
       __syncwarp();
 #pragma unroll
@@ -147,9 +151,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
         uint4 packed = *reinterpret_cast<const uint4*>(chunk + r * S + c);
         auto* h = reinterpret_cast<__half*>(&packed);
+        const float4 g0 = *reinterpret_cast<const float4*>(grad + r * L::kGradLd + c);
+        const float4 g1 = *reinterpret_cast<const float4*>(grad + r * L::kGradLd + c + 4);
+        const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
 #pragma unroll
-        for (int q = 0; q < 8; ++q)
-          h[q] = __float2half(s.neg_lr * grad[r * S + c + q] + s.one_minus_lr_wd * __half2float(h[q]));
+        for (int q = 0; q < 8; ++q) h[q] = __float2half(s.neg_lr * g[q] + s.one_minus_lr_wd * __half2float(h[q]));
         *reinterpret_cast<uint4*>(w + std::int64_t(row0 + r) * k + col0 + c) = packed;
       }
       __syncwarp();
@@ -170,12 +176,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// Strip width: as wide as keeps at least ~one block per SM busy.
-int strip_width(std::int64_t k) {
-  for (int s : {64, 32})
-    if (k % s == 0 && k / s >= 128) return s;
-  return 16;
-}
+// Strip width: 32 columns when that still gives ~one block per SM, else 16.
+// (64 would need X's fragments and the dX accumulators in more registers
+// than a thread has: measured slower.)
+int strip_width(std::int64_t k) { return k % 32 == 0 && k / 32 >= 128 ? 32 : 16; }
 
 // The instance for (S, B) and its shared-memory bytes.
 struct Instance {
@@ -191,9 +195,7 @@ Instance instance() {
 
 template <int B>
 Instance instance_for_strip(int strip) {
-  if (strip == 64) return instance<64, B>();
-  if (strip == 32) return instance<32, B>();
-  return instance<16, B>();
+  return strip == 32 ? instance<32, B>() : instance<16, B>();
 }
 
 Instance instance_for(std::int64_t batch, std::int64_t k) {

@@ -19,7 +19,7 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
   const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, wd);
   scalars.upload(&host, sizeof host);
-  // (batch, N rows of W, K columns): every strip width (16/32/64), fewer chunks than warps, many
+  // (batch, N rows of W, K columns): both strip widths (16/32), fewer chunks than warps, many
   for (auto [batch, n, k] : std::vector<std::array<std::int64_t, 3>>{
            {{32, 128, 128}}, {{16, 48, 80}}, {{32, 256, 4096}}, {{32, 64, 8192}}, {{16, 16, 2048}}}) {
     INFO(batch << " x " << n << " x " << k);
