@@ -47,7 +47,7 @@ struct Layout {
 template <int S, int B>
 __global__ void __launch_bounds__(kThreads, 1)
     dgrad_wgrad_sgd_kernel(const __half* dy, const __half* x, int n, int k, __half* w, __half* dx,
-                           const SgdScalars* scalars) {
+                           const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars) {
   using L = Layout<S, B>;
   constexpr int kMTiles = B / 16, kSTiles = S / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -172,7 +172,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi * B * S + e];
     const int r = e / S, c = e % S;
-    dx[std::int64_t(r) * k + col0 + c] = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
+    const __half v = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
+    dx[std::int64_t(r) * k + col0 + c] = v;
+    if (bias) partial[e] = __half2float(v);  // slot e of warp 0's partials: only this thread reads it
+  }
+  if (!bias) return;
+  __syncthreads();
+  // The previous layer's bias gradient is the column sum of dx (as rounded).
+  if (threadIdx.x < S) {
+    float g = 0.f;
+#pragma unroll
+    for (int r = 0; r < B; ++r) g += partial[r * S + threadIdx.x];
+    const SgdScalars bs = *bias_scalars;
+    __half* b = bias + col0 + threadIdx.x;
+    *b = __float2half(bs.neg_lr * g + bs.one_minus_lr_wd * __half2float(*b));
   }
 }
 
@@ -183,7 +196,8 @@ int strip_width(std::int64_t k) { return k % 32 == 0 && k / 32 >= 128 ? 32 : 16;
 
 // The instance for (S, B) and its shared-memory bytes.
 struct Instance {
-  void (*kernel)(const __half*, const __half*, int, int, __half*, __half*, const SgdScalars*);
+  void (*kernel)(const __half*, const __half*, int, int, __half*, __half*, const SgdScalars*, __half*,
+                 const SgdScalars*);
   std::size_t smem;
   int strip;
 };
@@ -219,11 +233,13 @@ void prepare_dgrad_wgrad_sgd(std::int64_t batch, std::int64_t k) {
 }
 
 void launch_dgrad_wgrad_sgd(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
-                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream) {
+                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream, __half* bias,
+                            const SgdScalars* bias_scalars) {
   if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
     throw CudaError("dgrad_wgrad_sgd_kernel: unsupported: " + why);
   const Instance in = instance_for(batch, k);
-  in.kernel<<<unsigned(k / in.strip), kThreads, in.smem, stream>>>(dy, x, int(n), int(k), w, dx, scalars);
+  in.kernel<<<unsigned(k / in.strip), kThreads, in.smem, stream>>>(dy, x, int(n), int(k), w, dx, scalars, bias,
+                                                                   bias_scalars);
   SG_LAUNCH_CHECK("dgrad_wgrad_sgd_kernel");
 }
 

@@ -24,7 +24,10 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
 // Sets the kernel's shared-memory limit for these sizes: call once before the
 // first launch, outside stream capture.
 void prepare_dgrad_wgrad_sgd(std::int64_t batch, std::int64_t k);
+// With bias set, the kernel also applies SGD to the previous layer's bias
+// from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
 void launch_dgrad_wgrad_sgd(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
-                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream);
+                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
+                            __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr);
 
 }  // namespace sg::cuda

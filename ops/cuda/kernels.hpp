@@ -62,9 +62,10 @@ template <typename W, typename G>
 void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream);
 // Bias gradient fused with its update: g[j] = sum_i dy[i,j] (f32 accumulate),
 // then the SGD update of b[j] (and velocity[j]) as above. No gradient buffer.
+// With advance_step set, the kernel also increments *advance_step (once).
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
-                          const SgdScalars* scalars, cudaStream_t stream);
+                          const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step = nullptr);
 // Second half of a momentum update whose first half (v = momentum*v + g) a
 // matmul already wrote: v += wd*w; w -= lr*v.
 template <typename W>

@@ -44,7 +44,8 @@ __global__ void momentum_finish_kernel(W* w, W* velocity, std::int64_t n, const 
 // With `bias` set, the sum is the bias gradient and is applied at once.
 template <typename W, typename G>
 __global__ void column_sum_kernel(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
-                                  const SgdScalars* scalars) {
+                                  const SgdScalars* scalars, std::int32_t* advance_step) {
+  if (advance_step && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) *advance_step += 1;
   __shared__ float partial[8][33];
   const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.f;
@@ -65,10 +66,10 @@ __global__ void column_sum_kernel(const G* x, std::int64_t rows, std::int64_t co
 
 template <typename W, typename G>
 void column_sum(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
-                const SgdScalars* scalars, cudaStream_t stream, const char* name) {
+                const SgdScalars* scalars, cudaStream_t stream, const char* name, std::int32_t* advance_step = nullptr) {
   const dim3 block(32, 8);
   column_sum_kernel<W, G><<<static_cast<unsigned>((cols + 31) / 32), block, 0, stream>>>(x, rows, cols, sums, bias,
-                                                                                       velocity, scalars);
+                                                                                       velocity, scalars, advance_step);
   SG_LAUNCH_CHECK(name);
 }
 
@@ -101,8 +102,8 @@ void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdS
 
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
-                          const SgdScalars* scalars, cudaStream_t stream) {
-  column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, "bias_grad_sgd");
+                          const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step) {
+  column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, "bias_grad_sgd", advance_step);
 }
 
 template <typename W>
@@ -116,9 +117,9 @@ template void launch_reduce_rows<__half>(const __half*, std::int64_t, std::int64
 template void launch_sgd_update<__half, __half>(__half*, const __half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_sgd_update<float, float>(float*, const float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_sgd_update<float, __half>(float*, const __half*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_bias_grad_sgd<__half, __half>(const __half*, std::int64_t, std::int64_t, __half*, __half*, const SgdScalars*, cudaStream_t);
-template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t);
-template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t);
+template void launch_bias_grad_sgd<__half, __half>(const __half*, std::int64_t, std::int64_t, __half*, __half*, const SgdScalars*, cudaStream_t, std::int32_t*);
+template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, std::int32_t*);
+template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, std::int32_t*);
 template void launch_momentum_finish<__half>(__half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_momentum_finish<float>(float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
 

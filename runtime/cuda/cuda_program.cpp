@@ -129,6 +129,7 @@ struct CudaProgram::Bound {
   std::unique_ptr<WholeStepArgs> whole_step;
   // dgrad_wgrad_sgd: d = dx, a = dy, b = x (the relu output), w below
   void* w = nullptr;
+  const SgdScalars* bias_sgd = nullptr;  // with `bias`: the merged bias update
   std::int64_t batch = 0, rows = 0, cols = 0;
   WholeStepLaunch whole_step_launch;
   const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
@@ -181,8 +182,11 @@ CudaProgram::~CudaProgram() = default;
 
 Schedule CudaProgram::choose_schedule() {
   ScheduleOptions per_group;
-  if (options_.one_pass_backward && options_.accumulate == Accumulate::f32)
+  if (options_.one_pass_backward && options_.accumulate == Accumulate::f32) {
     per_group.merge_dgrad_wgrad = one_pass_backward_fits;
+    per_group.merge_bias_into_dgrad_wgrad = true;
+  }
+  per_group.fold_step_advance = true;
   if (!options_.whole_step) {
     whole_step_note_ = "turned off";
     return build_schedule(graph_, per_group);
@@ -202,6 +206,13 @@ void CudaProgram::bind_dgrad_wgrad(const Launch& l, Bound& bound) const {
   bound.d = device_ptr(relu_bw.outputs[0]);
   bound.w = device_ptr(w.id);
   bound.sgd = scalars_of(l.sgd_node);
+  if (l.bias_sgd_node >= 0) {
+    const Node& bias_sgd = graph_.node(l.bias_sgd_node);
+    if (graph_.value(bias_sgd.inputs[0]).dtype != DType::f16)
+      throw CudaError("dgrad_wgrad_sgd: the merged bias update needs an fp16 bias");
+    bound.bias = device_ptr(bias_sgd.inputs[0]);
+    bound.bias_sgd = scalars_of(l.bias_sgd_node);
+  }
   bound.batch = graph_.value(mm.inputs[0]).shape[0];
   bound.rows = w.shape[0];
   bound.cols = w.shape[1];
@@ -364,15 +375,21 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
       const Value& bias = graph_.value(sgd.inputs[0]);
       void* velocity = sgd.inputs.size() == 3 ? device_ptr(sgd.inputs[2]) : nullptr;
       const SgdScalars* s = scalars_of(sgd.id);
+      auto* advance = l.advance_node >= 0
+                          ? static_cast<std::int32_t*>(device_ptr(graph_.node(l.advance_node).inputs[0]))
+                          : nullptr;
       if (bias.dtype == DType::f16 && dy.dtype == DType::f16)
         launch_bias_grad_sgd(static_cast<const __half*>(device_ptr(dy.id)), dy.shape[0], dy.shape[1],
-                             static_cast<__half*>(device_ptr(bias.id)), static_cast<__half*>(velocity), s, stream);
+                             static_cast<__half*>(device_ptr(bias.id)), static_cast<__half*>(velocity), s, stream,
+                             advance);
       else if (bias.dtype == DType::f32 && dy.dtype == DType::f16)
         launch_bias_grad_sgd(static_cast<const __half*>(device_ptr(dy.id)), dy.shape[0], dy.shape[1],
-                             static_cast<float*>(device_ptr(bias.id)), static_cast<float*>(velocity), s, stream);
+                             static_cast<float*>(device_ptr(bias.id)), static_cast<float*>(velocity), s, stream,
+                             advance);
       else if (bias.dtype == DType::f32 && dy.dtype == DType::f32)
         launch_bias_grad_sgd(static_cast<const float*>(device_ptr(dy.id)), dy.shape[0], dy.shape[1],
-                             static_cast<float*>(device_ptr(bias.id)), static_cast<float*>(velocity), s, stream);
+                             static_cast<float*>(device_ptr(bias.id)), static_cast<float*>(velocity), s, stream,
+                             advance);
       else
         throw CudaError("bias_grad_sgd: unsupported dtype pair (f16 bias with f32 gradient)");
       return;
@@ -383,7 +400,8 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
     case LaunchKind::dgrad_wgrad_sgd: {
       const Bound& b = *bound_[index];
       launch_dgrad_wgrad_sgd(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), b.batch, b.rows, b.cols,
-                             static_cast<__half*>(b.w), static_cast<__half*>(b.d), b.sgd, stream);
+                             static_cast<__half*>(b.w), static_cast<__half*>(b.d), b.sgd, stream,
+                             const_cast<__half*>(static_cast<const __half*>(b.bias)), b.bias_sgd);
       return;
     }
     case LaunchKind::whole_step:

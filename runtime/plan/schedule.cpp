@@ -75,6 +75,8 @@ class Lowering {
       if (n.id == anchor(group) && emitted.insert(group.id).second) emit(lower_group(group));
     }
     merge_dgrad_wgrad_pairs();
+    if (options_.merge_bias_into_dgrad_wgrad) merge_bias_updates();
+    if (options_.fold_step_advance) fold_step_advance();
     return std::move(schedule_);
   }
 
@@ -132,6 +134,42 @@ class Lowering {
       fill_boundary(g_, merged);
       ls[i] = std::move(merged);
       ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+
+  // A dgrad_wgrad_sgd launch followed by the bias_grad_sgd launch that sums
+  // its output (plain SGD) becomes one launch.
+  void merge_bias_updates() {
+    auto& ls = schedule_.launches;
+    for (std::size_t i = 0; i + 1 < ls.size(); ++i) {
+      Launch& a = ls[i];
+      const Launch& b = ls[i + 1];
+      if (a.kind != LaunchKind::dgrad_wgrad_sgd || b.kind != LaunchKind::bias_grad_sgd) continue;
+      const Node& reduce = g_.node(b.nodes.front());
+      const Node& sgd = g_.node(b.sgd_node);
+      if (b.nodes.size() != 2 || reduce.inputs[0] != a.output || sgd.inputs.size() != 2) continue;
+      a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
+      a.bias_sgd_node = b.sgd_node;
+      a.reads.clear();
+      a.writes.clear();
+      a.updates.clear();
+      fill_boundary(g_, a);
+      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+
+  // Moves a trailing lone advance_step onto the last bias_grad_sgd launch.
+  void fold_step_advance() {
+    auto& ls = schedule_.launches;
+    if (ls.empty() || ls.back().kind != LaunchKind::single || g_.node(ls.back().nodes[0]).op != OpKind::advance_step)
+      return;
+    for (std::size_t i = ls.size() - 1; i-- > 0;) {
+      if (ls[i].kind != LaunchKind::bias_grad_sgd) continue;
+      ls[i].advance_node = ls.back().nodes[0];
+      ls[i].nodes.push_back(ls[i].advance_node);
+      ls[i].updates.push_back(g_.node(ls[i].advance_node).inputs[0]);
+      ls.pop_back();
+      return;
     }
   }
 
@@ -305,7 +343,9 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
       what += "]";
     }
     if (l.kind == LaunchKind::dgrad_wgrad_sgd)
-      what += fmt::format("[mask=relu output,into=param(alpha=-lr,beta=1-lr*wd)]");
+      what += fmt::format("[mask=relu output,into=param(alpha=-lr,beta=1-lr*wd){}]",
+                          l.bias_sgd_node >= 0 ? ",+bias update" : "");
+    if (l.advance_node >= 0) what += "[+advance_step]";
     if (l.kind == LaunchKind::whole_step)
       what += fmt::format("[dims={},batch={},scratch {{{}}}]", fmt::join(l.whole_step->dims, "-"), l.whole_step->batch,
                           names_of(l.scratch));

@@ -68,6 +68,8 @@ struct Launch {
   ValueId bias = -1;       // epilogue bias value
   ValueId output = -1;     // D when target == output
   NodeId sgd_node = -1;    // the sgd_update (fused SGD targets, bias_grad_sgd)
+  NodeId bias_sgd_node = -1;   // dgrad_wgrad_sgd: the previous layer's bias update it also does
+  NodeId advance_node = -1;    // bias_grad_sgd: the step advance it also does
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
   // drelu and dgrad_wgrad_sgd launches whose mask is the sign of the ReLU
   // output they read (dgrad_wgrad_sgd: always). drelu launches whose inner dimension is tiny (the classifier layer's
@@ -93,6 +95,12 @@ struct ScheduleOptions {
   // fused-SGD weight-gradient matmul (node `wgrad`) of the same weight run
   // as one dgrad_wgrad_sgd launch? Unset: never.
   std::function<bool(const Graph&, NodeId dgrad, NodeId wgrad)> merge_dgrad_wgrad;
+  // With merge_dgrad_wgrad: may a merged launch also take the bias-gradient
+  // SGD launch that follows it and sums its output?
+  bool merge_bias_into_dgrad_wgrad = false;
+  // May the step counter's advance ride on the last bias-gradient launch
+  // (after the batch fetch, the only reader of the counter)?
+  bool fold_step_advance = false;
 };
 
 // Throws GraphError for patterns no backend kernel exists for (a lone

@@ -45,6 +45,33 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   }
 }
 
+TEST_CASE("the one-pass kernel also updates the previous layer's bias from the column sums of dX") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t batch = 32, n = 64, k = 4096;  // 32-column strips
+  const float lr = 0.1f;
+  cuda::DeviceBuffer scalars(2 * sizeof(cuda::SgdScalars));
+  const cuda::SgdScalars host[2] = {cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)};
+  scalars.upload(host, sizeof host);
+  const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+  auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+  for (auto& v : x) v = v < 0 ? 0.f : v;
+  const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
+  DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));
+  cuda::prepare_dgrad_wgrad_sgd(batch, k);
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  cuda::launch_dgrad_wgrad_sgd(ddy.get(), dx_in.get(), batch, n, k, dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
+  const auto dx_got = dx.download();
+  std::vector<double> b_ref(static_cast<std::size_t>(k));
+  for (std::int64_t c = 0; c < k; ++c) {
+    double g = 0;
+    for (std::int64_t r = 0; r < batch; ++r) g += dx_got[std::size_t(r * k + c)];  // the rounded dX it wrote
+    b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * g;
+  }
+  CHECK(sg::test::relative_error(db.download(), b_ref) < 2e-3);
+}
+
 TEST_CASE("sizes the one-pass kernel does not take are refused with a reason") {
   CHECK(cuda::dgrad_wgrad_unsupported(24, 64, 64).find("batch") != std::string::npos);
   CHECK(cuda::dgrad_wgrad_unsupported(32, 40, 64).find("multiple of 16") != std::string::npos);

@@ -171,3 +171,34 @@ TEST_CASE("a backend may merge each dgrad with its weight's update into one laun
   CHECK_NOTHROW(check_schedule_order(g, s));
   CHECK(dump_schedule(g, s).find("dgrad_wgrad_sgd[mask=relu output") != std::string::npos);
 }
+
+TEST_CASE("merged launches may also take the following bias update, and a bias update the step advance") {
+  const Graph g = reference_fused();
+  ScheduleOptions options;
+  options.merge_dgrad_wgrad = [](const Graph& graph, NodeId dgrad, NodeId) {
+    return graph.value(graph.node(dgrad).inputs[1]).shape[0] == 128;  // w2, w3
+  };
+  options.merge_bias_into_dgrad_wgrad = true;
+  options.fold_step_advance = true;
+  const Schedule s = build_schedule(g, options);
+  CHECK(s.launches.size() == 13);  // 18 - 2 merged pairs - 2 bias updates - the advance
+  int with_bias = 0, with_advance = 0;
+  for (const Launch& l : s.launches) {
+    if (l.kind == LaunchKind::dgrad_wgrad_sgd && l.bias_sgd_node >= 0) {
+      ++with_bias;
+      CHECK(g.node(g.value(g.node(l.bias_sgd_node).inputs[1]).producer).op == OpKind::reduce_rows);
+    }
+    if (l.advance_node >= 0) {
+      ++with_advance;
+      CHECK(l.kind == LaunchKind::bias_grad_sgd);
+      CHECK(std::find(l.updates.begin(), l.updates.end(), g.value_named("step")) != l.updates.end());
+    }
+    CHECK(!(l.kind == LaunchKind::single && g.node(l.nodes[0]).op == OpKind::advance_step));
+  }
+  CHECK(with_bias == 2);
+  CHECK(with_advance == 1);
+  CHECK_NOTHROW(check_schedule_order(g, s));
+  const std::string dump = dump_schedule(g, s);
+  CHECK(dump.find("+bias update") != std::string::npos);
+  CHECK(dump.find("[+advance_step]") != std::string::npos);
+}
