@@ -119,6 +119,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int i = lane + v * 32, b = i / 2, c = (i % 2) * 8;
         *reinterpret_cast<uint4*>(dys + b * 16 + c) = ring[d].dy[v];
       }
+      uint4 current[L::kVectorsPerLane];  // this lane's weights, kept for the update
+#pragma unroll
+      for (int v = 0; v < L::kVectorsPerLane; ++v) current[v] = ring[d].w[v];
       const int refill = ch + kWarps * L::kDepth;
       if (refill < chunks) load_chunk(refill * 16, ring[d]);
       __syncwarp();
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int v = 0; v < L::kVectorsPerLane; ++v) {
         const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-        uint4 packed = *reinterpret_cast<const uint4*>(chunk + r * S + c);
+        uint4 packed = current[v];
         auto* h = reinterpret_cast<__half*>(&packed);
         const float4 g0 = *reinterpret_cast<const float4*>(grad + r * L::kGradLd + c);
         const float4 g1 = *reinterpret_cast<const float4*>(grad + r * L::kGradLd + c + 4);

@@ -62,10 +62,11 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
   return args;
 }
 
-// Above this many parameters the per-group cuBLASLt schedule is faster on an
-// H100 (measured crossover between widths 1024 and 2048 of 784-H-H-H-10:
-// docs/performance.md), so the whole-step kernel is not picked.
-constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(4) << 20;
+// Above this many parameters the per-group schedule is faster on an H100
+// (measured crossover between widths 512 and 1024 of 784-H-H-H-10 since the
+// per-group backward got its one-pass kernel: docs/performance.md), so the
+// whole-step kernel is not picked.
+constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 20;
 
 // Why the kernel should not run this plan ("" when it should): it keeps fp16
 // parameters and activations, implements SGD without momentum, and pays off
