@@ -21,13 +21,15 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
 step build scripts/build.sh
 SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # A short run on each lowering: fp32 master weights take the per-group
-# cuBLASLt schedule, fp16 weights the whole-step kernel.
-for weights in fp32 fp16; do
-  short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data"
-         --set precision.weights=$weights --set run.steps=30 --set run.log_every=10
-         --set run.out_dir="$out/sanitized_$weights")
-  step "memcheck_$weights" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
-  step "racecheck_$weights" compute-sanitizer --tool racecheck --error-exitcode 3 "${short[@]}"
+# cuBLASLt schedule, fp16 weights the whole-step kernel, and a wide fp16 net
+# the per-group schedule with the one-pass backward and small-dim kernels.
+for variant in fp32 fp16 fp16_wide; do
+  extra=(--set precision.weights=${variant%_wide})
+  [ "$variant" = fp16_wide ] && extra+=(--set "model.layers=[784,2048,2048,10]")
+  short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
+         --set run.steps=20 --set run.log_every=10 --set run.out_dir="$out/sanitized_$variant")
+  step "memcheck_$variant" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
+  step "racecheck_$variant" compute-sanitizer --tool racecheck --error-exitcode 3 "${short[@]}"
 done
 step default_config build/apps/stepgraph train --config configs/mnist_mlp.yaml --set data.dir="$data" \
   --set run.out_dir="$out/mnist_mlp"
