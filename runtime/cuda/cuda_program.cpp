@@ -96,10 +96,6 @@ bool one_pass_backward_fits(const sg::Graph& g, NodeId dgrad, NodeId /*wgrad*/) 
   return dgrad_wgrad_unsupported(dy.shape[0], w.shape[0], w.shape[1]).empty();
 }
 
-}  // namespace
-
-namespace {
-
 // Who computes a matmul launch: cuBLASLt, or one of our kernels for the
 // classifier layer's tiny dimension (fp32 accumulation only, like cuBLASLt's).
 enum class MatmulImpl : std::uint8_t { cublaslt, small_n_forward, small_m_wgrad_sgd, small_k_dgrad_relu };
@@ -130,7 +126,8 @@ struct CudaProgram::Bound {
   std::unique_ptr<WholeStepArgs> whole_step;
   // dgrad_wgrad_sgd: d = dx, a = dy, b = x (the relu output), w below
   void* w = nullptr;
-  const SgdScalars* bias_sgd = nullptr;  // with `bias`: the merged bias update
+  void* prev_bias = nullptr;             // the previous layer's bias, updated by the same launch
+  const SgdScalars* prev_bias_sgd = nullptr;
   std::int64_t batch = 0, rows = 0, cols = 0;
   WholeStepLaunch whole_step_launch;
   const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
@@ -211,8 +208,8 @@ void CudaProgram::bind_dgrad_wgrad(const Launch& l, Bound& bound) const {
     const Node& bias_sgd = graph_.node(l.bias_sgd_node);
     if (graph_.value(bias_sgd.inputs[0]).dtype != DType::f16)
       throw CudaError("dgrad_wgrad_sgd: the merged bias update needs an fp16 bias");
-    bound.bias = device_ptr(bias_sgd.inputs[0]);
-    bound.bias_sgd = scalars_of(l.bias_sgd_node);
+    bound.prev_bias = device_ptr(bias_sgd.inputs[0]);
+    bound.prev_bias_sgd = scalars_of(l.bias_sgd_node);
   }
   bound.batch = graph_.value(mm.inputs[0]).shape[0];
   bound.rows = w.shape[0];
@@ -402,7 +399,7 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
       const Bound& b = *bound_[index];
       launch_dgrad_wgrad_sgd(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), b.batch, b.rows, b.cols,
                              static_cast<__half*>(b.w), static_cast<__half*>(b.d), b.sgd, stream,
-                             const_cast<__half*>(static_cast<const __half*>(b.bias)), b.bias_sgd);
+                             static_cast<__half*>(b.prev_bias), b.prev_bias_sgd);
       return;
     }
     case LaunchKind::whole_step:
