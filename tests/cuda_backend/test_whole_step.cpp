@@ -13,6 +13,7 @@
 #include "tests/runtime/test_support.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "tests/support/test_data.hpp"
+#include "tests/cuda_backend/learning_rate_check.hpp"
 #include "tests/support/training_helpers.hpp"
 
 using namespace sg;
@@ -175,19 +176,5 @@ TEST_CASE("whole-step: the phase profile names every phase and takes real time")
 
 TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
   auto rng = sg::test::fresh_rng();
-  const Dataset data = random_dataset(500, 64, 10, rng);
-  const TrainerSpec spec = f16_spec({64, 32, 10}, 16);
-  auto cpu = make_cpu_trainer(spec, data);
-  cuda::CudaTrainer gpu(spec, data);
-  REQUIRE(gpu.training_program().uses_whole_step());
-  for (double lr : {0.05, 0.2, 0.01}) {
-    cpu->set_learning_rate(lr);
-    gpu.set_learning_rate(lr);
-    cpu->train(10);
-    gpu.train(10);
-  }
-  CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-2);
-  cuda::CudaTrainer constant(spec, data);
-  constant.train(30);
-  CHECK(sg::test::relative_error(all_parameters(constant), all_parameters(gpu)) > 1e-3);
+  sg::test::check_learning_rate_changes_reach(f16_spec({64, 32, 10}, 16), random_dataset(500, 64, 10, rng), true);
 }
