@@ -62,43 +62,6 @@ struct Record {
   std::string error;
 };
 
-[[maybe_unused]] std::vector<std::int64_t> parse_list(const std::string& text, const char* what) {
-  std::vector<std::int64_t> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) {
-    try {
-      out.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      throw std::invalid_argument(fmt::format("--{}: '{}' is not a number", what, item));
-    }
-    if (out.back() <= 0) throw std::invalid_argument(fmt::format("--{}: {} must be > 0", what, out.back()));
-  }
-  if (out.empty()) throw std::invalid_argument(fmt::format("--{} is empty", what));
-  return out;
-}
-
-[[maybe_unused]] double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? NAN : v[v.size() / 2];
-}
-
-// The SM clock as nvidia-smi reports it now (NaN when unavailable).
-[[maybe_unused]] double sm_clock_mhz() {
-  std::FILE* p = ::popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null", "r");
-  if (!p) return NAN;
-  double mhz = NAN;
-  if (std::fscanf(p, "%lf", &mhz) != 1) mhz = NAN;
-  ::pclose(p);
-  return mhz;
-}
-
-[[maybe_unused]] std::string today() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
-  return buf;
-}
-
 // Bytes of fp16/fp32 weights one step must move: forward read, dX read
 // (every layer but the first) and the update's read + write.
 double weight_bytes_per_step(const std::vector<std::int64_t>& layers, std::size_t elem) {
@@ -118,34 +81,6 @@ double flops_per_step(const std::vector<std::int64_t>& layers, std::int64_t batc
 
 std::vector<std::int64_t> mlp_layers(std::int64_t width) { return {784, width, width, width, 10}; }
 
-[[maybe_unused]] json record_json(const Record& r) {
-  json j = {{"mode", r.mode}, {"width", r.width}, {"batch", r.batch}};
-  if (!r.error.empty()) {
-    j["error"] = r.error;
-    return j;
-  }
-  j["us_per_step"] = r.us_per_step;
-  j["samples_per_s"] = double(r.batch) * 1e6 / r.us_per_step;
-  j["all_us_per_step"] = r.all_us;
-  j["sm_clock_mhz_before"] = r.clock_before;
-  j["sm_clock_mhz_after"] = r.clock_after;
-  j["final_loss"] = r.final_loss;
-  return j;
-}
-
-std::vector<Record> read_torch_file(const std::string& path);
-
-// Records of one or more bench/torch_bench.py outputs (comma-separated paths).
-[[maybe_unused]] std::vector<Record> read_torch(const std::string& paths) {
-  std::vector<Record> out;
-  std::stringstream list(paths);
-  for (std::string path; std::getline(list, path, ',');) {
-    if (path.empty()) continue;
-    for (auto& r : read_torch_file(path)) out.push_back(std::move(r));
-  }
-  return out;
-}
-
 std::vector<Record> read_torch_file(const std::string& path) {
   std::vector<Record> out;
   const json doc = json::parse(io::read_file(path));
@@ -163,6 +98,69 @@ std::vector<Record> read_torch_file(const std::string& path) {
 }
 
 #ifdef STEPGRAPH_HAVE_CUDA
+std::vector<std::int64_t> parse_list(const std::string& text, const char* what) {
+  std::vector<std::int64_t> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    try {
+      out.push_back(std::stoll(item));
+    } catch (const std::exception&) {
+      throw std::invalid_argument(fmt::format("--{}: '{}' is not a number", what, item));
+    }
+    if (out.back() <= 0) throw std::invalid_argument(fmt::format("--{}: {} must be > 0", what, out.back()));
+  }
+  if (out.empty()) throw std::invalid_argument(fmt::format("--{} is empty", what));
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? NAN : v[v.size() / 2];
+}
+
+// The SM clock as nvidia-smi reports it now (NaN when unavailable).
+double sm_clock_mhz() {
+  std::FILE* p = ::popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null", "r");
+  if (!p) return NAN;
+  double mhz = NAN;
+  if (std::fscanf(p, "%lf", &mhz) != 1) mhz = NAN;
+  ::pclose(p);
+  return mhz;
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+json record_json(const Record& r) {
+  json j = {{"mode", r.mode}, {"width", r.width}, {"batch", r.batch}};
+  if (!r.error.empty()) {
+    j["error"] = r.error;
+    return j;
+  }
+  j["us_per_step"] = r.us_per_step;
+  j["samples_per_s"] = double(r.batch) * 1e6 / r.us_per_step;
+  j["all_us_per_step"] = r.all_us;
+  j["sm_clock_mhz_before"] = r.clock_before;
+  j["sm_clock_mhz_after"] = r.clock_after;
+  j["final_loss"] = r.final_loss;
+  return j;
+}
+
+// Records of one or more bench/torch_bench.py outputs (comma-separated paths).
+std::vector<Record> read_torch(const std::string& paths) {
+  std::vector<Record> out;
+  std::stringstream list(paths);
+  for (std::string path; std::getline(list, path, ',');) {
+    if (path.empty()) continue;
+    for (auto& r : read_torch_file(path)) out.push_back(std::move(r));
+  }
+  return out;
+}
+
 struct DeviceInfo {
   std::string name;
   int sm_count = 0;

@@ -110,7 +110,7 @@ class Lowering {
       if (group.kind != FusionKind::dgrad_drelu) continue;
       const FusionGroup* partner = wgrad_partner(group);
       if (partner && options_.merge_dgrad_wgrad(g_, group.nodes.front(), partner->nodes.front()))
-        merged_dgrads_.insert(group.id);
+        merged_dgrads_[group.id] = partner->id;
     }
   }
 
@@ -118,9 +118,9 @@ class Lowering {
   void merge_dgrad_wgrad_pairs() {
     auto& ls = schedule_.launches;
     for (std::size_t i = 0; i + 1 < ls.size(); ++i) {
-      if (!merged_dgrads_.count(ls[i].fusion_group)) continue;
-      const FusionGroup* partner = wgrad_partner(g_.fusion_groups()[static_cast<std::size_t>(ls[i].fusion_group)]);
-      if (ls[i + 1].fusion_group != partner->id)
+      const auto partner = merged_dgrads_.find(ls[i].fusion_group);
+      if (partner == merged_dgrads_.end()) continue;
+      if (ls[i + 1].fusion_group != partner->second)
         throw GraphError(fmt::format("schedule: dgrad launch {} is not followed by its weight's update", i));
       Launch merged;
       merged.kind = LaunchKind::dgrad_wgrad_sgd;
@@ -272,7 +272,7 @@ class Lowering {
   const ScheduleOptions& options_;
   Schedule schedule_;
   std::map<NodeId, int> mask_of_relu_;
-  std::set<int> merged_dgrads_;  // fusion group ids
+  std::map<int, int> merged_dgrads_;  // dgrad_drelu group id -> its weight's wgrad_sgd group id
 };
 
 }  // namespace
