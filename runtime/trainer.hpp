@@ -26,7 +26,7 @@ struct TrainerSpec {
   bool cuda_graph = true;
   bool autotune = false;
   bool whole_step = true;  // one kernel per step where the MLP fits it
-  bool one_pass_backward = true;  // dgrad + SGD in one pass over each weight where it fits
+  bool one_pass_backward = true;  // dgrad + SGD in one pass over each weight, and the output layer's backward in one kernel, where they fit
   std::int64_t steps_per_launch = 1;
 };
 

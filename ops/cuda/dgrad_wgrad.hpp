@@ -6,7 +6,7 @@
 //   W  = (1 - lr*wd) W - lr dY^T X           (plain SGD, in place)
 // cuBLASLt needs two passes (a dgrad reading W, then a weight-gradient
 // matmul reading and writing it); with a batch of 32 both are bound by
-// memory traffic, so one pass saves a third of it. Tensor cores (wmma),
+// memory traffic, so one pass saves a third of it. Tensor cores (wmma or mma.sync),
 // fp32 accumulation, fp16 results rounded once, as the cuBLASLt calls round.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/cuda/cuda_resources.hpp"
+#include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
@@ -21,13 +23,29 @@ namespace sg::cuda {
 // Empty when the kernel runs these sizes, else why not.
 std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
 
-// Sets the kernel's shared-memory limit for these sizes: call once before the
-// first launch, outside stream capture.
-void prepare_dgrad_wgrad_sgd(std::int64_t batch, std::int64_t k);
-// With bias set, the kernel also applies SGD to the previous layer's bias
-// from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
-void launch_dgrad_wgrad_sgd(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
-                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
-                            __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr);
+// The one-pass kernel for one (batch, N, K). For big W (K >= 8192) the
+// blocks that share a strip of columns each own a range of W's rows, write
+// fp32 dX partial sums to a workspace this object owns, and the last to
+// finish sums them in range order (deterministic). Construct outside stream
+// capture; launches are capturable and must not run concurrently with each
+// other.
+class DgradWgradSgd {
+ public:
+  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k);
+
+  // With bias set, the launch also applies SGD to the previous layer's bias
+  // from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
+  void launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
+              cudaStream_t stream, __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr) const;
+
+  // Row ranges per column strip; 0 when the column-strip kernel runs these sizes.
+  std::int64_t row_ranges() const { return grid_.ranges; }
+
+ private:
+  std::int64_t batch_, n_, k_;
+  one_pass::RowRangeGrid grid_;
+  DeviceBuffer partials_;
+  DeviceBuffer arrivals_;
+};
 
 }  // namespace sg::cuda

@@ -5,18 +5,10 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/sgd_step.cuh"
 
 namespace sg::cuda {
 namespace {
-
-__device__ __forceinline__ float sgd_step(float w, float g, float* v, const SgdScalars& s) {
-  const float grad = g + s.weight_decay * w;
-  if (v) {
-    *v = s.momentum * *v + grad;
-    return w - s.lr * *v;
-  }
-  return w - s.lr * grad;
-}
 
 template <typename W, typename G>
 __global__ void sgd_kernel(W* w, const G* g, W* velocity, std::int64_t n, const SgdScalars* scalars) {

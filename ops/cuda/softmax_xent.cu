@@ -6,20 +6,12 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/softmax_row.cuh"
 
 namespace sg::cuda {
 namespace {
 
 constexpr int kWarps = 32;
-
-__device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Adds the per-warp partials in warp order and stores the result from thread 0.
 template <typename Out>
@@ -40,23 +32,11 @@ __global__ void softmax_xent_kernel(const T* logits, const std::int32_t* labels,
                                     float* loss, T* dlogits) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float partial = 0.f;
+  const float inv_rows = 1.f / static_cast<float>(rows);
   for (std::int64_t r = warp; r < rows; r += kWarps) {
-    const T* row = logits + r * cols;
-    float mx = -FLT_MAX;
-    for (std::int64_t c = lane; c < cols; c += 32) mx = fmaxf(mx, to_float(row[c]));
-    mx = warp_max(mx);
-    float sum = 0.f;
-    for (std::int64_t c = lane; c < cols; c += 32) sum += __expf(to_float(row[c]) - mx);
-    sum = warp_sum(sum);
-    const std::int32_t label = labels[r];
-    if (lane == 0) partial += logf(sum) + mx - to_float(row[label]);
-    if (dlogits) {
-      const float inv_rows = 1.f / static_cast<float>(rows);
-      for (std::int64_t c = lane; c < cols; c += 32) {
-        const float p = __expf(to_float(row[c]) - mx) / sum;
-        dlogits[r * cols + c] = from_float<T>((p - (c == label ? 1.f : 0.f)) * inv_rows);
-      }
-    }
+    const float row_loss =
+        softmax_xent_row(logits + r * cols, cols, labels[r], inv_rows, dlogits ? dlogits + r * cols : nullptr);
+    if (lane == 0) partial += row_loss;
   }
   block_total(partial, loss, 1.f / static_cast<float>(rows));
 }

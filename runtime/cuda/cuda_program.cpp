@@ -8,6 +8,7 @@
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
+#include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/whole_step.hpp"
 #include "runtime/plan/whole_step_match.hpp"
@@ -96,6 +97,18 @@ bool one_pass_backward_fits(const sg::Graph& g, NodeId dgrad, NodeId /*wgrad*/) 
   return dgrad_wgrad_unsupported(dy.shape[0], w.shape[0], w.shape[1]).empty();
 }
 
+// Whether the fused output-layer backward takes this softmax-xent and dgrad:
+// fp16 logits, weight and ReLU output, a small batch and few classes.
+bool output_layer_backward_fits(const sg::Graph& g, NodeId xent_backward, NodeId dgrad) {
+  const Node& mm = g.node(dgrad);
+  const Value& dlogits = g.value(g.node(xent_backward).outputs[0]);
+  const Value& w = g.value(mm.inputs[1]);
+  if (mm.attrs.trans_a || mm.attrs.trans_b || dlogits.dtype != DType::f16 || w.dtype != DType::f16 ||
+      w.role != Role::param || mm.inputs[0] != dlogits.id)
+    return false;
+  return output_layer_backward_unsupported(dlogits.shape[0], w.shape[0], w.shape[1]).empty();
+}
+
 // Who computes a matmul launch: cuBLASLt, or one of our kernels for the
 // classifier layer's tiny dimension (fp32 accumulation only, like cuBLASLt's).
 enum class MatmulImpl : std::uint8_t { cublaslt, small_n_forward, small_m_wgrad_sgd, small_k_dgrad_relu };
@@ -124,11 +137,12 @@ struct CudaProgram::Bound {
   const void* relu_out = nullptr;  // small_k_dgrad_relu's mask source
   std::unique_ptr<LtMatmul> matmul;
   std::unique_ptr<WholeStepArgs> whole_step;
+  std::unique_ptr<DgradWgradSgd> dgrad_wgrad;
+  OutputLayerBackward output_backward;
   // dgrad_wgrad_sgd: d = dx, a = dy, b = x (the relu output), w below
   void* w = nullptr;
   void* prev_bias = nullptr;             // the previous layer's bias, updated by the same launch
   const SgdScalars* prev_bias_sgd = nullptr;
-  std::int64_t batch = 0, rows = 0, cols = 0;
   WholeStepLaunch whole_step_launch;
   const void *a = nullptr, *b = nullptr, *c = nullptr, *alpha = nullptr, *beta = nullptr, *bias = nullptr;
   void *d = nullptr, *aux = nullptr;
@@ -183,6 +197,7 @@ Schedule CudaProgram::choose_schedule() {
   if (options_.one_pass_backward && options_.accumulate == Accumulate::f32) {
     per_group.merge_dgrad_wgrad = one_pass_backward_fits;
     per_group.merge_bias_into_dgrad_wgrad = true;
+    per_group.merge_output_layer_backward = output_layer_backward_fits;
   }
   per_group.fold_step_advance = true;
   if (!options_.whole_step) {
@@ -211,10 +226,39 @@ void CudaProgram::bind_dgrad_wgrad(const Launch& l, Bound& bound) const {
     bound.prev_bias = device_ptr(bias_sgd.inputs[0]);
     bound.prev_bias_sgd = scalars_of(l.bias_sgd_node);
   }
-  bound.batch = graph_.value(mm.inputs[0]).shape[0];
-  bound.rows = w.shape[0];
-  bound.cols = w.shape[1];
-  prepare_dgrad_wgrad_sgd(bound.batch, bound.cols);
+  bound.dgrad_wgrad = std::make_unique<DgradWgradSgd>(graph_.value(mm.inputs[0]).shape[0], w.shape[0], w.shape[1]);
+}
+
+void CudaProgram::bind_output_layer_backward(const Launch& l, Bound& bound) const {
+  const Node& xent = graph_.node(l.nodes[0]);
+  const Node& xent_backward = graph_.node(l.nodes[1]);
+  const Node& dgrad = graph_.node(l.matmul_node);
+  const Node& relu_backward = graph_.node(graph_.value(l.output).producer);
+  const Node& out_bias_sgd = graph_.node(l.output_bias_sgd_node);
+  const Node& hidden_bias_sgd = graph_.node(l.bias_sgd_node);
+  for (ValueId bias : {out_bias_sgd.inputs[0], hidden_bias_sgd.inputs[0]})
+    if (graph_.value(bias).dtype != DType::f16)
+      throw CudaError("output_layer_backward: the kernel updates fp16 biases only");
+  const Value& w = graph_.value(dgrad.inputs[1]);
+  OutputLayerBackward& a = bound.output_backward;
+  a.logits = static_cast<const __half*>(device_ptr(xent.inputs[0]));
+  a.labels = static_cast<const std::int32_t*>(device_ptr(xent.inputs[1]));
+  a.h = static_cast<const __half*>(device_ptr(relu_backward.inputs[1]));
+  a.w = static_cast<__half*>(device_ptr(w.id));
+  a.out_bias = static_cast<__half*>(device_ptr(out_bias_sgd.inputs[0]));
+  a.hidden_bias = static_cast<__half*>(device_ptr(hidden_bias_sgd.inputs[0]));
+  a.dh = static_cast<__half*>(device_ptr(l.output));
+  a.loss = static_cast<float*>(device_ptr(xent.outputs[0]));
+  const ValueId dlogits = xent_backward.outputs[0];
+  if (std::find(l.writes.begin(), l.writes.end(), dlogits) != l.writes.end())
+    a.dlogits = static_cast<__half*>(device_ptr(dlogits));
+  if (l.advance_node >= 0) a.step = static_cast<std::int32_t*>(device_ptr(graph_.node(l.advance_node).inputs[0]));
+  a.w_sgd = scalars_of(l.sgd_node);
+  a.out_bias_sgd = scalars_of(l.output_bias_sgd_node);
+  a.hidden_bias_sgd = scalars_of(l.bias_sgd_node);
+  a.batch = graph_.value(dlogits).shape[0];
+  a.classes = w.shape[0];
+  a.hidden = w.shape[1];
 }
 
 void CudaProgram::bind_whole_step(const WholeStepPlan& plan, Bound& bound) const {
@@ -259,6 +303,7 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
     auto bound = std::make_unique<Bound>();
     if (l.kind == LaunchKind::whole_step) bind_whole_step(*l.whole_step, *bound);
     if (l.kind == LaunchKind::dgrad_wgrad_sgd) bind_dgrad_wgrad(l, *bound);
+    if (l.kind == LaunchKind::output_layer_backward) bind_output_layer_backward(l, *bound);
     if (l.kind == LaunchKind::matmul) {
       const Node& mm = graph_.node(l.matmul_node);
       const Value& a = graph_.value(mm.inputs[0]);
@@ -397,11 +442,14 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
       return;
     case LaunchKind::dgrad_wgrad_sgd: {
       const Bound& b = *bound_[index];
-      launch_dgrad_wgrad_sgd(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), b.batch, b.rows, b.cols,
-                             static_cast<__half*>(b.w), static_cast<__half*>(b.d), b.sgd, stream,
-                             static_cast<__half*>(b.prev_bias), b.prev_bias_sgd);
+      b.dgrad_wgrad->launch(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), static_cast<__half*>(b.w),
+                            static_cast<__half*>(b.d), b.sgd, stream, static_cast<__half*>(b.prev_bias),
+                            b.prev_bias_sgd);
       return;
     }
+    case LaunchKind::output_layer_backward:
+      launch_output_layer_backward(bound_[index]->output_backward, stream);
+      return;
     case LaunchKind::whole_step:
       launch_whole_step(*bound_[index]->whole_step, bound_[index]->whole_step_launch, stream);
       return;

@@ -68,6 +68,7 @@ class CudaProgram {
   void bind_launches(const LtHandle& lt, cudaStream_t stream);
   void bind_whole_step(const WholeStepPlan& plan, Bound& bound) const;
   void bind_dgrad_wgrad(const Launch& launch, Bound& bound) const;
+  void bind_output_layer_backward(const Launch& launch, Bound& bound) const;
   void record_single(const Node& n, cudaStream_t stream) const;
   void record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const;
   const SgdScalars* scalars_of(NodeId sgd_node) const;

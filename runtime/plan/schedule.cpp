@@ -17,6 +17,7 @@ std::string_view launch_kind_name(LaunchKind kind) {
     case LaunchKind::bias_grad_sgd: return "bias_grad_sgd";
     case LaunchKind::single: return "single";
     case LaunchKind::whole_step: return "whole_step";
+    case LaunchKind::output_layer_backward: return "output_layer_backward";
     case LaunchKind::dgrad_wgrad_sgd: return "dgrad_wgrad_sgd";
   }
   return "?";
@@ -77,6 +78,7 @@ class Lowering {
     merge_dgrad_wgrad_pairs();
     if (options_.merge_bias_into_dgrad_wgrad) merge_bias_updates();
     if (options_.fold_step_advance) fold_step_advance();
+    if (options_.merge_output_layer_backward) merge_output_layer_backward();
     return std::move(schedule_);
   }
 
@@ -170,6 +172,68 @@ class Lowering {
       ls[i].updates.push_back(g_.node(ls[i].advance_node).inputs[0]);
       ls.pop_back();
       return;
+    }
+  }
+
+  // The launch among ls[from, to) that `matches`, if exactly one does.
+  template <typename Match>
+  std::ptrdiff_t only(const std::vector<Launch>& ls, std::size_t from, std::size_t to, Match matches) const {
+    std::ptrdiff_t found = -1;
+    for (std::size_t i = from; i < to; ++i)
+      if (matches(ls[i])) {
+        if (found >= 0) return -1;
+        found = static_cast<std::ptrdiff_t>(i);
+      }
+    return found;
+  }
+
+  // A plain-SGD bias_grad_sgd launch summing `grad`.
+  bool plain_bias_update_of(const Launch& l, ValueId grad) const {
+    return l.kind == LaunchKind::bias_grad_sgd && g_.node(l.nodes.front()).inputs[0] == grad &&
+           g_.node(l.sgd_node).inputs.size() == 2;
+  }
+
+  // The xent launch and the four launches right after it that only serve the
+  // output layer become one output_layer_backward launch.
+  void merge_output_layer_backward() {
+    auto& ls = schedule_.launches;
+    for (std::size_t i = 0; i + 4 < ls.size(); ++i) {
+      if (ls[i].kind != LaunchKind::xent || ls[i].nodes.size() != 2) continue;
+      const NodeId xent_bw = ls[i].nodes[1];
+      const ValueId dlogits = g_.node(xent_bw).outputs[0];
+      const std::size_t end = i + 5;
+      const auto out_bias = only(ls, i + 1, end, [&](const Launch& l) { return plain_bias_update_of(l, dlogits); });
+      const auto dgrad = only(ls, i + 1, end, [&](const Launch& l) {
+        return l.kind == LaunchKind::matmul && l.epilogue == MatmulEpilogue::drelu && l.mask_from_relu_output &&
+               g_.node(l.matmul_node).inputs[0] == dlogits;
+      });
+      const auto weight = only(ls, i + 1, end, [&](const Launch& l) {
+        return l.kind == LaunchKind::matmul && l.target == MatmulTarget::param_sgd &&
+               g_.node(l.matmul_node).inputs[0] == dlogits && g_.node(l.sgd_node).inputs.size() == 2;
+      });
+      if (out_bias < 0 || dgrad < 0 || weight < 0) continue;
+      const auto hidden_bias =
+          only(ls, i + 1, end, [&](const Launch& l) { return plain_bias_update_of(l, ls[std::size_t(dgrad)].output); });
+      if (hidden_bias < 0) continue;
+      const Launch& dg = ls[std::size_t(dgrad)];
+      // the dgrad's weight is the one the fused SGD updates
+      if (g_.node(dg.matmul_node).inputs[1] != g_.node(ls[std::size_t(weight)].sgd_node).inputs[0]) continue;
+      if (ls[std::size_t(out_bias)].advance_node >= 0) continue;  // the advance rides on the last bias update only
+      if (!options_.merge_output_layer_backward(g_, xent_bw, dg.matmul_node)) continue;
+      Launch merged;
+      merged.kind = LaunchKind::output_layer_backward;
+      merged.nodes = ls[i].nodes;
+      for (std::size_t k = i + 1; k < end; ++k) merged.nodes.insert(merged.nodes.end(), ls[k].nodes.begin(), ls[k].nodes.end());
+      merged.matmul_node = dg.matmul_node;
+      merged.output = dg.output;
+      merged.mask_from_relu_output = true;
+      merged.sgd_node = ls[std::size_t(weight)].sgd_node;
+      merged.output_bias_sgd_node = ls[std::size_t(out_bias)].sgd_node;
+      merged.bias_sgd_node = ls[std::size_t(hidden_bias)].sgd_node;
+      merged.advance_node = ls[std::size_t(hidden_bias)].advance_node;
+      fill_boundary(g_, merged);
+      ls[i] = std::move(merged);
+      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1, ls.begin() + static_cast<std::ptrdiff_t>(end));
     }
   }
 
@@ -345,6 +409,7 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
     if (l.kind == LaunchKind::dgrad_wgrad_sgd)
       what += fmt::format("[mask=relu output,into=param(alpha=-lr,beta=1-lr*wd){}]",
                           l.bias_sgd_node >= 0 ? ",+bias update" : "");
+    if (l.kind == LaunchKind::output_layer_backward) what += "[mask=relu output,+bias updates]";
     if (l.advance_node >= 0) what += "[+advance_step]";
     if (l.kind == LaunchKind::whole_step)
       what += fmt::format("[dims={},batch={},scratch {{{}}}]", fmt::join(l.whole_step->dims, "-"), l.whole_step->batch,

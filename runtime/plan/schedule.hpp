@@ -20,6 +20,7 @@ enum class LaunchKind : std::uint8_t {
   bias_grad_sgd,  // reduce_rows [+ cast] + sgd_update, one kernel, no gradient buffer
   dgrad_wgrad_sgd,  // one layer's dgrad (masked by its input's ReLU) and its weight's fused SGD, one pass over W
   single,         // one ungrouped element-wise node
+  output_layer_backward,  // softmax-xent and the output layer's dgrad, weight/bias updates, the previous bias update
   whole_step,     // every node of an MLP training step, one kernel (see WholeStepPlan)
 };
 
@@ -69,7 +70,11 @@ struct Launch {
   ValueId output = -1;     // D when target == output
   NodeId sgd_node = -1;    // the sgd_update (fused SGD targets, bias_grad_sgd)
   NodeId bias_sgd_node = -1;   // dgrad_wgrad_sgd: the previous layer's bias update it also does
-  NodeId advance_node = -1;    // bias_grad_sgd: the step advance it also does
+  NodeId advance_node = -1;    // bias_grad_sgd, output_layer_backward: the step advance it also does
+  // output_layer_backward: nodes = softmax_xent, its backward, then the merged
+  // launches' nodes; matmul_node = the dgrad, sgd_node = the weight's update,
+  // bias_sgd_node = the hidden layer's bias update, and:
+  NodeId output_bias_sgd_node = -1;
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
   // drelu and dgrad_wgrad_sgd launches whose mask is the sign of the ReLU
   // output they read (dgrad_wgrad_sgd: always). drelu launches whose inner dimension is tiny (the classifier layer's
@@ -98,6 +103,12 @@ struct ScheduleOptions {
   // With merge_dgrad_wgrad: may a merged launch also take the bias-gradient
   // SGD launch that follows it and sums its output?
   bool merge_bias_into_dgrad_wgrad = false;
+  // May softmax-xent and the launches that follow it for the output layer
+  // (its bias update, its dgrad masked by the ReLU output, its weight's fused
+  // SGD, the previous layer's bias update) run as one output_layer_backward
+  // launch? Asked with the xent launch's backward node and the dgrad matmul.
+  // Unset: never.
+  std::function<bool(const Graph&, NodeId xent_backward, NodeId dgrad)> merge_output_layer_backward;
   // May the step counter's advance ride on the last bias-gradient launch
   // (after the batch fetch, the only reader of the counter)?
   bool fold_step_advance = false;

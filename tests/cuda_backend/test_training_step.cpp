@@ -147,7 +147,7 @@ TEST_CASE("the reference network trains on real MNIST through CUDA graph replay"
   CHECK(eval.accuracy > 0.95);
 }
 
-TEST_CASE("one-pass dgrad + SGD follows the two-pass cuBLASLt backward on real MNIST") {
+TEST_CASE("one-pass dgrad + SGD and the fused output layer follow the unfused backward on real MNIST") {
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
   TrainerSpec spec;
   spec.mlp.layers = {784, 256, 256, 10};
@@ -159,11 +159,14 @@ TEST_CASE("one-pass dgrad + SGD follows the two-pass cuBLASLt backward on real M
   spec.one_pass_backward = false;
   cuda::CudaTrainer two_pass(spec, data);
   const auto& launches = one_pass.training_program().schedule().launches;
-  const auto merged = std::count_if(launches.begin(), launches.end(),
-                                    [](const Launch& l) { return l.kind == LaunchKind::dgrad_wgrad_sgd; });
-  CHECK(merged == 1);  // layer 2 (layer 3's dgrad has 10 terms: the small kernel; layer 1 has no dgrad)
-  // one launch fewer for the merged pair, one for layer 1's bias update it also does
-  CHECK(launches.size() + 2 == two_pass.training_program().schedule().launches.size());
+  const auto count = [&](LaunchKind kind) {
+    return std::count_if(launches.begin(), launches.end(), [&](const Launch& l) { return l.kind == kind; });
+  };
+  CHECK(count(LaunchKind::dgrad_wgrad_sgd) == 1);  // layer 2 (layer 1 has no dgrad)
+  CHECK(count(LaunchKind::output_layer_backward) == 1);  // layer 3 (10 classes) with softmax-xent
+  // one launch fewer for the merged pair, one for layer 1's bias update it also does, four for the
+  // output layer (softmax-xent, b3, the dgrad, w3, b2: one launch)
+  CHECK(launches.size() + 6 == two_pass.training_program().schedule().launches.size());
   one_pass.poison_activations();
   const auto a = losses(one_pass, 200), b = losses(two_pass, 200);
   MESSAGE("step 200 loss one-pass " << a.back() << " two-pass " << b.back());

@@ -19,9 +19,16 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
   const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, wd);
   scalars.upload(&host, sizeof host);
-  // (batch, N rows of W, K columns): both strip widths (16/32), fewer chunks than warps, many
-  for (auto [batch, n, k] : std::vector<std::array<std::int64_t, 3>>{
-           {{32, 128, 128}}, {{16, 48, 80}}, {{32, 256, 4096}}, {{32, 64, 8192}}, {{16, 16, 2048}}}) {
+  // (batch, N rows of W, K columns): column strips of 16 and 32 (K < 8192); row ranges (K >= 8192)
+  // with one or several ranges, a strip wider than what is left of K, a short last range
+  for (auto [batch, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 128, 128}},
+                                                                     {{16, 48, 80}},
+                                                                     {{32, 256, 4096}},
+                                                                     {{16, 16, 2048}},
+                                                                     {{32, 64, 8192}},
+                                                                     {{32, 208, 8320}},
+                                                                     {{16, 16, 8192}},
+                                                                     {{32, 1024, 8192}}}) {
     INFO(batch << " x " << n << " x " << k);
     REQUIRE(cuda::dgrad_wgrad_unsupported(batch, n, k).empty());
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
@@ -29,9 +36,8 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
     for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));  // dx starts poisoned
-    cuda::prepare_dgrad_wgrad_sgd(batch, k);
-    cuda::launch_dgrad_wgrad_sgd(ddy.get(), dx_in.get(), batch, n, k, dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(),
-                                 nullptr);
+    const cuda::DgradWgradSgd kernel(batch, n, k);
+    kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
     std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), wd0(w.begin(), w.end());
     std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size()), g(std::size_t(n * k)), w_ref(g.size());
     ref::matmul(dyd.data(), wd0.data(), dh.data(), batch, k, n, false, false);
@@ -48,28 +54,57 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
 TEST_CASE("the one-pass kernel also updates the previous layer's bias from the column sums of dX") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const std::int64_t batch = 32, n = 64, k = 4096;  // 32-column strips
-  const float lr = 0.1f;
-  cuda::DeviceBuffer scalars(2 * sizeof(cuda::SgdScalars));
-  const cuda::SgdScalars host[2] = {cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)};
-  scalars.upload(host, sizeof host);
+  for (const std::int64_t k : {std::int64_t(4096), std::int64_t(8192)}) {  // column strips, row ranges
+    const std::int64_t batch = 32, n = 64;
+    INFO("K = " << k);
+    const float lr = 0.1f;
+    cuda::DeviceBuffer scalars(2 * sizeof(cuda::SgdScalars));
+    const cuda::SgdScalars host[2] = {cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)};
+    scalars.upload(host, sizeof host);
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+    auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+    for (auto& v : x) v = v < 0 ? 0.f : v;
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
+    DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));
+    const cuda::DgradWgradSgd kernel(batch, n, k);
+    const auto* s = scalars.as<cuda::SgdScalars>();
+    kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
+    const auto dx_got = dx.download();
+    std::vector<double> b_ref(static_cast<std::size_t>(k));
+    for (std::int64_t c = 0; c < k; ++c) {
+      double g = 0;
+      for (std::int64_t r = 0; r < batch; ++r) g += dx_got[std::size_t(r * k + c)];  // the rounded dX it wrote
+      b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * g;
+    }
+    CHECK(sg::test::relative_error(db.download(), b_ref) < 2e-3);
+  }
+}
+
+TEST_CASE("a second launch sees the first one's weights and finishes its own dX (the arrival counters reset)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t batch = 32, n = 128, k = 8192;  // several row ranges per strip
+  const float lr = 0.5f;
+  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
+  const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, 0.f);
+  scalars.upload(&host, sizeof host);
   const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
   auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
   for (auto& v : x) v = v < 0 ? 0.f : v;
   const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
-  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
-  DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));
-  cuda::prepare_dgrad_wgrad_sgd(batch, k);
-  const auto* s = scalars.as<cuda::SgdScalars>();
-  cuda::launch_dgrad_wgrad_sgd(ddy.get(), dx_in.get(), batch, n, k, dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
-  const auto dx_got = dx.download();
-  std::vector<double> b_ref(static_cast<std::size_t>(k));
-  for (std::int64_t c = 0; c < k; ++c) {
-    double g = 0;
-    for (std::int64_t r = 0; r < batch; ++r) g += dx_got[std::size_t(r * k + c)];  // the rounded dX it wrote
-    b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * g;
-  }
-  CHECK(sg::test::relative_error(db.download(), b_ref) < 2e-3);
+  DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));
+  const cuda::DgradWgradSgd kernel(batch, n, k);
+  REQUIRE(kernel.row_ranges() > 1);
+  kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+  const auto w_after_one = dw.download();
+  dx.poison();
+  kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+  std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), w1(w_after_one.begin(), w_after_one.end());
+  std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size());
+  ref::matmul(dyd.data(), w1.data(), dh.data(), batch, k, n, false, false);
+  ref::relu_backward(dh.data(), xd.data(), std::int64_t(dh.size()), dx_ref.data());
+  CHECK(sg::test::relative_error(dx.download(), dx_ref) < 5e-3);
 }
 
 TEST_CASE("sizes the one-pass kernel does not take are refused with a reason") {

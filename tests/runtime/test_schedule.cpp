@@ -202,3 +202,42 @@ TEST_CASE("merged launches may also take the following bias update, and a bias u
   CHECK(dump.find("+bias update") != std::string::npos);
   CHECK(dump.find("[+advance_step]") != std::string::npos);
 }
+
+TEST_CASE("a backend may run softmax-xent and the output layer's backward as one launch") {
+  const Graph g = reference_fused();
+  ScheduleOptions options;
+  options.merge_dgrad_wgrad = [](const Graph& graph, NodeId dgrad, NodeId) {
+    return graph.value(graph.node(dgrad).inputs[1]).shape[0] == 128;  // w2, w3
+  };
+  options.merge_bias_into_dgrad_wgrad = true;
+  options.fold_step_advance = true;
+  const std::size_t without = build_schedule(g, options).launches.size();
+  int asked = 0;
+  bool allow = false;
+  options.merge_output_layer_backward = [&](const Graph& graph, NodeId xent_backward, NodeId dgrad) {
+    ++asked;
+    CHECK(graph.node(xent_backward).op == OpKind::softmax_xent_backward);
+    CHECK(graph.node(dgrad).inputs[0] == graph.node(xent_backward).outputs[0]);  // dlogits
+    return allow;
+  };
+  CHECK(build_schedule(g, options).launches.size() == without);  // the backend declined
+  CHECK(asked == 1);
+  allow = true;
+  const Schedule s = build_schedule(g, options);
+  CHECK(s.launches.size() == without - 4);  // xent + 4 launches -> 1: 9 launches per step
+  const auto fused = std::find_if(s.launches.begin(), s.launches.end(),
+                                  [](const Launch& l) { return l.kind == LaunchKind::output_layer_backward; });
+  REQUIRE(fused != s.launches.end());
+  CHECK(g.node(fused->nodes[0]).op == OpKind::softmax_xent);
+  CHECK(fused->advance_node >= 0);
+  CHECK(g.value(g.node(fused->sgd_node).inputs[0]).shape == std::vector<std::int64_t>{10, 128});  // w4
+  CHECK(g.value(g.node(fused->output_bias_sgd_node).inputs[0]).shape == std::vector<std::int64_t>{10});
+  CHECK(g.value(g.node(fused->bias_sgd_node).inputs[0]).shape == std::vector<std::int64_t>{128});
+  CHECK(fused->updates.size() == 4);  // w4, b4, b3, step
+  CHECK(std::find(fused->writes.begin(), fused->writes.end(), g.value_named("loss")) != fused->writes.end());
+  CHECK(std::find(fused->writes.begin(), fused->writes.end(), fused->output) != fused->writes.end());
+  for (const Launch& l : s.launches) CHECK(l.kind != LaunchKind::xent);
+  CHECK_NOTHROW(check_schedule_order(g, s));
+  CHECK(dump_schedule(g, s).find("output_layer_backward[mask=relu output,+bias updates][+advance_step]") !=
+        std::string::npos);
+}

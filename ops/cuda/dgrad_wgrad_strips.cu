@@ -1,5 +1,5 @@
-// One pass over W for a layer's dgrad and its SGD update (dgrad_wgrad.hpp).
-// Each block owns a strip of S columns of W and walks all N rows of it, 16 at
+// One pass over W for a layer's dgrad and its SGD update, column-strip
+// variant (dgrad_wgrad_kernels.hpp). Each block owns a strip of S columns of W and walks all N rows of it, 16 at
 // a time, its 8 warps taking turns: a warp copies its 16 x S chunk of W and
 // the matching 16 columns of dY to shared memory (its next chunks' loads
 // already in flight: every operand of the math then comes from shared
@@ -9,12 +9,10 @@
 // dX partials are summed at the end and masked by X > 0.
 #include <mma.h>
 
-#include <fmt/format.h>
-
 #include "ops/cuda/cuda_check.hpp"
-#include "ops/cuda/dgrad_wgrad.hpp"
+#include "ops/cuda/dgrad_wgrad_kernels.hpp"
 
-namespace sg::cuda {
+namespace sg::cuda::one_pass {
 namespace {
 
 using namespace nvcuda;
@@ -46,7 +44,7 @@ struct Layout {
 
 template <int S, int B>
 __global__ void __launch_bounds__(kThreads, 1)
-    dgrad_wgrad_sgd_kernel(const __half* dy, const __half* x, int n, int k, __half* w, __half* dx,
+    column_strips_kernel(const __half* dy, const __half* x, int n, int k, __half* w, __half* dx,
                            const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars) {
   using L = Layout<S, B>;
   constexpr int kMTiles = B / 16, kSTiles = S / 16;
@@ -183,12 +181,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   // The previous layer's bias gradient is the column sum of dx (as rounded).
   if (threadIdx.x < S) {
-    float g = 0.f;
+    float column_sum = 0.f;
 #pragma unroll
-    for (int r = 0; r < B; ++r) g += partial[r * S + threadIdx.x];
+    for (int r = 0; r < B; ++r) column_sum += partial[r * S + threadIdx.x];
     const SgdScalars bs = *bias_scalars;
     __half* b = bias + col0 + threadIdx.x;
-    *b = __float2half(bs.neg_lr * g + bs.one_minus_lr_wd * __half2float(*b));
+    *b = __float2half(bs.neg_lr * column_sum + bs.one_minus_lr_wd * __half2float(*b));
   }
 }
 
@@ -207,7 +205,7 @@ struct Instance {
 
 template <int S, int B>
 Instance instance() {
-  return {dgrad_wgrad_sgd_kernel<S, B>, Layout<S, B>::total, S};
+  return {column_strips_kernel<S, B>, Layout<S, B>::total, S};
 }
 
 template <int B>
@@ -222,28 +220,18 @@ Instance instance_for(std::int64_t batch, std::int64_t k) {
 
 }  // namespace
 
-std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k) {
-  if (batch != 16 && batch != 32) return fmt::format("batch {} (16 or 32 supported)", batch);
-  if (n % 16 != 0 || k % 16 != 0 || n <= 0 || k <= 0)
-    return fmt::format("weight [{},{}] is not a multiple of 16 both ways", n, k);
-  if (n > (std::int64_t(1) << 30) || k > (std::int64_t(1) << 30)) return "weight too large";
-  return {};
-}
-
-void prepare_dgrad_wgrad_sgd(std::int64_t batch, std::int64_t k) {
+void prepare_column_strips(std::int64_t batch, std::int64_t k) {
   const Instance in = instance_for(batch, k);
   SG_CUDA_CHECK(cudaFuncSetAttribute(in.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(in.smem)));
 }
 
-void launch_dgrad_wgrad_sgd(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
-                            __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream, __half* bias,
-                            const SgdScalars* bias_scalars) {
-  if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
-    throw CudaError("dgrad_wgrad_sgd_kernel: unsupported: " + why);
+void launch_column_strips(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
+                          __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream, __half* bias,
+                          const SgdScalars* bias_scalars) {
   const Instance in = instance_for(batch, k);
   in.kernel<<<unsigned(k / in.strip), kThreads, in.smem, stream>>>(dy, x, int(n), int(k), w, dx, scalars, bias,
                                                                    bias_scalars);
-  SG_LAUNCH_CHECK("dgrad_wgrad_sgd_kernel");
+  SG_LAUNCH_CHECK("one-pass dgrad+SGD (column strips)");
 }
 
-}  // namespace sg::cuda
+}  // namespace sg::cuda::one_pass

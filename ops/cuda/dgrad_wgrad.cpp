@@ -1,0 +1,49 @@
+// DgradWgradSgd: checks sizes, picks the kernel variant for the size of W
+// (dgrad_wgrad_kernels.hpp), owns the row-range variant's workspace.
+#include <fmt/format.h>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dgrad_wgrad.hpp"
+
+namespace sg::cuda {
+namespace {
+
+// The row-range variant from this many columns of W up. Measured inside the
+// training step at batch 32 (H100, docs/performance.md section 11): at
+// K = N = 8192 it takes 112-117 us per layer against 151-159 for column
+// strips; at 4096 42-47 against 34-42, at 2048 19-22 against 17.6.
+constexpr std::int64_t kRowRangesFromK = 8192;
+
+}  // namespace
+
+std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k) {
+  if (batch != 16 && batch != 32) return fmt::format("batch {} (16 or 32 supported)", batch);
+  if (n % 16 != 0 || k % 16 != 0 || n <= 0 || k <= 0)
+    return fmt::format("weight [{},{}] is not a multiple of 16 both ways", n, k);
+  if (n > (std::int64_t(1) << 30) || k > (std::int64_t(1) << 30)) return "weight too large";
+  return {};
+}
+
+DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k) : batch_(batch), n_(n), k_(k) {
+  if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
+    throw CudaError("one-pass dgrad+SGD: unsupported: " + why);
+  if (k < kRowRangesFromK) {
+    one_pass::prepare_column_strips(batch, k);
+    return;
+  }
+  grid_ = one_pass::plan_row_ranges(batch, n, k);
+  partials_ = DeviceBuffer(grid_.partial_floats * sizeof(float));
+  arrivals_ = DeviceBuffer(std::size_t(grid_.strips) * sizeof(unsigned));
+  arrivals_.fill_bytes(0);
+}
+
+void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
+                           cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) const {
+  if (grid_.ranges == 0)
+    one_pass::launch_column_strips(dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars);
+  else
+    one_pass::launch_row_ranges(grid_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
+                                partials_.as<float>(), arrivals_.as<unsigned>());
+}
+
+}  // namespace sg::cuda

@@ -1,0 +1,36 @@
+#pragma once
+// The two kernels behind DgradWgradSgd (dgrad_wgrad.hpp); sizes are checked
+// there. Both compute the same thing with the same rounding points.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kernels.hpp"
+
+namespace sg::cuda::one_pass {
+
+// Column strips (dgrad_wgrad_strips.cu): a block owns 16 or 32 columns of W
+// and walks all N rows; its warps' dX partials meet in shared memory, so no
+// workspace. Fastest while W is at most ~32 MB (K <= 4096 at N = K).
+void prepare_column_strips(std::int64_t batch, std::int64_t k);
+void launch_column_strips(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
+                          __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream, __half* bias,
+                          const SgdScalars* bias_scalars);
+
+// Row ranges (dgrad_wgrad_ranges.cu): a block owns a 128/256-column strip
+// and a range of rows, so it reads long contiguous runs of every row; the
+// ranges' fp32 dX partials go through a workspace and the last block of a
+// strip sums them. Fastest on big W (K = 8192: 112 vs 151 us per layer).
+struct RowRangeGrid {
+  int columns_per_warp = 0;
+  std::int64_t strips = 0, rows_per_range = 0, ranges = 0;
+  std::size_t partial_floats = 0;  // workspace: [ranges][batch][k] fp32 partial sums
+};
+RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k);  // sets the smem limit too
+// `arrivals` ([strips], zero before the first launch) counts finished blocks; the last resets it.
+void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half* x, std::int64_t batch, std::int64_t n,
+                       std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
+                       __half* bias, const SgdScalars* bias_scalars, float* partials, unsigned* arrivals);
+
+}  // namespace sg::cuda::one_pass

@@ -1,0 +1,46 @@
+#pragma once
+// The output layer's whole backward and SGD update in one launch, for a small
+// batch and few classes. From the logits [B,C], the labels, the layer's input
+// h [B,H] (a ReLU output), its weight W [C,H] and bias b_out [C], and the
+// bias b_h [H] of the layer that produced h:
+//   loss, dlogits = softmax cross-entropy (mean over rows; dlogits in fp16)
+//   dh    = (dlogits W) * (h > 0)              rounded to fp16
+//   W     = (1 - lr*wd) W - lr dlogits^T h      rounded to fp16
+//   b_out, b_h: SGD steps with the column sums of dlogits and of dh
+//   step += 1                                   (optional)
+// It replaces five launches (softmax-xent, b_out's update, the dgrad, W's
+// update, b_h's update) and computes every value with the same expressions
+// and in the same order as they do (sgd_step.cuh, softmax_row.cuh).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/kernels.hpp"
+
+namespace sg::cuda {
+
+struct OutputLayerBackward {
+  const __half* logits = nullptr;       // [batch, classes]
+  const std::int32_t* labels = nullptr;  // [batch]
+  const __half* h = nullptr;            // [batch, hidden]
+  __half* w = nullptr;                  // [classes, hidden], updated in place
+  __half* out_bias = nullptr;           // [classes], updated in place
+  __half* hidden_bias = nullptr;        // [hidden], updated in place
+  __half* dh = nullptr;                 // [batch, hidden] out
+  float* loss = nullptr;                // [1] out
+  __half* dlogits = nullptr;            // [batch, classes] out, or null when nobody else reads it
+  std::int32_t* step = nullptr;         // advanced by one, or null
+  const SgdScalars* w_sgd = nullptr;
+  const SgdScalars* out_bias_sgd = nullptr;
+  const SgdScalars* hidden_bias_sgd = nullptr;
+  std::int64_t batch = 0, classes = 0, hidden = 0;
+};
+
+// Empty when the kernel takes these sizes, else why not.
+std::string output_layer_backward_unsupported(std::int64_t batch, std::int64_t classes, std::int64_t hidden);
+
+void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream);
+
+}  // namespace sg::cuda

@@ -1,0 +1,158 @@
+// The fused output-layer backward against the CPU reference, and bit for bit
+// against the five launches it replaces.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+
+#include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/output_layer_backward.hpp"
+#include "ops/cuda/small_linear.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/device_array.hpp"
+
+using namespace sg;
+using sg::test::DeviceArray;
+
+namespace {
+
+struct Problem {
+  std::int64_t batch, classes, hidden;
+  std::vector<float> logits, h, w, out_bias, hidden_bias;
+  std::vector<std::int32_t> labels;
+};
+
+Problem random_problem(std::int64_t batch, std::int64_t classes, std::int64_t hidden, std::mt19937_64& rng) {
+  Problem p{batch, classes, hidden, {}, {}, {}, {}, {}, {}};
+  p.logits = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * classes), rng, -4.f, 4.f));
+  p.h = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * hidden), rng));
+  for (auto& v : p.h) v = v < 0 ? 0.f : v;  // a ReLU output
+  p.w = sg::test::representable<__half>(sg::test::uniform(std::size_t(classes * hidden), rng));
+  p.out_bias = sg::test::representable<__half>(sg::test::uniform(std::size_t(classes), rng));
+  p.hidden_bias = sg::test::representable<__half>(sg::test::uniform(std::size_t(hidden), rng));
+  std::uniform_int_distribution<std::int32_t> label(0, std::int32_t(classes) - 1);
+  for (std::int64_t r = 0; r < batch; ++r) p.labels.push_back(label(rng));
+  return p;
+}
+
+// Device copies of a problem's inputs and every output, poisoned.
+struct OnDevice {
+  explicit OnDevice(const Problem& p)
+      : logits(p.logits), h(p.h), w(p.w), out_bias(p.out_bias), hidden_bias(p.hidden_bias),
+        dh(std::size_t(p.batch * p.hidden)), dlogits(std::size_t(p.batch * p.classes)), loss(1),
+        labels(p.labels.size() * sizeof(std::int32_t)), step(sizeof(std::int32_t)) {
+    labels.upload(p.labels.data(), p.labels.size() * sizeof(std::int32_t));
+    const std::int32_t seven = 7;
+    step.upload(&seven, sizeof seven);
+  }
+  std::int32_t step_value() const {
+    std::int32_t s = 0;
+    step.download(&s, sizeof s);
+    return s;
+  }
+  DeviceArray<__half> logits, h, w, out_bias, hidden_bias, dh, dlogits;
+  DeviceArray<float> loss;
+  cuda::DeviceBuffer labels, step;
+};
+
+cuda::OutputLayerBackward fused_args(const Problem& p, OnDevice& d, const cuda::SgdScalars* s) {
+  cuda::OutputLayerBackward a;
+  a.logits = d.logits.get();
+  a.labels = d.labels.as<std::int32_t>();
+  a.h = d.h.get();
+  a.w = d.w.get();
+  a.out_bias = d.out_bias.get();
+  a.hidden_bias = d.hidden_bias.get();
+  a.dh = d.dh.get();
+  a.loss = d.loss.get();
+  a.dlogits = d.dlogits.get();
+  a.step = d.step.as<std::int32_t>();
+  a.w_sgd = s;
+  a.out_bias_sgd = s + 1;
+  a.hidden_bias_sgd = s + 2;
+  a.batch = p.batch;
+  a.classes = p.classes;
+  a.hidden = p.hidden;
+  return a;
+}
+
+// Three parameter groups with different learning rates and weight decays.
+cuda::DeviceBuffer three_scalars() {
+  const cuda::SgdScalars host[3] = {cuda::make_sgd_scalars(0.5f, 0.f, 0.01f), cuda::make_sgd_scalars(0.25f, 0.f, 0.f),
+                                    cuda::make_sgd_scalars(0.75f, 0.f, 0.02f)};
+  cuda::DeviceBuffer b(sizeof host);
+  b.upload(host, sizeof host);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("the fused output-layer backward matches softmax-xent, dgrad, and three SGD updates on the CPU") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const cuda::DeviceBuffer scalars = three_scalars();
+  for (auto [batch, classes, hidden] : std::vector<std::array<std::int64_t, 3>>{
+           {{32, 10, 128}}, {{31, 11, 129}}, {{32, 32, 1000}}, {{1, 1, 1}}, {{16, 10, 8192}}}) {
+    INFO(batch << " x " << classes << " x " << hidden);
+    const Problem p = random_problem(batch, classes, hidden, rng);
+    OnDevice d(p);
+    cuda::launch_output_layer_backward(fused_args(p, d, scalars.as<cuda::SgdScalars>()), nullptr);
+
+    auto dbl = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+    const auto logits = dbl(p.logits), h = dbl(p.h), w0 = dbl(p.w);
+    const double loss = ref::softmax_xent(logits.data(), p.labels.data(), batch, classes);
+    std::vector<double> dlogits(logits.size()), pre(h.size()), dh(h.size()), g(w0.size());
+    ref::softmax_xent_backward(logits.data(), p.labels.data(), batch, classes, dlogits.data());
+    ref::matmul(dlogits.data(), w0.data(), pre.data(), batch, hidden, classes, false, false);
+    ref::relu_backward(pre.data(), h.data(), std::int64_t(h.size()), dh.data());
+    ref::matmul(dlogits.data(), h.data(), g.data(), classes, hidden, batch, true, false);
+    std::vector<double> w = w0, out_bias = dbl(p.out_bias), hidden_bias = dbl(p.hidden_bias);
+    std::vector<double> out_grad(static_cast<std::size_t>(classes)), hidden_grad(static_cast<std::size_t>(hidden));
+    ref::reduce_rows(dlogits.data(), batch, classes, out_grad.data());
+    ref::reduce_rows(dh.data(), batch, hidden, hidden_grad.data());
+    ref::sgd_update(w.data(), g.data(), static_cast<double*>(nullptr), std::int64_t(w.size()), 0.5, 0.0, 0.01);
+    ref::sgd_update(out_bias.data(), out_grad.data(), static_cast<double*>(nullptr), classes, 0.25, 0.0, 0.0);
+    ref::sgd_update(hidden_bias.data(), hidden_grad.data(), static_cast<double*>(nullptr), hidden, 0.75, 0.0, 0.02);
+
+    CHECK(std::abs(d.loss.download()[0] - loss) < 1e-3 * std::max(1.0, loss));
+    CHECK(sg::test::relative_error(d.dlogits.download(), dlogits) < 2e-3);
+    CHECK(sg::test::relative_error(d.dh.download(), dh) < 5e-3);
+    CHECK(sg::test::relative_error(d.w.download(), w) < 2e-3);
+    CHECK(sg::test::relative_error(d.out_bias.download(), out_bias) < 2e-3);
+    CHECK(sg::test::relative_error(d.hidden_bias.download(), hidden_bias) < 5e-3);
+    CHECK(d.step_value() == 8);
+  }
+}
+
+TEST_CASE("the fused output-layer backward gives the same bits as the five launches it replaces") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const cuda::DeviceBuffer scalars = three_scalars();
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  const Problem p = random_problem(32, 10, 1024, rng);
+  OnDevice fused(p), separate(p);
+  cuda::launch_output_layer_backward(fused_args(p, fused, s), nullptr);
+  const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
+  cuda::launch_softmax_xent(separate.logits.get(), separate.labels.as<std::int32_t>(), b, c, separate.loss.get(),
+                            separate.dlogits.get(), nullptr);
+  cuda::launch_bias_grad_sgd(separate.dlogits.get(), b, c, separate.out_bias.get(), static_cast<__half*>(nullptr), s + 1,
+                             nullptr, nullptr);
+  cuda::launch_dgrad_relu_small_k(separate.dlogits.get(), separate.w.get(), separate.h.get(), b, n, c,
+                                  separate.dh.get(), nullptr);
+  cuda::launch_wgrad_sgd_small_m(separate.dlogits.get(), separate.h.get(), b, c, n, separate.w.get(), s, nullptr);
+  cuda::launch_bias_grad_sgd(separate.dh.get(), b, n, separate.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2,
+                             nullptr, separate.step.as<std::int32_t>());
+  CHECK(fused.loss.download() == separate.loss.download());
+  CHECK(fused.dlogits.download() == separate.dlogits.download());
+  CHECK(fused.dh.download() == separate.dh.download());
+  CHECK(fused.w.download() == separate.w.download());
+  CHECK(fused.out_bias.download() == separate.out_bias.download());
+  CHECK(fused.hidden_bias.download() == separate.hidden_bias.download());
+  CHECK(fused.step_value() == separate.step_value());
+}
+
+TEST_CASE("sizes the fused output-layer backward does not take are refused with a reason") {
+  CHECK(cuda::output_layer_backward_unsupported(33, 10, 128).find("batch") != std::string::npos);
+  CHECK(cuda::output_layer_backward_unsupported(32, 33, 128).find("classes") != std::string::npos);
+  CHECK(cuda::output_layer_backward_unsupported(32, 10, 128).empty());
+}
