@@ -21,13 +21,16 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
 step build scripts/build.sh
 SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # A short run on each lowering: fp32 master weights take the per-group
-# cuBLASLt schedule, fp16 weights the whole-step kernel, and a wide fp16 net
-# the per-group schedule with the one-pass backward and small-dim kernels.
-for variant in fp32 fp16 fp16_wide; do
-  extra=(--set precision.weights=${variant%_wide})
+# cuBLASLt schedule, fp16 weights the whole-step kernel, a wide fp16 net the
+# per-group schedule with the column-strip one-pass backward and the fused
+# output layer, and an 8192-wide one the row-range one-pass backward.
+for variant in fp32 fp16 fp16_wide fp16_8192; do
+  extra=(--set precision.weights=${variant%%_*})
+  steps=20
   [ "$variant" = fp16_wide ] && extra+=(--set "model.layers=[784,2048,2048,10]")
+  [ "$variant" = fp16_8192 ] && extra+=(--set "model.layers=[784,8192,8192,10]") && steps=3
   short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
-         --set run.steps=20 --set run.log_every=10 --set run.out_dir="$out/sanitized_$variant")
+         --set run.steps=$steps --set run.log_every=1 --set run.out_dir="$out/sanitized_$variant")
   step "memcheck_$variant" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
   # racecheck: on the wide net cuBLASLt picks an nvjet_sm90 RELU_BIAS kernel
   # in which racecheck reports shared-memory hazards inside the library's own
