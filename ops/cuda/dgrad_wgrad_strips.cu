@@ -77,6 +77,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int t = 0; t < kSTiles; ++t) wmma::fill_fragment(acc[m][t], 0.f);
 
+  // Where lane's v-th 16-byte piece sits: in a 16 x S chunk of W (row, column)
+  // and in dY[:, 16 rows] (batch row, column).
+  struct Piece {
+    int row, col;
+  };
+  auto w_piece = [&](int v) {
+    const int i = lane + v * 32;
+    return Piece{i / (S / 8), (i % (S / 8)) * 8};
+  };
+  auto dy_piece = [&](int v) {
+    const int i = lane + v * 32;
+    return Piece{i / 2, (i % 2) * 8};
+  };
   // A chunk: rows row0.. row0+15 of W's strip, and the same 16 columns of dY.
   struct Chunk {
     uint4 w[L::kVectorsPerLane];
@@ -85,13 +98,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto load_chunk = [&](int row0, Chunk& regs) {
 #pragma unroll
     for (int v = 0; v < L::kVectorsPerLane; ++v) {
-      const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-      regs.w[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + r) * k + col0 + c);
+      const Piece p = w_piece(v);
+      regs.w[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + p.row) * k + col0 + p.col);
     }
 #pragma unroll
     for (int v = 0; v < L::kGradVectorsPerLane; ++v) {
-      const int i = lane + v * 32, b = i / 2, c = (i % 2) * 8;
-      regs.dy[v] = *reinterpret_cast<const uint4*>(dy + std::int64_t(b) * n + row0 + c);
+      const Piece p = dy_piece(v);
+      regs.dy[v] = *reinterpret_cast<const uint4*>(dy + std::int64_t(p.row) * n + row0 + p.col);
     }
   };
   // The warp's chunks are ch = warp, warp + 8, ...; kDepth of them are in
@@ -109,13 +122,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row0 = ch * 16;
 #pragma unroll
       for (int v = 0; v < L::kVectorsPerLane; ++v) {
-        const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
-        *reinterpret_cast<uint4*>(chunk + r * S + c) = ring[d].w[v];
+        const Piece p = w_piece(v);
+        *reinterpret_cast<uint4*>(chunk + p.row * S + p.col) = ring[d].w[v];
       }
 #pragma unroll
       for (int v = 0; v < L::kGradVectorsPerLane; ++v) {  // dys: [B][16], row-major
-        const int i = lane + v * 32, b = i / 2, c = (i % 2) * 8;
-        *reinterpret_cast<uint4*>(dys + b * 16 + c) = ring[d].dy[v];
+        const Piece p = dy_piece(v);
+        *reinterpret_cast<uint4*>(dys + p.row * 16 + p.col) = ring[d].dy[v];
       }
       uint4 current[L::kVectorsPerLane];  // this lane's weights, kept for the update
 #pragma unroll
@@ -149,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
 #pragma unroll
       for (int v = 0; v < L::kVectorsPerLane; ++v) {
-        const int i = lane + v * 32, r = i / (S / 8), c = (i % (S / 8)) * 8;
+        const auto [r, c] = w_piece(v);
         uint4 packed = current[v];
         auto* h = reinterpret_cast<__half*>(&packed);
         const float4 g0 = *reinterpret_cast<const float4*>(grad + r * L::kGradLd + c);
