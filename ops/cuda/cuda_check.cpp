@@ -33,4 +33,11 @@ bool device_available() {
   return count > 0;
 }
 
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  SG_CUDA_CHECK(cudaGetDevice(&device));
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 }  // namespace sg::cuda

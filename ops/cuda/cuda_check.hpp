@@ -21,6 +21,9 @@ void check_launch(const char* kernel, const char* file, int line);
 // True when at least one CUDA device is usable (false on CPU-only machines).
 bool device_available();
 
+// Streaming multiprocessors of the current device.
+int multiprocessor_count();
+
 }  // namespace sg::cuda
 
 // The one macro: it captures the call's text and location for the message.

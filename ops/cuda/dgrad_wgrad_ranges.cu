@@ -284,13 +284,6 @@ Instance instance_for(std::int64_t batch, int s) {
   return batch == 16 ? instance_for_columns<16>(s) : instance_for_columns<32>(s);
 }
 
-int multiprocessors() {
-  int device = 0, count = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
-}
-
 }  // namespace
 
 RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k) {
@@ -301,7 +294,7 @@ RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k)
   // One wave: the strips times the row ranges fill the SMs once (a block per SM).
   grid.strips = (k + kWarps * grid.columns_per_warp - 1) / (kWarps * grid.columns_per_warp);
   const std::int64_t chunks = n / 16;
-  const std::int64_t wanted = std::clamp<std::int64_t>(multiprocessors() / grid.strips, 1, chunks);
+  const std::int64_t wanted = std::clamp<std::int64_t>(multiprocessor_count() / grid.strips, 1, chunks);
   grid.rows_per_range = (chunks + wanted - 1) / wanted * 16;
   grid.ranges = (n + grid.rows_per_range - 1) / grid.rows_per_range;
   grid.partial_floats = std::size_t(grid.ranges * batch * k);

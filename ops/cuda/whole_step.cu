@@ -511,9 +511,9 @@ int largest_cluster(KernelFn kernel, std::size_t smem) {
 }  // namespace
 
 WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
-  int device = 0, sms = 0, per_sm = 0, major = 0;
+  int device = 0, per_sm = 0, major = 0;
+  const int sms = multiprocessor_count();
   SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
   const KernelFn grid_kernel = kernel_for<false>(a.batch);

@@ -146,10 +146,7 @@ class Lowering {
     for (std::size_t i = 0; i + 1 < ls.size(); ++i) {
       Launch& a = ls[i];
       const Launch& b = ls[i + 1];
-      if (a.kind != LaunchKind::dgrad_wgrad_sgd || b.kind != LaunchKind::bias_grad_sgd) continue;
-      const Node& reduce = g_.node(b.nodes.front());
-      const Node& sgd = g_.node(b.sgd_node);
-      if (b.nodes.size() != 2 || reduce.inputs[0] != a.output || sgd.inputs.size() != 2) continue;
+      if (a.kind != LaunchKind::dgrad_wgrad_sgd || !plain_bias_update_of(b, a.output) || b.nodes.size() != 2) continue;
       a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
       a.bias_sgd_node = b.sgd_node;
       a.reads.clear();

@@ -84,15 +84,8 @@ TEST_CASE("graph replay, stream launches and K steps per graph give bit-identica
   replay.train(57);
   stream.train(57);
   unrolled.train(57);
-  const auto a = replay.save_state();
-  const auto b = stream.save_state();
-  const auto c = unrolled.save_state();
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO(a[i].name);
-    CHECK(a[i] == b[i]);
-    CHECK(a[i] == c[i]);
-  }
+  sg::test::check_same_state(replay, stream);
+  sg::test::check_same_state(replay, unrolled);
   CHECK(replay.last_loss() == stream.last_loss());
   CHECK(replay.cuda_graph_nodes() >= replay.training_program().schedule().launches.size());
 }
@@ -106,9 +99,7 @@ TEST_CASE("resume on the GPU is bit-exact: 120 steps == 60 + save + load + 60") 
   first.train(60);
   second.load_state(first.save_state());
   second.train(60);
-  const auto a = straight.save_state(), b = second.save_state();
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) CHECK(a[i] == b[i]);
+  sg::test::check_same_state(straight, second);
 }
 
 TEST_CASE("the unfused schedule follows the fused one within fp16 tolerance") {

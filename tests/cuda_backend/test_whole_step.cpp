@@ -147,13 +147,8 @@ TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-ide
   replay.train(37);
   stream.train(37);
   unrolled.train(37);
-  const auto a = replay.save_state(), b = stream.save_state(), c = unrolled.save_state();
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO(a[i].name);
-    CHECK(a[i] == b[i]);
-    CHECK(a[i] == c[i]);
-  }
+  sg::test::check_same_state(replay, stream);
+  sg::test::check_same_state(replay, unrolled);
   CHECK(replay.last_loss() == stream.last_loss());
   });
 }

@@ -4,6 +4,7 @@
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/trainer.hpp"
 #include "tests/support/test_data.hpp"
+#include "tests/support/training_helpers.hpp"
 
 using namespace sg;
 
@@ -63,13 +64,7 @@ TEST_CASE("resuming from saved state continues bit-exactly (200 == 100 + save + 
   CHECK(resumed->step() == 100);
   resumed->train(100);
 
-  const auto a = straight->save_state();
-  const auto b = resumed->save_state();
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    INFO("entry " << a[i].name);
-    CHECK(a[i] == b[i]);
-  }
+  sg::test::check_same_state(*straight, *resumed);
   CHECK(straight->last_loss() == resumed->last_loss());
   // 62 batches per epoch: the run crossed epoch boundaries, so reshuffles were exercised.
   CHECK(straight->step() == 200);

@@ -1,6 +1,9 @@
 #pragma once
 // Helpers of the training-step tests: a random u8 dataset of any width, the
-// loss of each of n steps, and every parameter as one flat vector.
+// loss of each of n steps, every parameter as one flat vector, and a
+// bit-for-bit comparison of two trainers' saved state.
+#include <doctest/doctest.h>
+
 #include <random>
 #include <vector>
 
@@ -43,6 +46,17 @@ inline std::vector<float> all_parameters(Trainer& t) {
       out.insert(out.end(), v.begin(), v.end());
     }
   return out;
+}
+
+// Every entry of the two trainers' saved state (parameters, optimizer state,
+// step, shuffle) is bit-identical.
+inline void check_same_state(Trainer& a, Trainer& b) {
+  const auto x = a.save_state(), y = b.save_state();
+  REQUIRE(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("entry " << x[i].name);
+    CHECK(x[i] == y[i]);
+  }
 }
 
 }  // namespace sg::test
