@@ -23,14 +23,17 @@ SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # A short run on each lowering: fp32 master weights take the per-group
 # cuBLASLt schedule, fp16 weights the whole-step kernel, a wide fp16 net the
 # per-group schedule with the column-strip one-pass backward and the fused
-# output layer, and an 8192-wide one the row-range one-pass backward.
-for variant in fp32 fp16 fp16_wide fp16_8192; do
+# output layer, an 8192-wide one the row-range one-pass backward, and 4
+# steps per launch the kernel that keeps the weights in one cluster's
+# shared memory (DSMEM exchanges).
+for variant in fp32 fp16 fp16_wide fp16_8192 fp16_resident; do
   extra=(--set precision.weights=${variant%%_*})
-  steps=20
+  steps=20 log_every=1
   [ "$variant" = fp16_wide ] && extra+=(--set "model.layers=[784,2048,2048,10]")
+  [ "$variant" = fp16_resident ] && extra+=(--set backend.steps_per_launch=4) && log_every=4
   [ "$variant" = fp16_8192 ] && extra+=(--set "model.layers=[784,8192,8192,10]") && steps=3
   short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
-         --set run.steps=$steps --set run.log_every=1 --set run.out_dir="$out/sanitized_$variant")
+         --set run.steps=$steps --set run.log_every=$log_every --set run.out_dir="$out/sanitized_$variant")
   step "memcheck_$variant" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
   # racecheck: on the wide net cuBLASLt picks an nvjet_sm90 RELU_BIAS kernel
   # in which racecheck reports shared-memory hazards inside the library's own

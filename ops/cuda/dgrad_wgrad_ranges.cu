@@ -18,6 +18,7 @@
 // L1/shared-memory pipe; docs/performance.md.)
 #include <algorithm>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "ops/cuda/mma_fragments.cuh"
@@ -42,15 +43,6 @@ struct Shape {
   static constexpr std::size_t smem_bytes = std::size_t(kDepth) * kStageHalves * 2;
   static_assert(kStageHalves % 8 == 0, "stages must stay 16-byte aligned");
 };
-
-__device__ __forceinline__ void copy_async16(std::uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int Pending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
-}
 
 // Queues rows row0..row0+15 of the block's strip of W and the same 16 columns
 // of dY into a stage (every thread its share of 16-byte pieces), one commit group.

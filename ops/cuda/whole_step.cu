@@ -424,7 +424,9 @@ int max_shared_optin() {
 
 }  // namespace
 
-std::vector<std::string> whole_step_phase_names(int layers) {
+namespace {
+
+std::vector<std::string> per_step_phase_names(int layers) {
   std::vector<std::string> names;
   for (int l = 0; l + 1 < layers; ++l)
     names.push_back(l == 0 ? "fetch + layer 1 forward" : fmt::format("layer {} forward", l + 1));
@@ -434,6 +436,12 @@ std::vector<std::string> whole_step_phase_names(int layers) {
     names.push_back(l >= 1 ? fmt::format("layer {} dgrad + layer {} SGD", l + 1, l + 2)
                            : fmt::format("layer 2 SGD + layer 1 SGD"));
   return names;
+}
+
+}  // namespace
+
+std::vector<std::string> whole_step_phase_names(const WholeStepArgs& args, const WholeStepLaunch& launch) {
+  return launch.resident ? resident_step_phase_names(args.layers) : per_step_phase_names(args.layers);
 }
 
 std::string whole_step_unsupported(const WholeStepArgs& a) {
@@ -510,7 +518,7 @@ int largest_cluster(KernelFn kernel, std::size_t smem) {
 
 }  // namespace
 
-WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
+WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_launch) {
   int device = 0, per_sm = 0, major = 0;
   const int sms = multiprocessor_count();
   SG_CUDA_CHECK(cudaGetDevice(&device));
@@ -526,6 +534,14 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
   const char* forced = std::getenv("SG_WHOLE_STEP_MODE");
   const std::string mode = forced ? forced : "auto";
   if (mode == "grid" || major < 9) return grid;
+  if (((mode == "auto" && steps_per_launch > 1) || mode == "resident") && resident_step_unsupported(a).empty()) {
+    WholeStepLaunch resident;
+    resident.resident = true;
+    resident.layout = plan_resident_layout(a);
+    resident.blocks = resident.layout.cluster;
+    resident.cluster = true;
+    return resident;
+  }
   const KernelFn cluster_kernel = kernel_for<true>(a.batch);
   SG_CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   SG_CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -537,8 +553,13 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a) {
   return grid;
 }
 
-void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream) {
+void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream, int steps) {
   if (launch.blocks < 1) throw CudaError("whole_step_kernel: launched with no blocks");
+  if (launch.resident) {
+    launch_resident_steps(args, launch.layout, steps, stream);
+    return;
+  }
+  for (int s = 1; s < steps; ++s) launch_whole_step(args, launch, stream, 1);
   const std::size_t smem = shared_bytes(args.batch, args.dims[0], args.dims[args.layers - 1], args.dims[args.layers]);
   if (launch.cluster) {
     cudaLaunchAttribute attr{};

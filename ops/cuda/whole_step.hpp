@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/cuda/kernels.hpp"
+#include "ops/cuda/resident_step.hpp"
 
 namespace sg::cuda {
 
@@ -45,28 +46,37 @@ struct WholeStepArgs {
   float scale = 1.f, shift = 0.f;
   float* loss = nullptr;  // mean cross-entropy of the batch
   // Profiling only: when set, block 0 stores the GPU clock (ns) at the start
-  // and after each phase: whole_step_phase_names(layers) names the gaps.
+  // and after each phase (of the first step): whole_step_phase_names names the gaps.
   unsigned long long* phase_clock = nullptr;
 };
 
-// Names of the phases between consecutive phase_clock entries.
-std::vector<std::string> whole_step_phase_names(int layers);
 
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).
 std::string whole_step_unsupported(const WholeStepArgs& args);
-// How the kernel is launched: a cooperative grid of up to one block per SM
-// with grid barriers, or ONE thread-block cluster (up to 16 blocks on
-// Hopper) with hardware cluster barriers. The cluster's barriers are cheaper
-// but its 16 SMs do less per phase; measured, the grid is as fast or faster
-// (docs/performance.md), so the cluster runs only on request.
+// How the step is launched: with the weights resident in ONE thread-block
+// cluster's shared memory (resident_step.hpp: many steps per launch, DSMEM
+// exchanges), as a cooperative grid of up to one block per SM with grid
+// barriers, or as ONE cluster (up to 16 blocks on Hopper) of the same
+// per-step kernel with hardware cluster barriers. Measured on an H100
+// (docs/performance.md): the resident kernel wins only when a launch runs
+// many steps (its weights are loaded and stored once per launch), so it is
+// picked where it fits (widths up to 256 of 784-H-H-H-10) for runs of
+// several steps per launch; else the grid, which beats the plain cluster.
 struct WholeStepLaunch {
   int blocks = 0;
   bool cluster = false;
+  bool resident = false;
+  ResidentLayout layout;  // when resident
 };
-// Picks the launch (SG_WHOLE_STEP_MODE=grid|cluster forces one, for
-// benchmarks); also sets the kernels' attributes, so call it once before the
-// first launch and outside stream capture.
-WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& args);
-void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream);
+// Picks the launch for runs of `steps_per_launch` steps per launch
+// (SG_WHOLE_STEP_MODE=grid|cluster|resident forces one, for benchmarks and
+// tests; resident falls back to grid where it does not fit); also sets the
+// kernels' attributes, so call it once before the first launch and outside
+// stream capture.
+WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& args, int steps_per_launch);
+// `steps` consecutive training steps: one launch when resident, else one per step.
+void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream, int steps = 1);
+// Names of the phases between consecutive phase_clock entries of this launch.
+std::vector<std::string> whole_step_phase_names(const WholeStepArgs& args, const WholeStepLaunch& launch);
 
 }  // namespace sg::cuda

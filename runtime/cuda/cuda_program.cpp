@@ -279,7 +279,7 @@ void CudaProgram::bind_whole_step(const WholeStepPlan& plan, Bound& bound) const
   args->images = static_cast<const std::uint8_t*>(device_ptr(plan.images));
   args->labels = static_cast<const std::uint8_t*>(device_ptr(plan.labels));
   args->loss = static_cast<float*>(device_ptr(plan.loss));
-  bound.whole_step_launch = plan_whole_step_launch(*args);
+  bound.whole_step_launch = plan_whole_step_launch(*args, options_.steps_per_launch);
   bound.whole_step = std::move(args);
 }
 
@@ -364,6 +364,15 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
 
 void CudaProgram::record(cudaStream_t stream) const {
   for (std::size_t i = 0; i < schedule_.launches.size(); ++i) record_launch(i, stream);
+}
+
+void CudaProgram::record_steps(cudaStream_t stream, std::int64_t steps) const {
+  if (schedule_.launches.size() == 1 && schedule_.launches[0].kind == LaunchKind::whole_step &&
+      bound_[0]->whole_step_launch.resident) {
+    launch_whole_step(*bound_[0]->whole_step, bound_[0]->whole_step_launch, stream, static_cast<int>(steps));
+    return;
+  }
+  for (std::int64_t s = 0; s < steps; ++s) record(stream);
 }
 
 void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
@@ -569,7 +578,9 @@ std::string CudaProgram::launch_label(std::size_t index) const {
   if (l.kind == LaunchKind::whole_step)
     return fmt::format("L{} whole_step ({} nodes, {} blocks as {})", index, l.nodes.size(),
                        bound_[index]->whole_step_launch.blocks,
-                       bound_[index]->whole_step_launch.cluster ? "one cluster" : "a cooperative grid");
+                       bound_[index]->whole_step_launch.resident ? "one cluster, weights resident in shared memory"
+                       : bound_[index]->whole_step_launch.cluster ? "one cluster"
+                                                                  : "a cooperative grid");
   return fmt::format("L{} {} ({})", index, kind, fmt::join(ops, "+"));
 }
 
@@ -588,7 +599,7 @@ std::vector<std::pair<std::string, double>> CudaProgram::profile_whole_step(int 
                                [](const Launch& l) { return l.kind == LaunchKind::whole_step; });
   if (it == schedule_.launches.end()) throw CudaError("profile_whole_step: this program has no whole-step launch");
   const Bound& bound = *bound_[static_cast<std::size_t>(it - schedule_.launches.begin())];
-  const auto names = whole_step_phase_names(bound.whole_step->layers);
+  const auto names = whole_step_phase_names(*bound.whole_step, bound.whole_step_launch);
   DeviceBuffer clock((names.size() + 1) * sizeof(unsigned long long));
   WholeStepArgs args = *bound.whole_step;
   args.phase_clock = clock.as<unsigned long long>();

@@ -2,7 +2,9 @@
 // One lowered graph on the GPU: the schedule bound to device buffers (an
 // arena sized by the memory plan, shared parameter buffers), one cuBLASLt
 // matmul object per matmul launch, and device-resident optimizer scalars.
-// record() enqueues one step; it is what CUDA-graph capture records.
+// record() enqueues one step, record_steps() several (one launch for all of
+// them when the whole-step kernel keeps the weights resident); they are what
+// CUDA-graph capture records.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -30,6 +32,9 @@ struct ProgramOptions {
   // Run a layer's dgrad and its weight's SGD update as one pass over the
   // weights where the sizes fit (batch 16/32, fp16, no momentum).
   bool one_pass_backward = true;
+  // Steps the caller records per launch (record_steps): above one, a
+  // whole-step lowering that keeps the weights on chip across steps pays off.
+  int steps_per_launch = 1;
 };
 
 class CudaProgram {
@@ -49,6 +54,7 @@ class CudaProgram {
   bool uses_whole_step() const { return whole_step_note_.empty(); }
 
   void record(cudaStream_t stream) const;                 // one step, every launch
+  void record_steps(cudaStream_t stream, std::int64_t steps) const;
   void record_launch(std::size_t index, cudaStream_t stream) const;
   std::string launch_label(std::size_t index) const;     // e.g. "L3 matmul[relu_aux_bias] n3 n4 n5"
 

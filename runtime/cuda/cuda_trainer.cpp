@@ -17,7 +17,8 @@
 namespace sg::cuda {
 namespace {
 
-// A captured run of `steps` consecutive training steps.
+// A captured run of `steps` consecutive training steps (one kernel for all
+// of them when the program keeps the weights resident on chip).
 struct CapturedSteps {
   Graph graph;
   GraphExec exec;
@@ -26,7 +27,7 @@ struct CapturedSteps {
 
 CapturedSteps capture(const CudaProgram& program, std::int64_t steps, cudaStream_t stream) {
   begin_capture(stream);
-  for (std::int64_t i = 0; i < steps; ++i) program.record(stream);
+  program.record_steps(stream, steps);
   CapturedSteps c;
   c.graph = end_capture(stream);
   c.exec = GraphExec(c.graph);
@@ -75,7 +76,7 @@ struct CudaTrainer::Impl {
       : spec(s), epochs(data.train.images.count, s.mlp.batch, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
     ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune, s.whole_step,
-                           s.one_pass_backward};
+                           s.one_pass_backward, s.cuda_graph ? static_cast<int>(s.steps_per_launch) : 1};
     train = std::make_unique<CudaProgram>(training_graph(s, data), params, lt, options, stream.get());
     eval = std::make_unique<CudaProgram>(eval_graph(s, data), params, lt, options, stream.get());
     upload_split(*train, data.train);

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <cstdlib>
 
+#include <fmt/format.h>
+
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "tests/runtime/test_support.hpp"
@@ -37,11 +39,12 @@ TrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, doubl
 
 }  // namespace
 
-// Runs `body` once with the kernel as one thread-block cluster and once as a
-// cooperative grid (the two ways it is launched).
+// Runs `body` once per way the step is launched: weights resident in one
+// cluster (falls back to the grid where they do not fit), the per-step kernel
+// as one thread-block cluster, and as a cooperative grid.
 template <typename Body>
-void in_both_launch_modes(Body&& body) {
-  for (const char* mode : {"cluster", "grid"}) {
+void in_every_launch_mode(Body&& body) {
+  for (const char* mode : {"resident", "cluster", "grid"}) {
     ::setenv("SG_WHOLE_STEP_MODE", mode, 1);
     INFO("launch mode " << mode);
     body(std::string(mode));
@@ -52,16 +55,17 @@ void in_both_launch_modes(Body&& body) {
 TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  in_both_launch_modes([&](const std::string& mode) {
+  in_every_launch_mode([&](const std::string& mode) {
   struct Case {
     std::vector<std::int64_t> layers;
     std::int64_t batch;
     double weight_decay;
+    bool resident_fits;  // a hidden layer, and a cluster whose shared memory holds the weights
   };
-  for (const Case& c : std::vector<Case>{{{48, 64, 32, 10}, 32, 0.0},
-                                         {{32, 16, 7}, 16, 1e-3},
-                                         {{64, 10}, 64, 0.0},
-                                         {{112, 96, 80, 48, 29}, 48, 0.0}}) {
+  for (const Case& c : std::vector<Case>{{{48, 64, 32, 10}, 32, 0.0, true},    // 2 blocks of 32 / 16 columns
+                                         {{32, 16, 7}, 16, 1e-3, true},        // 1 block
+                                         {{64, 10}, 64, 0.0, false},           // no hidden layer
+                                         {{112, 96, 80, 48, 29}, 48, 0.0, false}}) {  // 1 block: 190 KB of partials
     const TrainerSpec spec = f16_spec(c.layers, c.batch, c.weight_decay);
     INFO("layers " << c.layers.size() << " first width " << c.layers[0] << " batch " << c.batch);
     const Dataset data = random_dataset(c.batch * 12 + 5, c.layers.front(), c.layers.back(), rng);  // reshuffles happen
@@ -78,7 +82,10 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
     CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
     CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
     CHECK(gpu.step() == 100);
-    CHECK(gpu.description().find(mode == "cluster" ? "one cluster" : "cooperative grid") != std::string::npos);
+    const bool resident = mode == "resident" && c.resident_fits;  // else the grid
+    CHECK(gpu.description().find(resident            ? "weights resident"
+                                 : mode == "cluster" ? "one cluster"
+                                                     : "cooperative grid") != std::string::npos);
   }
   });
 }
@@ -91,12 +98,20 @@ TEST_CASE("on the reference network and real MNIST the whole-step kernel follows
   spec.whole_step = false;
   spec.one_pass_backward = false;
   cuda::CudaTrainer grouped(spec, data);
+  spec.whole_step = true;
+  spec.one_pass_backward = true;
+  spec.steps_per_launch = 8;  // what picks the kernel that keeps the weights resident
+  cuda::CudaTrainer resident(spec, data);
   REQUIRE(whole.training_program().uses_whole_step());
+  REQUIRE(whole.description().find("cooperative grid") != std::string::npos);
+  REQUIRE(resident.description().find("weights resident") != std::string::npos);
   REQUIRE(grouped.training_program().schedule().launches.size() == 17);
-  const auto a = losses(whole, 200), b = losses(grouped, 200);
-  MESSAGE("step 200 loss whole-step " << a.back() << " per-group " << b.back());
+  const auto a = losses(whole, 200), b = losses(grouped, 200), r = losses(resident, 200);
+  MESSAGE("step 200 loss whole-step " << a.back() << " resident " << r.back() << " per-group " << b.back());
   CHECK(sg::test::relative_error(a, b) < 1e-2);
+  CHECK(sg::test::relative_error(r, b) < 1e-2);
   CHECK(sg::test::relative_error(all_parameters(whole), all_parameters(grouped)) < 2e-2);
+  CHECK(sg::test::relative_error(all_parameters(resident), all_parameters(grouped)) < 2e-2);
   // It learns: real digits, so the mean loss of the last 20 steps is well
   // below that of the first 20 (single-batch losses are noisy).
   const auto mean20 = [](auto first) { return std::accumulate(first, first + 20, 0.0) / 20; };
@@ -133,7 +148,7 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
 }
 
 TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-identical") {
-  in_both_launch_modes([&](const std::string&) {
+  in_every_launch_mode([&](const std::string&) {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
   TrainerSpec spec = f16_spec({64, 96, 48, 10}, 32);
@@ -156,20 +171,68 @@ TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-ide
 TEST_CASE("whole-step: the phase profile names every phase and takes real time") {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
-  cuda::CudaTrainer t(f16_spec({64, 96, 48, 10}, 32), data);
-  const auto phases = t.profile_step(3);
-  REQUIRE(phases.size() == 5);  // 2 hidden forwards, logits + softmax, 2 backward phases
-  CHECK(phases.front().label == "whole_step: fetch + layer 1 forward");
-  CHECK(phases.back().label == "whole_step: layer 2 SGD + layer 1 SGD");
-  for (const auto& p : phases) {
-    INFO(p.label);
-    CHECK(p.ms > 0);
-    CHECK(p.ms < 10);
+  struct Case {
+    const char* mode;
+    std::size_t phases;  // 2 hidden layers
+    const char* first;
+    const char* last;
+  };
+  for (const Case& c : {Case{"grid", 5, "whole_step: fetch + layer 1 forward", "whole_step: layer 2 SGD + layer 1 SGD"},
+                        Case{"resident", 4, "whole_step: fetch + layer 1 forward + all-gather", "whole_step: layer 1 SGD"}}) {
+    ::setenv("SG_WHOLE_STEP_MODE", c.mode, 1);
+    INFO("launch mode " << c.mode);
+    cuda::CudaTrainer t(f16_spec({64, 96, 48, 10}, 32), data);
+    const auto phases = t.profile_step(3);
+    REQUIRE(phases.size() == c.phases);
+    CHECK(phases.front().label == c.first);
+    CHECK(phases.back().label == c.last);
+    for (const auto& p : phases) {
+      INFO(p.label);
+      CHECK(p.ms > 0);
+      CHECK(p.ms < 10);
+    }
+    CHECK(t.step() == 3);
   }
-  CHECK(t.step() == 3);
+  ::unsetenv("SG_WHOLE_STEP_MODE");
+}
+
+TEST_CASE("resident weights: every cluster size follows the CPU backend, and K steps per launch are K launches") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const TrainerSpec spec = f16_spec({96, 128, 64, 64, 10}, 32, 1e-3);
+  const Dataset data = random_dataset(32 * 20 + 3, 96, 10, rng);  // 20 steps per epoch
+  auto cpu = make_cpu_trainer(spec, data);
+  const auto cpu_curve = losses(*cpu, 40);
+  ::setenv("SG_WHOLE_STEP_MODE", "resident", 1);  // also for one step per launch
+  for (const char* cluster : {"2", "4"}) {  // 64 / 32 (then 32 / 16) columns of a layer per block
+    ::setenv("SG_RESIDENT_CLUSTER", cluster, 1);
+    INFO("cluster of " << cluster);
+    cuda::CudaTrainer one(spec, data);
+    TrainerSpec batched = spec;
+    batched.steps_per_launch = 8;
+    cuda::CudaTrainer eight(batched, data);
+    REQUIRE(one.description().find(fmt::format("{} blocks as one cluster, weights resident", cluster)) != std::string::npos);
+    const auto curve = losses(one, 40);
+    CHECK(sg::test::relative_error(curve, cpu_curve) < 1e-2);
+    CHECK(sg::test::relative_error(all_parameters(one), all_parameters(*cpu)) < 5e-2);
+    eight.train(40);  // per epoch: two launches of 8 steps, then 4 of one (the epoch ends)
+    sg::test::check_same_state(one, eight);
+    CHECK(one.last_loss() == eight.last_loss());
+  }
+  ::unsetenv("SG_RESIDENT_CLUSTER");
+  ::unsetenv("SG_WHOLE_STEP_MODE");
 }
 
 TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
   auto rng = sg::test::fresh_rng();
   sg::test::check_learning_rate_changes_reach(f16_spec({64, 32, 10}, 16), random_dataset(500, 64, 10, rng), true);
+}
+
+TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
+  auto rng = sg::test::fresh_rng();
+  TrainerSpec spec = f16_spec({64, 32, 10}, 16);
+  spec.steps_per_launch = 5;  // the rate is read once per launch of 5 steps
+  const Dataset data = random_dataset(500, 64, 10, rng);
+  REQUIRE(cuda::CudaTrainer(spec, data).description().find("weights resident") != std::string::npos);
+  sg::test::check_learning_rate_changes_reach(spec, data, true);
 }
