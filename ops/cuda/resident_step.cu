@@ -435,6 +435,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     bsgd[l] = *a.bias_sgd[l];
   }
   __syncthreads();
+  // A block may touch another's shared memory only once that block runs:
+  // arrive now, wait before the first exchange (the loads below overlap it).
+  cluster_arrive();
   const Carve& c = carved;
   const std::int64_t first_step = *a.step;
   const int J_last = lay.own[hidden - 1], ld_own = lay.own_stride;
@@ -450,6 +453,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int cls = threadIdx.x; cls < C; cls += blockDim.x) c.b_last[cls] = a.bias[L - 1][cls];
 
   prefetch_batch<B>(a, c, first_step);
+  cluster_wait();
   for (int s = 0; s < steps; ++s) {
     const bool first = s == 0;
     int phase = 0;
