@@ -37,6 +37,10 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
   if (offset + bytes > bytes_) throw CudaError("DeviceBuffer::upload past the end of the buffer");
   SG_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy may return before the DMA has landed, and
+  // kernels on our non-blocking streams do not wait for the default stream:
+  // an epoch's new permutation could be read half-written. Wait for it.
+  SG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
@@ -45,7 +49,10 @@ void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) c
 }
 
 void DeviceBuffer::fill_bytes(int byte_value) {
-  if (bytes_) SG_CUDA_CHECK(cudaMemset(ptr_, byte_value, bytes_));
+  if (bytes_) {
+    SG_CUDA_CHECK(cudaMemset(ptr_, byte_value, bytes_));
+    SG_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // (asynchronous on device memory; see upload)
+  }
 }
 
 Stream::Stream() { SG_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
