@@ -33,11 +33,13 @@ bool device_available() {
   return count > 0;
 }
 
-int multiprocessor_count() {
-  int device = 0, count = 0;
+int current_device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
   SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+  SG_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
 }
+
+int multiprocessor_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount); }
 
 }  // namespace sg::cuda

@@ -21,6 +21,8 @@ void check_launch(const char* kernel, const char* file, int line);
 // True when at least one CUDA device is usable (false on CPU-only machines).
 bool device_available();
 
+// An attribute of the current device (cudaDeviceGetAttribute).
+int current_device_attribute(cudaDeviceAttr attribute);
 // Streaming multiprocessors of the current device.
 int multiprocessor_count();
 

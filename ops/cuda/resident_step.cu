@@ -147,6 +147,20 @@ __device__ void take_batch(const WholeStepArgs& a, const ResidentLayout& lay, co
 
 // ---- tensor-core pieces ------------------------------------------------------
 
+// acc[m][n] += rows m*16.. of A (k-step ks, row-major [B][lda]) times the
+// two 8-column n-tiles held in b, for every 16-row tile m of the batch.
+template <int B>
+__device__ void mma_batch_rows(float (&acc)[B / 16][2][4], const __half* A, int lda, int ks, const std::uint32_t (&b)[4]) {
+  const int lane = lane_index(), quad = lane / 8;
+#pragma unroll
+  for (int m = 0; m < B / 16; ++m) {
+    std::uint32_t a[4];
+    load_matrices(a, shared_address(A + (m * 16 + (quad % 2) * 8 + lane % 8) * lda + ks * 16 + (quad / 2) * 8));
+    mma_16x8x16(acc[m][0], a, b[0], b[1]);
+    mma_16x8x16(acc[m][1], a, b[2], b[3]);
+  }
+}
+
 // partial[warp][b][j] = sum over the warp's k-steps of A[b][k] W[j][k]:
 // out[B][J] = A W^T with the K/16 k-steps split over the warps. A: [B][lda],
 // W: [J][ldw] (owned rows), both in shared memory.
@@ -161,13 +175,7 @@ __device__ void rows_times_owned_rows(const __half* A, int lda, const __half* W,
     for (int ks = warp; ks < K / 16; ks += kWarps) {
       std::uint32_t b[4];  // n-tiles np*16 and np*16+8, k halves 0 and 8
       load_matrices(b, shared_address(W + (np * 16 + (quad / 2) * 8 + lane % 8) * ldw + ks * 16 + (quad % 2) * 8));
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        std::uint32_t a[4];
-        load_matrices(a, shared_address(A + (m * 16 + (quad % 2) * 8 + lane % 8) * lda + ks * 16 + (quad / 2) * 8));
-        mma_16x8x16(acc[m][0], a, b[0], b[1]);
-        mma_16x8x16(acc[m][1], a, b[2], b[3]);
-      }
+      mma_batch_rows<B>(acc, A, lda, ks, b);
     }
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m)
@@ -193,13 +201,7 @@ __device__ void push_input_gradient(cg::cluster_group& cluster, const __half* gr
     for (int ks = 0; ks < J / 16; ++ks) {
       std::uint32_t b[4];  // W rows are k of this product: transposed loads
       load_matrices_transposed(b, shared_address(W + (ks * 16 + (quad % 2) * 8 + lane % 8) * ldw + np * 16 + (quad / 2) * 8));
-#pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        std::uint32_t a[4];
-        load_matrices(a, shared_address(grad + (m * 16 + (quad % 2) * 8 + lane % 8) * ldg + ks * 16 + (quad / 2) * 8));
-        mma_16x8x16(acc[m][0], a, b[0], b[1]);
-        mma_16x8x16(acc[m][1], a, b[2], b[3]);
-      }
+      mma_batch_rows<B>(acc, grad, ldg, ks, b);
     }
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -589,18 +591,11 @@ ResidentLayout layout_for(const WholeStepArgs& a, int S) {
   return lay;
 }
 
-int max_shared_optin() {
-  int device = 0, bytes = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
-
 // Dynamic shared memory a block may have next to the kernel's static share.
 std::size_t dynamic_shared_limit(int batch) {
   cudaFuncAttributes attr{};
   SG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel_for(batch)));
-  return std::size_t(max_shared_optin()) - attr.sharedSizeBytes;
+  return std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) - attr.sharedSizeBytes;
 }
 
 cudaLaunchConfig_t cluster_config(const ResidentLayout& lay, cudaStream_t stream, cudaLaunchAttribute& attr) {
@@ -632,13 +627,6 @@ bool cluster_fits(const WholeStepArgs& a, const ResidentLayout& lay) {
   return false;
 }
 
-int compute_capability_major() {
-  int device = 0, major = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major;
-}
-
 // Sizes the kernel's code does not handle, whatever the cluster.
 std::string shape_unsupported(const WholeStepArgs& a) {
   if (a.layers < 2 || a.layers > kResidentMaxLayers) return fmt::format("{} layers (2..{} supported)", a.layers, kResidentMaxLayers);
@@ -646,7 +634,7 @@ std::string shape_unsupported(const WholeStepArgs& a) {
   if (a.dims[0] % 16 != 0) return fmt::format("input width {} is not a multiple of 16", a.dims[0]);
   if (a.dims[a.layers] > kWholeStepMaxClasses) return fmt::format("{} classes", a.dims[a.layers]);
   if (a.rows < a.batch) return "fewer dataset rows than one batch";
-  if (compute_capability_major() < 9) return "thread-block clusters need compute capability 9.0";
+  if (current_device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return "thread-block clusters need compute capability 9.0";
   return {};
 }
 

@@ -415,17 +415,6 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   if (blockIdx.x == 0 && threadIdx.x == 0) *a.step += 1;
 }
 
-int max_shared_optin() {
-  int device = 0, bytes = 0;
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
-
-}  // namespace
-
-namespace {
-
 std::vector<std::string> per_step_phase_names(int layers) {
   std::vector<std::string> names;
   for (int l = 0; l + 1 < layers; ++l)
@@ -457,7 +446,7 @@ std::string whole_step_unsupported(const WholeStepArgs& a) {
     return fmt::format("{} classes (1..{} supported)", classes, kWholeStepMaxClasses);
   if (a.rows < a.batch) return "fewer dataset rows than one batch";
   const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
-  if (smem > std::size_t(max_shared_optin()))
+  if (smem > std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)))
     return fmt::format("needs {} bytes of shared memory per block", smem);
   return {};
 }
@@ -519,10 +508,8 @@ int largest_cluster(KernelFn kernel, std::size_t smem) {
 }  // namespace
 
 WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_launch) {
-  int device = 0, per_sm = 0, major = 0;
-  const int sms = multiprocessor_count();
-  SG_CUDA_CHECK(cudaGetDevice(&device));
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  int per_sm = 0;
+  const int sms = multiprocessor_count(), major = current_device_attribute(cudaDevAttrComputeCapabilityMajor);
   const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
   const KernelFn grid_kernel = kernel_for<false>(a.batch);
   SG_CUDA_CHECK(cudaFuncSetAttribute(grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
