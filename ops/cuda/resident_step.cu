@@ -504,6 +504,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (l == 0) break;
       if (update_before_arrive) cluster_arrive();
       cluster_wait();
+      __syncthreads();  // the wait orders arrivals, not the work after them: W_l's update read c.grad
       mark_phase(a, first, phase);
       const int J_prev = lay.own[l - 1];
       reduce_input_gradient<B>(exchange, S, c.act[l - 1], lay.act_stride[l - 1], me * J_prev, c.grad, ld_own, J_prev);
