@@ -234,42 +234,23 @@ __device__ void weight_gradient_tile(const __half* grad, int ldg, const __half* 
 }
 
 // W[j][k] = sgd(W[j][k], sum_b grad[b][j] A[b][k]) for the owned rows: a warp
-// per 16 x 16 tile, two tiles at a time so their loads overlap; the
-// gradient never leaves the registers.
+// per 16 x 16 tile; the gradient never leaves the registers.
 template <int B>
 __device__ void update_owned_rows(const __half* grad, int ldg, const __half* A, int lda, __half* W, int ldw, int J,
                                   int K, const SgdScalars& s) {
   const int warp = warp_index(), lane = lane_index(), g = lane / 4, t = lane % 4;
-  const int pairs = K / 16, tiles = (J / 16) * pairs;
-  for (int first = warp; first < tiles; first += 2 * kWarps) {
-    const int count = first + kWarps < tiles ? 2 : 1;
-    float acc[2][2][4] = {};
-    __half2 w[2][2][2];
+  const int pairs = K / 16;
+  for (int tile = warp; tile < (J / 16) * pairs; tile += kWarps) {
+    const int mj = tile / pairs, np = tile % pairs;
+    float acc[2][4] = {};
+    weight_gradient_tile<B>(grad, ldg, A, lda, mj, np, acc);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (i < count) weight_gradient_tile<B>(grad, ldg, A, lda, (first + i * kWarps) / pairs, (first + i * kWarps) % pairs, acc[i]);
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (i < count) {
-        const int tile = first + i * kWarps, mj = tile / pairs, np = tile % pairs;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            w[i][n][h] = *reinterpret_cast<const __half2*>(W + (mj * 16 + g + 8 * h) * ldw + np * 16 + n * 8 + 2 * t);
-      }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      if (i < count) {
-        const int tile = first + i * kWarps, mj = tile / pairs, np = tile % pairs;
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float2 v = __half22float2(w[i][n][h]);
-            *reinterpret_cast<__half2*>(W + (mj * 16 + g + 8 * h) * ldw + np * 16 + n * 8 + 2 * t) =
-                __floats2half2_rn(sgd(v.x, acc[i][n][2 * h], s), sgd(v.y, acc[i][n][2 * h + 1], s));
-          }
+      for (int h = 0; h < 2; ++h) {
+        auto* w = reinterpret_cast<__half2*>(W + (mj * 16 + g + 8 * h) * ldw + np * 16 + n * 8 + 2 * t);
+        const float2 v = __half22float2(*w);
+        *w = __floats2half2_rn(sgd(v.x, acc[n][2 * h], s), sgd(v.y, acc[n][2 * h + 1], s));
       }
   }
 }
