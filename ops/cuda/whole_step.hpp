@@ -50,7 +50,6 @@ struct WholeStepArgs {
   unsigned long long* phase_clock = nullptr;
 };
 
-
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).
 std::string whole_step_unsupported(const WholeStepArgs& args);
 // How the step is launched: with the weights resident in ONE thread-block
