@@ -16,9 +16,7 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.05f, wd = 0.01f;
-  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
-  const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, wd);
-  scalars.upload(&host, sizeof host);
+  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
   // (batch, N rows of W, K columns): column strips of 16 and 32 (K < 8192); row ranges (K >= 8192)
   // with one or several ranges, a strip wider than what is left of K, a short last range
   for (auto [batch, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 128, 128}},
@@ -58,9 +56,8 @@ TEST_CASE("the one-pass kernel also updates the previous layer's bias from the c
     const std::int64_t batch = 32, n = 64;
     INFO("K = " << k);
     const float lr = 0.1f;
-    cuda::DeviceBuffer scalars(2 * sizeof(cuda::SgdScalars));
-    const cuda::SgdScalars host[2] = {cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)};
-    scalars.upload(host, sizeof host);
+    const cuda::DeviceBuffer scalars =
+        sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;
@@ -86,9 +83,7 @@ TEST_CASE("a second launch sees the first one's weights and finishes its own dX 
   INFO("random seed " << sg::test::last_seed());
   const std::int64_t batch = 32, n = 128, k = 8192;  // several row ranges per strip
   const float lr = 0.5f;
-  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
-  const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, 0.f);
-  scalars.upload(&host, sizeof host);
+  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, 0.f)});
   const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
   auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
   for (auto& v : x) v = v < 0 ? 0.f : v;

@@ -146,9 +146,7 @@ TEST_CASE("fused SGD: the weight-gradient matmul updates W in place (f16 and f32
   ref::sgd_update(wref.data(), g.data(), static_cast<double*>(nullptr), out * in, double(lr), 0.0, double(wd));
 
   DeviceArray<__half> ddz(dz), dx(x);
-  const auto scalars = cuda::make_sgd_scalars(lr, 0.f, wd);
-  cuda::DeviceBuffer ds(sizeof scalars);
-  ds.upload(&scalars, sizeof scalars);
+  const cuda::DeviceBuffer ds = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
   const auto* s = ds.as<cuda::SgdScalars>();
   for (auto cd : {cuda::ElemType::f16, cuda::ElemType::f32}) {
     for (bool autotune : {false, true}) {

@@ -78,11 +78,8 @@ cuda::OutputLayerBackward fused_args(const Problem& p, OnDevice& d, const cuda::
 
 // Three parameter groups with different learning rates and weight decays.
 cuda::DeviceBuffer three_scalars() {
-  const cuda::SgdScalars host[3] = {cuda::make_sgd_scalars(0.5f, 0.f, 0.01f), cuda::make_sgd_scalars(0.25f, 0.f, 0.f),
-                                    cuda::make_sgd_scalars(0.75f, 0.f, 0.02f)};
-  cuda::DeviceBuffer b(sizeof host);
-  b.upload(host, sizeof host);
-  return b;
+  return sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.5f, 0.f, 0.01f), cuda::make_sgd_scalars(0.25f, 0.f, 0.f),
+                                       cuda::make_sgd_scalars(0.75f, 0.f, 0.02f)});
 }
 
 }  // namespace

@@ -33,9 +33,7 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.1f, wd = 0.01f;
-  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
-  const cuda::SgdScalars host = cuda::make_sgd_scalars(lr, 0.f, wd);
-  scalars.upload(&host, sizeof host);
+  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
   for (auto [batch, m, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{33, 11, 129}}, {{64, 32, 784}}}) {
     INFO(batch << " " << m << " " << k);
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * m), rng));

@@ -44,6 +44,13 @@ class DeviceArray {
   cuda::DeviceBuffer buf_;
 };
 
+// SGD scalars, one per parameter group, in device memory as kernels read them.
+inline cuda::DeviceBuffer device_sgd_scalars(const std::vector<cuda::SgdScalars>& host) {
+  cuda::DeviceBuffer buffer(host.size() * sizeof(cuda::SgdScalars));
+  buffer.upload(host.data(), buffer.bytes());
+  return buffer;
+}
+
 // Values exactly representable in T (so CPU reference and GPU see the same inputs).
 template <typename T>
 std::vector<float> representable(std::vector<float> v) {
