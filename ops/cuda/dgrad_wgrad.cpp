@@ -24,11 +24,12 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
   return {};
 }
 
-DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k) : batch_(batch), n_(n), k_(k) {
+DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits)
+    : batch_(batch), n_(n), k_(k) {
   if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD: unsupported: " + why);
   if (k < kRowRangesFromK) {
-    one_pass::prepare_column_strips(batch, k);
+    strips_ = one_pass::plan_column_strips(batch, n, k, strip_splits);
     return;
   }
   grid_ = one_pass::plan_row_ranges(batch, n, k);
@@ -40,7 +41,7 @@ DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k)
 void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
                            cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) const {
   if (grid_.ranges == 0)
-    one_pass::launch_column_strips(dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars);
+    one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars);
   else
     one_pass::launch_row_ranges(grid_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
                                 partials_.as<float>(), arrivals_.as<unsigned>());

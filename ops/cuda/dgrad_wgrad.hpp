@@ -31,7 +31,9 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
 // other.
 class DgradWgradSgd {
  public:
-  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k);
+  // strip_splits: blocks per column strip (a power of two up to 8, Hopper),
+  // 0 for the measured rule.
+  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits = 0);
 
   // With bias set, the launch also applies SGD to the previous layer's bias
   // from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
@@ -40,9 +42,12 @@ class DgradWgradSgd {
 
   // Row ranges per column strip; 0 when the column-strip kernel runs these sizes.
   std::int64_t row_ranges() const { return grid_.ranges; }
+  // Blocks sharing each column strip (column-strip kernel; 1 otherwise).
+  int strip_splits() const { return strips_.splits; }
 
  private:
   std::int64_t batch_, n_, k_;
+  one_pass::ColumnStripGrid strips_;
   one_pass::RowRangeGrid grid_;
   DeviceBuffer partials_;
   DeviceBuffer arrivals_;

@@ -11,12 +11,20 @@
 namespace sg::cuda::one_pass {
 
 // Column strips (dgrad_wgrad_strips.cu): a block owns 16 or 32 columns of W
-// and walks all N rows; its warps' dX partials meet in shared memory, so no
-// workspace. Fastest while W is at most ~32 MB (K <= 4096 at N = K).
-void prepare_column_strips(std::int64_t batch, std::int64_t k);
-void launch_column_strips(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
-                          __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream, __half* bias,
-                          const SgdScalars* bias_scalars);
+// and walks all N rows, or a cluster of `splits` blocks shares them where
+// one block per strip would leave SMs idle; the warps' dX partials meet in
+// shared memory (DSMEM across a cluster), so no workspace. Fastest while W
+// is at most ~32 MB (K <= 4096 at N = K).
+struct ColumnStripGrid {
+  std::int64_t strips = 0;
+  int splits = 1;        // blocks (one cluster) per strip
+  std::size_t smem = 0;  // dynamic shared memory per block
+};
+// `splits` 0: the measured rule (or SG_STRIP_SPLITS); else that many. Sets the smem limit too.
+ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits = 0);
+void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
+                          std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
+                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars);
 
 // Row ranges (dgrad_wgrad_ranges.cu): a block owns a 128/256-column strip
 // and a range of rows, so it reads long contiguous runs of every row; the

@@ -20,6 +20,7 @@
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "ops/cuda/mma_fragments.cuh"
 
@@ -44,11 +45,10 @@ struct Shape {
   static_assert(kStageHalves % 8 == 0, "stages must stay 16-byte aligned");
 };
 
-// Queues rows row0..row0+15 of the block's strip of W and the same 16 columns
-// of dY into a stage (every thread its share of 16-byte pieces), one commit group.
+// Queue rows row0..row0+15 of the block's strip of W, and the same 16 columns
+// of dY, into a stage (every thread its share of 16-byte pieces).
 template <int S, int B>
-__device__ __forceinline__ void fetch_chunk(std::uint32_t stage, const __half* w, const __half* dy, int n, int k,
-                                            int row0, int strip0) {
+__device__ __forceinline__ void fetch_w_rows(std::uint32_t stage, const __half* w, int k, int row0, int strip0) {
   using Sh = Shape<S, B>;
   constexpr int kRowPieces = Sh::kBlockColumns / 8, kWPieces = 16 * kRowPieces;
 #pragma unroll
@@ -57,11 +57,22 @@ __device__ __forceinline__ void fetch_chunk(std::uint32_t stage, const __half* w
     if (strip0 + c < k)
       copy_async16(stage + (r * Sh::kWLd + c) * 2, w + std::int64_t(row0 + r) * k + strip0 + c);
   }
+}
+template <int S, int B>
+__device__ __forceinline__ void fetch_dy_columns(std::uint32_t stage, const __half* dy, int n, int row0) {
+  using Sh = Shape<S, B>;
   const std::uint32_t dy_stage = stage + 16 * Sh::kWLd * 2;
   for (int i = threadIdx.x; i < 2 * B; i += kThreads) {
     const int b = i / 2, c = (i % 2) * 8;
     copy_async16(dy_stage + (b * Sh::kDyLd + c) * 2, dy + std::int64_t(b) * n + row0 + c);
   }
+}
+// Both, as one commit group.
+template <int S, int B>
+__device__ __forceinline__ void fetch_chunk(std::uint32_t stage, const __half* w, const __half* dy, int n, int k,
+                                            int row0, int strip0) {
+  fetch_w_rows<S, B>(stage, w, k, row0, strip0);
+  fetch_dy_columns<S, B>(stage, dy, n, row0);
   commit_copies();
 }
 
@@ -185,10 +196,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::uint32_t ring = shared_address(stages);
   constexpr std::uint32_t kStageBytes = Sh::kStageHalves * 2;
 
+  allow_next_kernel_to_start();
+  // The first stages' W rows go out before the wait for the kernel that
+  // writes dY; they join the first stage's commit group (one group per
+  // stage, even an empty one).
 #pragma unroll
-  for (int d = 0; d < kDepth - 1; ++d) {  // one commit group per stage, even an empty one
-    if (d < chunks) fetch_chunk<S, B>(ring + d * kStageBytes, w, dy, n, k, row_begin + d * 16, strip0);
-    else commit_copies();
+  for (int d = 0; d < kDepth - 1; ++d)
+    if (d < chunks) fetch_w_rows<S, B>(ring + d * kStageBytes, w, k, row_begin + d * 16, strip0);
+  wait_for_previous_kernel();
+#pragma unroll
+  for (int d = 0; d < kDepth - 1; ++d) {
+    if (d < chunks) fetch_dy_columns<S, B>(ring + d * kStageBytes, dy, n, row_begin + d * 16);
+    commit_copies();
   }
   const SgdScalars s = *scalars;
   // X's B fragments (k = batch, n = column), the same for every chunk.
@@ -298,9 +317,8 @@ void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half*
                        __half* bias, const SgdScalars* bias_scalars, float* partials, unsigned* arrivals) {
   const Instance in = instance_for(batch, grid.columns_per_warp);
   const dim3 blocks{unsigned(grid.strips), unsigned(grid.ranges)};
-  in.kernel<<<blocks, kThreads, in.smem, stream>>>(dy, x, int(n), int(k), int(grid.rows_per_range), w, dx, scalars,
-                                                   bias, bias_scalars, partials, arrivals);
-  SG_LAUNCH_CHECK("one-pass dgrad+SGD (row ranges)");
+  launch_dependent(in.kernel, {blocks, dim3(kThreads), in.smem}, stream, dy, x, int(n), int(k), int(grid.rows_per_range),
+                   w, dx, scalars, bias, bias_scalars, partials, arrivals);
 }
 
 }  // namespace sg::cuda::one_pass

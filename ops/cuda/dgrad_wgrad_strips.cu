@@ -7,9 +7,21 @@
 // dY[:, rows] * chunk to its dX partial, computes the chunk's gradient
 // dY[:, rows]^T * X[:, strip], and writes the updated chunk back. The warps'
 // dX partials are summed at the end and masked by X > 0.
+//
+// Where a block per strip would leave SMs idle (narrow layers), a cluster of
+// R blocks shares a strip: block rank r's warp w takes chunks w*R + r,
+// w*R + r + 8R, ...; ranks 1.. send their dX partial sums to rank 0's
+// shared memory (DSMEM), which adds them in rank order, so the result does
+// not depend on timing.
+#include <cooperative_groups.h>
+#include <fmt/format.h>
 #include <mma.h>
 
+#include <cstdlib>
+
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
 
 namespace sg::cuda::one_pass {
@@ -40,7 +52,10 @@ struct Layout {
   static constexpr std::size_t grad_bytes = std::size_t(16) * kGradLd * 4;  // per warp: chunk gradient, fp32
   static constexpr std::size_t partial_bytes = std::size_t(kWarps) * B * S * 4;  // dX partials, fp32
   static constexpr std::size_t total = x_bytes + kWarps * (chunk_bytes + grad_bytes + dy_bytes) + partial_bytes;
+  static constexpr std::size_t incoming_bytes = std::size_t(B) * S * 4;  // per sending rank: its dX partial sum
 };
+
+constexpr int kMaxSplits = 8;  // blocks sharing a strip (a portable cluster size)
 
 template <int S, int B>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -55,7 +70,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* grad = reinterpret_cast<float*>(smem + L::x_bytes + kWarps * L::chunk_bytes + warp * L::grad_bytes);
   float* partial = reinterpret_cast<float*>(smem + L::x_bytes + kWarps * (L::chunk_bytes + L::grad_bytes));
   __half* dys = reinterpret_cast<__half*>(reinterpret_cast<unsigned char*>(partial) + L::partial_bytes + warp * L::dy_bytes);
-  const int col0 = blockIdx.x * S;
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  float* incoming = reinterpret_cast<float*>(smem + L::total);  // [splits - 1][B][S], rank 0's receives
+  const int col0 = (blockIdx.x / splits) * S;
+  allow_next_kernel_to_start();
+  // Split barrier: no block stores into rank 0's shared memory before rank 0 has started (waited at the end).
+  if (splits > 1) cluster_arrive();
 
   for (int i = threadIdx.x; i < B * S / 8; i += kThreads) {
     const int r = i / (S / 8), c = (i % (S / 8)) * 8;
@@ -95,29 +116,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint4 w[L::kVectorsPerLane];
     uint4 dy[L::kGradVectorsPerLane];
   };
-  auto load_chunk = [&](int row0, Chunk& regs) {
+  auto load_w = [&](int row0, Chunk& regs) {
 #pragma unroll
     for (int v = 0; v < L::kVectorsPerLane; ++v) {
       const Piece p = w_piece(v);
       regs.w[v] = *reinterpret_cast<const uint4*>(w + std::int64_t(row0 + p.row) * k + col0 + p.col);
     }
+  };
+  auto load_dy = [&](int row0, Chunk& regs) {
 #pragma unroll
     for (int v = 0; v < L::kGradVectorsPerLane; ++v) {
       const Piece p = dy_piece(v);
       regs.dy[v] = *reinterpret_cast<const uint4*>(dy + std::int64_t(p.row) * n + row0 + p.col);
     }
   };
-  // The warp's chunks are ch = warp, warp + 8, ...; kDepth of them are in
-  // flight at any time (registers, a ring indexed by compile-time d).
-  const int chunks = n / 16;
+  auto load_chunk = [&](int row0, Chunk& regs) {
+    load_w(row0, regs);
+    load_dy(row0, regs);
+  };
+  // The warp's chunks are ch = first, first + stride, ...; kDepth of them
+  // are in flight at any time (registers, a ring indexed by compile-time d).
+  // The first W loads go out before the wait for the kernel that writes dY.
+  const int chunks = n / 16, stride = kWarps * splits, first_chunk = warp * splits + rank;
   Chunk ring[L::kDepth];
 #pragma unroll
   for (int d = 0; d < L::kDepth; ++d)
-    if (warp + d * kWarps < chunks) load_chunk((warp + d * kWarps) * 16, ring[d]);
-  for (int first = warp; first < chunks; first += kWarps * L::kDepth) {
+    if (first_chunk + d * stride < chunks) load_w((first_chunk + d * stride) * 16, ring[d]);
+  wait_for_previous_kernel();
+#pragma unroll
+  for (int d = 0; d < L::kDepth; ++d)
+    if (first_chunk + d * stride < chunks) load_dy((first_chunk + d * stride) * 16, ring[d]);
+  for (int first = first_chunk; first < chunks; first += stride * L::kDepth) {
 #pragma unroll
     for (int d = 0; d < L::kDepth; ++d) {
-      const int ch = first + d * kWarps;
+      const int ch = first + d * stride;
       if (ch >= chunks) break;
       const int row0 = ch * 16;
 #pragma unroll
@@ -133,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint4 current[L::kVectorsPerLane];  // this lane's weights, kept for the update
 #pragma unroll
       for (int v = 0; v < L::kVectorsPerLane; ++v) current[v] = ring[d].w[v];
-      const int refill = ch + kWarps * L::kDepth;
+      const int refill = ch + stride * L::kDepth;
       if (refill < chunks) load_chunk(refill * 16, ring[d]);
       __syncwarp();
       // dX partial += dY[:, rows] * chunk
@@ -181,10 +213,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int t = 0; t < kSTiles; ++t)
       wmma::store_matrix_sync(partial + warp * B * S + m * 16 * S + t * 16, acc[m][t], S, wmma::mem_row_major);
   __syncthreads();
-  for (int e = threadIdx.x; e < B * S; e += kThreads) {
+  // This block's dX partial: its warps' partials added in warp order.
+  const auto block_sum = [&](int e) {
     float sum = 0.f;
 #pragma unroll
     for (int wi = 0; wi < kWarps; ++wi) sum += partial[wi * B * S + e];
+    return sum;
+  };
+  if (splits > 1) {
+    cluster_wait();  // (the arrive at the top) rank 0 is running
+    if (rank != 0) {
+      float* target = cluster.map_shared_rank(incoming, 0) + (rank - 1) * B * S;
+      for (int e = threadIdx.x; e < B * S; e += kThreads) target[e] = block_sum(e);
+    }
+    cluster_arrive();  // the sums are in rank 0's shared memory once all have arrived
+    cluster_wait();
+    if (rank != 0) return;
+  }
+  for (int e = threadIdx.x; e < B * S; e += kThreads) {
+    float sum = block_sum(e);
+    for (int q = 0; q < splits - 1; ++q) sum += incoming[q * B * S + e];  // rank order
     const int r = e / S, c = e % S;
     const __half v = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
     dx[std::int64_t(r) * k + col0 + c] = v;
@@ -226,25 +274,57 @@ Instance instance_for_strip(int strip) {
   return strip == 32 ? instance<32, B>() : instance<16, B>();
 }
 
+template <int B>
+std::size_t strip_incoming_bytes(int strip) {
+  return strip == 32 ? Layout<32, B>::incoming_bytes : Layout<16, B>::incoming_bytes;
+}
+
 Instance instance_for(std::int64_t batch, std::int64_t k) {
   const int strip = strip_width(k);
   return batch == 16 ? instance_for_strip<16>(strip) : instance_for_strip<32>(strip);
 }
 
-}  // namespace
+// Blocks per strip: double while the blocks still fit the SMs once and every
+// warp keeps at least kMinChunksPerWarp chunks of 16 rows. Measured inside
+// the step (H100, batch 32, docs/performance.md section 15): K = N = 1024
+// with 2 blocks per strip (4 chunks a warp) 42.0 -> 39.9 us per step; 512
+// with 4 (1 chunk a warp) 34.4 -> 37.5, slower.
+constexpr int kMinChunksPerWarp = 4;
 
-void prepare_column_strips(std::int64_t batch, std::int64_t k) {
-  const Instance in = instance_for(batch, k);
-  SG_CUDA_CHECK(cudaFuncSetAttribute(in.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(in.smem)));
+int strip_splits(std::int64_t strips, std::int64_t chunks) {
+  if (const char* forced = std::getenv("SG_STRIP_SPLITS")) return std::atoi(forced);
+  if (current_device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return 1;  // clusters: Hopper on
+  const std::int64_t sms = multiprocessor_count();
+  int splits = 1;
+  while (splits * 2 <= kMaxSplits && strips * splits * 2 <= sms &&
+         chunks >= std::int64_t(kWarps) * splits * 2 * kMinChunksPerWarp)
+    splits *= 2;
+  return splits;
 }
 
-void launch_column_strips(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k,
-                          __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream, __half* bias,
-                          const SgdScalars* bias_scalars) {
+}  // namespace
+
+ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits) {
   const Instance in = instance_for(batch, k);
-  in.kernel<<<unsigned(k / in.strip), kThreads, in.smem, stream>>>(dy, x, int(n), int(k), w, dx, scalars, bias,
-                                                                   bias_scalars);
-  SG_LAUNCH_CHECK("one-pass dgrad+SGD (column strips)");
+  ColumnStripGrid grid;
+  grid.strips = k / in.strip;
+  grid.splits = splits > 0 ? splits : strip_splits(grid.strips, n / 16);
+  if (grid.splits < 1 || grid.splits > kMaxSplits || (grid.splits & (grid.splits - 1)) != 0)
+    throw CudaError(fmt::format("one-pass dgrad+SGD: {} blocks per strip (a power of two up to {}; SG_STRIP_SPLITS?)",
+                                grid.splits, kMaxSplits));
+  grid.smem = in.smem + std::size_t(grid.splits - 1) * (batch == 16 ? strip_incoming_bytes<16>(in.strip)
+                                                                    : strip_incoming_bytes<32>(in.strip));
+  SG_CUDA_CHECK(cudaFuncSetAttribute(in.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grid.smem)));
+  return grid;
+}
+
+void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
+                          std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
+                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) {
+  const Instance in = instance_for(batch, k);
+  const LaunchGeometry geometry{dim3(unsigned(grid.strips * grid.splits)), dim3(kThreads), grid.smem,
+                                unsigned(grid.splits)};
+  launch_dependent(in.kernel, geometry, stream, dy, x, int(n), int(k), w, dx, scalars, bias, bias_scalars);
 }
 
 }  // namespace sg::cuda::one_pass

@@ -1,12 +1,20 @@
-// The fused output-layer backward (output_layer_backward.hpp). Every block
-// recomputes the (tiny) softmax of the whole batch into shared memory, so no
-// block waits for another; then each thread owns one column j of h, W and
-// dh: it holds W[:, j] in registers, walks the batch once for dh[:, j], the
-// column sums behind b_h[j] and the gradient of W[:, j], and updates both.
-// Block 0 also writes the loss, b_out and the step.
+// The fused output-layer backward (output_layer_backward.hpp). A block owns
+// 32 columns j of h, W and dh (a lane each) and its 8 warps split the batch:
+// warp y takes rows y, y+8, ... (the order in which the column sums and the
+// weight gradient add rows, so the result matches the launches this kernel
+// replaces bit for bit). A warp computes the softmax of its own rows (two at
+// a time, a half warp each, for up to 16 classes), so no
+// block waits for another and no warp waits for the others until the
+// gradients' partial sums meet in shared memory. Block 0 also writes the
+// loss, b_out and the step.
+//
+// Launched as a dependent launch (dependent_launch.cuh): W's columns, h, the
+// biases and the SGD scalars are loaded while the classifier forward that
+// writes the logits finishes.
 #include <fmt/format.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/sgd_step.cuh"
 #include "ops/cuda/softmax_row.cuh"
@@ -14,45 +22,50 @@
 namespace sg::cuda {
 namespace {
 
-constexpr int kMaxBatch = 32, kMaxClasses = 32;  // (batch 32: h for all rows fits shared memory)
-// Columns (threads) per block. Each block recomputes the softmax, a row per
-// warp at a time, and each thread walks the batch for its column: the time
-// is those serial chains, so 8 warps (4 softmax rows each at batch 32).
-constexpr int kBlockThreads = 256;
-// Column sums add rows r = y, y+8, ... per y, then the 8 partials in order:
-// the order of column_sum_kernel (sgd.cu), whose launches this one replaces.
-constexpr int kRowGroups = 8;
+constexpr int kMaxBatch = 32, kMaxClasses = 32;
+constexpr int kColumns = 32;                       // per block: one per lane
+constexpr int kRowGroups = 8;                      // warps; warp y takes rows y, y + 8, ...
+constexpr int kBlockThreads = kRowGroups * 32;
+constexpr int kRowsPerWarp = kMaxBatch / kRowGroups;
 
 // The mean loss in softmax_xent_kernel's order: 32 warp partials (rows w,
-// w+32, ...), added in warp order.
+// w+32, ...), added in warp order. With at most 32 rows each partial is one
+// row's loss (or 0), so that is the plain sum in row order.
+static_assert(kMaxBatch <= 32, "mean_loss adds one row per warp partial");
 __device__ float mean_loss(const float* row_loss, int rows) {
   float total = 0.f;
-  for (int w = 0; w < 32; ++w) {
-    float partial = 0.f;
-    for (int r = w; r < rows; r += 32) partial += row_loss[r];
-    total += partial;
-  }
+#pragma unroll
+  for (int r = 0; r < kMaxBatch; ++r)
+    if (r < rows) total += row_loss[r];
   return total * (1.f / static_cast<float>(rows));
 }
 
-// Block 0's share: the loss, dlogits for other readers, b_out, the step.
-__device__ void finish_outputs(const OutputLayerBackward& a, const __half* dlog, const float* row_loss) {
+// Block 0's share: the loss, dlogits for other readers, b_out (its old value
+// in out_bias_old, thread c), the step. Column sums add rows r = y, y+8, ...
+// per y, then the 8 partials in order: the order of column_sum_kernel (sgd.cu).
+__device__ void finish_outputs(const OutputLayerBackward& a, const __half* dlog, const float* row_loss,
+                               float out_bias_old, const SgdScalars& out_bias_sgd) {
   const int rows = int(a.batch), classes = int(a.classes);
   if (threadIdx.x == 0) {
-    *a.loss = mean_loss(row_loss, rows);
     if (a.step) *a.step += 1;
+    *a.loss = mean_loss(row_loss, rows);
   }
   if (a.dlogits)
     for (int e = threadIdx.x; e < rows * classes; e += kBlockThreads) a.dlogits[e] = dlog[e];
   if (threadIdx.x < classes) {
     const int c = threadIdx.x;
     float total = 0.f;
+#pragma unroll
     for (int y = 0; y < kRowGroups; ++y) {
       float partial = 0.f;
-      for (int r = y; r < rows; r += kRowGroups) partial += __half2float(dlog[r * classes + c]);
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        const int r = y + i * kRowGroups;
+        if (r < rows) partial += __half2float(dlog[r * classes + c]);
+      }
       total += partial;
     }
-    a.out_bias[c] = __float2half(sgd_step(__half2float(a.out_bias[c]), total, nullptr, *a.out_bias_sgd));
+    a.out_bias[c] = __float2half(sgd_step(out_bias_old, total, nullptr, out_bias_sgd));
   }
 }
 
@@ -60,80 +73,122 @@ __device__ void finish_outputs(const OutputLayerBackward& a, const __half* dlog,
 // guards in the unrolled class loops: MNIST's 10), or kMaxClasses for any
 // count up to it.
 template <int C>
-__global__ void __launch_bounds__(kBlockThreads, 1) output_layer_backward_kernel(OutputLayerBackward a) {
-  __shared__ __half dlog[kMaxBatch * kMaxClasses];
-  __shared__ __align__(16) float dlog_f[kMaxBatch * kMaxClasses];  // the same values as floats, rows kMaxClasses apart
+__global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(OutputLayerBackward a) {
+  constexpr int kLd = (C + 3) / 4 * 4;  // dlog_f rows: 16-byte aligned for float4 reads
+  __shared__ __half logits[kMaxBatch * C], dlog[kMaxBatch * C];
+  __shared__ __align__(16) float dlog_f[kMaxBatch * kLd];
   __shared__ float row_loss[kMaxBatch];
+  __shared__ std::int32_t labels[kMaxBatch];
+  __shared__ float w_tile[C * kColumns];                       // W[c, col0 + lane]
+  __shared__ float grad_part[kRowGroups * C * kColumns];       // [warp][c][lane]
+  __shared__ float column_part[kRowGroups * kColumns];         // [warp][lane]
+  allow_next_kernel_to_start();
   const int rows = int(a.batch), classes = int(a.classes), hidden = int(a.hidden);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Every global load the block needs is issued here, together, so the
-  // kernel waits on memory once, not once per dependent step: the logits and
-  // labels (the softmaxes then run on shared memory), this block's columns of
-  // h for all rows, this thread's column of W, its bias and the scalars.
-  __shared__ __half logits[kMaxBatch * kMaxClasses];
-  __shared__ std::int32_t labels[kMaxBatch];
-  __shared__ __half h_tile[kMaxBatch * kBlockThreads];
-  const auto live = [&](int c) { return C != kMaxClasses || c < classes; };
-  for (int e = threadIdx.x; e < rows * classes; e += kBlockThreads) logits[e] = a.logits[e];
-  for (int r = threadIdx.x; r < rows; r += kBlockThreads) labels[r] = a.labels[r];
-  const int j = blockIdx.x * kBlockThreads + threadIdx.x;
+  const int col0 = blockIdx.x * kColumns, j = col0 + lane;
   const bool mine = j < hidden;
+  const auto live = [&](int c) { return C != kMaxClasses || c < classes; };
+
+  // Before the wait: only W and h, which the classifier forward does not write.
+  for (int e = threadIdx.x; e < C * kColumns; e += kBlockThreads) {
+    const int c = e / kColumns, col = col0 + e % kColumns;
+    w_tile[e] = live(c) && col < hidden ? __half2float(a.w[std::int64_t(c) * hidden + col]) : 0.f;
+  }
+  float hv[kRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + i * kRowGroups;
+    hv[i] = mine && r < rows ? __half2float(a.h[std::int64_t(r) * hidden + j]) : 0.f;
+  }
+  // (The biases and scalars too: only this kernel writes the biases, in the previous step.)
+  const SgdScalars ws = *a.w_sgd, hs = *a.hidden_bias_sgd, os = *a.out_bias_sgd;
+  const bool updates_hidden_bias = warp == kRowGroups - 1 && mine;
+  const float hidden_bias = updates_hidden_bias ? __half2float(a.hidden_bias[j]) : 0.f;
+  const float out_bias = blockIdx.x == 0 && threadIdx.x < classes ? __half2float(a.out_bias[threadIdx.x]) : 0.f;
+  wait_for_previous_kernel();
+
+  // This warp's rows: logits and labels, then their softmaxes.
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + i * kRowGroups;
+    if (r >= rows) break;
+    if (lane < classes) logits[r * C + lane] = a.logits[r * classes + lane];
+    if (lane == 0) labels[r] = a.labels[r];
+  }
+  __syncwarp();
+  const float inv_rows = 1.f / static_cast<float>(rows);
+  if constexpr (C <= 16) {
+    // Two rows at a time, one per half warp: the bits of a whole warp's row
+    // (softmax_row.cuh). Without a second row, the upper half redoes the first.
+    const int half = lane / 16, half_lane = lane % 16;
+    for (int r0 = warp; r0 < rows; r0 += 2 * kRowGroups) {
+      const int r1 = r0 + kRowGroups;
+      const bool writes = half == 0 || r1 < rows;
+      const int r = half == 1 && r1 < rows ? r1 : r0;
+      const float loss =
+          softmax_xent_lanes<16>(logits + r * C, classes, labels[r], inv_rows, writes ? dlog + r * classes : nullptr);
+      if (writes && half_lane == 0) row_loss[r] = loss;
+      __syncwarp();
+      if (writes && half_lane < classes) dlog_f[r * kLd + half_lane] = __half2float(dlog[r * classes + half_lane]);
+    }
+  } else {
+    for (int r = warp; r < rows; r += kRowGroups) {
+      const float loss = softmax_xent_row(logits + r * C, classes, labels[r], inv_rows, dlog + r * classes);
+      if (lane == 0) row_loss[r] = loss;
+      __syncwarp();
+      if (lane < classes) dlog_f[r * kLd + lane] = __half2float(dlog[r * classes + lane]);
+    }
+  }
+  __syncthreads();  // w_tile; and block 0 reads every warp's rows
+  if (blockIdx.x == 0) finish_outputs(a, dlog, row_loss, out_bias, os);
+
   float w[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) w[c] = mine && live(c) ? __half2float(a.w[std::int64_t(c) * hidden + j]) : 0.f;
-  const float hidden_bias = mine ? __half2float(a.hidden_bias[j]) : 0.f;
-  const SgdScalars ws = *a.w_sgd, hs = *a.hidden_bias_sgd;
-#pragma unroll
-  for (int r = 0; r < kMaxBatch; ++r)
-    if (mine && r < rows) h_tile[r * kBlockThreads + threadIdx.x] = a.h[std::int64_t(r) * hidden + j];
-  __syncthreads();
-  const float inv_rows = 1.f / static_cast<float>(rows);
-  for (int r = warp; r < rows; r += kBlockThreads / 32) {
-    const float loss = softmax_xent_row(logits + r * classes, classes, labels[r], inv_rows, dlog + r * classes);
-    if (lane == 0) row_loss[r] = loss;
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < rows * classes; e += kBlockThreads)
-    dlog_f[(e / classes) * kMaxClasses + e % classes] = __half2float(dlog[e]);
-  if (blockIdx.x == 0) finish_outputs(a, dlog, row_loss);
-  __syncthreads();
-
-  if (!mine) return;
+  for (int c = 0; c < C; ++c) w[c] = w_tile[c * kColumns + lane];
   float grad[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) grad[c] = 0.f;
-  float column[kRowGroups] = {};
-  // The rows 8 at a time (the column sums' groups); the outer loop stays rolled to keep the code small.
-#pragma unroll 1
-  for (int r0 = 0; r0 < rows; r0 += kRowGroups)
+  float column = 0.f;
 #pragma unroll
-    for (int y = 0; y < kRowGroups; ++y) {
-      const int r = r0 + y;
-      if (r >= rows) break;
-      // dlogits of row r, four at a time (rows are 16-byte aligned)
-      float d[(C + 3) / 4 * 4];
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + i * kRowGroups;
+    if (r >= rows) break;
+    float d[kLd];
 #pragma unroll
-      for (int q = 0; q < (C + 3) / 4; ++q)
-        *reinterpret_cast<float4*>(d + 4 * q) = *reinterpret_cast<const float4*>(dlog_f + r * kMaxClasses + 4 * q);
-      const float hv = __half2float(h_tile[r * kBlockThreads + threadIdx.x]);
-      float s = 0.f;
+    for (int q = 0; q < kLd / 4; ++q)
+      *reinterpret_cast<float4*>(d + 4 * q) = *reinterpret_cast<const float4*>(dlog_f + r * kLd + 4 * q);
+    float s = 0.f;
 #pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (live(c)) s += d[c] * w[c];
-      const __half dh = hv > 0.f ? __float2half(s) : __float2half(0.f);
-      a.dh[std::int64_t(r) * hidden + j] = dh;
-      column[y] += __half2float(dh);
+    for (int c = 0; c < C; ++c)
+      if (live(c)) s += d[c] * w[c];
+    const __half dh = hv[i] > 0.f ? __float2half(s) : __float2half(0.f);
+    if (mine) a.dh[std::int64_t(r) * hidden + j] = dh;
+    column += __half2float(dh);
 #pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (live(c)) grad[c] += d[c] * hv;
-    }
+    for (int c = 0; c < C; ++c)
+      if (live(c)) grad[c] += d[c] * hv[i];
+  }
 #pragma unroll
-  for (int c = 0; c < C; ++c)
-    if (live(c)) a.w[std::int64_t(c) * hidden + j] = __float2half(ws.neg_lr * grad[c] + ws.one_minus_lr_wd * w[c]);
-  float total = 0.f;
+  for (int c = 0; c < C; ++c) grad_part[(warp * C + c) * kColumns + lane] = grad[c];
+  column_part[warp * kColumns + lane] = column;
+  __syncthreads();
+
+  // The 8 row groups' partials, added in group order: W's update...
+  for (int e = threadIdx.x; e < C * kColumns; e += kBlockThreads) {
+    const int c = e / kColumns, col = col0 + e % kColumns;
+    if (!live(c) || col >= hidden) continue;
+    float total = 0.f;
 #pragma unroll
-  for (int y = 0; y < kRowGroups; ++y) total += column[y];
-  a.hidden_bias[j] = __float2half(sgd_step(hidden_bias, total, nullptr, hs));
+    for (int y = 0; y < kRowGroups; ++y) total += grad_part[y * C * kColumns + e];
+    a.w[std::int64_t(c) * hidden + col] = __float2half(ws.neg_lr * total + ws.one_minus_lr_wd * w_tile[e]);
+  }
+  // ...and b_h's.
+  if (updates_hidden_bias) {
+    float total = 0.f;
+#pragma unroll
+    for (int y = 0; y < kRowGroups; ++y) total += column_part[y * kColumns + lane];
+    a.hidden_bias[j] = __float2half(sgd_step(hidden_bias, total, nullptr, hs));
+  }
 }
 
 }  // namespace
@@ -148,12 +203,11 @@ std::string output_layer_backward_unsupported(std::int64_t batch, std::int64_t c
 void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream) {
   if (const std::string why = output_layer_backward_unsupported(args.batch, args.classes, args.hidden); !why.empty())
     throw CudaError("output_layer_backward_kernel: unsupported: " + why);
-  const auto blocks = static_cast<unsigned>((args.hidden + kBlockThreads - 1) / kBlockThreads);
+  const dim3 blocks(static_cast<unsigned>((args.hidden + kColumns - 1) / kColumns));
   if (args.classes == 10)
-    output_layer_backward_kernel<10><<<blocks, kBlockThreads, 0, stream>>>(args);
+    launch_dependent(output_layer_backward_kernel<10>, {blocks, dim3(kBlockThreads)}, stream, args);
   else
-    output_layer_backward_kernel<kMaxClasses><<<blocks, kBlockThreads, 0, stream>>>(args);
-  SG_LAUNCH_CHECK("output_layer_backward_kernel");
+    launch_dependent(output_layer_backward_kernel<kMaxClasses>, {blocks, dim3(kBlockThreads)}, stream, args);
 }
 
 }  // namespace sg::cuda

@@ -1,5 +1,6 @@
 // CUDA-core kernels for the classifier layer's matmuls (see small_linear.hpp).
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/small_linear.hpp"
 
@@ -17,6 +18,11 @@ __device__ float warp_sum(float v) {
 // when both rows are 4-byte aligned (K even), else one.
 __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __half* bias, std::int64_t m,
                                       std::int64_t n, std::int64_t k, __half* y) {
+  // A dependent launch: x comes from the kernel before. The output-layer
+  // backward that follows is one too; it may start once x's writer is
+  // complete (its loads of h need that), and waits for these logits.
+  wait_for_previous_kernel();
+  allow_next_kernel_to_start();
   const std::int64_t out = std::int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (out >= m * n) return;  // whole warps leave together
@@ -47,9 +53,15 @@ __global__ void wgrad_sgd_small_m_kernel(const __half* dy, const __half* x, std:
   for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < m * k;
        e += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t row = e / k, col = e % k;
+    // Rows b = y, y+8, ... per y, then the 8 partials in order: the order of
+    // the fused output-layer backward, whose warp y takes those rows.
     float g = 0.f;
-#pragma unroll 8
-    for (std::int64_t b = 0; b < batch; ++b) g += __half2float(dy[b * m + row]) * __half2float(x[b * k + col]);
+#pragma unroll
+    for (int y = 0; y < 8; ++y) {
+      float partial = 0.f;
+      for (std::int64_t b = y; b < batch; b += 8) partial += __half2float(dy[b * m + row]) * __half2float(x[b * k + col]);
+      g += partial;
+    }
     w[e] = from_float<W>(s.neg_lr * g + s.one_minus_lr_wd * to_float(w[e]));
   }
 }
@@ -79,8 +91,8 @@ void launch_linear_small_n(const __half* x, const __half* w, const __half* bias,
                            std::int64_t k, __half* y, cudaStream_t stream) {
   if (n > kSmallLinearMaxDim) throw CudaError("linear_small_n_kernel: N above its limit");
   const std::int64_t blocks = (m * n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  linear_small_n_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream>>>(x, w, bias, m, n, k, y);
-  SG_LAUNCH_CHECK("linear_small_n_kernel");
+  launch_dependent(linear_small_n_kernel, {dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32)}, stream, x, w,
+                   bias, m, n, k, y);
 }
 
 template <typename W>

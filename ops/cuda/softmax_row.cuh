@@ -1,7 +1,7 @@
 #pragma once
-// One row of softmax cross-entropy, computed by one warp (lanes stride the
-// columns). Shared by the loss kernel and the fused output-layer backward so
-// both round at the same points and give the same bits.
+// Softmax cross-entropy of one row by a warp or half a warp. Shared by the
+// loss kernel, the fused output-layer backward and the resident-weights
+// kernel so they round at the same points and give the same bits.
 #include <cfloat>
 #include <cstdint>
 
@@ -9,33 +9,47 @@
 
 namespace sg::cuda {
 
+// Max / sum over aligned groups of `Lanes` lanes (xor tree; 32: the whole warp).
+template <int Lanes = 32>
 __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = Lanes / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+template <int Lanes = 32>
 __device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = Lanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-// Returns the row's loss (valid on lane 0). With dlogits set, also writes
-// dlogits[c] = (softmax - onehot) * inv_rows, rounded to T.
-template <typename T>
-__device__ __forceinline__ float softmax_xent_row(const T* row, std::int64_t cols, std::int32_t label, float inv_rows,
-                                                  T* dlogits) {
-  const int lane = threadIdx.x % 32;
+// One row of softmax cross-entropy computed by an aligned group of `Lanes`
+// lanes (lanes stride the columns); every lane of the warp must call it.
+// Returns the row's loss (valid on the group's first lane). With dlogits
+// set, also writes dlogits[c] = (softmax - onehot) * inv_rows, rounded to T.
+// For cols <= 16 a 16-lane group gives the bits of the whole warp (Lanes =
+// 32): there the first xor step only adds 0 / takes the max with -FLT_MAX.
+template <int Lanes, typename T>
+__device__ __forceinline__ float softmax_xent_lanes(const T* row, std::int64_t cols, std::int32_t label,
+                                                    float inv_rows, T* dlogits) {
+  const int lane = threadIdx.x % Lanes;
   float mx = -FLT_MAX;
-  for (std::int64_t c = lane; c < cols; c += 32) mx = fmaxf(mx, to_float(row[c]));
-  mx = warp_max(mx);
+  for (std::int64_t c = lane; c < cols; c += Lanes) mx = fmaxf(mx, to_float(row[c]));
+  mx = warp_max<Lanes>(mx);
   float sum = 0.f;
-  for (std::int64_t c = lane; c < cols; c += 32) sum += __expf(to_float(row[c]) - mx);
-  sum = warp_sum(sum);
+  for (std::int64_t c = lane; c < cols; c += Lanes) sum += __expf(to_float(row[c]) - mx);
+  sum = warp_sum<Lanes>(sum);
   if (dlogits)
-    for (std::int64_t c = lane; c < cols; c += 32) {
+    for (std::int64_t c = lane; c < cols; c += Lanes) {
       const float p = __expf(to_float(row[c]) - mx) / sum;
       dlogits[c] = from_float<T>((p - (c == label ? 1.f : 0.f)) * inv_rows);
     }
   return logf(sum) + mx - to_float(row[label]);
+}
+
+// One row by the whole warp (returns the loss on lane 0).
+template <typename T>
+__device__ __forceinline__ float softmax_xent_row(const T* row, std::int64_t cols, std::int32_t label, float inv_rows,
+                                                  T* dlogits) {
+  return softmax_xent_lanes<32>(row, cols, label, inv_rows, dlogits);
 }
 
 }  // namespace sg::cuda

@@ -64,10 +64,10 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
 }
 
 // Above this many parameters the per-group schedule is faster on an H100
-// (measured crossover between widths 512 and 1024 of 784-H-H-H-10 since the
-// per-group backward got its one-pass kernel: docs/performance.md), so the
-// whole-step kernel is not picked.
-constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 20;
+// (docs/performance.md section 15: with dependent launches it takes 30.3 /
+// 34.4 us at widths 256 / 512 of 784-H-H-H-10 against the whole-step kernel's
+// 32.1 / 38.7; at 128 both take ~29), so the whole-step kernel is not picked.
+constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 18;
 
 // Why the kernel should not run this plan ("" when it should): it keeps fp16
 // parameters and activations, implements SGD without momentum, and pays off

@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cstdlib>
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
 
 using namespace sg;
@@ -17,24 +19,31 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.05f, wd = 0.01f;
   const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
-  // (batch, N rows of W, K columns): column strips of 16 and 32 (K < 8192); row ranges (K >= 8192)
-  // with one or several ranges, a strip wider than what is left of K, a short last range
-  for (auto [batch, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 128, 128}},
-                                                                     {{16, 48, 80}},
-                                                                     {{32, 256, 4096}},
-                                                                     {{16, 16, 2048}},
-                                                                     {{32, 64, 8192}},
-                                                                     {{32, 208, 8320}},
-                                                                     {{16, 16, 8192}},
-                                                                     {{32, 1024, 8192}}}) {
-    INFO(batch << " x " << n << " x " << k);
+  // (batch, N rows of W, K columns, blocks per column strip; 0: the measured rule): column strips of
+  // 16 and 32 (K < 8192), one block per strip or a cluster of 2, 4, 8 sharing it (rows not a
+  // multiple of the cluster's warps included); row ranges (K >= 8192) with one or several ranges,
+  // a strip wider than what is left of K, a short last range
+  for (auto [batch, n, k, splits] : std::vector<std::array<std::int64_t, 4>>{{{32, 128, 128, 0}},
+                                                                             {{16, 48, 80, 0}},
+                                                                             {{32, 256, 4096, 0}},
+                                                                             {{16, 16, 2048, 0}},
+                                                                             {{32, 1024, 1024, 0}},
+                                                                             {{32, 400, 512, 2}},
+                                                                             {{32, 512, 512, 4}},
+                                                                             {{16, 1024, 256, 8}},
+                                                                             {{32, 64, 8192, 0}},
+                                                                             {{32, 208, 8320, 0}},
+                                                                             {{16, 16, 8192, 0}},
+                                                                             {{32, 1024, 8192, 0}}}) {
+    INFO(batch << " x " << n << " x " << k << ", blocks per strip " << splits);
     REQUIRE(cuda::dgrad_wgrad_unsupported(batch, n, k).empty());
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));  // dx starts poisoned
-    const cuda::DgradWgradSgd kernel(batch, n, k);
+    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
+    if (splits > 0 && kernel.row_ranges() == 0) CHECK(kernel.strip_splits() == splits);
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
     std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), wd0(w.begin(), w.end());
     std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size()), g(std::size_t(n * k)), w_ref(g.size());
@@ -49,12 +58,24 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   }
 }
 
+TEST_CASE("blocks per column strip: 2 for a 1024 x 1024 W on an H100, 1 where a warp would keep fewer than 4 chunks") {
+  if (cuda::multiprocessor_count() != 132 || std::getenv("SG_STRIP_SPLITS")) {
+    MESSAGE("SKIPPED: the rule's numbers are for a 132-SM H100 without SG_STRIP_SPLITS");
+    return;
+  }
+  CHECK(cuda::DgradWgradSgd(32, 1024, 1024).strip_splits() == 2);  // 64 strips, 64 chunks of rows
+  CHECK(cuda::DgradWgradSgd(32, 512, 512).strip_splits() == 1);    // 32 strips, 32 chunks
+  CHECK(cuda::DgradWgradSgd(32, 2048, 2048).strip_splits() == 1);  // 128 strips fill the SMs
+  CHECK(cuda::DgradWgradSgd(32, 4096, 256).strip_splits() == 8);   // 16 strips, 256 chunks
+}
+
 TEST_CASE("the one-pass kernel also updates the previous layer's bias from the column sums of dX") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  for (const std::int64_t k : {std::int64_t(4096), std::int64_t(8192)}) {  // column strips, row ranges
-    const std::int64_t batch = 32, n = 64;
-    INFO("K = " << k);
+  // (K, blocks per strip): column strips (one block per strip; a cluster of 2 per strip), row ranges
+  for (const auto [k, splits] : std::vector<std::array<std::int64_t, 2>>{{{4096, 0}}, {{1024, 2}}, {{8192, 0}}}) {
+    const std::int64_t batch = 32, n = 256;
+    INFO("K = " << k << ", blocks per strip " << splits);
     const float lr = 0.1f;
     const cuda::DeviceBuffer scalars =
         sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
@@ -64,7 +85,7 @@ TEST_CASE("the one-pass kernel also updates the previous layer's bias from the c
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));
-    const cuda::DgradWgradSgd kernel(batch, n, k);
+    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
     const auto* s = scalars.as<cuda::SgdScalars>();
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
     const auto dx_got = dx.download();
@@ -106,4 +127,34 @@ TEST_CASE("sizes the one-pass kernel does not take are refused with a reason") {
   CHECK(cuda::dgrad_wgrad_unsupported(24, 64, 64).find("batch") != std::string::npos);
   CHECK(cuda::dgrad_wgrad_unsupported(32, 40, 64).find("multiple of 16") != std::string::npos);
   CHECK(cuda::dgrad_wgrad_unsupported(32, 64, 64).empty());
+}
+
+TEST_CASE("the one-pass kernel waits for the kernel that writes dY (dependent launch, stream and graph)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.05f, 0.f, 0.f)});
+  // (K, blocks per strip): column strips (one block per strip; a cluster of 2 per strip), row ranges
+  for (const auto [k, splits] : std::vector<std::array<std::int64_t, 2>>{{{1024, 1}}, {{1024, 2}}, {{8192, 0}}}) {
+    const std::int64_t batch = 32, n = 256;
+    INFO("K = " << k << ", blocks per strip " << splits);
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+    auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+    for (auto& v : x) v = v < 0 ? 0.f : v;
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
+    DeviceArray<__half> ddy(dy), dx_in(x), w_expected(w), dx_expected(std::size_t(batch * k));
+    kernel.launch(ddy.get(), dx_in.get(), w_expected.get(), dx_expected.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+    for (const bool as_graph : {false, true}) {
+      INFO((as_graph ? "graph" : "stream"));
+      DeviceArray<__half> late_dy(dy.size()), dw(w), dx(std::size_t(batch * k));  // late_dy: poison until the copy
+      sg::test::run_behind_late_copy(
+          late_dy.get(), ddy.get(), dy.size() * sizeof(__half),
+          [&](cudaStream_t stream) {
+            kernel.launch(late_dy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), stream);
+          },
+          as_graph);
+      CHECK(dx.download() == dx_expected.download());
+      CHECK(dw.download() == w_expected.download());
+    }
+  }
 }

@@ -9,6 +9,7 @@
 #include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
 
 using namespace sg;
@@ -146,6 +147,31 @@ TEST_CASE("the fused output-layer backward gives the same bits as the five launc
   CHECK(fused.out_bias.download() == separate.out_bias.download());
   CHECK(fused.hidden_bias.download() == separate.hidden_bias.download());
   CHECK(fused.step_value() == separate.step_value());
+}
+
+TEST_CASE("the fused output-layer backward waits for the kernel that writes the logits (stream and graph)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const cuda::DeviceBuffer scalars = three_scalars();
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  const Problem p = random_problem(32, 10, 1024, rng);
+  OnDevice expected(p);
+  cuda::launch_output_layer_backward(fused_args(p, expected, s), nullptr);
+  for (const bool as_graph : {false, true}) {
+    INFO((as_graph ? "graph" : "stream"));
+    OnDevice late(p);
+    late.logits.poison();  // until the late copy lands
+    DeviceArray<__half> logits(p.logits);
+    sg::test::run_behind_late_copy(
+        late.logits.get(), logits.get(), p.logits.size() * sizeof(__half),
+        [&](cudaStream_t stream) { cuda::launch_output_layer_backward(fused_args(p, late, s), stream); }, as_graph);
+    CHECK(late.loss.download() == expected.loss.download());
+    CHECK(late.dh.download() == expected.dh.download());
+    CHECK(late.w.download() == expected.w.download());
+    CHECK(late.out_bias.download() == expected.out_bias.download());
+    CHECK(late.hidden_bias.download() == expected.hidden_bias.download());
+    CHECK(late.step_value() == expected.step_value());
+  }
 }
 
 TEST_CASE("sizes the fused output-layer backward does not take are refused with a reason") {

@@ -7,6 +7,7 @@
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
 
 using namespace sg;
@@ -26,6 +27,26 @@ TEST_CASE("linear with a tiny N matches x W^T + b") {
     ref::matmul(xd.data(), wd.data(), ref.data(), m, n, k, false, true);
     ref::bias_add(ref.data(), bd.data(), m, n, ref.data());
     CHECK(sg::test::relative_error(y.download(), ref) < 2e-3);
+  }
+}
+
+TEST_CASE("linear with a tiny N waits for the kernel that writes x (dependent launch, stream and graph)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t m = 32, n = 10, k = 1024;
+  const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+  const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+  DeviceArray<__half> dx(x), dw(w), db(b), expected(std::size_t(m * n));
+  cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, expected.get(), nullptr);
+  for (const bool as_graph : {false, true}) {
+    INFO((as_graph ? "graph" : "stream"));
+    DeviceArray<__half> late_x(x.size()), y(std::size_t(m * n));  // poisoned until the late copy lands
+    sg::test::run_behind_late_copy(
+        late_x.get(), dx.get(), x.size() * sizeof(__half),
+        [&](cudaStream_t stream) { cuda::launch_linear_small_n(late_x.get(), dw.get(), db.get(), m, n, k, y.get(), stream); },
+        as_graph);
+    CHECK(y.download() == expected.download());
   }
 }
 
