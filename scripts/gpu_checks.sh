@@ -21,7 +21,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
 step build scripts/build.sh
 SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # A short run on each lowering: fp32 master weights take the per-group
-# cuBLASLt schedule, fp16 weights the whole-step kernel, a wide fp16 net the
+# cuBLASLt schedule, a small fp16 net (784-64-64-64-10) the whole-step
+# kernel, a wide fp16 net the
 # per-group schedule with the column-strip one-pass backward and the fused
 # output layer (dependent launches; at width 1024 clusters of 2 blocks per
 # strip), an 8192-wide one the row-range one-pass backward, and 4
@@ -30,6 +31,7 @@ SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 for variant in fp32 fp16 fp16_wide fp16_1024 fp16_8192 fp16_resident fp16_resident_256; do
   extra=(--set precision.weights=${variant%%_*})
   steps=20 log_every=1
+  [ "$variant" = fp16 ] && extra+=(--set "model.layers=[784,64,64,64,10]")
   [ "$variant" = fp16_wide ] && extra+=(--set "model.layers=[784,2048,2048,10]")
   [ "$variant" = fp16_1024 ] && extra+=(--set "model.layers=[784,1024,1024,10]")
   case "$variant" in fp16_resident*) extra+=(--set backend.steps_per_launch=4) && log_every=4 ;; esac

@@ -9,6 +9,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
 #include "ops/cuda/output_layer_backward.hpp"
+#include "ops/cuda/resident_step.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/whole_step.hpp"
 #include "runtime/plan/whole_step_match.hpp"
@@ -63,28 +64,33 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
   return args;
 }
 
-// Above this many parameters the per-group schedule is faster on an H100
-// (docs/performance.md section 15: with dependent launches it takes 30.3 /
-// 34.4 us at widths 256 / 512 of 784-H-H-H-10 against the whole-step kernel's
-// 32.1 / 38.7; at 128 both take ~29), so the whole-step kernel is not picked.
-constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 18;
+// Above this many parameters the per-group schedule is faster on an H100 at
+// one step per launch (docs/performance.md section 15: with dependent
+// launches it takes 27.2 / 28.4 / 33.3 us at widths 128 / 256 / 512 of
+// 784-H-H-H-10, 134K-930K parameters, against the whole-step kernel's 29-30 /
+// 32.1 / 38.7), so the whole-step kernel is not picked there. With several
+// steps per launch the resident-weights variant is picked wherever it fits.
+constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 16;
 
 // Why the kernel should not run this plan ("" when it should): it keeps fp16
 // parameters and activations, implements SGD without momentum, and pays off
 // for small networks only.
-std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
-  std::int64_t parameters = 0;
-  for (const WholeStepLayer& layer : plan.layers)
-    parameters += element_count(g.value(layer.weight).shape) + element_count(g.value(layer.bias).shape);
-  if (parameters > kWholeStepMaxParameters)
-    return fmt::format("{} parameters: above {} the per-group schedule is faster", parameters, kWholeStepMaxParameters);
+std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan, int steps_per_launch) {
   for (const WholeStepLayer& layer : plan.layers) {
     if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
       return "parameters or activations are not fp16";
     if (g.node(layer.weight_sgd).attrs.momentum != 0.0) return "SGD with momentum";
   }
   if (plan.layers.size() > std::size_t(kWholeStepMaxLayers)) return "too many layers";
-  return whole_step_unsupported(whole_step_shape(g, plan));
+  const WholeStepArgs shape = whole_step_shape(g, plan);
+  if (std::string why = whole_step_unsupported(shape); !why.empty()) return why;
+  if (steps_per_launch > 1 && resident_step_unsupported(shape).empty()) return {};
+  std::int64_t parameters = 0;
+  for (const WholeStepLayer& layer : plan.layers)
+    parameters += element_count(g.value(layer.weight).shape) + element_count(g.value(layer.bias).shape);
+  if (parameters > kWholeStepMaxParameters)
+    return fmt::format("{} parameters: above {} the per-group schedule is faster", parameters, kWholeStepMaxParameters);
+  return {};
 }
 
 // Whether the one-pass dgrad + SGD kernel takes this layer's pair of matmuls.
@@ -205,7 +211,7 @@ Schedule CudaProgram::choose_schedule() {
     return build_schedule(graph_, per_group);
   }
   const auto plan = match_whole_step(graph_);
-  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan) : "the graph is not a plain MLP training step";
+  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch) : "the graph is not a plain MLP training step";
   return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_, per_group);
 }
 

@@ -91,9 +91,10 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
   });
 }
 
-TEST_CASE("on the reference network and real MNIST the whole-step kernel follows the per-group schedule") {
+TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") {
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
-  TrainerSpec spec = f16_spec({784, 128, 128, 128, 10}, 32);
+  // 59K parameters: below the size from which one step per launch takes the per-group schedule
+  TrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 32);
   spec.sgd.lr = 0.1;
   cuda::CudaTrainer whole(spec, data);
   spec.whole_step = false;
