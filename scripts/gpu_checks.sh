@@ -39,6 +39,9 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_8192 fp16_resident fp16_reside
   [ "$variant" = fp16_8192 ] && extra+=(--set "model.layers=[784,8192,8192,10]") && steps=3
   short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
          --set run.steps=$steps --set run.log_every=$log_every --set run.out_dir="$out/sanitized_$variant")
+  # (width 256 takes the per-group schedule unless the resident kernel is forced)
+  mode=auto; [ "$variant" = fp16_resident_256 ] && mode=resident
+  export SG_WHOLE_STEP_MODE=$mode
   step "memcheck_$variant" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
   # racecheck: on the wide net cuBLASLt picks an nvjet_sm90 RELU_BIAS kernel
   # in which racecheck reports shared-memory hazards inside the library's own
@@ -57,6 +60,7 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_8192 fp16_resident fp16_reside
     echo "--- racecheck_$variant: none in our kernels ($library hazard sites reported inside cuBLASLt nvjet kernels)"
   fi
 done
+unset SG_WHOLE_STEP_MODE
 step default_config build/apps/stepgraph train --config configs/mnist_mlp.yaml --set data.dir="$data" \
   --set run.out_dir="$out/mnist_mlp"
 step replay_reference build/apps/replay_reference "$data"

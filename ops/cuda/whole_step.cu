@@ -507,6 +507,11 @@ int largest_cluster(KernelFn kernel, std::size_t smem) {
 
 }  // namespace
 
+std::string forced_whole_step_mode() {
+  const char* forced = std::getenv("SG_WHOLE_STEP_MODE");
+  return forced ? forced : "auto";
+}
+
 WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_launch) {
   int per_sm = 0;
   const int sms = multiprocessor_count(), major = current_device_attribute(cudaDevAttrComputeCapabilityMajor);
@@ -518,8 +523,7 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_lau
   const std::int64_t want = useful_blocks(a);
   WholeStepLaunch grid{int(std::min<std::int64_t>(want, std::int64_t(sms) * per_sm)), false};
 
-  const char* forced = std::getenv("SG_WHOLE_STEP_MODE");
-  const std::string mode = forced ? forced : "auto";
+  const std::string mode = forced_whole_step_mode();
   if (mode == "grid" || major < 9) return grid;
   if (((mode == "auto" && steps_per_launch > 1) || mode == "resident") && resident_step_unsupported(a).empty()) {
     WholeStepLaunch resident;

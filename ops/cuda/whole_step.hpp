@@ -73,6 +73,8 @@ struct WholeStepLaunch {
 // kernels' attributes, so call it once before the first launch and outside
 // stream capture.
 WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& args, int steps_per_launch);
+// SG_WHOLE_STEP_MODE, or "auto" when unset.
+std::string forced_whole_step_mode();
 // `steps` consecutive training steps: one launch when resident, else one per step.
 void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream, int steps = 1);
 // Names of the phases between consecutive phase_clock entries of this launch.

@@ -64,17 +64,19 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
   return args;
 }
 
-// Above this many parameters the per-group schedule is faster on an H100 at
-// one step per launch (docs/performance.md section 15: with dependent
-// launches it takes 27.2 / 28.4 / 33.3 us at widths 128 / 256 / 512 of
-// 784-H-H-H-10, 134K-930K parameters, against the whole-step kernel's 29-30 /
-// 32.1 / 38.7), so the whole-step kernel is not picked there. With several
-// steps per launch the resident-weights variant is picked wherever it fits.
+// Up to how many parameters the whole-step kernel beats the per-group
+// schedule on an H100 (docs/performance.md section 14; 784-H-H-H-10, batch
+// 32, us per step). One step per launch: the per-group schedule with
+// dependent launches wins from width 128 (134K parameters: 27.2-27.9 against
+// 28.9-30.3) up. Several steps per launch (16): the resident-weights variant
+// wins at width 128 (23.6 against 26.4), not at 256 (335K: 29.2 against 27.1).
 constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 16;
+constexpr std::int64_t kResidentMaxParameters = std::int64_t(1) << 18;
 
 // Why the kernel should not run this plan ("" when it should): it keeps fp16
 // parameters and activations, implements SGD without momentum, and pays off
-// for small networks only.
+// for small networks only (SG_WHOLE_STEP_MODE=resident: wherever the
+// resident-weights variant fits).
 std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan, int steps_per_launch) {
   for (const WholeStepLayer& layer : plan.layers) {
     if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
@@ -84,10 +86,13 @@ std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan, in
   if (plan.layers.size() > std::size_t(kWholeStepMaxLayers)) return "too many layers";
   const WholeStepArgs shape = whole_step_shape(g, plan);
   if (std::string why = whole_step_unsupported(shape); !why.empty()) return why;
-  if (steps_per_launch > 1 && resident_step_unsupported(shape).empty()) return {};
   std::int64_t parameters = 0;
   for (const WholeStepLayer& layer : plan.layers)
     parameters += element_count(g.value(layer.weight).shape) + element_count(g.value(layer.bias).shape);
+  const std::string mode = forced_whole_step_mode();
+  const bool resident_pays = mode == "resident" || (mode == "auto" && steps_per_launch > 1 &&
+                                                    parameters <= kResidentMaxParameters);
+  if (resident_pays && resident_step_unsupported(shape).empty()) return {};
   if (parameters > kWholeStepMaxParameters)
     return fmt::format("{} parameters: above {} the per-group schedule is faster", parameters, kWholeStepMaxParameters);
   return {};
