@@ -67,8 +67,8 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
 // Up to how many parameters the whole-step kernel beats the per-group
 // schedule on an H100 (docs/performance.md section 14; 784-H-H-H-10, batch
 // 32, us per step). One step per launch: the per-group schedule with
-// dependent launches wins from width 128 (134K parameters: 27.2-27.9 against
-// 28.9-30.3) up. Several steps per launch (16): the resident-weights variant
+// dependent launches wins from width 128 (134K parameters: 27.7-27.9 against
+// 28.9-29.0) up. Several steps per launch (16): the resident-weights variant
 // wins at width 128 (23.6 against 26.4), not at 256 (335K: 29.2 against 27.1).
 constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 16;
 constexpr std::int64_t kResidentMaxParameters = std::int64_t(1) << 18;
