@@ -3,16 +3,12 @@
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/small_linear.hpp"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Output (r, c) = dot(x row r, w row c): lanes stride K, two halves a load
 // when both rows are 4-byte aligned (K even), else one.

@@ -6,20 +6,9 @@
 #include <cstdint>
 
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
-
-// Max / sum over aligned groups of `Lanes` lanes (xor tree; 32: the whole warp).
-template <int Lanes = 32>
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = Lanes / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-template <int Lanes = 32>
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = Lanes / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // One row of softmax cross-entropy computed by an aligned group of `Lanes`
 // lanes (lanes stride the columns); every lane of the warp must call it.

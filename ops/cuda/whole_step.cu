@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/warp_reduce.cuh"
 #include "ops/cuda/whole_step.hpp"
 
 namespace sg::cuda {
@@ -86,15 +87,6 @@ __host__ __device__ std::size_t shared_bytes(int batch, int d0, int k_last, int 
     carve->w_last = reinterpret_cast<__half*>(base + wl);
   }
   return off;
-}
-
-__device__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 __device__ int warp_id() { return threadIdx.x / 32; }

@@ -216,7 +216,8 @@ Schedule CudaProgram::choose_schedule() {
     return build_schedule(graph_, per_group);
   }
   const auto plan = match_whole_step(graph_);
-  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch) : "the graph is not a plain MLP training step";
+  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch)
+                          : "the graph is not a plain MLP training step";
   return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_, per_group);
 }
 
