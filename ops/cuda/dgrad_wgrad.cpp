@@ -24,12 +24,24 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
   return {};
 }
 
-DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits)
-    : batch_(batch), n_(n), k_(k) {
+std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width) {
+  if (std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty()) return why;
+  if (k >= kRowRangesFromK) return fmt::format("K = {}: the row-range kernel takes it, without the input update", k);
+  if (input_width <= 0 || input_width % 16 != 0 || input_width > one_pass::kMaxInputUpdateWidth)
+    return fmt::format("input width {} (a multiple of 16 up to {})", input_width, one_pass::kMaxInputUpdateWidth);
+  return {};
+}
+
+DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits,
+                             std::int64_t input_width)
+    : batch_(batch), n_(n), k_(k), input_width_(input_width) {
   if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD: unsupported: " + why);
+  if (input_width > 0)
+    if (const std::string why = input_update_unsupported(batch, n, k, input_width); !why.empty())
+      throw CudaError("one-pass dgrad+SGD: no folded input update: " + why);
   if (k < kRowRangesFromK) {
-    strips_ = one_pass::plan_column_strips(batch, n, k, strip_splits);
+    strips_ = one_pass::plan_column_strips(batch, n, k, strip_splits, int(input_width));
     return;
   }
   grid_ = one_pass::plan_row_ranges(batch, n, k);
@@ -39,9 +51,15 @@ DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k,
 }
 
 void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
-                           cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) const {
+                           cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars,
+                           const one_pass::InputLayerUpdate& input) const {
+  if (input.w && (input.width != input_width_ || !input.x || !input.scalars))
+    throw CudaError(fmt::format("one-pass dgrad+SGD: input update of width {} (planned for {}) or without X/scalars",
+                                input.width, input_width_));
+  if (!dx && !input.w) throw CudaError("one-pass dgrad+SGD: dX has nowhere to go");
   if (grid_.ranges == 0)
-    one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars);
+    one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
+                                   input);
   else
     one_pass::launch_row_ranges(grid_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
                                 partials_.as<float>(), arrivals_.as<unsigned>());

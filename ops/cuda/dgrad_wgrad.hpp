@@ -22,6 +22,9 @@ namespace sg::cuda {
 
 // Empty when the kernel runs these sizes, else why not.
 std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
+// Empty when a launch for these sizes can also take the first layer's update
+// (one_pass::InputLayerUpdate) for an input of `input_width` columns.
+std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width);
 
 // The one-pass kernel for one (batch, N, K). For big W (K >= 8192) the
 // blocks that share a strip of columns each own a range of W's rows, write
@@ -32,13 +35,18 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
 class DgradWgradSgd {
  public:
   // strip_splits: blocks per column strip (a power of two up to 8, Hopper),
-  // 0 for the measured rule.
-  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits = 0);
+  // 0 for the measured rule. input_width > 0: launches take the first
+  // layer's update for an input that wide (see input_update_unsupported).
+  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits = 0, std::int64_t input_width = 0);
 
   // With bias set, the launch also applies SGD to the previous layer's bias
   // from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
+  // With input.w set (and input.width the constructor's input_width), it
+  // also updates the first layer's weight from dx (one_pass::InputLayerUpdate);
+  // then dx may be null (nothing else reads it).
   void launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
-              cudaStream_t stream, __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr) const;
+              cudaStream_t stream, __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr,
+              const one_pass::InputLayerUpdate& input = {}) const;
 
   // Row ranges per column strip; 0 when the column-strip kernel runs these sizes.
   std::int64_t row_ranges() const { return grid_.ranges; }
@@ -46,7 +54,7 @@ class DgradWgradSgd {
   int strip_splits() const { return strips_.splits; }
 
  private:
-  std::int64_t batch_, n_, k_;
+  std::int64_t batch_, n_, k_, input_width_;
   one_pass::ColumnStripGrid strips_;
   one_pass::RowRangeGrid grid_;
   DeviceBuffer partials_;

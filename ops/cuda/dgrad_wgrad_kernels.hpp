@@ -10,6 +10,20 @@
 
 namespace sg::cuda::one_pass {
 
+// The first layer's weight update, folded into the one-pass launch of the
+// layer above it (column strips only): the block that completes dX[:, strip]
+// (the first layer's output gradient for those units) also applies
+//   W_in[strip, :] = (1 - lr*wd) W_in[strip, :] - lr dX[:, strip]^T X_in
+// which saves the step its last launch (a cuBLASLt weight-gradient matmul).
+struct InputLayerUpdate {
+  const __half* x = nullptr;  // [batch, width]: the network's input
+  __half* w = nullptr;        // [k, width]: the first layer's weight; null: no update
+  const SgdScalars* scalars = nullptr;
+  int width = 0;
+};
+// Widths the folded update takes (a multiple of 16; its rows and X_in fit shared memory).
+constexpr int kMaxInputUpdateWidth = 1024;
+
 // Column strips (dgrad_wgrad_strips.cu): a block owns 16 or 32 columns of W
 // and walks all N rows, or a cluster of `splits` blocks shares them where
 // one block per strip would leave SMs idle; the warps' dX partials meet in
@@ -20,11 +34,15 @@ struct ColumnStripGrid {
   int splits = 1;        // blocks (one cluster) per strip
   std::size_t smem = 0;  // dynamic shared memory per block
 };
-// `splits` 0: the measured rule (or SG_STRIP_SPLITS); else that many. Sets the smem limit too.
-ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits = 0);
+// `splits` 0: the measured rule (or SG_STRIP_SPLITS); else that many.
+// `input_width` > 0: room for a folded first-layer update of that width.
+// Sets the smem limit too.
+ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits = 0,
+                                   int input_width = 0);
 void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
                           std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
-                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars);
+                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars,
+                          const InputLayerUpdate& input);
 
 // Row ranges (dgrad_wgrad_ranges.cu): a block owns a 128/256-column strip
 // and a range of rows, so it reads long contiguous runs of every row; the

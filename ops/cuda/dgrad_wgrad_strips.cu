@@ -23,6 +23,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/mma_fragments.cuh"
 
 namespace sg::cuda::one_pass {
 namespace {
@@ -57,10 +58,53 @@ struct Layout {
 
 constexpr int kMaxSplits = 8;  // blocks sharing a strip (a portable cluster size)
 
+// The folded first-layer update (InputLayerUpdate) of rows col0 .. col0+S-1
+// of W_in: warp w takes W_in's 16-column tiles w, w + 8, ...; each tile's
+// gradient is dX[:, strip]^T (dxs: [B][S] fp16, as written) times X_in's
+// tile, staged in the warp's `grad` scratch; the old rows and X_in come
+// from shared memory (`rows`: [S][width], `xin`: [B][width], copied in at
+// the start).
+template <int S, int B>
+__device__ void update_input_rows(const InputLayerUpdate& input, int col0, const __half* dxs, const __half* rows,
+                                  const __half* xin, float* grad, int warp, int lane) {
+  constexpr int kMTiles = B / 16, kSTiles = S / 16, kLd = Layout<S, B>::kGradLd;
+  const SgdScalars s = *input.scalars;
+  FragAT dxt[kMTiles][kSTiles];  // dX^T's tiles: the same for every column tile
+#pragma unroll
+  for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t) wmma::load_matrix_sync(dxt[m][t], dxs + m * 16 * S + t * 16, S);
+  const int r = lane / 2, c = (lane % 2) * 8;  // this lane's 8 weights of each 16 x 16 tile
+  for (int ct = warp; ct < input.width / 16; ct += kWarps) {
+    FragB xb[kMTiles];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+      wmma::load_matrix_sync(xb[m], xin + m * 16 * input.width + ct * 16, input.width);
+#pragma unroll
+    for (int t = 0; t < kSTiles; ++t) {
+      FragC g;
+      wmma::fill_fragment(g, 0.f);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) wmma::mma_sync(g, dxt[m][t], xb[m], g);
+      wmma::store_matrix_sync(grad, g, kLd, wmma::mem_row_major);
+      __syncwarp();
+      const int row = t * 16 + r, col = ct * 16 + c;
+      uint4 packed = *reinterpret_cast<const uint4*>(rows + row * input.width + col);
+      auto* h = reinterpret_cast<__half*>(&packed);
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        h[q] = __float2half(s.neg_lr * grad[r * kLd + c + q] + s.one_minus_lr_wd * __half2float(h[q]));
+      *reinterpret_cast<uint4*>(input.w + std::int64_t(col0 + row) * input.width + col) = packed;
+      __syncwarp();
+    }
+  }
+}
+
 template <int S, int B>
 __global__ void __launch_bounds__(kThreads, 1)
     column_strips_kernel(const __half* dy, const __half* x, int n, int k, __half* w, __half* dx,
-                           const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars) {
+                           const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars,
+                           const InputLayerUpdate input) {
   using L = Layout<S, B>;
   constexpr int kMTiles = B / 16, kSTiles = S / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -74,6 +118,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   float* incoming = reinterpret_cast<float*>(smem + L::total);  // [splits - 1][B][S], rank 0's receives
   const int col0 = (blockIdx.x / splits) * S;
+  // The folded first-layer update's rows of W_in and the network input X_in
+  // (rank 0 only), in flight from here: no kernel still running writes them
+  // (X_in's writer, the step's first launch, completed before the
+  // kernel before this one started).
+  __half* input_rows = reinterpret_cast<__half*>(smem + L::total + (splits - 1) * L::incoming_bytes);
+  __half* input_x = input_rows + S * input.width;
+  if (input.w && rank == 0) {
+    for (int i = threadIdx.x; i < S * input.width / 8; i += kThreads)
+      copy_async16(shared_address(input_rows + i * 8), input.w + std::int64_t(col0) * input.width + i * 8);
+    for (int i = threadIdx.x; i < B * input.width / 8; i += kThreads)
+      copy_async16(shared_address(input_x + i * 8), input.x + i * 8);
+    commit_copies();
+  }
   allow_next_kernel_to_start();
   // Split barrier: no block stores into rank 0's shared memory before rank 0 has started (waited at the end).
   if (splits > 1) cluster_arrive();
@@ -235,13 +292,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int q = 0; q < splits - 1; ++q) sum += incoming[q * B * S + e];  // rank order
     const int r = e / S, c = e % S;
     const __half v = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
-    dx[std::int64_t(r) * k + col0 + c] = v;
+    if (dx) dx[std::int64_t(r) * k + col0 + c] = v;
     if (bias) partial[e] = __half2float(v);  // slot e of warp 0's partials: only this thread reads it
+    xs[e] = v;  // (only this thread read xs[e]; the folded input update reads dX from here)
   }
-  if (!bias) return;
+  if (!bias && !input.w) return;
+  if (input.w) wait_copies<0>();
   __syncthreads();
   // The previous layer's bias gradient is the column sum of dx (as rounded).
-  if (threadIdx.x < S) {
+  if (bias && threadIdx.x < S) {
     float column_sum = 0.f;
 #pragma unroll
     for (int r = 0; r < B; ++r) column_sum += partial[r * S + threadIdx.x];
@@ -249,6 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __half* b = bias + col0 + threadIdx.x;
     *b = __float2half(bs.neg_lr * column_sum + bs.one_minus_lr_wd * __half2float(*b));
   }
+  if (input.w) update_input_rows<S, B>(input, col0, xs, input_rows, input_x, grad, warp, lane);
 }
 
 // Strip width: 32 columns when that still gives ~one block per SM, else 16.
@@ -259,7 +319,7 @@ int strip_width(std::int64_t k) { return k % 32 == 0 && k / 32 >= 128 ? 32 : 16;
 // The instance for (S, B) and its shared-memory bytes.
 struct Instance {
   void (*kernel)(const __half*, const __half*, int, int, __half*, __half*, const SgdScalars*, __half*,
-                 const SgdScalars*);
+                 const SgdScalars*, InputLayerUpdate);
   std::size_t smem;
   int strip;
 };
@@ -304,7 +364,8 @@ int strip_splits(std::int64_t strips, std::int64_t chunks) {
 
 }  // namespace
 
-ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits) {
+ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits,
+                                   int input_width) {
   const Instance in = instance_for(batch, k);
   ColumnStripGrid grid;
   grid.strips = k / in.strip;
@@ -314,17 +375,19 @@ ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int6
                                 grid.splits, kMaxSplits));
   grid.smem = in.smem + std::size_t(grid.splits - 1) * (batch == 16 ? strip_incoming_bytes<16>(in.strip)
                                                                     : strip_incoming_bytes<32>(in.strip));
+  grid.smem += std::size_t(in.strip + batch) * input_width * sizeof(__half);  // the folded update's W_in rows, X_in
   SG_CUDA_CHECK(cudaFuncSetAttribute(in.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(grid.smem)));
   return grid;
 }
 
 void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
                           std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
-                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) {
+                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars,
+                          const InputLayerUpdate& input) {
   const Instance in = instance_for(batch, k);
   const LaunchGeometry geometry{dim3(unsigned(grid.strips * grid.splits)), dim3(kThreads), grid.smem,
                                 unsigned(grid.splits)};
-  launch_dependent(in.kernel, geometry, stream, dy, x, int(n), int(k), w, dx, scalars, bias, bias_scalars);
+  launch_dependent(in.kernel, geometry, stream, dy, x, int(n), int(k), w, dx, scalars, bias, bias_scalars, input);
 }
 
 }  // namespace sg::cuda::one_pass

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,6 +12,7 @@
 #include "ops/cuda/dgrad_wgrad.hpp"
 #include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/resident_step.hpp"
+#include "ops/cuda/small_batch_forward.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/whole_step.hpp"
 #include "runtime/plan/whole_step_match.hpp"
@@ -120,18 +123,110 @@ bool output_layer_backward_fits(const sg::Graph& g, NodeId xent_backward, NodeId
   return output_layer_backward_unsupported(dlogits.shape[0], w.shape[0], w.shape[1]).empty();
 }
 
-// Who computes a matmul launch: cuBLASLt, or one of our kernels for the
-// classifier layer's tiny dimension (fp32 accumulation only, like cuBLASLt's).
-enum class MatmulImpl : std::uint8_t { cublaslt, small_n_forward, small_m_wgrad_sgd, small_k_dgrad_relu };
+// Whether a setting turns one of the lowerings below off ("0"): the
+// benchmark's same-run baselines. Read once per process.
+bool enabled_unless_zero(const char* variable) {
+  const char* setting = std::getenv(variable);
+  return !(setting && std::string_view(setting) == "0");
+}
+bool small_batch_forward_enabled() {
+  static const bool enabled = enabled_unless_zero("SG_SMALL_BATCH_FORWARD");
+  return enabled;
+}
+bool input_update_fold_enabled() {
+  static const bool enabled = enabled_unless_zero("SG_FOLD_INPUT_UPDATE");
+  return enabled;
+}
 
-MatmulImpl pick_matmul_impl(const MatmulShape& s, const Launch& l) {
+// Up to how many output columns our small-batch forward beats cuBLASLt
+// inside the step (H100, batch 32, docs/performance.md section 16: width
+// 1024 37.1 against 37.2 us per step, 2048 56.5 against 55.5).
+constexpr std::int64_t kSmallBatchForwardMaxN = 1024;
+
+// A forward matmul our small-batch kernel takes: x[B,K] w[N,K]^T + bias,
+// optionally ReLU, all fp16 with fp32 accumulation, B 16 or 32, N up to
+// kSmallBatchForwardMaxN.
+bool small_batch_forward_fits(const MatmulShape& s) {
+  return small_batch_forward_enabled() && s.n <= kSmallBatchForwardMaxN && s.ab_type == ElemType::f16 &&
+         s.cd_type == ElemType::f16 &&
+         s.accumulate == Accumulate::f32 && !s.trans_a && s.trans_b &&
+         (s.epilogue == Epilogue::relu_bias || s.epilogue == Epilogue::bias) &&
+         small_batch_linear_unsupported(s.m, s.n, s.k).empty();
+}
+
+// A matmul node's operand sizes, transposes and input type (the caller
+// sets the output type, accumulation and epilogue).
+MatmulShape operand_shape(const sg::Graph& g, const Node& mm) {
+  const Value& a = g.value(mm.inputs[0]);
+  const Value& b = g.value(mm.inputs[1]);
+  MatmulShape s;
+  s.trans_a = mm.attrs.trans_a;
+  s.trans_b = mm.attrs.trans_b;
+  s.m = s.trans_a ? a.shape[1] : a.shape[0];
+  s.k = s.trans_a ? a.shape[0] : a.shape[1];
+  s.n = s.trans_b ? b.shape[0] : b.shape[1];
+  s.ab_type = elem_type(a.dtype);
+  return s;
+}
+
+// The shape of a forward matmul node (fp32 accumulation).
+MatmulShape forward_shape(const sg::Graph& g, NodeId matmul, Epilogue epilogue, DType out) {
+  MatmulShape s = operand_shape(g, g.node(matmul));
+  s.cd_type = out == DType::f16 ? ElemType::f16 : ElemType::f32;
+  s.accumulate = Accumulate::f32;
+  s.epilogue = epilogue;
+  return s;
+}
+
+// Whether the batch fetch can ride on this forward matmul (the first
+// layer's): our small-batch kernel takes it, with u8 image and label tables.
+bool fetch_fold_fits(const sg::Graph& g, NodeId matmul) {
+  const Node& mm = g.node(matmul);
+  const Node& gather = g.node(g.value(mm.inputs[0]).producer);
+  if (gather.op != OpKind::gather_rows || g.value(gather.inputs[0]).dtype != DType::u8) return false;
+  const auto& consumers = g.consumers(mm.outputs[0]);
+  if (consumers.size() != 1 || g.node(consumers[0]).op != OpKind::bias_add) return false;
+  const Node& bias_add = g.node(consumers[0]);
+  const auto& after_bias = g.consumers(bias_add.outputs[0]);
+  const bool relu = after_bias.size() == 1 && g.node(after_bias[0]).op == OpKind::relu;
+  const DType out = relu ? g.value(g.node(after_bias[0]).outputs[0]).dtype : g.value(bias_add.outputs[0]).dtype;
+  return small_batch_forward_fits(forward_shape(g, matmul, relu ? Epilogue::relu_bias : Epilogue::bias, out));
+}
+
+// Whether the one-pass launch of `dgrad`'s layer can take the first layer's
+// update (`input_wgrad`: dX^T X_in into W_in, plain SGD, fp16).
+bool input_update_fits(const sg::Graph& g, NodeId dgrad, NodeId input_wgrad) {
+  if (!input_update_fold_enabled()) return false;
+  const Value& dy = g.value(g.node(dgrad).inputs[0]);
+  const Value& w = g.value(g.node(dgrad).inputs[1]);
+  const Node& wgrad = g.node(input_wgrad);
+  const Value& x_in = g.value(wgrad.inputs[1]);
+  const auto& consumers = g.consumers(wgrad.outputs[0]);
+  if (!wgrad.attrs.trans_a || wgrad.attrs.trans_b || x_in.dtype != DType::f16 || consumers.size() != 1) return false;
+  const Value& w_in = g.value(g.node(consumers[0]).inputs[0]);
+  if (w_in.dtype != DType::f16 || w_in.shape[0] != w.shape[1] || w_in.shape[1] != x_in.shape[1]) return false;
+  return input_update_unsupported(dy.shape[0], w.shape[0], w.shape[1], x_in.shape[1]).empty();
+}
+
+// Who computes a matmul launch: cuBLASLt, or one of our kernels: for the
+// classifier layer's tiny dimension, and the small-batch forward (fp32
+// accumulation only, like cuBLASLt's).
+enum class MatmulImpl : std::uint8_t {
+  cublaslt, small_n_forward, small_m_wgrad_sgd, small_k_dgrad_relu, small_batch_forward
+};
+
+// `ours`: ProgramOptions::one_pass_backward (our fused kernels, forwards included).
+MatmulImpl pick_matmul_impl(const MatmulShape& s, const Launch& l, bool ours) {
   const MatmulTarget target = l.target;
   // The schedule chose a value mask for this dgrad: only our kernel reads one.
   if (l.mask_from_relu_output) return MatmulImpl::small_k_dgrad_relu;
+  // The schedule folded the batch fetch into this launch: only our kernel does that.
+  if (l.fetches_batch) return MatmulImpl::small_batch_forward;
   if (s.ab_type != ElemType::f16 || s.accumulate != Accumulate::f32) return MatmulImpl::cublaslt;
   if (target == MatmulTarget::output && s.epilogue == Epilogue::bias && !s.trans_a && s.trans_b &&
       s.cd_type == ElemType::f16 && s.n <= kSmallLinearMaxDim)
     return MatmulImpl::small_n_forward;
+  if (ours && target == MatmulTarget::output && small_batch_forward_fits(s)) return MatmulImpl::small_batch_forward;
   // (k is the batch here: each thread sums over it, so only small batches)
   if (target == MatmulTarget::param_sgd && s.epilogue == Epilogue::none && s.trans_a && !s.trans_b &&
       s.m <= kSmallLinearMaxDim && s.k <= 64)
@@ -149,6 +244,8 @@ struct CudaProgram::Bound {
   std::unique_ptr<LtMatmul> matmul;
   std::unique_ptr<WholeStepArgs> whole_step;
   std::unique_ptr<DgradWgradSgd> dgrad_wgrad;
+  one_pass::InputLayerUpdate input_update;  // dgrad_wgrad_sgd with the first layer's update folded in
+  SmallBatchLinear forward;                 // small_batch_forward
   OutputLayerBackward output_backward;
   // dgrad_wgrad_sgd: d = dx, a = dy, b = x (the relu output), w below
   void* w = nullptr;
@@ -211,6 +308,10 @@ Schedule CudaProgram::choose_schedule() {
     per_group.merge_output_layer_backward = output_layer_backward_fits;
   }
   per_group.fold_step_advance = true;
+  if (options_.one_pass_backward && options_.accumulate == Accumulate::f32) {
+    per_group.fold_fetch_into_forward = fetch_fold_fits;
+    per_group.merge_input_update = input_update_fits;
+  }
   if (!options_.whole_step) {
     whole_step_note_ = "turned off";
     return build_schedule(graph_, per_group);
@@ -228,7 +329,9 @@ void CudaProgram::bind_dgrad_wgrad(const Launch& l, Bound& bound) const {
   const Value& w = graph_.value(mm.inputs[1]);
   bound.a = device_ptr(mm.inputs[0]);
   bound.b = device_ptr(relu_bw.inputs[1]);
-  bound.d = device_ptr(relu_bw.outputs[0]);
+  // dX stays in the kernel when only the folded first-layer update reads it.
+  const ValueId dx = relu_bw.outputs[0];
+  bound.d = std::find(l.writes.begin(), l.writes.end(), dx) != l.writes.end() ? device_ptr(dx) : nullptr;
   bound.w = device_ptr(w.id);
   bound.sgd = scalars_of(l.sgd_node);
   if (l.bias_sgd_node >= 0) {
@@ -238,7 +341,54 @@ void CudaProgram::bind_dgrad_wgrad(const Launch& l, Bound& bound) const {
     bound.prev_bias = device_ptr(bias_sgd.inputs[0]);
     bound.prev_bias_sgd = scalars_of(l.bias_sgd_node);
   }
-  bound.dgrad_wgrad = std::make_unique<DgradWgradSgd>(graph_.value(mm.inputs[0]).shape[0], w.shape[0], w.shape[1]);
+  std::int64_t input_width = 0;
+  if (l.input_sgd_node >= 0) {
+    const Node& wgrad = graph_.node(l.input_wgrad_node);
+    const Node& sgd = graph_.node(l.input_sgd_node);
+    input_width = graph_.value(wgrad.inputs[1]).shape[1];
+    bound.input_update.x = static_cast<const __half*>(device_ptr(wgrad.inputs[1]));
+    bound.input_update.w = static_cast<__half*>(device_ptr(sgd.inputs[0]));
+    bound.input_update.scalars = scalars_of(sgd.id);
+    bound.input_update.width = int(input_width);
+  }
+  bound.dgrad_wgrad = std::make_unique<DgradWgradSgd>(graph_.value(mm.inputs[0]).shape[0], w.shape[0], w.shape[1],
+                                                      0, input_width);
+}
+
+void CudaProgram::bind_small_batch_forward(const Launch& l, std::size_t index, Bound& bound) const {
+  SmallBatchLinear& f = bound.forward;
+  const MatmulShape& s = bound.shape;
+  if (!small_batch_forward_fits(s)) throw CudaError("small-batch forward: does not take " + s.describe());
+  f.x = static_cast<const __half*>(bound.a);
+  f.w = static_cast<const __half*>(bound.b);
+  f.bias = static_cast<const __half*>(bound.bias);
+  f.y = static_cast<__half*>(bound.d);
+  f.batch = int(s.m);
+  f.n = int(s.n);
+  f.k = int(s.k);
+  f.relu = s.epilogue == Epilogue::relu_bias;
+  // The first launch of a step follows the previous step's last one, which
+  // may update this weight (see SmallBatchLinear::load_weight_early).
+  f.load_weight_early = index > 0;
+  if (!l.fetches_batch) return;
+  const Node& indices = graph_.node(l.nodes[0]);
+  const Node& images = graph_.node(graph_.value(graph_.node(l.matmul_node).inputs[0]).producer);
+  const Node* labels = nullptr;
+  for (NodeId id : l.nodes)
+    if (const Node& n = graph_.node(id); n.op == OpKind::gather_rows && n.id != images.id) labels = &n;
+  if (indices.op != OpKind::batch_indices || !labels || graph_.value(labels->inputs[0]).dtype != DType::u8)
+    throw CudaError("small-batch forward: the folded fetch needs batch_indices and a u8 label gather");
+  const Value& perm = graph_.value(indices.inputs[0]);
+  if (indices.attrs.batch != s.m) throw CudaError("small-batch forward: the fetched batch is not the matmul's");
+  f.fetch.perm = static_cast<const std::int32_t*>(device_ptr(perm.id));
+  f.fetch.rows = perm.shape[0];
+  f.fetch.step = static_cast<const std::int32_t*>(device_ptr(indices.inputs[1]));
+  f.fetch.images = static_cast<const std::uint8_t*>(device_ptr(images.inputs[0]));
+  f.fetch.scale = float(images.attrs.scale);
+  f.fetch.shift = float(images.attrs.shift);
+  f.fetch.labels = static_cast<const std::uint8_t*>(device_ptr(labels->inputs[0]));
+  f.fetch.x_out = static_cast<__half*>(device_ptr(images.outputs[0]));
+  f.fetch.labels_out = static_cast<std::int32_t*>(device_ptr(labels->outputs[0]));
 }
 
 void CudaProgram::bind_output_layer_backward(const Launch& l, Bound& bound) const {
@@ -318,15 +468,7 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
     if (l.kind == LaunchKind::output_layer_backward) bind_output_layer_backward(l, *bound);
     if (l.kind == LaunchKind::matmul) {
       const Node& mm = graph_.node(l.matmul_node);
-      const Value& a = graph_.value(mm.inputs[0]);
-      const Value& b = graph_.value(mm.inputs[1]);
-      MatmulShape shape;
-      shape.trans_a = mm.attrs.trans_a;
-      shape.trans_b = mm.attrs.trans_b;
-      shape.m = shape.trans_a ? a.shape[1] : a.shape[0];
-      shape.k = shape.trans_a ? a.shape[0] : a.shape[1];
-      shape.n = shape.trans_b ? b.shape[0] : b.shape[1];
-      shape.ab_type = elem_type(a.dtype);
+      MatmulShape shape = operand_shape(graph_, mm);
       shape.epilogue = lt_epilogue(l.epilogue);
 
       const Node* sgd = l.sgd_node >= 0 ? &graph_.node(l.sgd_node) : nullptr;
@@ -339,7 +481,7 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
       shape.accumulate = f16 ? Accumulate::f16 : Accumulate::f32;
 
       bound->shape = shape;
-      bound->impl = pick_matmul_impl(shape, l);
+      bound->impl = pick_matmul_impl(shape, l, options_.one_pass_backward);
       if (bound->impl == MatmulImpl::small_k_dgrad_relu) {
         if (shape.ab_type != ElemType::f16 || shape.trans_a || shape.trans_b || shape.k > kSmallLinearMaxDim)
           throw CudaError("a relu-output-masked dgrad needs fp16 operands, no transposes and K <= 32: " + shape.describe());
@@ -369,6 +511,8 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
         const int slot = buffer_of_mask_[static_cast<std::size_t>(mask)];
         bound->aux = arena_.as<char>() + plan_.slots[static_cast<std::size_t>(slot)].offset;
       }
+      if (bound->impl == MatmulImpl::small_batch_forward)
+        bind_small_batch_forward(l, bound_.size(), *bound);
     }
     bound_.push_back(std::move(bound));
   }
@@ -465,7 +609,7 @@ void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const {
       const Bound& b = *bound_[index];
       b.dgrad_wgrad->launch(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), static_cast<__half*>(b.w),
                             static_cast<__half*>(b.d), b.sgd, stream, static_cast<__half*>(b.prev_bias),
-                            b.prev_bias_sgd);
+                            b.prev_bias_sgd, b.input_update);
       return;
     }
     case LaunchKind::output_layer_backward:
@@ -491,6 +635,9 @@ void CudaProgram::record_matmul(const Launch& l, const Bound& b, cudaStream_t st
       else
         launch_wgrad_sgd_small_m(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b), s.k, s.m, s.n,
                                  static_cast<float*>(b.d), b.sgd, stream);
+      return;
+    case MatmulImpl::small_batch_forward:
+      launch_small_batch_linear(b.forward, stream);
       return;
     case MatmulImpl::small_k_dgrad_relu:
       launch_dgrad_relu_small_k(static_cast<const __half*>(b.a), static_cast<const __half*>(b.b),
@@ -584,7 +731,8 @@ std::string CudaProgram::launch_label(std::size_t index) const {
   if (l.kind == LaunchKind::matmul) {
     kind += fmt::format("[{}]", epilogue_name(l.epilogue));
     if (l.target != MatmulTarget::output) kind += "+sgd";
-    if (bound_[index]->impl != MatmulImpl::cublaslt) kind += " (small-dim kernel)";
+    if (bound_[index]->impl == MatmulImpl::small_batch_forward) kind += " (small-batch dependent-launch kernel)";
+    else if (bound_[index]->impl != MatmulImpl::cublaslt) kind += " (small-dim kernel)";
   }
   if (l.kind == LaunchKind::single) kind = ops.front();
   if (l.kind == LaunchKind::whole_step)

@@ -30,7 +30,11 @@ struct ProgramOptions {
   // kernel when the kernel supports its sizes (else the per-group schedule).
   bool whole_step = true;
   // Run a layer's dgrad and its weight's SGD update as one pass over the
-  // weights where the sizes fit (batch 16/32, fp16, no momentum).
+  // weights where the sizes fit (batch 16/32, fp16, no momentum), with the
+  // first layer's update folded into the launch above it; and the hidden
+  // layers' forwards as our small-batch dependent launches, the batch fetch
+  // folded into the first (off: cuBLASLt for every matmul but the
+  // classifier's tiny-dimension ones).
   bool one_pass_backward = true;
   // Steps the caller records per launch (record_steps): above one, a
   // whole-step lowering that keeps the weights on chip across steps pays off.
@@ -75,6 +79,8 @@ class CudaProgram {
   void bind_whole_step(const WholeStepPlan& plan, Bound& bound) const;
   void bind_dgrad_wgrad(const Launch& launch, Bound& bound) const;
   void bind_output_layer_backward(const Launch& launch, Bound& bound) const;
+  // `index`: the launch's place in the schedule (the first one loads its weight late).
+  void bind_small_batch_forward(const Launch& launch, std::size_t index, Bound& bound) const;
   void record_single(const Node& n, cudaStream_t stream) const;
   void record_matmul(const Launch& l, const Bound& b, cudaStream_t stream) const;
   const SgdScalars* scalars_of(NodeId sgd_node) const;

@@ -77,6 +77,8 @@ class Lowering {
     }
     merge_dgrad_wgrad_pairs();
     if (options_.merge_bias_into_dgrad_wgrad) merge_bias_updates();
+    if (options_.merge_input_update) merge_input_updates();
+    if (options_.fold_fetch_into_forward) fold_fetch_into_forward();
     if (options_.fold_step_advance) fold_step_advance();
     if (options_.merge_output_layer_backward) merge_output_layer_backward();
     return std::move(schedule_);
@@ -154,6 +156,51 @@ class Lowering {
       a.updates.clear();
       fill_boundary(g_, a);
       ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+
+  // A dgrad_wgrad_sgd launch followed by the plain-SGD weight update that
+  // reads its dX (the first layer's, whose input needs no gradient) becomes
+  // one launch.
+  void merge_input_updates() {
+    auto& ls = schedule_.launches;
+    for (std::size_t i = 0; i + 1 < ls.size(); ++i) {
+      Launch& a = ls[i];
+      const Launch& b = ls[i + 1];
+      if (a.kind != LaunchKind::dgrad_wgrad_sgd || b.kind != LaunchKind::matmul ||
+          b.target != MatmulTarget::param_sgd || g_.node(b.matmul_node).inputs[0] != a.output ||
+          g_.node(b.sgd_node).inputs.size() != 2 || b.nodes.size() != 2)
+        continue;
+      if (!options_.merge_input_update(g_, a.matmul_node, b.matmul_node)) continue;
+      a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
+      a.input_wgrad_node = b.matmul_node;
+      a.input_sgd_node = b.sgd_node;
+      a.reads.clear();
+      a.writes.clear();
+      a.updates.clear();
+      fill_boundary(g_, a);
+      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    }
+  }
+
+  // The batch fetch launch and the forward matmul launch right after it
+  // that reads the fetched images become one launch.
+  void fold_fetch_into_forward() {
+    auto& ls = schedule_.launches;
+    for (std::size_t i = 0; i + 1 < ls.size(); ++i) {
+      if (ls[i].kind != LaunchKind::batch_fetch) continue;
+      Launch& fwd = ls[i + 1];
+      if (fwd.kind != LaunchKind::matmul || fwd.target != MatmulTarget::output || fwd.fetches_batch) continue;
+      const ValueId x = g_.node(fwd.matmul_node).inputs[0];
+      if (std::find(ls[i].writes.begin(), ls[i].writes.end(), x) == ls[i].writes.end()) continue;
+      if (!options_.fold_fetch_into_forward(g_, fwd.matmul_node)) continue;
+      fwd.nodes.insert(fwd.nodes.begin(), ls[i].nodes.begin(), ls[i].nodes.end());
+      fwd.fetches_batch = true;
+      fwd.reads.clear();
+      fwd.writes.clear();
+      fwd.updates.clear();
+      fill_boundary(g_, fwd);
+      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
 
@@ -401,11 +448,13 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
       if (l.aux_write >= 0) what += fmt::format(",writes mask{}", l.aux_write);
       if (l.aux_read >= 0) what += fmt::format(",reads mask{}", l.aux_read);
       if (l.mask_from_relu_output) what += ",mask=relu output";
+      if (l.fetches_batch) what += ",+batch fetch";
       what += "]";
     }
     if (l.kind == LaunchKind::dgrad_wgrad_sgd)
-      what += fmt::format("[mask=relu output,into=param(alpha=-lr,beta=1-lr*wd){}]",
-                          l.bias_sgd_node >= 0 ? ",+bias update" : "");
+      what += fmt::format("[mask=relu output,into=param(alpha=-lr,beta=1-lr*wd){}{}]",
+                          l.bias_sgd_node >= 0 ? ",+bias update" : "",
+                          l.input_sgd_node >= 0 ? ",+first layer's weight update" : "");
     if (l.kind == LaunchKind::output_layer_backward) what += "[mask=relu output,+bias updates]";
     if (l.advance_node >= 0) what += "[+advance_step]";
     if (l.kind == LaunchKind::whole_step)

@@ -76,6 +76,12 @@ struct Launch {
   // bias_sgd_node = the hidden layer's bias update, and:
   NodeId output_bias_sgd_node = -1;
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
+  // matmul launches with the batch fetch folded in: its nodes come first in
+  // `nodes`, and the kernel gathers the batch itself (and writes it out).
+  bool fetches_batch = false;
+  // dgrad_wgrad_sgd: the first layer's fused-SGD weight-gradient matmul and
+  // its sgd_update, done by the same launch from the dX it computes.
+  NodeId input_wgrad_node = -1, input_sgd_node = -1;
   // drelu and dgrad_wgrad_sgd launches whose mask is the sign of the ReLU
   // output they read (dgrad_wgrad_sgd: always). drelu launches whose inner dimension is tiny (the classifier layer's
   // dgrad, <= kSmallInnerDim terms): they mask by the ReLU output's sign
@@ -109,6 +115,15 @@ struct ScheduleOptions {
   // launch? Asked with the xent launch's backward node and the dgrad matmul.
   // Unset: never.
   std::function<bool(const Graph&, NodeId xent_backward, NodeId dgrad)> merge_output_layer_backward;
+  // May the batch fetch run inside the launch of the forward matmul right
+  // after it that reads the fetched images? Asked with that matmul node.
+  // Unset: never.
+  std::function<bool(const Graph&, NodeId matmul)> fold_fetch_into_forward;
+  // May a dgrad_wgrad_sgd launch also take the plain-SGD weight-gradient
+  // matmul launch right after it that reads its dX (the first layer's
+  // update)? Asked with the launch's dgrad node and that matmul node.
+  // Unset: never.
+  std::function<bool(const Graph&, NodeId dgrad, NodeId input_wgrad)> merge_input_update;
   // May the step counter's advance ride on the last bias-gradient launch
   // (after the batch fetch, the only reader of the counter)?
   bool fold_step_advance = false;

@@ -80,6 +80,27 @@ TEST_CASE("graph replay, stream launches and K steps per graph give bit-identica
   });
 }
 
+TEST_CASE("with our forwards, the folded fetch and the folded first-layer update, K steps per graph are K replays") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(400, 784, 10, rng);
+  TrainerSpec spec;
+  spec.mlp.layers = {784, 128, 128, 10};
+  spec.mlp.batch = 32;
+  spec.mlp.weight_dtype = DType::f16;
+  spec.sgd = {0.1, 0.0, 0.0};
+  spec.whole_step = false;
+  spec.shuffle_seed = 5;
+  // (each step's first launch reads the first layer's weight that the previous step's last launch wrote)
+  sg::test::check_launch_paths_agree(spec, data, 40, 8, [](cuda::CudaTrainer& replay) {
+    const auto& launches = replay.training_program().schedule().launches;
+    // layer 1's forward with the fetch, layer 2's, the classifier, the output layer's backward, layer 2's
+    // one pass with layer 1's bias and weight updates
+    CHECK(launches.size() == 5);
+    CHECK(launches.front().fetches_batch);
+    CHECK(launches.back().input_sgd_node >= 0);
+  });
+}
+
 TEST_CASE("resume on the GPU is bit-exact: 120 steps == 60 + save + load + 60") {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(400, 37, 11, rng);
@@ -148,9 +169,13 @@ TEST_CASE("one-pass dgrad + SGD and the fused output layer follow the unfused ba
   };
   CHECK(count(LaunchKind::dgrad_wgrad_sgd) == 1);  // layer 2 (layer 1 has no dgrad)
   CHECK(count(LaunchKind::output_layer_backward) == 1);  // layer 3 (10 classes) with softmax-xent
+  CHECK(count(LaunchKind::batch_fetch) == 0);  // folded into layer 1's forward
+  CHECK(launches.front().fetches_batch);
+  CHECK(launches.back().input_sgd_node >= 0);  // layer 1's weight update rides on layer 2's one-pass launch
   // one launch fewer for the merged pair, one for layer 1's bias update it also does, four for the
-  // output layer (softmax-xent, b3, the dgrad, w3, b2: one launch)
-  CHECK(launches.size() + 6 == two_pass.training_program().schedule().launches.size());
+  // output layer (softmax-xent, b3, the dgrad, w3, b2: one launch), one for the batch fetch, one for
+  // layer 1's weight update
+  CHECK(launches.size() + 8 == two_pass.training_program().schedule().launches.size());
   one_pass.poison_activations();
   const auto a = losses(one_pass, 200), b = losses(two_pass, 200);
   MESSAGE("width " << width << ": step 200 loss one-pass " << a.back() << " two-pass " << b.back());

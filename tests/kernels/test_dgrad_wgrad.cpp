@@ -158,3 +158,57 @@ TEST_CASE("the one-pass kernel waits for the kernel that writes dY (dependent la
     }
   }
 }
+
+TEST_CASE("the one-pass kernel also updates the first layer's weight from dX: W_in' = W_in - lr dX^T X_in") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  // (N, K, blocks per strip, input width): strips of 16 and of 32 (K = 4096), a cluster of 2 per
+  // strip (only rank 0 holds the strip's dX), the MNIST input and a narrow one
+  for (const auto [n, k, splits, width] : std::vector<std::array<std::int64_t, 4>>{
+           {{128, 128, 0, 784}}, {{256, 4096, 0, 784}}, {{512, 256, 2, 784}}, {{64, 64, 0, 32}}}) {
+    const std::int64_t batch = 32;
+    INFO(n << " x " << k << ", blocks per strip " << splits << ", input width " << width);
+    REQUIRE(cuda::input_update_unsupported(batch, n, k, width).empty());
+    const float lr = 0.1f, wd = 0.01f;
+    const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars(
+        {cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f),
+         cuda::make_sgd_scalars(3 * lr, 0.f, wd)});
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+    auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+    for (auto& v : x) v = v < 0 ? 0.f : v;
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
+    const auto x_in = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * width), rng));
+    const auto w_in = sg::test::representable<__half>(sg::test::uniform(std::size_t(k * width), rng));
+    DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k)), dx_input(x_in), dw_in(w_in);
+    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits), width);
+    const auto* s = scalars.as<cuda::SgdScalars>();
+    const cuda::one_pass::InputLayerUpdate input{dx_input.get(), dw_in.get(), s + 2, int(width)};
+    kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1, input);
+    const auto dx_got = dx.download();  // the rounded dX it wrote (checked against the CPU in the first test)
+    std::vector<double> dxd(dx_got.begin(), dx_got.end()), xd(x_in.begin(), x_in.end()), g(std::size_t(k * width));
+    ref::matmul(dxd.data(), xd.data(), g.data(), k, width, batch, true, false);
+    std::vector<double> w_ref(g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) w_ref[i] = w_in[i] * (1.0 - 3.0 * lr * wd) - 3.0 * lr * g[i];
+    const auto w_in_new = dw_in.download();
+    CHECK(sg::test::relative_error(w_in_new, w_ref) < 2e-3);
+    CHECK(sg::test::relative_error(w_in_new, std::vector<double>(w_in.begin(), w_in.end())) > 1e-3);
+    std::vector<double> b_ref(static_cast<std::size_t>(k));  // the bias update still happens beside it
+    for (std::int64_t c = 0; c < k; ++c) {
+      double sum = 0;
+      for (std::int64_t r = 0; r < batch; ++r) sum += dx_got[std::size_t(r * k + c)];
+      b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * sum;
+    }
+    const auto b_new = db.download();
+    CHECK(sg::test::relative_error(b_new, b_ref) < 2e-3);
+    // Without dX in global memory (when only the folded update reads it): the same bits.
+    DeviceArray<__half> w2(w), b2(b), w_in2(w_in);
+    const cuda::one_pass::InputLayerUpdate input2{dx_input.get(), w_in2.get(), s + 2, int(width)};
+    kernel.launch(ddy.get(), dx_in.get(), w2.get(), nullptr, s, nullptr, b2.get(), s + 1, input2);
+    CHECK(w_in2.download() == w_in_new);
+    CHECK(b2.download() == b_new);
+    CHECK(w2.download() == dw.download());
+  }
+  CHECK(!cuda::input_update_unsupported(32, 64, 8192, 784).empty());  // the row-range kernel
+  CHECK(!cuda::input_update_unsupported(32, 64, 64, 100).empty());
+}

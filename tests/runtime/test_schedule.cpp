@@ -248,3 +248,49 @@ TEST_CASE("a backend may run softmax-xent and the output layer's backward as one
   CHECK(dump_schedule(g, s).find("output_layer_backward[mask=relu output,+bias updates][+advance_step]") !=
         std::string::npos);
 }
+
+TEST_CASE("a backend may fold the batch fetch into the first forward and the first layer's update into a one-pass launch") {
+  const Graph g = reference_fused();
+  ScheduleOptions options = one_pass_options();
+  options.merge_output_layer_backward = [](const Graph&, NodeId, NodeId) { return true; };
+  const std::size_t without = build_schedule(g, options).launches.size();  // 9
+  int fetch_asked = 0, update_asked = 0;
+  bool allow = false;
+  options.fold_fetch_into_forward = [&](const Graph& graph, NodeId matmul) {
+    ++fetch_asked;
+    CHECK(graph.node(graph.value(graph.node(matmul).inputs[0]).producer).op == OpKind::gather_rows);
+    return allow;
+  };
+  options.merge_input_update = [&](const Graph& graph, NodeId dgrad, NodeId input_wgrad) {
+    ++update_asked;
+    // the wgrad reads the dgrad launch's dX (through its relu_backward) and the network input
+    CHECK(graph.node(input_wgrad).inputs[1] == graph.value_named("x"));
+    CHECK(graph.value(graph.node(dgrad).inputs[1]).shape == std::vector<std::int64_t>{128, 128});  // w2
+    return allow;
+  };
+  CHECK(build_schedule(g, options).launches.size() == without);  // the backend declined both
+  CHECK(fetch_asked == 1);
+  CHECK(update_asked == 1);
+  allow = true;
+  const Schedule s = build_schedule(g, options);
+  REQUIRE(s.launches.size() == without - 2);  // 7 launches per step
+  const Launch& first = s.launches.front();
+  CHECK(first.kind == LaunchKind::matmul);
+  CHECK(first.fetches_batch);
+  CHECK(g.node(first.nodes[0]).op == OpKind::batch_indices);
+  CHECK(g.value(g.node(first.matmul_node).inputs[1]).shape == std::vector<std::int64_t>{128, 784});  // w1
+  for (const char* fetched : {"x", "y"})  // read later: the launch writes them out
+    CHECK(std::find(first.writes.begin(), first.writes.end(), g.value_named(fetched)) != first.writes.end());
+  const Launch& last = s.launches.back();
+  CHECK(last.kind == LaunchKind::dgrad_wgrad_sgd);
+  REQUIRE(last.input_sgd_node >= 0);
+  CHECK(g.node(last.input_sgd_node).inputs[0] == g.value_named("w1"));
+  CHECK(g.node(last.input_wgrad_node).op == OpKind::matmul);
+  CHECK(std::find(last.updates.begin(), last.updates.end(), g.value_named("w1")) != last.updates.end());
+  CHECK(std::find(last.reads.begin(), last.reads.end(), g.value_named("x")) != last.reads.end());
+  for (const Launch& l : s.launches) CHECK(l.kind != LaunchKind::batch_fetch);
+  CHECK_NOTHROW(check_schedule_order(g, s));
+  const std::string dump = dump_schedule(g, s);
+  CHECK(dump.find("+batch fetch") != std::string::npos);
+  CHECK(dump.find("+first layer's weight update") != std::string::npos);
+}

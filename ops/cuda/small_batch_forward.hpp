@@ -1,0 +1,54 @@
+#pragma once
+// A hidden layer's forward for a small batch, as a dependent launch:
+//   y[B,N] = act(x[B,K] w[N,K]^T + bias[N])      (act: ReLU or none)
+// cuBLASLt runs these shapes in a few microseconds too, but as an ordinary
+// launch: the kernel before must drain before it starts. This one is
+// launched with launch_dependent (dependent_launch.cuh): its blocks start
+// while the previous kernel runs and load their slice of W before waiting
+// for it. For the first layer it can also gather the batch itself (what
+// batch_fetch does), so the step needs no separate fetch launch.
+// Tensor cores (wmma), fp32 accumulation, the result rounded to fp16 once.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+namespace sg::cuda {
+
+// The batch gather folded into the first layer: X row r is image row
+// perm[(step % (rows / batch)) * batch + r] scaled to x * scale + shift in
+// fp16, exactly as batch_fetch writes it; X and the labels are also written
+// out (x_out, labels_out) for the launches that read them later.
+struct FoldedBatchFetch {
+  const std::int32_t* perm = nullptr;
+  std::int64_t rows = 0;  // images in the table (perm's length)
+  const std::int32_t* step = nullptr;
+  const std::uint8_t* images = nullptr;  // [rows, k] u8
+  float scale = 1.f, shift = 0.f;
+  const std::uint8_t* labels = nullptr;  // [rows]
+  __half* x_out = nullptr;               // [batch, k]
+  std::int32_t* labels_out = nullptr;    // [batch]
+};
+
+struct SmallBatchLinear {
+  const __half* x = nullptr;  // [batch, k]; unused when fetch.images is set
+  FoldedBatchFetch fetch;
+  const __half* w = nullptr;     // [n, k]
+  const __half* bias = nullptr;  // [n]
+  __half* y = nullptr;           // [batch, n]
+  int batch = 0, n = 0, k = 0;
+  bool relu = false;
+  // Load W and the bias before waiting for the previous kernel. Only where
+  // that kernel (and any still running before it) does not write them: not
+  // for the first layer of a step that follows another step in the same
+  // graph, whose last launch updates the first layer's weight.
+  bool load_weight_early = true;
+};
+
+// Empty when the kernel runs these sizes, else why not.
+std::string small_batch_linear_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
+
+void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream);
+
+}  // namespace sg::cuda

@@ -1,0 +1,148 @@
+// The small-batch forward kernel against the CPU reference: x W^T + b with
+// and without ReLU, the batch gathered by the kernel itself (the folded
+// fetch: X and the labels it writes out too), and the dependent-launch wait.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdint>
+
+#include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/kernels.hpp"
+#include "ops/cuda/small_batch_forward.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/device_array.hpp"
+#include "tests/support/late_producer.hpp"
+
+using namespace sg;
+using sg::test::DeviceArray;
+
+namespace {
+
+std::vector<double> reference_linear(const std::vector<float>& x, const std::vector<float>& w,
+                                     const std::vector<float>& b, std::int64_t m, std::int64_t n, std::int64_t k,
+                                     bool relu) {
+  std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()), y(std::size_t(m * n));
+  ref::matmul(xd.data(), wd.data(), y.data(), m, n, k, false, true);
+  ref::bias_add(y.data(), bd.data(), m, n, y.data());
+  if (relu)
+    for (auto& v : y) v = v > 0 ? v : 0;
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("small-batch forward matches act(x W^T + b) on random shapes") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  // (batch, N, K, relu): one tile per warp or fewer, 784 = 49 tiles (warps with 6 and 7), the K limit
+  for (auto [m, n, k, relu] : std::vector<std::array<std::int64_t, 4>>{
+           {{32, 128, 784, 1}}, {{16, 48, 80, 1}}, {{32, 512, 512, 1}}, {{32, 1024, 1024, 0}}, {{16, 16, 16, 0}}}) {
+    INFO(m << " x " << n << " x " << k << (relu ? " relu" : ""));
+    REQUIRE(cuda::small_batch_linear_unsupported(m, n, k).empty());
+    const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+    for (const bool early : {true, false}) {
+      INFO("weight loaded " << (early ? "before" : "after") << " the wait");
+      DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
+      cuda::SmallBatchLinear args;
+      args.x = dx.get();
+      args.w = dw.get();
+      args.bias = db.get();
+      args.y = y.get();
+      args.batch = int(m);
+      args.n = int(n);
+      args.k = int(k);
+      args.relu = relu != 0;
+      args.load_weight_early = early;
+      cuda::launch_small_batch_linear(args, nullptr);
+      CHECK(sg::test::relative_error(y.download(), reference_linear(x, w, b, m, n, k, relu != 0)) < 2e-3);
+    }
+  }
+  CHECK(!cuda::small_batch_linear_unsupported(64, 128, 128).empty());
+  CHECK(!cuda::small_batch_linear_unsupported(32, 120, 128).empty());
+  CHECK(!cuda::small_batch_linear_unsupported(32, 128, 2048).empty());
+}
+
+TEST_CASE("small-batch forward with the batch fetch folded in gathers, scales and writes out X and the labels") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t batch = 32, n = 64, k = 784, rows = 100, step = 5;  // 3 batches per epoch: batch 5 % 3 = 2
+  const float scale = 1.f / 255.f / 0.3081f, shift = -0.1307f / 0.3081f;
+  std::vector<float> images(static_cast<std::size_t>(rows * k)), labels(static_cast<std::size_t>(rows)),
+      perm(static_cast<std::size_t>(rows));
+  std::uniform_int_distribution<int> pixel(0, 255), label(0, 9);
+  for (auto& v : images) v = float(pixel(rng));
+  for (auto& v : labels) v = float(label(rng));
+  for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = float((i * 37 + 11) % rows);  // a permutation (37 coprime)
+  const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+  DeviceArray<std::uint8_t> dimages(images), dlabels(labels);
+  DeviceArray<std::int32_t> dperm(perm), dstep(std::vector<float>{float(step)}), labels_out(static_cast<std::size_t>(batch));
+  DeviceArray<__half> dw(w), db(b), y(std::size_t(batch * n)), x_out(std::size_t(batch * k));
+  cuda::SmallBatchLinear args;
+  args.fetch.perm = dperm.get();
+  args.fetch.rows = rows;
+  args.fetch.step = dstep.get();
+  args.fetch.images = dimages.get();
+  args.fetch.scale = scale;
+  args.fetch.shift = shift;
+  args.fetch.labels = dlabels.get();
+  args.fetch.x_out = x_out.get();
+  args.fetch.labels_out = labels_out.get();
+  args.w = dw.get();
+  args.bias = db.get();
+  args.y = y.get();
+  args.batch = int(batch);
+  args.n = int(n);
+  args.k = int(k);
+  args.relu = true;
+  cuda::launch_small_batch_linear(args, nullptr);
+
+  // X and the labels as the batch_fetch kernel writes them, bit for bit
+  DeviceArray<__half> fetched(std::size_t(batch * k));
+  DeviceArray<std::int32_t> fetched_labels(static_cast<std::size_t>(batch));
+  cuda::launch_batch_fetch(dperm.get(), rows, dstep.get(), batch, dimages.get(), k, scale, shift, fetched.get(),
+                           dlabels.get(), fetched_labels.get(), nullptr);
+  const std::vector<float> x = fetched.download();
+  CHECK(x_out.download() == x);
+  const std::vector<float> got_labels = labels_out.download();
+  CHECK(got_labels == fetched_labels.download());
+  for (std::int64_t r = 0; r < batch; ++r) {  // and those are the permutation's rows for this step
+    const auto row = std::size_t(perm[std::size_t((step % (rows / batch)) * batch + r)]);
+    CHECK(got_labels[std::size_t(r)] == labels[row]);
+    CHECK(x[std::size_t(r * k + 400)] == doctest::Approx(images[row * std::size_t(k) + 400] * scale + shift).epsilon(1e-3));
+  }
+  CHECK(sg::test::relative_error(y.download(), reference_linear(x, w, b, batch, n, k, true)) < 2e-3);
+}
+
+TEST_CASE("small-batch forward waits for the kernel that writes x (dependent launch, stream and graph)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t m = 32, n = 256, k = 512;
+  const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+  const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+  DeviceArray<__half> dx(x), dw(w), db(b), expected(std::size_t(m * n));
+  cuda::SmallBatchLinear args;
+  args.x = dx.get();
+  args.w = dw.get();
+  args.bias = db.get();
+  args.y = expected.get();
+  args.batch = int(m);
+  args.n = int(n);
+  args.k = int(k);
+  args.relu = true;
+  cuda::launch_small_batch_linear(args, nullptr);
+  for (const bool as_graph : {false, true}) {
+    INFO((as_graph ? "graph" : "stream"));
+    DeviceArray<__half> late_x(x.size()), y(std::size_t(m * n));  // poisoned until the late copy lands
+    cuda::SmallBatchLinear late = args;
+    late.x = late_x.get();
+    late.y = y.get();
+    sg::test::run_behind_late_copy(
+        late_x.get(), dx.get(), x.size() * sizeof(__half),
+        [&](cudaStream_t stream) { cuda::launch_small_batch_linear(late, stream); }, as_graph);
+    CHECK(y.download() == expected.download());
+  }
+}
