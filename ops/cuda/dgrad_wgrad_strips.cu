@@ -24,6 +24,7 @@
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "ops/cuda/mma_fragments.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda::one_pass {
 namespace {
@@ -65,10 +66,9 @@ constexpr int kMaxSplits = 8;  // blocks sharing a strip (a portable cluster siz
 // from shared memory (`rows`: [S][width], `xin`: [B][width], copied in at
 // the start).
 template <int S, int B>
-__device__ void update_input_rows(const InputLayerUpdate& input, int col0, const __half* dxs, const __half* rows,
-                                  const __half* xin, float* grad, int warp, int lane) {
+__device__ void update_input_rows(const InputLayerUpdate& input, const SgdScalars& s, int col0, const __half* dxs,
+                                  const __half* rows, const __half* xin, float* grad, int warp, int lane) {
   constexpr int kMTiles = B / 16, kSTiles = S / 16, kLd = Layout<S, B>::kGradLd;
-  const SgdScalars s = *input.scalars;
   FragAT dxt[kMTiles][kSTiles];  // dX^T's tiles: the same for every column tile
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m)
@@ -141,6 +141,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   const SgdScalars s = *scalars;
+  // What the end of the kernel updates besides W, loaded now (only this
+  // kernel writes them, in the previous step): this thread's column of the
+  // previous layer's bias (see the column sums below) and the SGD scalars.
+  constexpr int kLanesPerColumn = kThreads / S;
+  const int bias_column = threadIdx.x / kLanesPerColumn;
+  const float bias_old = bias && rank == 0 ? __half2float(bias[col0 + bias_column]) : 0.f;
+  const SgdScalars bias_sgd = bias && rank == 0 ? *bias_scalars : SgdScalars{};
+  const SgdScalars input_sgd = input.w && rank == 0 ? *input.scalars : SgdScalars{};
 
   // X's fragments are the same for every chunk: load them once.
   FragB xb[kMTiles][kSTiles];
@@ -299,16 +307,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (!bias && !input.w) return;
   if (input.w) wait_copies<0>();
   __syncthreads();
-  // The previous layer's bias gradient is the column sum of dx (as rounded).
-  if (bias && threadIdx.x < S) {
+  // The previous layer's bias gradient is the column sum of dx (as rounded):
+  // kThreads / S lanes per column (of one warp) each add every such row, then
+  // a butterfly over them (not one thread's serial chain of B adds).
+  if (bias) {
+    static_assert(kLanesPerColumn <= 32 && B % kLanesPerColumn == 0, "a column's lanes are in one warp");
+    const int g = threadIdx.x % kLanesPerColumn;
     float column_sum = 0.f;
 #pragma unroll
-    for (int r = 0; r < B; ++r) column_sum += partial[r * S + threadIdx.x];
-    const SgdScalars bs = *bias_scalars;
-    __half* b = bias + col0 + threadIdx.x;
-    *b = __float2half(bs.neg_lr * column_sum + bs.one_minus_lr_wd * __half2float(*b));
+    for (int r = g; r < B; r += kLanesPerColumn) column_sum += partial[r * S + bias_column];
+    column_sum = warp_sum<kLanesPerColumn>(column_sum);
+    if (g == 0)
+      bias[col0 + bias_column] = __float2half(bias_sgd.neg_lr * column_sum + bias_sgd.one_minus_lr_wd * bias_old);
   }
-  if (input.w) update_input_rows<S, B>(input, col0, xs, input_rows, input_x, grad, warp, lane);
+  if (input.w) update_input_rows<S, B>(input, input_sgd, col0, xs, input_rows, input_x, grad, warp, lane);
 }
 
 // Strip width: 32 columns when that still gives ~one block per SM, else 16.

@@ -1,8 +1,9 @@
 // The fused output-layer backward (output_layer_backward.hpp). A block owns
 // 32 columns j of h, W and dh (a lane each) and its 8 warps split the batch:
 // warp y takes rows y, y+8, ... (the order in which the column sums and the
-// weight gradient add rows, so the result matches the launches this kernel
-// replaces bit for bit). A warp computes the softmax of its own rows (two at
+// weight gradient add rows, so every update matches the launches this
+// kernel replaces bit for bit; the reported loss is summed as a warp tree).
+// A warp computes the softmax of its own rows (two at
 // a time, a half warp each, for up to 16 classes), so no
 // block waits for another and no warp waits for the others until the
 // gradients' partial sums meet in shared memory. Block 0 also writes the
@@ -18,6 +19,7 @@
 #include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/sgd_step.cuh"
 #include "ops/cuda/softmax_row.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
@@ -28,45 +30,47 @@ constexpr int kRowGroups = 8;                      // warps; warp y takes rows y
 constexpr int kBlockThreads = kRowGroups * 32;
 constexpr int kRowsPerWarp = kMaxBatch / kRowGroups;
 
-// The mean loss in softmax_xent_kernel's order: 32 warp partials (rows w,
-// w+32, ...), added in warp order. With at most 32 rows each partial is one
-// row's loss (or 0), so that is the plain sum in row order.
-static_assert(kMaxBatch <= 32, "mean_loss adds one row per warp partial");
-__device__ float mean_loss(const float* row_loss, int rows) {
-  float total = 0.f;
-#pragma unroll
-  for (int r = 0; r < kMaxBatch; ++r)
-    if (r < rows) total += row_loss[r];
-  return total * (1.f / static_cast<float>(rows));
-}
-
-// Block 0's share: the loss, dlogits for other readers, b_out (its old value
-// in out_bias_old, thread c), the step. Column sums add rows r = y, y+8, ...
-// per y, then the 8 partials in order: the order of column_sum_kernel (sgd.cu).
+// Block 0's share, spread over its warps so none of them holds up the
+// block: warp 0 the mean loss (a warp tree over the rows: the loss is only
+// reported, and this is its one serial chain) and the step (an atomic add:
+// nothing waits for it), warp 1 b_out (old value in out_bias_old, lane c)
+// from the row groups' column sums of dlogits (out_bias_part[y][c]: rows y,
+// y+8, ... then the 8 partials in order, the order of column_sum_kernel in
+// sgd.cu), every thread dlogits for other readers.
+template <int C>
 __device__ void finish_outputs(const OutputLayerBackward& a, const __half* dlog, const float* row_loss,
-                               float out_bias_old, const SgdScalars& out_bias_sgd) {
-  const int rows = int(a.batch), classes = int(a.classes);
-  if (threadIdx.x == 0) {
-    if (a.step) *a.step += 1;
-    *a.loss = mean_loss(row_loss, rows);
+                               const float* out_bias_part, float out_bias_old, const SgdScalars& out_bias_sgd) {
+  const int rows = int(a.batch), classes = int(a.classes), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  static_assert(kMaxBatch <= 32, "one row's loss per lane");
+  if (warp == 0) {
+    const float total = warp_sum(lane < rows ? row_loss[lane] : 0.f);
+    if (lane == 0) {
+      *a.loss = total * (1.f / static_cast<float>(rows));
+      if (a.step) atomicAdd(a.step, 1);
+    }
+  }
+  if (warp == 1 && lane < classes) {
+    float total = 0.f;
+#pragma unroll
+    for (int y = 0; y < kRowGroups; ++y) total += out_bias_part[y * C + lane];
+    a.out_bias[lane] = __float2half(sgd_step(out_bias_old, total, nullptr, out_bias_sgd));
   }
   if (a.dlogits)
     for (int e = threadIdx.x; e < rows * classes; e += kBlockThreads) a.dlogits[e] = dlog[e];
-  if (threadIdx.x < classes) {
-    const int c = threadIdx.x;
-    float total = 0.f;
+}
+
+// Warp y's column sums of dlogits over its rows y, y+8, ... (lane c < classes).
+template <int C>
+__device__ void row_group_column_sums(const OutputLayerBackward& a, const __half* dlog, float* out_bias_part) {
+  const int rows = int(a.batch), classes = int(a.classes), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane >= classes) return;
+  float partial = 0.f;
 #pragma unroll
-    for (int y = 0; y < kRowGroups; ++y) {
-      float partial = 0.f;
-#pragma unroll
-      for (int i = 0; i < kRowsPerWarp; ++i) {
-        const int r = y + i * kRowGroups;
-        if (r < rows) partial += __half2float(dlog[r * classes + c]);
-      }
-      total += partial;
-    }
-    a.out_bias[c] = __float2half(sgd_step(out_bias_old, total, nullptr, out_bias_sgd));
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int r = warp + i * kRowGroups;
+    if (r < rows) partial += __half2float(dlog[r * classes + lane]);
   }
+  out_bias_part[warp * C + lane] = partial;
 }
 
 // C: the number of classes when the instance is for exactly that many (no
@@ -78,6 +82,7 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
   __shared__ __half logits[kMaxBatch * C], dlog[kMaxBatch * C];
   __shared__ __align__(16) float dlog_f[kMaxBatch * kLd];
   __shared__ float row_loss[kMaxBatch];
+  __shared__ float out_bias_part[kRowGroups * C];            // block 0: [warp][c] column sums of dlogits
   __shared__ std::int32_t labels[kMaxBatch];
   __shared__ float w_tile[C * kColumns];                       // W[c, col0 + lane]
   __shared__ float grad_part[kRowGroups * C * kColumns];       // [warp][c][lane]
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
   const SgdScalars ws = *a.w_sgd, hs = *a.hidden_bias_sgd, os = *a.out_bias_sgd;
   const bool updates_hidden_bias = warp == kRowGroups - 1 && mine;
   const float hidden_bias = updates_hidden_bias ? __half2float(a.hidden_bias[j]) : 0.f;
-  const float out_bias = blockIdx.x == 0 && threadIdx.x < classes ? __half2float(a.out_bias[threadIdx.x]) : 0.f;
+  const float out_bias = blockIdx.x == 0 && warp == 1 && lane < classes ? __half2float(a.out_bias[lane]) : 0.f;
   wait_for_previous_kernel();
 
   // This warp's rows: logits and labels, then their softmaxes.
@@ -139,8 +144,12 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
       if (lane < classes) dlog_f[r * kLd + lane] = __half2float(dlog[r * classes + lane]);
     }
   }
+  if (blockIdx.x == 0) {
+    __syncwarp();  // this warp's rows of dlog
+    row_group_column_sums<C>(a, dlog, out_bias_part);
+  }
   __syncthreads();  // w_tile; and block 0 reads every warp's rows
-  if (blockIdx.x == 0) finish_outputs(a, dlog, row_loss, out_bias, os);
+  if (blockIdx.x == 0) finish_outputs<C>(a, dlog, row_loss, out_bias_part, out_bias, os);
 
   float w[C];
 #pragma unroll

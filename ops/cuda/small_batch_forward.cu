@@ -58,12 +58,14 @@ __global__ void __launch_bounds__(kWarps * 32)
   const bool fetch = a.fetch.images != nullptr;
 
   FragW wf[kMaxTilesPerWarp];
+  float bias = 0.f;  // this thread's output column's (threadIdx.x % kColumns: see the epilogue)
   auto load_weight = [&] {
 #pragma unroll
     for (int i = 0; i < kMaxTilesPerWarp; ++i) {
       const int t = warp + i * kWarps;
       if (t < tiles) wmma::load_matrix_sync(wf[i], a.w + std::int64_t(col0) * a.k + t * 16, a.k);
     }
+    bias = __half2float(a.bias[col0 + threadIdx.x % kColumns]);
   };
   if (a.load_weight_early) load_weight();
   wait_for_previous_kernel();
@@ -121,12 +123,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int m = 0; m < kMTiles; ++m)
     wmma::store_matrix_sync(&partial[warp][m * 16][0], acc[m], kColumns, wmma::mem_row_major);
   __syncthreads();
+  static_assert(kWarps * 32 % kColumns == 0, "a thread's outputs share its column");
   for (int e = threadIdx.x; e < B * kColumns; e += kWarps * 32) {
     const int r = e / kColumns, c = e % kColumns;
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][r][c];
-    sum += __half2float(a.bias[col0 + c]);
+    sum += bias;
     if (a.relu) sum = fmaxf(sum, 0.f);
     a.y[std::int64_t(r) * a.n + col0 + c] = __float2half(sum);
   }

@@ -17,10 +17,12 @@ __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __
   // A dependent launch: x comes from the kernel before. The output-layer
   // backward that follows is one too; it may start once x's writer is
   // complete (its loads of h need that), and waits for these logits.
-  wait_for_previous_kernel();
-  allow_next_kernel_to_start();
   const std::int64_t out = std::int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  // (the bias before the wait: the kernels before this one do not write it)
+  const float b = out < m * n ? __half2float(bias[out % n]) : 0.f;
+  wait_for_previous_kernel();
+  allow_next_kernel_to_start();
   if (out >= m * n) return;  // whole warps leave together
   const std::int64_t r = out / n, c = out % n;
   const __half* xr = x + r * k;
@@ -39,7 +41,7 @@ __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __
     for (std::int64_t i = lane; i < k; i += 32) s += __half2float(xr[i]) * __half2float(wc[i]);
   }
   s = warp_sum(s);
-  if (lane == 0) y[out] = __float2half(s + __half2float(bias[c]));
+  if (lane == 0) y[out] = __float2half(s + b);
 }
 
 template <typename W>

@@ -77,9 +77,11 @@ cuda::OutputLayerBackward fused_args(const Problem& p, OnDevice& d, const cuda::
   return a;
 }
 
-// Every output but dlogits (which the kernel writes only for other readers), bit for bit.
-void check_same_outputs(OnDevice& a, OnDevice& b) {
-  CHECK(a.loss.download() == b.loss.download());
+// Every output but dlogits (which the kernel writes only for other readers), bit for bit; the
+// loss (reported only; the fused kernel adds its rows as a warp tree) bit for bit or to float rounding.
+void check_same_outputs(OnDevice& a, OnDevice& b, bool loss_bits = true) {
+  if (loss_bits) CHECK(a.loss.download() == b.loss.download());
+  else CHECK(a.loss.download()[0] == doctest::Approx(b.loss.download()[0]).epsilon(1e-6));
   CHECK(a.dh.download() == b.dh.download());
   CHECK(a.w.download() == b.w.download());
   CHECK(a.out_bias.download() == b.out_bias.download());
@@ -132,7 +134,7 @@ TEST_CASE("the fused output-layer backward matches softmax-xent, dgrad, and thre
   }
 }
 
-TEST_CASE("the fused output-layer backward gives the same bits as the five launches it replaces") {
+TEST_CASE("the fused output-layer backward gives the same bits as the five launches it replaces (the loss to rounding)") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const cuda::DeviceBuffer scalars = three_scalars();
@@ -151,7 +153,7 @@ TEST_CASE("the fused output-layer backward gives the same bits as the five launc
   cuda::launch_bias_grad_sgd(separate.dh.get(), b, n, separate.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2,
                              nullptr, separate.step.as<std::int32_t>());
   CHECK(fused.dlogits.download() == separate.dlogits.download());
-  check_same_outputs(fused, separate);
+  check_same_outputs(fused, separate, false);
 }
 
 TEST_CASE("the fused output-layer backward waits for the kernel that writes the logits (stream and graph)") {
