@@ -22,7 +22,7 @@ step build scripts/build.sh
 SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # A short run on each lowering: fp32 master weights take the per-group
 # cuBLASLt schedule, a small fp16 net (784-64-64-64-10) the whole-step
-# kernel, a wide fp16 net the
+# kernel (forced), a wide fp16 net the
 # per-group schedule with the column-strip one-pass backward and the fused
 # output layer (dependent launches; at width 1024 clusters of 2 blocks per
 # strip; up to width 1024 our small-batch forwards, the batch fetch folded
@@ -30,7 +30,7 @@ SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # also at 4 steps per graph at width 512), an 8192-wide one the row-range
 # one-pass backward, and 4
 # steps per launch the kernel that keeps the weights in one cluster's
-# shared memory (DSMEM exchanges; 8 blocks at width 128, 16 at 256).
+# shared memory (forced; DSMEM exchanges; 8 blocks at width 128, 16 at 256).
 for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_resident fp16_resident_256; do
   extra=(--set precision.weights=${variant%%_*})
   steps=20 log_every=1
@@ -43,8 +43,9 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_resident
   [ "$variant" = fp16_8192 ] && extra+=(--set "model.layers=[784,8192,8192,10]") && steps=3
   short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
          --set run.steps=$steps --set run.log_every=$log_every --set run.out_dir="$out/sanitized_$variant")
-  # (width 256 takes the per-group schedule unless the resident kernel is forced)
-  mode=auto; [ "$variant" = fp16_resident_256 ] && mode=resident
+  # (at batch 32 the scheduler takes the per-group schedule: the whole-step kernels are forced)
+  mode=auto; [ "$variant" = fp16 ] && mode=grid
+  case "$variant" in fp16_resident*) mode=resident ;; esac
   export SG_WHOLE_STEP_MODE=$mode
   step "memcheck_$variant" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
   # racecheck: on the wide net cuBLASLt picks an nvjet_sm90 RELU_BIAS kernel

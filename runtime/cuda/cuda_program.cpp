@@ -67,20 +67,26 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
   return args;
 }
 
-// Up to how many parameters the whole-step kernel beats the per-group
-// schedule on an H100 (docs/performance.md section 14; 784-H-H-H-10, batch
-// 32, us per step). One step per launch: the per-group schedule with
-// dependent launches wins from width 128 (134K parameters: 27.7-27.9 against
-// 28.9-29.0) up. Several steps per launch (16): the resident-weights variant
-// wins at width 128 (23.6 against 26.4), not at 256 (335K: 29.2 against 27.1).
+// Where the whole-step kernels beat the per-group schedule on an H100
+// (784-H-H-H-10, us per step). At batch 16/32 the per-group schedule runs
+// our dependent-launch kernels, and since they keep their loads off the
+// critical path it is faster at every width measured, one or 16 steps per
+// launch (docs/performance.md section 17: width 64 20.1 against 27.1 for the
+// whole-step kernel, 16 steps per launch 18.8 against 22.5 resident; width
+// 128 19.9 against 23.4 resident). Other batches (48, 64) keep the earlier
+// rule, measured against the two-pass per-group schedule they still take:
+// the whole-step kernel up to 64K parameters at one step per launch, the
+// resident-weights variant up to 256K for several.
 constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 16;
 constexpr std::int64_t kResidentMaxParameters = std::int64_t(1) << 18;
 
 // Why the kernel should not run this plan ("" when it should): it keeps fp16
 // parameters and activations, implements SGD without momentum, and pays off
-// for small networks only (SG_WHOLE_STEP_MODE=resident: wherever the
-// resident-weights variant fits).
-std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan, int steps_per_launch) {
+// for small networks whose batch our per-group kernels do not take
+// (`per_group_kernels`: ProgramOptions::one_pass_backward). SG_WHOLE_STEP_MODE
+// other than auto forces it wherever it fits.
+std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan, int steps_per_launch,
+                               bool per_group_kernels) {
   for (const WholeStepLayer& layer : plan.layers) {
     if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
       return "parameters or activations are not fp16";
@@ -89,14 +95,16 @@ std::string whole_step_blocker(const sg::Graph& g, const WholeStepPlan& plan, in
   if (plan.layers.size() > std::size_t(kWholeStepMaxLayers)) return "too many layers";
   const WholeStepArgs shape = whole_step_shape(g, plan);
   if (std::string why = whole_step_unsupported(shape); !why.empty()) return why;
+  const std::string mode = forced_whole_step_mode();
+  if (mode == "auto" && per_group_kernels && (plan.batch == 16 || plan.batch == 32))
+    return fmt::format("batch {}: the per-group schedule's dependent-launch kernels are faster", plan.batch);
   std::int64_t parameters = 0;
   for (const WholeStepLayer& layer : plan.layers)
     parameters += element_count(g.value(layer.weight).shape) + element_count(g.value(layer.bias).shape);
-  const std::string mode = forced_whole_step_mode();
   const bool resident_pays = mode == "resident" || (mode == "auto" && steps_per_launch > 1 &&
                                                     parameters <= kResidentMaxParameters);
   if (resident_pays && resident_step_unsupported(shape).empty()) return {};
-  if (parameters > kWholeStepMaxParameters)
+  if (mode == "auto" && parameters > kWholeStepMaxParameters)
     return fmt::format("{} parameters: above {} the per-group schedule is faster", parameters, kWholeStepMaxParameters);
   return {};
 }
@@ -317,7 +325,8 @@ Schedule CudaProgram::choose_schedule() {
     return build_schedule(graph_, per_group);
   }
   const auto plan = match_whole_step(graph_);
-  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch)
+  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch,
+                                                options_.one_pass_backward && options_.accumulate == Accumulate::f32)
                           : "the graph is not a plain MLP training step";
   return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_, per_group);
 }

@@ -93,17 +93,20 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
 
 TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") {
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
-  // 59K parameters: below the size from which one step per launch takes the per-group schedule
+  // 59K parameters (at batch 32 the scheduler takes the per-group schedule: forced here)
   TrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 32);
   spec.sgd.lr = 0.1;
+  ::setenv("SG_WHOLE_STEP_MODE", "grid", 1);
   cuda::CudaTrainer whole(spec, data);
   spec.whole_step = false;
   spec.one_pass_backward = false;
   cuda::CudaTrainer grouped(spec, data);
   spec.whole_step = true;
   spec.one_pass_backward = true;
-  spec.steps_per_launch = 8;  // what picks the kernel that keeps the weights resident
+  spec.steps_per_launch = 8;
+  ::setenv("SG_WHOLE_STEP_MODE", "resident", 1);
   cuda::CudaTrainer resident(spec, data);
+  ::unsetenv("SG_WHOLE_STEP_MODE");
   REQUIRE(whole.training_program().uses_whole_step());
   REQUIRE(whole.description().find("cooperative grid") != std::string::npos);
   REQUIRE(resident.description().find("weights resident") != std::string::npos);
@@ -135,10 +138,13 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
   master.mlp.weight_dtype = DType::f32;
   TrainerSpec off = f16_spec({48, 32, 10}, 32);
   off.whole_step = false;
+  TrainerSpec small = f16_spec({48, 32, 10}, 32);  // batch 32: our per-group kernels take it
   TrainerSpec wide = f16_spec({48, 1024, 1024, 10}, 32);  // 1.1M parameters
+  wide.one_pass_backward = false;  // (the cuBLASLt per-group schedule: the size rule decides)
   for (const Case& c : {Case{odd_width, "multiple of 16"}, Case{odd_batch, "batch 24"}, Case{momentum, "momentum"},
                         Case{master, "not a plain MLP training step"},  // casts to fp32 master weights
-                        Case{off, "turned off"}, Case{wide, "parameters"}}) {
+                        Case{off, "turned off"}, Case{small, "dependent-launch kernels are faster"},
+                        Case{wide, "parameters"}}) {
     cuda::CudaTrainer t(c.spec, data);
     INFO(t.description());
     CHECK_FALSE(t.training_program().uses_whole_step());
@@ -216,7 +222,9 @@ TEST_CASE("resident weights: every cluster size follows the CPU backend, and K s
 
 TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
   auto rng = sg::test::fresh_rng();
+  ::setenv("SG_WHOLE_STEP_MODE", "grid", 1);
   sg::test::check_learning_rate_changes_reach(f16_spec({64, 32, 10}, 16), random_dataset(500, 64, 10, rng), true);
+  ::unsetenv("SG_WHOLE_STEP_MODE");
 }
 
 TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
@@ -224,6 +232,8 @@ TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
   TrainerSpec spec = f16_spec({64, 32, 10}, 16);
   spec.steps_per_launch = 5;  // the rate is read once per launch of 5 steps
   const Dataset data = random_dataset(500, 64, 10, rng);
+  ::setenv("SG_WHOLE_STEP_MODE", "resident", 1);
   REQUIRE(cuda::CudaTrainer(spec, data).description().find("weights resident") != std::string::npos);
   sg::test::check_learning_rate_changes_reach(spec, data, true);
+  ::unsetenv("SG_WHOLE_STEP_MODE");
 }
