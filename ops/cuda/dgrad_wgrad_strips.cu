@@ -131,7 +131,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       copy_async16(shared_address(input_x + i * 8), input.x + i * 8);
     commit_copies();
   }
-  allow_next_kernel_to_start();
   // Split barrier: no block stores into rank 0's shared memory before rank 0 has started (waited at the end).
   if (splits > 1) cluster_arrive();
 
@@ -208,6 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int d = 0; d < L::kDepth; ++d)
     if (first_chunk + d * stride < chunks) load_w((first_chunk + d * stride) * 16, ring[d]);
   wait_for_previous_kernel();
+  // Only now may the next kernel start: every kernel before this one has
+  // completed, which the next step's first launch relies on (it gathers its
+  // batch before its own wait; small_batch_forward.hpp).
+  allow_next_kernel_to_start();
 #pragma unroll
   for (int d = 0; d < L::kDepth; ++d)
     if (first_chunk + d * stride < chunks) load_dy((first_chunk + d * stride) * 16, ring[d]);

@@ -67,29 +67,35 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     bias = __half2float(a.bias[col0 + threadIdx.x % kColumns]);
   };
+  // The folded fetch's gather: lane r < B holds image row r's pixels of each
+  // of the warp's tiles, and its label.
+  uint4 pixels[kMaxTilesPerWarp];
+  std::int32_t label = 0;
+  auto gather = [&] {
+    if (lane >= B) return;
+    const std::int64_t batches = a.fetch.rows / B;
+    const std::int64_t row = a.fetch.perm[(std::int64_t(*a.fetch.step) % batches) * B + lane];
+    const std::uint8_t* image_row = a.fetch.images + row * a.k;
+    label = a.fetch.labels[row];
+#pragma unroll
+    for (int i = 0; i < kMaxTilesPerWarp; ++i) {
+      const int t = warp + i * kWarps;
+      if (t < tiles) pixels[i] = *reinterpret_cast<const uint4*>(image_row + t * 16);
+    }
+  };
   if (a.load_weight_early) load_weight();
+  if (fetch && a.fetch.gather_before_wait) gather();
   wait_for_previous_kernel();
   allow_next_kernel_to_start();
   if (!a.load_weight_early) load_weight();
+  if (fetch && !a.fetch.gather_before_wait) gather();
 
   FragAcc acc[kMTiles];
 #pragma unroll
   for (int m = 0; m < kMTiles; ++m) wmma::fill_fragment(acc[m], 0.f);
   if (fetch) {
-    // Lane r < B gathers image row r: every tile's 16 pixels are loaded
-    // before the first is converted (one round trip, not one per tile).
-    uint4 pixels[kMaxTilesPerWarp];
-    if (lane < B) {
-      const std::int64_t batches = a.fetch.rows / B;
-      const std::int64_t row = a.fetch.perm[(std::int64_t(*a.fetch.step) % batches) * B + lane];
-      const std::uint8_t* image_row = a.fetch.images + row * a.k;
-      if (blockIdx.x == 0 && warp == 0) a.fetch.labels_out[lane] = a.fetch.labels[row];
-#pragma unroll
-      for (int i = 0; i < kMaxTilesPerWarp; ++i) {
-        const int t = warp + i * kWarps;
-        if (t < tiles) pixels[i] = *reinterpret_cast<const uint4*>(image_row + t * 16);
-      }
-    }
+    // (every tile's 16 pixels were loaded before the first is converted: one round trip)
+    if (blockIdx.x == 0 && warp == 0 && lane < B) a.fetch.labels_out[lane] = label;
 #pragma unroll
     for (int i = 0; i < kMaxTilesPerWarp; ++i) {
       const int t = warp + i * kWarps;

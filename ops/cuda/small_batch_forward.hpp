@@ -29,6 +29,12 @@ struct FoldedBatchFetch {
   const std::uint8_t* labels = nullptr;  // [rows]
   __half* x_out = nullptr;               // [batch, k]
   std::int32_t* labels_out = nullptr;    // [batch]
+  // Read the step, the permutation, the labels and the pixels before
+  // waiting for the previous kernel (x_out and labels_out are written after
+  // it). Only where no kernel that may still run then writes the step: the
+  // previous kernel let this one start after its own wait (the one-pass
+  // column-strip kernel does), so every kernel before it has completed.
+  bool gather_before_wait = false;
 };
 
 struct SmallBatchLinear {

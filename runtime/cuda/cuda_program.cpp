@@ -398,6 +398,11 @@ void CudaProgram::bind_small_batch_forward(const Launch& l, std::size_t index, B
   f.fetch.labels = static_cast<const std::uint8_t*>(device_ptr(labels->inputs[0]));
   f.fetch.x_out = static_cast<__half*>(device_ptr(images.outputs[0]));
   f.fetch.labels_out = static_cast<std::int32_t*>(device_ptr(labels->outputs[0]));
+  // The step's last launch is then a one-pass column-strip launch (it takes
+  // the first layer's update), which lets the next step's first launch start
+  // only after its own wait: the step counter's writer has completed by then.
+  const Launch& last = schedule_.launches.back();
+  f.fetch.gather_before_wait = last.kind == LaunchKind::dgrad_wgrad_sgd && last.input_sgd_node >= 0;
 }
 
 void CudaProgram::bind_output_layer_backward(const Launch& l, Bound& bound) const {
