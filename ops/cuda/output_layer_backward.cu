@@ -3,8 +3,8 @@
 // warp y takes rows y, y+8, ... (the order in which the column sums and the
 // weight gradient add rows, so every update matches the launches this
 // kernel replaces bit for bit; the reported loss is summed as a warp tree).
-// A warp computes the softmax of its own rows (two at
-// a time, a half warp each, for up to 16 classes), so no
+// A warp computes the softmax of its own rows (four at
+// a time, a quarter warp each, for up to 16 classes), so no
 // block waits for another and no warp waits for the others until the
 // gradients' partial sums meet in shared memory. Block 0 also writes the
 // loss, b_out and the step.
@@ -123,18 +123,20 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
   __syncwarp();
   const float inv_rows = 1.f / static_cast<float>(rows);
   if constexpr (C <= 16) {
-    // Two rows at a time, one per half warp: the bits of a whole warp's row
-    // (softmax_row.cuh). Without a second row, the upper half redoes the first.
-    const int half = lane / 16, half_lane = lane % 16;
-    for (int r0 = warp; r0 < rows; r0 += 2 * kRowGroups) {
-      const int r1 = r0 + kRowGroups;
-      const bool writes = half == 0 || r1 < rows;
-      const int r = half == 1 && r1 < rows ? r1 : r0;
+    // Four rows at a time, one per quarter warp: the bits of a whole warp's
+    // row (softmax_row.cuh). A quarter without a row of its own redoes the
+    // warp's first one without writing.
+    const int quarter = lane / 8, quarter_lane = lane % 8;
+    for (int r0 = warp; r0 < rows; r0 += 4 * kRowGroups) {
+      const int own = r0 + quarter * kRowGroups;
+      const bool writes = own < rows;
+      const int r = writes ? own : r0;
       const float loss =
-          softmax_xent_lanes<16>(logits + r * C, classes, labels[r], inv_rows, writes ? dlog + r * classes : nullptr);
-      if (writes && half_lane == 0) row_loss[r] = loss;
+          softmax_xent_lanes<8>(logits + r * C, classes, labels[r], inv_rows, writes ? dlog + r * classes : nullptr);
+      if (writes && quarter_lane == 0) row_loss[r] = loss;
       __syncwarp();
-      if (writes && half_lane < classes) dlog_f[r * kLd + half_lane] = __half2float(dlog[r * classes + half_lane]);
+      if (writes)
+        for (int c = quarter_lane; c < classes; c += 8) dlog_f[r * kLd + c] = __half2float(dlog[r * classes + c]);
     }
   } else {
     for (int r = warp; r < rows; r += kRowGroups) {

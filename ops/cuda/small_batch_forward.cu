@@ -73,8 +73,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   std::int32_t label = 0;
   auto gather = [&] {
     if (lane >= B) return;
-    const std::int64_t batches = a.fetch.rows / B;
-    const std::int64_t row = a.fetch.perm[(std::int64_t(*a.fetch.step) % batches) * B + lane];
+    const unsigned batches = unsigned(a.fetch.rows) / B;  // (32-bit: rows < 2^31, checked at launch)
+    const std::int64_t row = a.fetch.perm[std::int64_t(unsigned(*a.fetch.step) % batches) * B + lane];
     const std::uint8_t* image_row = a.fetch.images + row * a.k;
     label = a.fetch.labels[row];
 #pragma unroll
@@ -156,7 +156,8 @@ void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream
   if (const std::string why = small_batch_linear_unsupported(args.batch, args.n, args.k); !why.empty())
     throw CudaError("small-batch forward: unsupported: " + why);
   if (args.fetch.images && (!args.fetch.perm || !args.fetch.step || !args.fetch.labels || !args.fetch.x_out ||
-                            !args.fetch.labels_out || args.fetch.rows < args.batch))
+                            !args.fetch.labels_out || args.fetch.rows < args.batch ||
+                            args.fetch.rows >= (std::int64_t(1) << 31)))
     throw CudaError("small-batch forward: the folded batch fetch is missing a table or an output");
   const LaunchGeometry geometry{dim3(unsigned(args.n / kColumns)), dim3(kWarps * 32)};
   if (args.batch == 16) launch_dependent(small_batch_linear_kernel<16>, geometry, stream, args);

@@ -16,6 +16,8 @@ namespace sg::cuda {
 // set, also writes dlogits[c] = (softmax - onehot) * inv_rows, rounded to T.
 // For cols <= 16 a 16-lane group gives the bits of the whole warp (Lanes =
 // 32): there the first xor step only adds 0 / takes the max with -FLT_MAX.
+// So does an 8-lane group: each lane first combines columns l and l + 8
+// (0 + a + b is a + b), which is what the whole warp's second step adds.
 template <int Lanes, typename T>
 __device__ __forceinline__ float softmax_xent_lanes(const T* row, std::int64_t cols, std::int32_t label,
                                                     float inv_rows, T* dlogits) {
