@@ -141,6 +141,19 @@ class Lowering {
     }
   }
 
+  // Launch i takes launch i + 1's nodes (after its own) and replaces it.
+  void absorb_next(std::size_t i) {
+    auto& ls = schedule_.launches;
+    Launch& a = ls[i];
+    const Launch& b = ls[i + 1];
+    a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
+    a.reads.clear();
+    a.writes.clear();
+    a.updates.clear();
+    fill_boundary(g_, a);
+    ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+  }
+
   // A dgrad_wgrad_sgd launch followed by the bias_grad_sgd launch that sums
   // its output (plain SGD) becomes one launch.
   void merge_bias_updates() {
@@ -149,13 +162,8 @@ class Lowering {
       Launch& a = ls[i];
       const Launch& b = ls[i + 1];
       if (a.kind != LaunchKind::dgrad_wgrad_sgd || !plain_bias_update_of(b, a.output) || b.nodes.size() != 2) continue;
-      a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
       a.bias_sgd_node = b.sgd_node;
-      a.reads.clear();
-      a.writes.clear();
-      a.updates.clear();
-      fill_boundary(g_, a);
-      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      absorb_next(i);
     }
   }
 
@@ -172,14 +180,9 @@ class Lowering {
           g_.node(b.sgd_node).inputs.size() != 2 || b.nodes.size() != 2)
         continue;
       if (!options_.merge_input_update(g_, a.matmul_node, b.matmul_node)) continue;
-      a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
       a.input_wgrad_node = b.matmul_node;
       a.input_sgd_node = b.sgd_node;
-      a.reads.clear();
-      a.writes.clear();
-      a.updates.clear();
-      fill_boundary(g_, a);
-      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      absorb_next(i);
     }
   }
 

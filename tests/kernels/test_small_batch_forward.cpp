@@ -29,6 +29,20 @@ std::vector<double> reference_linear(const std::vector<float>& x, const std::vec
   return y;
 }
 
+cuda::SmallBatchLinear linear_args(const __half* x, const __half* w, const __half* b, __half* y, std::int64_t m,
+                                   std::int64_t n, std::int64_t k, bool relu) {
+  cuda::SmallBatchLinear args;
+  args.x = x;
+  args.w = w;
+  args.bias = b;
+  args.y = y;
+  args.batch = int(m);
+  args.n = int(n);
+  args.k = int(k);
+  args.relu = relu;
+  return args;
+}
+
 }  // namespace
 
 TEST_CASE("small-batch forward matches act(x W^T + b) on random shapes") {
@@ -45,15 +59,7 @@ TEST_CASE("small-batch forward matches act(x W^T + b) on random shapes") {
     for (const bool early : {true, false}) {
       INFO("weight loaded " << (early ? "before" : "after") << " the wait");
       DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
-      cuda::SmallBatchLinear args;
-      args.x = dx.get();
-      args.w = dw.get();
-      args.bias = db.get();
-      args.y = y.get();
-      args.batch = int(m);
-      args.n = int(n);
-      args.k = int(k);
-      args.relu = relu != 0;
+      cuda::SmallBatchLinear args = linear_args(dx.get(), dw.get(), db.get(), y.get(), m, n, k, relu != 0);
       args.load_weight_early = early;
       cuda::launch_small_batch_linear(args, nullptr);
       CHECK(sg::test::relative_error(y.download(), reference_linear(x, w, b, m, n, k, relu != 0)) < 2e-3);
@@ -80,7 +86,7 @@ TEST_CASE("small-batch forward with the batch fetch folded in gathers, scales an
   DeviceArray<std::uint8_t> dimages(images), dlabels(labels);
   DeviceArray<std::int32_t> dperm(perm), dstep(std::vector<float>{float(step)}), labels_out(static_cast<std::size_t>(batch));
   DeviceArray<__half> dw(w), db(b), y(std::size_t(batch * n)), x_out(std::size_t(batch * k));
-  cuda::SmallBatchLinear args;
+  cuda::SmallBatchLinear args = linear_args(nullptr, dw.get(), db.get(), y.get(), batch, n, k, true);
   args.fetch.perm = dperm.get();
   args.fetch.rows = rows;
   args.fetch.step = dstep.get();
@@ -90,13 +96,6 @@ TEST_CASE("small-batch forward with the batch fetch folded in gathers, scales an
   args.fetch.labels = dlabels.get();
   args.fetch.x_out = x_out.get();
   args.fetch.labels_out = labels_out.get();
-  args.w = dw.get();
-  args.bias = db.get();
-  args.y = y.get();
-  args.batch = int(batch);
-  args.n = int(n);
-  args.k = int(k);
-  args.relu = true;
   cuda::launch_small_batch_linear(args, nullptr);
 
   // X and the labels as the batch_fetch kernel writes them, bit for bit
@@ -124,15 +123,7 @@ TEST_CASE("small-batch forward waits for the kernel that writes x (dependent lau
   const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
   const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
   DeviceArray<__half> dx(x), dw(w), db(b), expected(std::size_t(m * n));
-  cuda::SmallBatchLinear args;
-  args.x = dx.get();
-  args.w = dw.get();
-  args.bias = db.get();
-  args.y = expected.get();
-  args.batch = int(m);
-  args.n = int(n);
-  args.k = int(k);
-  args.relu = true;
+  const cuda::SmallBatchLinear args = linear_args(dx.get(), dw.get(), db.get(), expected.get(), m, n, k, true);
   cuda::launch_small_batch_linear(args, nullptr);
   for (const bool as_graph : {false, true}) {
     INFO((as_graph ? "graph" : "stream"));
