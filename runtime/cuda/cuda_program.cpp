@@ -71,7 +71,7 @@ WholeStepArgs whole_step_shape(const sg::Graph& g, const WholeStepPlan& plan) {
 // (784-H-H-H-10, us per step). At batch 16/32 the per-group schedule runs
 // our dependent-launch kernels, and since they keep their loads off the
 // critical path it is faster at every width measured, one or 16 steps per
-// launch (docs/performance.md section 17: width 64 20.1 against 27.1 for the
+// launch (docs/performance.md section 18: width 64 20.1 against 27.1 for the
 // whole-step kernel, 16 steps per launch 18.8 against 22.5 resident; width
 // 128 19.9 against 23.4 resident). Other batches (48, 64) keep the earlier
 // rule, measured against the two-pass per-group schedule they still take:
@@ -190,7 +190,9 @@ MatmulShape forward_shape(const sg::Graph& g, NodeId matmul, Epilogue epilogue, 
 // layer's): our small-batch kernel takes it, with u8 image and label tables.
 bool fetch_fold_fits(const sg::Graph& g, NodeId matmul) {
   const Node& mm = g.node(matmul);
-  const Node& gather = g.node(g.value(mm.inputs[0]).producer);
+  const NodeId producer = g.value(mm.inputs[0]).producer;
+  if (producer < 0) return false;
+  const Node& gather = g.node(producer);
   if (gather.op != OpKind::gather_rows || g.value(gather.inputs[0]).dtype != DType::u8) return false;
   const auto& consumers = g.consumers(mm.outputs[0]);
   if (consumers.size() != 1 || g.node(consumers[0]).op != OpKind::bias_add) return false;
