@@ -20,11 +20,10 @@
 // output-layer backward reads the forward activations before its own).
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/env_switch.hpp"
 
 namespace sg::cuda {
 
@@ -43,11 +42,8 @@ __device__ __forceinline__ void allow_next_kernel_to_start() {
 // Whether launches use it: Hopper or newer, unless SG_DEPENDENT_LAUNCH=0
 // (the benchmark's same-run baseline). Read once per process.
 inline bool dependent_launch_enabled() {
-  static const bool enabled = [] {
-    const char* setting = std::getenv("SG_DEPENDENT_LAUNCH");
-    if (setting && std::strcmp(setting, "0") == 0) return false;
-    return current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  }();
+  static const bool enabled = !switched_off("SG_DEPENDENT_LAUNCH") &&
+                              current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   return enabled;
 }
 

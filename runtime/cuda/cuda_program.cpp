@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
-#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
+#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/resident_step.hpp"
 #include "ops/cuda/small_batch_forward.hpp"
@@ -131,18 +130,14 @@ bool output_layer_backward_fits(const sg::Graph& g, NodeId xent_backward, NodeId
   return output_layer_backward_unsupported(dlogits.shape[0], w.shape[0], w.shape[1]).empty();
 }
 
-// Whether a setting turns one of the lowerings below off ("0"): the
-// benchmark's same-run baselines. Read once per process.
-bool enabled_unless_zero(const char* variable) {
-  const char* setting = std::getenv(variable);
-  return !(setting && std::string_view(setting) == "0");
-}
+// The lowerings below unless an environment switch turns them off (the
+// benchmark's same-run baselines). Read once per process.
 bool small_batch_forward_enabled() {
-  static const bool enabled = enabled_unless_zero("SG_SMALL_BATCH_FORWARD");
+  static const bool enabled = !switched_off("SG_SMALL_BATCH_FORWARD");
   return enabled;
 }
 bool input_update_fold_enabled() {
-  static const bool enabled = enabled_unless_zero("SG_FOLD_INPUT_UPDATE");
+  static const bool enabled = !switched_off("SG_FOLD_INPUT_UPDATE");
   return enabled;
 }
 
@@ -312,23 +307,21 @@ CudaProgram::~CudaProgram() = default;
 
 Schedule CudaProgram::choose_schedule() {
   ScheduleOptions per_group;
-  if (options_.one_pass_backward && options_.accumulate == Accumulate::f32) {
+  const bool our_kernels = options_.one_pass_backward && options_.accumulate == Accumulate::f32;
+  if (our_kernels) {
     per_group.merge_dgrad_wgrad = one_pass_backward_fits;
     per_group.merge_bias_into_dgrad_wgrad = true;
     per_group.merge_output_layer_backward = output_layer_backward_fits;
-  }
-  per_group.fold_step_advance = true;
-  if (options_.one_pass_backward && options_.accumulate == Accumulate::f32) {
     per_group.fold_fetch_into_forward = fetch_fold_fits;
     per_group.merge_input_update = input_update_fits;
   }
+  per_group.fold_step_advance = true;
   if (!options_.whole_step) {
     whole_step_note_ = "turned off";
     return build_schedule(graph_, per_group);
   }
   const auto plan = match_whole_step(graph_);
-  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch,
-                                                options_.one_pass_backward && options_.accumulate == Accumulate::f32)
+  whole_step_note_ = plan ? whole_step_blocker(graph_, *plan, options_.steps_per_launch, our_kernels)
                           : "the graph is not a plain MLP training step";
   return whole_step_note_.empty() ? build_whole_step_schedule(graph_, *plan) : build_schedule(graph_, per_group);
 }
