@@ -20,13 +20,14 @@ void launch_linear_small_n(const __half* x, const __half* w, const __half* bias,
                            std::int64_t k, __half* y, cudaStream_t stream);
 
 // Fused-SGD weight gradient with few output rows: w[M,K] = one_minus_lr_wd * w
-// + neg_lr * (dy[B,M]^T x[B,K]) (M <= kSmallLinearMaxDim), one thread per weight.
+// + neg_lr * (dy[B,M]^T x[B,K]) (M <= kSmallLinearMaxDim), a thread per column of W
+// for each of 8 chains of batch rows.
 template <typename W>
 void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
                               W* w, const SgdScalars* scalars, cudaStream_t stream);
 
 // dx[M,N] = (dy[M,K] w[K,N]) * (relu_out[M,N] > 0) with K <= kSmallLinearMaxDim:
-// the classifier layer's dgrad, one thread per output, rounded to fp16 once.
+// the classifier layer's dgrad, a thread per 8 outputs of a row, rounded to fp16 once.
 void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
                                std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream);
 

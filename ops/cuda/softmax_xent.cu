@@ -1,44 +1,68 @@
-// Loss kernels. One block of 32 warps; warp w takes rows w, w+32, ...; each
-// warp keeps its own partial sum and the block adds the 32 partials in a
-// fixed order, so the loss is bit-reproducible (no atomics).
+// Loss kernels. The training loss is one launch of several blocks: block 0
+// sums the loss, one thread per row (rows t, t + 256, ...), the per-thread
+// sums added as a fixed tree, so the reported loss is bit-reproducible (no
+// atomics); the other blocks write dlogits, a warp per row, so no warp walks
+// a long chain of rows (one block of 32 warps took 42 us at batch 1024).
+// Argmax hits are one block of 32 warps (evaluation only).
+#include <algorithm>
 #include <cfloat>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/softmax_row.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
 
-constexpr int kWarps = 32;
+constexpr int kWarps = 32;             // count_correct's block
+constexpr int kXentWarps = 8;          // per block of the loss kernel
+constexpr int kXentThreads = kXentWarps * 32;
+constexpr unsigned kMaxGradientBlocks = 4096;
 
 // Adds the per-warp partials in warp order and stores the result from thread 0.
-template <typename Out>
+template <int Warps, typename Out>
 __device__ void block_total(float warp_partial, Out* out, float scale) {
-  __shared__ float partials[kWarps];
+  __shared__ float partials[Warps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) partials[warp] = warp_partial;
   __syncthreads();
   if (threadIdx.x == 0) {
     float total = 0.f;
-    for (int w = 0; w < kWarps; ++w) total += partials[w];
+    for (int w = 0; w < Warps; ++w) total += partials[w];
     *out = static_cast<Out>(total * scale);
   }
 }
 
+// One row's loss by one thread: logsumexp - logit[label].
 template <typename T>
-__global__ void softmax_xent_kernel(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
-                                    float* loss, T* dlogits) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float partial = 0.f;
-  const float inv_rows = 1.f / static_cast<float>(rows);
-  for (std::int64_t r = warp; r < rows; r += kWarps) {
-    const float row_loss =
-        softmax_xent_row(logits + r * cols, cols, labels[r], inv_rows, dlogits ? dlogits + r * cols : nullptr);
-    if (lane == 0) partial += row_loss;
+__device__ float row_loss_by_thread(const T* row, std::int64_t cols, std::int32_t label) {
+  float mx = -FLT_MAX;
+#pragma unroll 4
+  for (std::int64_t c = 0; c < cols; ++c) mx = fmaxf(mx, to_float(row[c]));
+  float sum = 0.f;
+#pragma unroll 4
+  for (std::int64_t c = 0; c < cols; ++c) sum += __expf(to_float(row[c]) - mx);
+  return logf(sum) + mx - to_float(row[label]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kXentThreads) softmax_xent_kernel(const T* logits, const std::int32_t* labels,
+                                                                    std::int64_t rows, std::int64_t cols, float* loss,
+                                                                    T* dlogits) {
+  if (blockIdx.x == 0) {
+    float partial = 0.f;
+    for (std::int64_t r = threadIdx.x; r < rows; r += kXentThreads)
+      partial += row_loss_by_thread(logits + r * cols, cols, labels[r]);
+    block_total<kXentWarps>(warp_sum(partial), loss, 1.f / static_cast<float>(rows));
+    return;
   }
-  block_total(partial, loss, 1.f / static_cast<float>(rows));
+  // dlogits: the bits of softmax_xent_row, which the fused output-layer backward shares.
+  const std::int64_t warps = std::int64_t(gridDim.x - 1) * kXentWarps;
+  const float inv_rows = 1.f / static_cast<float>(rows);
+  for (std::int64_t r = std::int64_t(blockIdx.x - 1) * kXentWarps + threadIdx.x / 32; r < rows; r += warps)
+    softmax_xent_row(logits + r * cols, cols, labels[r], inv_rows, dlogits + r * cols);
 }
 
 template <typename T>
@@ -68,14 +92,7 @@ __global__ void count_correct_kernel(const T* logits, const std::int32_t* labels
     }
     if (lane == 0) hits += best_col == labels[r] ? 1.f : 0.f;
   }
-  __shared__ float partials[kWarps];
-  if (lane == 0) partials[warp] = hits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.f;
-    for (int w = 0; w < kWarps; ++w) total += partials[w];
-    *correct = static_cast<std::int32_t>(total);
-  }
+  block_total<kWarps>(hits, correct, 1.f);
 }
 
 }  // namespace
@@ -83,7 +100,10 @@ __global__ void count_correct_kernel(const T* logits, const std::int32_t* labels
 template <typename T>
 void launch_softmax_xent(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols, float* loss,
                          T* dlogits, cudaStream_t stream) {
-  softmax_xent_kernel<<<1, kWarps * 32, 0, stream>>>(logits, labels, rows, cols, loss, dlogits);
+  // Block 0 the loss; with dlogits, a warp per row in the blocks after it.
+  const unsigned gradient_blocks =
+      dlogits ? static_cast<unsigned>(std::min<std::int64_t>((rows + kXentWarps - 1) / kXentWarps, kMaxGradientBlocks)) : 0;
+  softmax_xent_kernel<<<1 + gradient_blocks, kXentThreads, 0, stream>>>(logits, labels, rows, cols, loss, dlogits);
   SG_LAUNCH_CHECK("softmax_xent_kernel");
 }
 

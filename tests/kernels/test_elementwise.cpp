@@ -13,7 +13,7 @@ using sg::test::DeviceArray;
 
 namespace {
 
-const std::vector<std::pair<std::int64_t, std::int64_t>> kShapes = {{37, 129}, {1, 1}, {33, 1000}, {32, 784}, {256, 10}, {7, 3}};
+const std::vector<std::pair<std::int64_t, std::int64_t>> kShapes = {{37, 129}, {1, 1}, {33, 1000}, {32, 784}, {256, 10}, {7, 3}, {1024, 40}};
 
 template <typename T>
 double tolerance() {
@@ -71,7 +71,7 @@ TEST_CASE("casts between f32 and f16 round correctly") {
 TEST_CASE_TEMPLATE("softmax cross-entropy: loss, gradient and argmax hits", T, float, __half) {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  for (auto [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{32, 10}, {37, 129}, {1, 2}, {1024, 10}, {4096, 33}}) {
+  for (auto [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{32, 10}, {37, 129}, {1, 2}, {1024, 10}, {4096, 33}, {40000, 3}}) {
     INFO(rows << "x" << cols);
     const auto logits = sg::test::representable<T>(sg::test::uniform(static_cast<std::size_t>(rows * cols), rng, -4.f, 4.f));
     std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));

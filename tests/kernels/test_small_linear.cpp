@@ -1,5 +1,6 @@
 // The classifier-layer kernels against the CPU reference: forward with a
-// tiny N, fused-SGD weight gradient with a tiny M; odd K takes the scalar path.
+// tiny N, fused-SGD weight gradient with a tiny M, dgrad with a tiny K and the
+// ReLU mask; odd K (N for the dgrad) takes the scalar path.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -16,7 +17,7 @@ using sg::test::DeviceArray;
 TEST_CASE("linear with a tiny N matches x W^T + b") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{37, 11, 129}}, {{64, 32, 2048}}, {{1, 1, 1}}}) {
+  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{37, 11, 129}}, {{64, 32, 2048}}, {{1, 1, 1}}, {{1024, 10, 4096}}, {{300, 17, 136}}}) {
     INFO(m << "x" << n << "x" << k);
     const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
@@ -55,7 +56,7 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.1f, wd = 0.01f;
   const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
-  for (auto [batch, m, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{33, 11, 129}}, {{64, 32, 784}}}) {
+  for (auto [batch, m, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{33, 11, 129}}, {{64, 32, 784}}, {{1024, 10, 1000}}, {{257, 17, 64}}}) {
     INFO(batch << " " << m << " " << k);
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * m), rng));
     const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
@@ -70,5 +71,24 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
     CHECK(sg::test::relative_error(got, ref) < (std::is_same_v<W, float> ? 1e-5 : 2e-3));
     // The update really happened: W moved away from its start by about lr*|g|.
     CHECK(sg::test::relative_error(got, std::vector<double>(w.begin(), w.end())) > 1e-3);
+  }
+}
+
+TEST_CASE("dgrad with a tiny K and the ReLU mask matches (dy w) * (relu_out > 0)") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 128, 10}}, {{1024, 4096, 10}}, {{37, 129, 11}}, {{5, 1000, 32}}, {{1, 1, 1}}}) {
+    INFO(m << "x" << n << "x" << k);
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(k * n), rng));
+    auto relu_out = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * n), rng));
+    for (auto& v : relu_out) v = v < 0 ? 0.f : v;  // about half masked
+    DeviceArray<__half> ddy(dy), dw(w), drelu(relu_out), dx(std::size_t(m * n));  // dx starts poisoned (NaN)
+    cuda::launch_dgrad_relu_small_k(ddy.get(), dw.get(), drelu.get(), m, n, k, dx.get(), nullptr);
+    std::vector<double> dyd(dy.begin(), dy.end()), wd(w.begin(), w.end()), hd(relu_out.begin(), relu_out.end());
+    std::vector<double> pre(std::size_t(m * n)), ref(pre.size());
+    ref::matmul(dyd.data(), wd.data(), pre.data(), m, n, k, false, false);
+    ref::relu_backward(pre.data(), hd.data(), std::int64_t(pre.size()), ref.data());
+    CHECK(sg::test::relative_error(dx.download(), ref) < 2e-3);
   }
 }
