@@ -41,6 +41,11 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--weights", r.weights, "fp16 | fp32 master weights")->capture_default_str();
   cmd.add_option("--accumulate", r.accumulate, "fp16 | fp32 matmul accumulation")->capture_default_str();
   cmd.add_option("--steps-per-launch", r.steps_per_launch, "training steps captured per CUDA graph")->capture_default_str();
+  cmd.add_option("--multi-step", r.multi_step,
+                 "also time graph replay with K training steps per graph launch, as mode graph_replay_xK (0: off); "
+                 "bench/torch_bench.py's torch_cudagraph_xK is its PyTorch counterpart")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
   cmd.add_flag("--autotune", r.autotune, "time the top cuBLASLt candidates per shape once");
   cmd.add_flag("!--no-whole-step", r.whole_step, "always use the per-group cuBLASLt schedule");
@@ -333,6 +338,16 @@ int run_bench(const BenchRequest& r) {
       cuda::CudaTrainer t(bench_spec(r, w, b), data);
       records.push_back(time_mode("graph_replay", t, r, w, b, [&](std::int64_t n) { t.replay_steps(n); }));
       records.push_back(time_mode("stream_launch", t, r, w, b, [&](std::int64_t n) { t.launch_steps(n); }));
+      if (r.multi_step > 1) {
+        // The same schedule, K steps captured per graph: the graph launch's
+        // overhead is shared, and each step's first kernel may gather its
+        // batch while the step before finishes.
+        TrainerSpec spec = bench_spec(r, w, b);
+        spec.steps_per_launch = r.multi_step;
+        cuda::CudaTrainer many(spec, data);
+        records.push_back(time_mode(fmt::format("graph_replay_x{}", r.multi_step), many, r, w, b,
+                                    [&](std::int64_t n) { many.replay_steps(n); }));
+      }
       if (t.training_program().uses_whole_step()) {
         // The same step as the per-group schedule (cuBLASLt + our kernels),
         // replayed: what the whole-step kernel is measured against.
@@ -366,7 +381,8 @@ int run_bench(const BenchRequest& r) {
               {"floors", {{"empty_launch_us", floors.empty_launch_us}, {"graph_node_us", floors.graph_node_us},
                           {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
               {"settings", {{"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
-                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch}, {"autotune", r.autotune},
+                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch},
+                            {"multi_step", r.multi_step}, {"autotune", r.autotune},
                             {"whole_step", r.whole_step}, {"one_pass_backward", r.one_pass_backward}}},
               {"records", json::array()},
               {"profiles", profiles}};

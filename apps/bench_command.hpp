@@ -24,6 +24,7 @@ struct BenchRequest {
   std::string weights = "fp16";
   std::string accumulate = "fp32";
   int steps_per_launch = 1;
+  int multi_step = 0;      // > 1: also time graph replay with this many steps per launch (mode graph_replay_xK)
   bool profile = true;     // per-launch profile of one step at batch 32
   bool autotune = false;   // time cuBLASLt candidates per shape at plan time
   bool whole_step = true;  // one kernel per step where the MLP fits (else the per-group schedule)

@@ -8,6 +8,9 @@ preloaded on the GPU, batches in the runtime's order. Modes:
   torch_cudagraph  the whole step (batch fetch by a device-side counter,
                    forward, backward, SGD step) hand-captured with
                    torch.cuda.CUDAGraph and replayed
+  torch_cudagraph_xK  the same with K steps captured per graph (the
+                   counterpart of `stepgraph bench --multi-step K`); a
+                   remainder of fewer than K steps replays a one-step graph
 Each point: --warmup untimed steps, then --repeats timings of --steps steps
 with CUDA events; the median is reported with the SM clock before/after.
 """
@@ -102,7 +105,7 @@ def eager_runner(width, data, lr, compiled):
     return run, state
 
 
-def cudagraph_runner(width, data, lr):
+def cudagraph_runner(width, data, lr, steps_per_graph=1):
     model = make_model(width)
     opt = torch.optim.SGD(model.parameters(), lr=lr, foreach=True)
     counter = torch.zeros(1, dtype=torch.int64, device="cuda")
@@ -126,25 +129,40 @@ def cudagraph_runner(width, data, lr):
             opt.zero_grad(set_to_none=True)
             step()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static["loss"] = step()
+    many = None
+    if steps_per_graph > 1:
+        many = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(many):
+            for _ in range(steps_per_graph):
+                opt.zero_grad(set_to_none=True)  # each step's backward writes fresh gradients
+                static["many_loss"] = step()
 
     state = {"loss": None}
 
     def run(n):
+        last = "loss"
+        if many is not None:
+            for _ in range(n // steps_per_graph):
+                many.replay()
+                last = "many_loss"
+            n %= steps_per_graph
         for _ in range(n):
             graph.replay()
-        state["loss"] = static["loss"]
+            last = "loss"
+        state["loss"] = static[last]
     return run, state
 
 
 def measure(mode, width, batch, args, data):
     record = {"mode": mode, "width": width, "batch": batch, "steps": args.steps, "repeats": args.repeats}
     try:
-        if mode == "torch_cudagraph":
-            run, state = cudagraph_runner(width, data, args.lr)
+        if mode.startswith("torch_cudagraph"):
+            per_graph = int(mode.split("_x")[1]) if "_x" in mode else 1
+            run, state = cudagraph_runner(width, data, args.lr, per_graph)
         else:
             run, state = eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"))
         run(args.warmup)
