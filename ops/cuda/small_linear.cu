@@ -32,7 +32,6 @@ __device__ __forceinline__ float dot8(const uint4& xv, const uint4& wv, float ac
 // of w, took 76 us at batch 1024 x 4096: each warp's loads waited in turn).
 // The warps of a block share x rows through L1. Lanes stride K 8 halves at a
 // time when K % 8 == 0 and both are 16-byte aligned (`vectors`), else one.
-
 __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __half* bias, std::int64_t m,
                                       std::int64_t n, std::int64_t k, bool vectors, __half* y) {
   // A dependent launch: x comes from the kernel before. The output-layer
