@@ -11,7 +11,7 @@
 #include "ops/cuda/small_batch_forward.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
-#include "tests/support/late_producer.hpp"
+#include "tests/support/late_linear_input.hpp"
 
 using namespace sg;
 using sg::test::DeviceArray;
@@ -119,21 +119,8 @@ TEST_CASE("small-batch forward waits for the kernel that writes x (dependent lau
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const std::int64_t m = 32, n = 256, k = 512;
-  const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
-  const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
-  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
-  DeviceArray<__half> dx(x), dw(w), db(b), expected(std::size_t(m * n));
-  const cuda::SmallBatchLinear args = linear_args(dx.get(), dw.get(), db.get(), expected.get(), m, n, k, true);
-  cuda::launch_small_batch_linear(args, nullptr);
-  for (const bool as_graph : {false, true}) {
-    INFO((as_graph ? "graph" : "stream"));
-    DeviceArray<__half> late_x(x.size()), y(std::size_t(m * n));  // poisoned until the late copy lands
-    cuda::SmallBatchLinear late = args;
-    late.x = late_x.get();
-    late.y = y.get();
-    sg::test::run_behind_late_copy(
-        late_x.get(), dx.get(), x.size() * sizeof(__half),
-        [&](cudaStream_t stream) { cuda::launch_small_batch_linear(late, stream); }, as_graph);
-    CHECK(y.download() == expected.download());
-  }
+  sg::test::check_waits_for_late_x(m, n, k, rng, [&](const __half* x, const __half* w, const __half* b, __half* y,
+                                                     cudaStream_t stream) {
+    cuda::launch_small_batch_linear(linear_args(x, w, b, y, m, n, k, true), stream);
+  });
 }

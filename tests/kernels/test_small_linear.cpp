@@ -8,8 +8,8 @@
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
-#include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
+#include "tests/support/late_linear_input.hpp"
 
 using namespace sg;
 using sg::test::DeviceArray;
@@ -35,20 +35,10 @@ TEST_CASE("linear with a tiny N waits for the kernel that writes x (dependent la
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const std::int64_t m = 32, n = 10, k = 1024;
-  const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
-  const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
-  const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
-  DeviceArray<__half> dx(x), dw(w), db(b), expected(std::size_t(m * n));
-  cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, expected.get(), nullptr);
-  for (const bool as_graph : {false, true}) {
-    INFO((as_graph ? "graph" : "stream"));
-    DeviceArray<__half> late_x(x.size()), y(std::size_t(m * n));  // poisoned until the late copy lands
-    sg::test::run_behind_late_copy(
-        late_x.get(), dx.get(), x.size() * sizeof(__half),
-        [&](cudaStream_t stream) { cuda::launch_linear_small_n(late_x.get(), dw.get(), db.get(), m, n, k, y.get(), stream); },
-        as_graph);
-    CHECK(y.download() == expected.download());
-  }
+  sg::test::check_waits_for_late_x(m, n, k, rng, [&](const __half* x, const __half* w, const __half* b, __half* y,
+                                                     cudaStream_t stream) {
+    cuda::launch_linear_small_n(x, w, b, m, n, k, y, stream);
+  });
 }
 
 TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) - lr*dy^T x", W, __half, float) {
