@@ -47,7 +47,9 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
-  cmd.add_flag("--autotune", r.autotune, "time the top cuBLASLt candidates per shape once");
+  cmd.add_flag("--autotune,!--no-autotune", r.autotune,
+               "time cuBLASLt's candidates and their other configurations per shape once (default on; "
+               "--no-autotune: the heuristic's first pick)");
   cmd.add_flag("!--no-whole-step", r.whole_step, "always use the per-group cuBLASLt schedule");
   cmd.add_flag("!--no-one-pass-backward", r.one_pass_backward, "dgrad and weight update as two cuBLASLt passes, the output layer's backward as five launches");
   cmd.add_option("--replot", r.replot, "only re-render bench.md and the plots of this bench.json into --out-dir");

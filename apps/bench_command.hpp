@@ -26,7 +26,7 @@ struct BenchRequest {
   int steps_per_launch = 1;
   int multi_step = 0;      // > 1: also time graph replay with this many steps per launch (mode graph_replay_xK)
   bool profile = true;     // per-launch profile of one step at batch 32
-  bool autotune = false;   // time cuBLASLt candidates per shape at plan time
+  bool autotune = true;    // time cuBLASLt candidates per shape at plan time (docs/performance.md section 23)
   bool whole_step = true;  // one kernel per step where the MLP fits (else the per-group schedule)
   bool one_pass_backward = true;  // dgrad + SGD in one pass over each weight where it fits
   std::string replot;      // re-render an earlier bench.json (no GPU)

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -46,31 +48,69 @@ class AlgoCache {
     static AlgoCache cache;
     return cache;
   }
-  bool find(const MatmulShape& s, cublasLtMatmulAlgo_t& algo, int& rank) {
+  bool find(const MatmulShape& s, cublasLtMatmulAlgo_t& algo) {
     std::lock_guard lock(mutex_);
     auto it = entries_.find(s);
     if (it == entries_.end()) return false;
-    algo = it->second.first;
-    rank = it->second.second;
+    algo = it->second;
     return true;
   }
-  void store(const MatmulShape& s, const cublasLtMatmulAlgo_t& algo, int rank) {
+  void store(const MatmulShape& s, const cublasLtMatmulAlgo_t& algo) {
     std::lock_guard lock(mutex_);
-    entries_[s] = {algo, rank};
+    entries_[s] = algo;
   }
 
  private:
   std::mutex mutex_;
-  std::map<MatmulShape, std::pair<cublasLtMatmulAlgo_t, int>> entries_;
+  std::map<MatmulShape, cublasLtMatmulAlgo_t> entries_;
+};
+
+// Operands for timing candidates, filled with random values (never zeros: the
+// tensor cores draw less power on zeros and clock higher than in training).
+struct TimingScratch {
+  DeviceBuffer a, b, d, bias, aux, scalars;
+  const void* alpha = nullptr;
+  const void* beta = nullptr;
+
+  TimingScratch(const MatmulShape& s, cudaStream_t stream)
+      : a(std::size_t(s.m * s.k) * elem_bytes(s.ab_type)),
+        b(std::size_t(s.k * s.n) * elem_bytes(s.ab_type)),
+        d(std::size_t(s.m * s.n) * elem_bytes(s.cd_type)),
+        bias(std::size_t(s.n) * elem_bytes(s.cd_type)),
+        aux(relu_aux_bytes(s.m, s.n)),
+        scalars(16) {
+    fill(a, s.ab_type, 1, stream);
+    fill(b, s.ab_type, 2, stream);
+    fill(d, s.cd_type, 3, stream);
+    fill(bias, s.cd_type, 4, stream);
+    SG_CUDA_CHECK(cudaMemsetAsync(aux.data(), 0x55, aux.bytes(), stream));
+    // The fused SGD's scalars where the matmul reads C (a small step, so
+    // repeated runs keep W bounded), else alpha = 1, beta = 0.
+    const float alpha_value = s.reads_c ? -1e-4f : 1.f, beta_value = s.reads_c ? 1.f : 0.f;
+    const std::array<float, 2> f32{alpha_value, beta_value};
+    const std::array<__half, 2> f16{__float2half(alpha_value), __float2half(beta_value)};
+    const bool half_scale = s.accumulate == Accumulate::f16;
+    if (half_scale) scalars.upload(f16.data(), sizeof f16);
+    else scalars.upload(f32.data(), sizeof f32);
+    alpha = scalars.data();
+    beta = scalars.as<char>() + (half_scale ? 2 : 4);
+  }
+
+  static void fill(DeviceBuffer& buf, ElemType t, std::uint64_t seed, cudaStream_t stream) {
+    const auto n = static_cast<std::int64_t>(buf.bytes() / elem_bytes(t));
+    if (t == ElemType::f16) launch_fill_uniform(buf.as<__half>(), n, seed, -1.f, 1.f, stream);
+    else launch_fill_uniform(buf.as<float>(), n, seed, -1.f, 1.f, stream);
+  }
 };
 
 }  // namespace
 
 std::string MatmulShape::describe() const {
   static constexpr const char* kEpilogues[] = {"none", "bias", "relu_bias", "relu_aux_bias", "drelu"};
-  return fmt::format("[{}x{}x{}] {}{} ab={} cd={} acc={} epilogue={}", m, n, k, trans_a ? "T" : "N", trans_b ? "T" : "N",
-                     ab_type == ElemType::f16 ? "f16" : "f32", cd_type == ElemType::f16 ? "f16" : "f32",
-                     accumulate == Accumulate::f16 ? "f16" : "f32", kEpilogues[static_cast<int>(epilogue)]);
+  return fmt::format("[{}x{}x{}] {}{} ab={} cd={} acc={} epilogue={}{}", m, n, k, trans_a ? "T" : "N",
+                     trans_b ? "T" : "N", ab_type == ElemType::f16 ? "f16" : "f32",
+                     cd_type == ElemType::f16 ? "f16" : "f32", accumulate == Accumulate::f16 ? "f16" : "f32",
+                     kEpilogues[static_cast<int>(epilogue)], reads_c ? " reads C" : "");
 }
 
 LtHandle::LtHandle() : workspace_(kWorkspaceBytes) { SG_CUBLAS_CHECK(cublasLtCreate(&h_)); }
@@ -92,9 +132,9 @@ LtMatmul::LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cud
 }
 
 LtMatmul::~LtMatmul() {
-  for (auto layout : {a_layout_, b_layout_, c_layout_})
+  for (auto layout : {desc_.a, desc_.b, desc_.c})
     if (layout) cublasLtMatrixLayoutDestroy(layout);
-  if (op_desc_) cublasLtMatmulDescDestroy(op_desc_);
+  if (desc_.op) cublasLtMatmulDescDestroy(desc_.op);
 }
 
 // The row-major C[m,n] = op(A) op(B) is the column-major C^T[n,m] = op(B)^T op(A)^T:
@@ -102,98 +142,109 @@ LtMatmul::~LtMatmul() {
 void LtMatmul::create_descriptors() {
   const auto& s = shape_;
   const bool f16 = s.accumulate == Accumulate::f16;
-  SG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc_, f16 ? CUBLAS_COMPUTE_16F : CUBLAS_COMPUTE_32F,
+  SG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_.op, f16 ? CUBLAS_COMPUTE_16F : CUBLAS_COMPUTE_32F,
                                            f16 ? CUDA_R_16F : CUDA_R_32F));
   const cublasOperation_t op_first = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_attr(op_desc_, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
-  set_attr(op_desc_, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
-  set_attr(op_desc_, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);
-  set_attr(op_desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(s.epilogue));
-  if (has_bias(s.epilogue)) set_attr(op_desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(s.cd_type));
-  if (has_aux(s.epilogue)) set_attr(op_desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, relu_aux_ld(s.n));
+  set_attr(desc_.op, CUBLASLT_MATMUL_DESC_TRANSA, op_first);
+  set_attr(desc_.op, CUBLASLT_MATMUL_DESC_TRANSB, op_second);
+  set_attr(desc_.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);
+  set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(s.epilogue));
+  if (has_bias(s.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(s.cd_type));
+  if (has_aux(s.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, relu_aux_ld(s.n));
 
   const auto ab = cuda_type(s.ab_type);
   // first operand: our B, column-major [n,k] (no trans) or [k,n] (trans)
   const std::int64_t first_rows = s.trans_b ? s.k : s.n, first_cols = s.trans_b ? s.n : s.k;
-  SG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_layout_, ab, first_rows, first_cols, first_rows));
+  SG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc_.a, ab, first_rows, first_cols, first_rows));
   // second operand: our A, column-major [k,m] (no trans) or [m,k] (trans)
   const std::int64_t second_rows = s.trans_a ? s.m : s.k, second_cols = s.trans_a ? s.k : s.m;
-  SG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_layout_, ab, second_rows, second_cols, second_rows));
-  SG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c_layout_, cuda_type(s.cd_type), s.n, s.m, s.n));
+  SG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc_.b, ab, second_rows, second_cols, second_rows));
+  SG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc_.c, cuda_type(s.cd_type), s.n, s.m, s.n));
 }
 
-void LtMatmul::choose_algorithm(bool autotune, cudaStream_t stream) {
-  if (AlgoCache::instance().find(shape_, algo_, chosen_rank_)) return;
+std::vector<cublasLtMatmulAlgo_t> LtMatmul::heuristic_candidates() const {
   cublasLtMatmulPreference_t pref = nullptr;
   SG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const std::size_t ws = handle_.workspace_bytes();
   SG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   std::array<cublasLtMatmulHeuristicResult_t, kCandidates> results{};
   int returned = 0;
-  const auto status = cublasLtMatmulAlgoGetHeuristic(handle_.get(), op_desc_, a_layout_, b_layout_, c_layout_, c_layout_,
+  const auto status = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.op, desc_.a, desc_.b, desc_.c, desc_.c,
                                                      pref, kCandidates, results.data(), &returned);
   cublasLtMatmulPreferenceDestroy(pref);
   SG_CUBLAS_CHECK(status);
   if (returned == 0) throw CudaError("cuBLASLt found no algorithm for " + shape_.describe());
-  algo_ = results[0].algo;
-  chosen_rank_ = 0;
-  if (autotune && returned > 1) {
-    // Time each candidate on scratch operands filled with random values (never zeros).
-    const auto& s = shape_;
-    DeviceBuffer a(std::size_t(s.m * s.k) * elem_bytes(s.ab_type)), b(std::size_t(s.k * s.n) * elem_bytes(s.ab_type));
-    DeviceBuffer d(std::size_t(s.m * s.n) * elem_bytes(s.cd_type)), bias(std::size_t(s.n) * elem_bytes(s.cd_type));
-    DeviceBuffer aux(relu_aux_bytes(s.m, s.n)), scalars(16);
-    auto fill = [&](DeviceBuffer& buf, ElemType t, std::uint64_t seed) {
-      const auto n = static_cast<std::int64_t>(buf.bytes() / elem_bytes(t));
-      if (t == ElemType::f16) launch_fill_uniform(buf.as<__half>(), n, seed, -1.f, 1.f, stream);
-      else launch_fill_uniform(buf.as<float>(), n, seed, -1.f, 1.f, stream);
-    };
-    fill(a, s.ab_type, 1);
-    fill(b, s.ab_type, 2);
-    fill(d, s.cd_type, 3);
-    fill(bias, s.cd_type, 4);
-    SG_CUDA_CHECK(cudaMemsetAsync(aux.data(), 0x55, aux.bytes(), stream));
-    // alpha = 1, beta = 0 in the scale type
-    const std::array<float, 2> f32{1.f, 0.f};
-    const std::array<__half, 2> f16{__float2half(1.f), __float2half(0.f)};
-    if (s.accumulate == Accumulate::f16) scalars.upload(f16.data(), sizeof f16);
-    else scalars.upload(f32.data(), sizeof f32);
-    const char* base = scalars.as<char>();
-    const void* alpha = base;
-    const void* beta = base + (s.accumulate == Accumulate::f16 ? 2 : 4);
-    Event start, stop;
-    float best_ms = 0;
-    for (int i = 0; i < returned; ++i) {
-      algo_ = results[static_cast<std::size_t>(i)].algo;
-      std::vector<float> times;
-      for (int rep = 0; rep < 6; ++rep) {
-        start.record(stream);
-        for (int it = 0; it < 10; ++it)
-          run(a.data(), b.data(), d.data(), d.data(), alpha, beta, bias.data(), aux.data(), stream);
-        stop.record(stream);
-        stop.synchronize();
-        if (rep > 0) times.push_back(Event::elapsed_ms(start, stop));  // the first repeat warms up
-      }
-      std::sort(times.begin(), times.end());
-      const float ms = times[times.size() / 2];
-      if (i == 0 || ms < best_ms) {
-        best_ms = ms;
-        chosen_rank_ = i;
-      }
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; i < returned; ++i) algos.push_back(results[static_cast<std::size_t>(i)].algo);
+  return algos;
+}
+
+void LtMatmul::choose_algorithm(bool autotune, cudaStream_t stream) {
+  if (AlgoCache::instance().find(shape_, algo_)) return;
+  const auto heuristic = heuristic_candidates();
+  algo_ = heuristic.front();
+  if (!autotune) return;
+  algo_ = fastest(candidate_configs(handle_.get(), desc_, heuristic, handle_.workspace_bytes()), stream);
+  AlgoCache::instance().store(shape_, algo_);
+}
+
+// Two rounds: every candidate once (3 runs after a warm-up run), then the 8
+// fastest and the heuristic's first pick again with 5 x 10 runs, their medians
+// compared. A candidate cuBLASLt refuses to launch is skipped.
+cublasLtMatmulAlgo_t LtMatmul::fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates, cudaStream_t stream) {
+  constexpr std::size_t kFinalists = 8;
+  const TimingScratch scratch(shape_, stream);
+  const Event start, stop;
+  auto time_runs = [&](const cublasLtMatmulAlgo_t& algo, int runs) -> float {
+    start.record(stream);
+    for (int i = 0; i < runs; ++i) {
+      const auto status = cublasLtMatmul(handle_.get(), desc_.op, scratch.alpha, scratch.b.data(), desc_.a,
+                                         scratch.a.data(), desc_.b, scratch.beta, scratch.d.data(), desc_.c,
+                                         scratch.d.data(), desc_.c, &algo, handle_.workspace(),
+                                         handle_.workspace_bytes(), stream);
+      if (status != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
     }
-    algo_ = results[static_cast<std::size_t>(chosen_rank_)].algo;
-    AlgoCache::instance().store(shape_, algo_, chosen_rank_);
+    stop.record(stream);
+    stop.synchronize();
+    return Event::elapsed_ms(start, stop) / static_cast<float>(runs);
+  };
+  // The bias and aux pointers are per-descriptor attributes: point them at the scratch.
+  if (has_bias(shape_.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, scratch.bias.data());
+  if (has_aux(shape_.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, scratch.aux.data());
+
+  std::vector<std::pair<float, std::size_t>> first_round;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (!std::isfinite(time_runs(candidates[i], 1))) continue;  // warm-up (and launchable?)
+    first_round.emplace_back(time_runs(candidates[i], 3), i);
   }
+  if (first_round.empty()) throw CudaError("cuBLASLt launched none of its candidates for " + shape_.describe());
+  std::sort(first_round.begin(), first_round.end());
+  std::vector<std::size_t> finalists{0};  // the heuristic's first pick always runs the final round
+  for (std::size_t r = 0; r < first_round.size() && finalists.size() <= kFinalists; ++r)
+    if (first_round[r].second != 0) finalists.push_back(first_round[r].second);
+
+  std::size_t best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (std::size_t i : finalists) {
+    std::vector<float> times;
+    for (int rep = 0; rep < 5; ++rep) times.push_back(time_runs(candidates[i], 10));
+    std::sort(times.begin(), times.end());
+    if (times[times.size() / 2] < best_ms) {
+      best_ms = times[times.size() / 2];
+      best = i;
+    }
+  }
+  return candidates[best];
 }
 
 void LtMatmul::run(const void* a, const void* b, const void* c, void* d, const void* alpha_dev, const void* beta_dev,
                    const void* bias, void* aux, cudaStream_t stream) const {
-  if (has_bias(shape_.epilogue)) set_attr(op_desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  if (has_aux(shape_.epilogue)) set_attr(op_desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
+  if (has_bias(shape_.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  if (has_aux(shape_.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
   // Our B is cuBLASLt's first operand, our A its second (see create_descriptors).
-  SG_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), op_desc_, alpha_dev, b, a_layout_, a, b_layout_, beta_dev, c, c_layout_,
-                                 d, c_layout_, &algo_, handle_.workspace(), handle_.workspace_bytes(), stream));
+  SG_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), desc_.op, alpha_dev, b, desc_.a, a, desc_.b, beta_dev, c, desc_.c,
+                                 d, desc_.c, &algo_, handle_.workspace(), handle_.workspace_bytes(), stream));
 }
 
 }  // namespace sg::cuda

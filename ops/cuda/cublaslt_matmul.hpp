@@ -14,7 +14,9 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "ops/cuda/cublaslt_configs.hpp"
 #include "ops/cuda/cuda_resources.hpp"
 
 namespace sg::cuda {
@@ -37,8 +39,11 @@ struct MatmulShape {
   ElemType cd_type = ElemType::f16;  // C and D (f32 for fused SGD into fp32 master weights)
   Accumulate accumulate = Accumulate::f32;
   Epilogue epilogue = Epilogue::none;
+  // beta != 0 when it runs (the fused SGD update reads W as C): autotuning
+  // times the candidates with the C read, which costs as much as the D write.
+  bool reads_c = false;
 
-  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, ab_type, cd_type, accumulate, epilogue); }
+  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, ab_type, cd_type, accumulate, epilogue, reads_c); }
   bool operator<(const MatmulShape& o) const { return key() < o.key(); }
   std::string describe() const;
 };
@@ -70,9 +75,10 @@ std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols);
 
 class LtMatmul {
  public:
-  // Chooses the algorithm by heuristic; when `autotune` is set, times the top
-  // candidates once on scratch buffers and keeps the fastest (cached per shape
-  // in the process-wide AlgoCache).
+  // Chooses the algorithm by heuristic; when `autotune` is set, times the
+  // heuristic's candidates and the other configurations of their algorithm ids
+  // (cublaslt_configs.hpp) once on scratch buffers and keeps the fastest
+  // (cached per shape in the process-wide AlgoCache).
   LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
@@ -84,19 +90,17 @@ class LtMatmul {
            const void* beta_dev, const void* bias, void* aux, cudaStream_t stream) const;
 
   const MatmulShape& shape() const { return shape_; }
-  // Index of the chosen algorithm among the heuristic's list (0 = its first).
-  int chosen_rank() const { return chosen_rank_; }
 
  private:
   void create_descriptors();
+  std::vector<cublasLtMatmulAlgo_t> heuristic_candidates() const;
   void choose_algorithm(bool autotune, cudaStream_t stream);
+  cublasLtMatmulAlgo_t fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates, cudaStream_t stream);
 
   const LtHandle& handle_;
   MatmulShape shape_;
-  cublasLtMatmulDesc_t op_desc_ = nullptr;
-  cublasLtMatrixLayout_t a_layout_ = nullptr, b_layout_ = nullptr, c_layout_ = nullptr;
+  LtDescriptors desc_;
   cublasLtMatmulAlgo_t algo_{};
-  int chosen_rank_ = 0;
 };
 
 }  // namespace sg::cuda

@@ -488,6 +488,7 @@ void CudaProgram::bind_launches(const LtHandle& lt, cudaStream_t stream) {
       // cuBLASLt has no fp16 accumulation into fp32 outputs (master weights).
       const bool f16 = options_.accumulate == Accumulate::f16 && shape.cd_type == ElemType::f16;
       shape.accumulate = f16 ? Accumulate::f16 : Accumulate::f32;
+      shape.reads_c = sgd != nullptr;  // beta: 1 - lr * wd into W, or the momentum into the velocity
 
       bound->shape = shape;
       bound->impl = pick_matmul_impl(shape, l, options_.one_pass_backward);

@@ -68,12 +68,14 @@ TEST_CASE("plain matmul: all transposes, fp16 and fp32 accumulation, odd shapes"
         }
 }
 
-TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask") {
+TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask (heuristic and autotuned algorithms)") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   cuda::LtHandle lt;
-  for (auto [batch, in, out] : std::vector<std::array<std::int64_t, 3>>{{{32, 784, 128}}, {{37, 65, 129}}, {{256, 128, 10}}}) {
-    INFO(batch << " " << in << " " << out);
+  // Autotuning times candidates with scratch bias/aux pointers: the runs after it must use ours.
+  for (auto [batch, in, out] : std::vector<std::array<std::int64_t, 3>>{{{32, 784, 128}}, {{37, 65, 129}}, {{256, 128, 10}}})
+  for (bool autotune : {false, true}) {
+    INFO(batch << " " << in << " " << out << " autotune " << autotune);
     // z = x W^T + b, h = relu(z)
     cuda::MatmulShape fwd{batch, out, in, false, true, cuda::ElemType::f16, cuda::ElemType::f16, cuda::Accumulate::f32,
                           cuda::Epilogue::relu_aux_bias};
@@ -83,7 +85,7 @@ TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask") {
     DeviceArray<__half> dx(x), dw(w), db(bias), h(static_cast<std::size_t>(batch * out));
     cuda::DeviceBuffer aux(cuda::relu_aux_bytes(batch, out));
     Scalars sc(1.f, 0.f, false);
-    cuda::LtMatmul forward(lt, fwd, false, nullptr);
+    cuda::LtMatmul forward(lt, fwd, autotune, nullptr);
     forward.run(dx.get(), dw.get(), h.get(), h.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), aux.data(), nullptr);
     std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end());
     std::vector<double> z(static_cast<std::size_t>(batch * out)), href(z.size());
@@ -100,7 +102,7 @@ TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask") {
     const auto dz2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * next), rng));
     const auto w2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(next * out), rng));
     DeviceArray<__half> ddz2(dz2), dw2(w2), dz(static_cast<std::size_t>(batch * out));
-    cuda::LtMatmul backward(lt, bwd, false, nullptr);
+    cuda::LtMatmul backward(lt, bwd, autotune, nullptr);
     backward.run(ddz2.get(), dw2.get(), dz.get(), dz.get(), sc.alpha_ptr, sc.beta_ptr, nullptr, aux.data(), nullptr);
     std::vector<double> dz2d(dz2.begin(), dz2.end()), w2d(w2.begin(), w2.end()), dh(static_cast<std::size_t>(batch * out)), dzref(dh.size());
     ref::matmul(dz2d.data(), w2d.data(), dh.data(), batch, out, next, false, false);
@@ -151,7 +153,8 @@ TEST_CASE("fused SGD: the weight-gradient matmul updates W in place (f16 and f32
   for (auto cd : {cuda::ElemType::f16, cuda::ElemType::f32}) {
     for (bool autotune : {false, true}) {
       INFO("W " << (cd == cuda::ElemType::f16 ? "f16" : "f32") << " autotune " << autotune);
-      cuda::MatmulShape shape{out, in, batch, true, false, cuda::ElemType::f16, cd, cuda::Accumulate::f32, cuda::Epilogue::none};
+      cuda::MatmulShape shape{out, in, batch, true, false, cuda::ElemType::f16, cd, cuda::Accumulate::f32,
+                              cuda::Epilogue::none, /*reads_c=*/true};
       cuda::LtMatmul mm(lt, shape, autotune, nullptr);
       std::vector<float> got;
       if (cd == cuda::ElemType::f16) {
