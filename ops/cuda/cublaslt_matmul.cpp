@@ -103,6 +103,78 @@ struct TimingScratch {
   }
 };
 
+// Times cuBLASLt algorithms for one descriptor on a TimingScratch.
+class CandidateTimer {
+ public:
+  CandidateTimer(const LtHandle& handle, const LtDescriptors& desc, const MatmulShape& shape, cudaStream_t stream)
+      : handle_(handle), desc_(desc), scratch_(shape, stream), stream_(stream) {
+    // The bias and aux pointers are descriptor attributes: point them at the
+    // scratch (LtMatmul::run sets the real ones before every launch).
+    if (has_bias(shape.epilogue)) set_attr(desc.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, scratch_.bias.data());
+    if (has_aux(shape.epilogue)) set_attr(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, scratch_.aux.data());
+  }
+
+  // Mean microseconds per run over `runs` back-to-back runs; infinity where
+  // cuBLASLt refuses to launch the algorithm.
+  float mean_us(const cublasLtMatmulAlgo_t& algo, int runs) const {
+    start_.record(stream_);
+    for (int i = 0; i < runs; ++i) {
+      const auto status = cublasLtMatmul(handle_.get(), desc_.op, scratch_.alpha, scratch_.b.data(), desc_.a,
+                                         scratch_.a.data(), desc_.b, scratch_.beta, scratch_.d.data(), desc_.c,
+                                         scratch_.d.data(), desc_.c, &algo, handle_.workspace(),
+                                         handle_.workspace_bytes(), stream_);
+      if (status != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
+    }
+    stop_.record(stream_);
+    stop_.synchronize();
+    return 1000.f * Event::elapsed_ms(start_, stop_) / static_cast<float>(runs);
+  }
+
+  // The median of 5 x 10 runs.
+  float median_us(const cublasLtMatmulAlgo_t& algo) const {
+    std::array<float, 5> times{};
+    for (float& t : times) t = mean_us(algo, 10);
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+ private:
+  const LtHandle& handle_;
+  const LtDescriptors& desc_;
+  TimingScratch scratch_;
+  cudaStream_t stream_;
+  Event start_, stop_;
+};
+
+// Two rounds: every candidate once (3 runs after a warm-up run), then the 8
+// fastest and the heuristic's first pick (candidates[0]) again, their
+// medians of 5 x 10 runs compared. Candidates cuBLASLt refuses are skipped.
+cublasLtMatmulAlgo_t fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates, const CandidateTimer& timer,
+                             const MatmulShape& shape) {
+  constexpr std::size_t kFinalists = 8;
+  std::vector<std::pair<float, std::size_t>> first_round;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (!std::isfinite(timer.mean_us(candidates[i], 1))) continue;  // warm-up (and launchable?)
+    first_round.emplace_back(timer.mean_us(candidates[i], 3), i);
+  }
+  if (first_round.empty()) throw CudaError("cuBLASLt launched none of its candidates for " + shape.describe());
+  std::sort(first_round.begin(), first_round.end());
+  std::vector<std::size_t> finalists{0};
+  for (std::size_t r = 0; r < first_round.size() && finalists.size() <= kFinalists; ++r)
+    if (first_round[r].second != 0) finalists.push_back(first_round[r].second);
+
+  std::size_t best = 0;
+  float best_us = std::numeric_limits<float>::infinity();
+  for (std::size_t i : finalists) {
+    const float us = timer.median_us(candidates[i]);
+    if (us < best_us) {
+      best_us = us;
+      best = i;
+    }
+  }
+  return candidates[best];
+}
+
 }  // namespace
 
 std::string MatmulShape::describe() const {
@@ -123,8 +195,9 @@ std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols) {
   return static_cast<std::size_t>(relu_aux_ld(n_cols) / 8 * m_rows);
 }
 
-LtMatmul::LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream)
-    : handle_(handle), shape_(shape) {
+LtMatmul::LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream,
+                   double autotune_min_macs)
+    : handle_(handle), shape_(shape), autotune_min_macs_(autotune_min_macs) {
   if (shape_.accumulate == Accumulate::f16 && shape_.cd_type != ElemType::f16)
     throw CudaError("cuBLASLt has no fp16 accumulation into fp32 outputs: " + shape_.describe());
   create_descriptors();
@@ -185,57 +258,10 @@ void LtMatmul::choose_algorithm(bool autotune, cudaStream_t stream) {
   const auto heuristic = heuristic_candidates();
   algo_ = heuristic.front();
   if (!autotune) return;
-  algo_ = fastest(candidate_configs(handle_.get(), desc_, heuristic, handle_.workspace_bytes()), stream);
+  if (double(shape_.m) * double(shape_.n) * double(shape_.k) < autotune_min_macs_) return;
+  const CandidateTimer timer(handle_, desc_, shape_, stream);
+  algo_ = fastest(candidate_configs(handle_.get(), desc_, heuristic, handle_.workspace_bytes()), timer, shape_);
   AlgoCache::instance().store(shape_, algo_);
-}
-
-// Two rounds: every candidate once (3 runs after a warm-up run), then the 8
-// fastest and the heuristic's first pick again with 5 x 10 runs, their medians
-// compared. A candidate cuBLASLt refuses to launch is skipped.
-cublasLtMatmulAlgo_t LtMatmul::fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates, cudaStream_t stream) {
-  constexpr std::size_t kFinalists = 8;
-  const TimingScratch scratch(shape_, stream);
-  const Event start, stop;
-  auto time_runs = [&](const cublasLtMatmulAlgo_t& algo, int runs) -> float {
-    start.record(stream);
-    for (int i = 0; i < runs; ++i) {
-      const auto status = cublasLtMatmul(handle_.get(), desc_.op, scratch.alpha, scratch.b.data(), desc_.a,
-                                         scratch.a.data(), desc_.b, scratch.beta, scratch.d.data(), desc_.c,
-                                         scratch.d.data(), desc_.c, &algo, handle_.workspace(),
-                                         handle_.workspace_bytes(), stream);
-      if (status != CUBLAS_STATUS_SUCCESS) return std::numeric_limits<float>::infinity();
-    }
-    stop.record(stream);
-    stop.synchronize();
-    return Event::elapsed_ms(start, stop) / static_cast<float>(runs);
-  };
-  // The bias and aux pointers are per-descriptor attributes: point them at the scratch.
-  if (has_bias(shape_.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, scratch.bias.data());
-  if (has_aux(shape_.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, scratch.aux.data());
-
-  std::vector<std::pair<float, std::size_t>> first_round;
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
-    if (!std::isfinite(time_runs(candidates[i], 1))) continue;  // warm-up (and launchable?)
-    first_round.emplace_back(time_runs(candidates[i], 3), i);
-  }
-  if (first_round.empty()) throw CudaError("cuBLASLt launched none of its candidates for " + shape_.describe());
-  std::sort(first_round.begin(), first_round.end());
-  std::vector<std::size_t> finalists{0};  // the heuristic's first pick always runs the final round
-  for (std::size_t r = 0; r < first_round.size() && finalists.size() <= kFinalists; ++r)
-    if (first_round[r].second != 0) finalists.push_back(first_round[r].second);
-
-  std::size_t best = 0;
-  float best_ms = std::numeric_limits<float>::infinity();
-  for (std::size_t i : finalists) {
-    std::vector<float> times;
-    for (int rep = 0; rep < 5; ++rep) times.push_back(time_runs(candidates[i], 10));
-    std::sort(times.begin(), times.end());
-    if (times[times.size() / 2] < best_ms) {
-      best_ms = times[times.size() / 2];
-      best = i;
-    }
-  }
-  return candidates[best];
 }
 
 void LtMatmul::run(const void* a, const void* b, const void* c, void* d, const void* alpha_dev, const void* beta_dev,

@@ -73,13 +73,22 @@ class LtHandle {
 std::int64_t relu_aux_ld(std::int64_t n_cols);
 std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols);
 
+// Autotuning searches shapes of at least this many multiply-adds (4096 x
+// 4096 x 256, above ~15 us a run). Below it the ranking measured in
+// isolation did not carry into the training step: at widths 256-1024 the
+// tuned picks moved steps by -3 to +8 us from run to run, against the
+// heuristic's steady pick (docs/performance.md section 23).
+inline constexpr double kAutotuneMinMacs = 4096.0 * 4096.0 * 256.0;
+
 class LtMatmul {
  public:
   // Chooses the algorithm by heuristic; when `autotune` is set, times the
   // heuristic's candidates and the other configurations of their algorithm ids
   // (cublaslt_configs.hpp) once on scratch buffers and keeps the fastest
-  // (cached per shape in the process-wide AlgoCache).
-  LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream);
+  // (cached per shape in the process-wide AlgoCache). Shapes below
+  // `autotune_min_macs` multiply-adds keep the heuristic's pick.
+  LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream,
+           double autotune_min_macs = kAutotuneMinMacs);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
@@ -95,10 +104,10 @@ class LtMatmul {
   void create_descriptors();
   std::vector<cublasLtMatmulAlgo_t> heuristic_candidates() const;
   void choose_algorithm(bool autotune, cudaStream_t stream);
-  cublasLtMatmulAlgo_t fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates, cudaStream_t stream);
 
   const LtHandle& handle_;
   MatmulShape shape_;
+  double autotune_min_macs_;
   LtDescriptors desc_;
   cublasLtMatmulAlgo_t algo_{};
 };

@@ -85,7 +85,7 @@ TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask (heuri
     DeviceArray<__half> dx(x), dw(w), db(bias), h(static_cast<std::size_t>(batch * out));
     cuda::DeviceBuffer aux(cuda::relu_aux_bytes(batch, out));
     Scalars sc(1.f, 0.f, false);
-    cuda::LtMatmul forward(lt, fwd, autotune, nullptr);
+    cuda::LtMatmul forward(lt, fwd, autotune, nullptr, /*autotune_min_macs=*/0);  // search even these small shapes
     forward.run(dx.get(), dw.get(), h.get(), h.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), aux.data(), nullptr);
     std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end());
     std::vector<double> z(static_cast<std::size_t>(batch * out)), href(z.size());
@@ -102,7 +102,7 @@ TEST_CASE("linear forward with RELU_AUX_BIAS, then DRELU reading its mask (heuri
     const auto dz2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * next), rng));
     const auto w2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(next * out), rng));
     DeviceArray<__half> ddz2(dz2), dw2(w2), dz(static_cast<std::size_t>(batch * out));
-    cuda::LtMatmul backward(lt, bwd, autotune, nullptr);
+    cuda::LtMatmul backward(lt, bwd, autotune, nullptr, /*autotune_min_macs=*/0);
     backward.run(ddz2.get(), dw2.get(), dz.get(), dz.get(), sc.alpha_ptr, sc.beta_ptr, nullptr, aux.data(), nullptr);
     std::vector<double> dz2d(dz2.begin(), dz2.end()), w2d(w2.begin(), w2.end()), dh(static_cast<std::size_t>(batch * out)), dzref(dh.size());
     ref::matmul(dz2d.data(), w2d.data(), dh.data(), batch, out, next, false, false);
@@ -155,7 +155,7 @@ TEST_CASE("fused SGD: the weight-gradient matmul updates W in place (f16 and f32
       INFO("W " << (cd == cuda::ElemType::f16 ? "f16" : "f32") << " autotune " << autotune);
       cuda::MatmulShape shape{out, in, batch, true, false, cuda::ElemType::f16, cd, cuda::Accumulate::f32,
                               cuda::Epilogue::none, /*reads_c=*/true};
-      cuda::LtMatmul mm(lt, shape, autotune, nullptr);
+      cuda::LtMatmul mm(lt, shape, autotune, nullptr, /*autotune_min_macs=*/0);
       std::vector<float> got;
       if (cd == cuda::ElemType::f16) {
         DeviceArray<__half> w(w0);
