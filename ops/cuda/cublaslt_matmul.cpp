@@ -154,7 +154,7 @@ cublasLtMatmulAlgo_t fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates
   constexpr std::size_t kFinalists = 8;
   std::vector<std::pair<float, std::size_t>> first_round;
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    if (!std::isfinite(timer.mean_us(candidates[i], 1))) continue;  // warm-up (and launchable?)
+    if (!std::isfinite(timer.mean_us(candidates[i], 1))) continue;  // a warm-up run; skips what cuBLASLt refuses
     first_round.emplace_back(timer.mean_us(candidates[i], 3), i);
   }
   if (first_round.empty()) throw CudaError("cuBLASLt launched none of its candidates for " + shape.describe());
