@@ -141,17 +141,19 @@ class Lowering {
     }
   }
 
-  // Launch i takes launch i + 1's nodes (after its own) and replaces it.
-  void absorb_next(std::size_t i) {
+  // Launches i and i + 1 become one: the kept one (the first or the
+  // second) with both launches' nodes in their order, the other erased.
+  void merge_pair(std::size_t i, bool keep_first) {
     auto& ls = schedule_.launches;
-    Launch& a = ls[i];
-    const Launch& b = ls[i + 1];
-    a.nodes.insert(a.nodes.end(), b.nodes.begin(), b.nodes.end());
-    a.reads.clear();
-    a.writes.clear();
-    a.updates.clear();
-    fill_boundary(g_, a);
-    ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+    std::vector<NodeId> nodes = ls[i].nodes;
+    nodes.insert(nodes.end(), ls[i + 1].nodes.begin(), ls[i + 1].nodes.end());
+    Launch& kept = ls[keep_first ? i : i + 1];
+    kept.nodes = std::move(nodes);
+    kept.reads.clear();
+    kept.writes.clear();
+    kept.updates.clear();
+    fill_boundary(g_, kept);
+    ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(keep_first ? i + 1 : i));
   }
 
   // A dgrad_wgrad_sgd launch followed by the bias_grad_sgd launch that sums
@@ -163,7 +165,7 @@ class Lowering {
       const Launch& b = ls[i + 1];
       if (a.kind != LaunchKind::dgrad_wgrad_sgd || !plain_bias_update_of(b, a.output) || b.nodes.size() != 2) continue;
       a.bias_sgd_node = b.sgd_node;
-      absorb_next(i);
+      merge_pair(i, /*keep_first=*/true);
     }
   }
 
@@ -182,7 +184,7 @@ class Lowering {
       if (!options_.merge_input_update(g_, a.matmul_node, b.matmul_node)) continue;
       a.input_wgrad_node = b.matmul_node;
       a.input_sgd_node = b.sgd_node;
-      absorb_next(i);
+      merge_pair(i, /*keep_first=*/true);
     }
   }
 
@@ -197,13 +199,8 @@ class Lowering {
       const ValueId x = g_.node(fwd.matmul_node).inputs[0];
       if (std::find(ls[i].writes.begin(), ls[i].writes.end(), x) == ls[i].writes.end()) continue;
       if (!options_.fold_fetch_into_forward(g_, fwd.matmul_node)) continue;
-      fwd.nodes.insert(fwd.nodes.begin(), ls[i].nodes.begin(), ls[i].nodes.end());
       fwd.fetches_batch = true;
-      fwd.reads.clear();
-      fwd.writes.clear();
-      fwd.updates.clear();
-      fill_boundary(g_, fwd);
-      ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i));
+      merge_pair(i, /*keep_first=*/false);
     }
   }
 
