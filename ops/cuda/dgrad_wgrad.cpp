@@ -13,11 +13,21 @@ namespace {
 // K = N = 8192 it takes 112-117 us per layer against 151-159 for column
 // strips; at 4096 42-47 against 34-42, at 2048 19-22 against 17.6.
 constexpr std::int64_t kRowRangesFromK = 8192;
+// Batch 256 runs the wgmma kernel from this many columns up. Stand-alone at
+// K = N = 8192 it takes 144-149 us against 160-172 for the autotuned cuBLASLt
+// dgrad and fused update; at 4096 it takes 69-80 us against 46 (its 64 blocks
+// leave half the SMs idle), docs/performance.md section 24.
+constexpr std::int64_t kWgmmaFromK = 8192;
 
 }  // namespace
 
 std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k) {
-  if (batch != 16 && batch != 32) return fmt::format("batch {} (16 or 32 supported)", batch);
+  if (batch == 256) {
+    if (k < kWgmmaFromK)
+      return fmt::format("batch 256 with K = {}: below K = {} two cuBLASLt passes are faster", k, kWgmmaFromK);
+    return one_pass::wgmma_unsupported(batch, n, k);
+  }
+  if (batch != 16 && batch != 32) return fmt::format("batch {} (16, 32, or 256 from K = {})", batch, kWgmmaFromK);
   if (n % 16 != 0 || k % 16 != 0 || n <= 0 || k <= 0)
     return fmt::format("weight [{},{}] is not a multiple of 16 both ways", n, k);
   if (n > (std::int64_t(1) << 30) || k > (std::int64_t(1) << 30)) return "weight too large";
@@ -26,6 +36,7 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
 
 std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width) {
   if (std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty()) return why;
+  if (batch != 16 && batch != 32) return fmt::format("batch {}: the folded update runs at batch 16 and 32", batch);
   if (k >= kRowRangesFromK) return fmt::format("K = {}: the row-range kernel takes it, without the input update", k);
   if (input_width <= 0 || input_width % 16 != 0 || input_width > one_pass::kMaxInputUpdateWidth)
     return fmt::format("input width {} (a multiple of 16 up to {})", input_width, one_pass::kMaxInputUpdateWidth);
@@ -40,6 +51,7 @@ DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k,
   if (input_width > 0)
     if (const std::string why = input_update_unsupported(batch, n, k, input_width); !why.empty())
       throw CudaError("one-pass dgrad+SGD: no folded input update: " + why);
+  if (batch == 256) return;  // the wgmma kernel: nothing to plan, no workspace
   if (k < kRowRangesFromK) {
     strips_ = one_pass::plan_column_strips(batch, n, k, strip_splits, int(input_width));
     return;
@@ -57,7 +69,10 @@ void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half*
     throw CudaError(fmt::format("one-pass dgrad+SGD: input update of width {} (planned for {}) or without X/scalars",
                                 input.width, input_width_));
   if (!dx && !input.w) throw CudaError("one-pass dgrad+SGD: dX has nowhere to go");
-  if (grid_.ranges == 0)
+  if (batch_ == 256) {
+    if (!dx || input.w) throw CudaError("one-pass dgrad+SGD (wgmma): needs dX and takes no input-layer update");
+    one_pass::launch_wgmma(dy, x, n_, k_, w, dx, scalars, stream, bias, bias_scalars);
+  } else if (grid_.ranges == 0)
     one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
                                    input);
   else

@@ -1,5 +1,6 @@
 #pragma once
-// One layer's backward in ONE pass over its weights, for a small batch: for
+// One layer's backward in ONE pass over its weights, for a small batch (or
+// batch 256 on big W, with wgmma): for
 // W[N,K], the gradient dY[B,N] of the layer's pre-activation and its input
 // X[B,K] (a ReLU output),
 //   dX = (dY W) * (X > 0)                    (the previous layer's gradient)
@@ -48,7 +49,9 @@ class DgradWgradSgd {
               cudaStream_t stream, __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr,
               const one_pass::InputLayerUpdate& input = {}) const;
 
-  // Row ranges per column strip; 0 when the column-strip kernel runs these sizes.
+  // Whether the batch-256 wgmma kernel runs these sizes.
+  bool wgmma() const { return batch_ == 256; }
+  // Row ranges per column strip; 0 when the column-strip or wgmma kernel runs these sizes.
   std::int64_t row_ranges() const { return grid_.ranges; }
   // Blocks sharing each column strip (column-strip kernel; 1 otherwise).
   int strip_splits() const { return strips_.splits; }

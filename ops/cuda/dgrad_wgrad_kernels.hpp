@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "ops/cuda/kernels.hpp"
 
@@ -58,5 +59,13 @@ RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k)
 void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half* x, std::int64_t batch, std::int64_t n,
                        std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
                        __half* bias, const SgdScalars* bias_scalars, float* partials, unsigned* arrivals);
+
+// Batch 256 (dgrad_wgrad_wgmma.cu): a block owns 64 columns and all rows of W,
+// TMA loads each 64-row tile of W and dY once, one warpgroup accumulates dX
+// with wgmma while another computes and applies the update 128 rows at a time.
+// Needs an sm_90 GPU; empty when it runs these sizes, else why not.
+std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
+void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
+                  const SgdScalars* scalars, cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars);
 
 }  // namespace sg::cuda::one_pass

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/data/idx_reader.hpp"
@@ -184,4 +185,33 @@ TEST_CASE("one-pass dgrad + SGD and the fused output layer follow the unfused ba
   const auto mean20 = [](auto first) { return std::accumulate(first, first + 20, 0.0) / 20; };
   CHECK(mean20(a.end() - 20) < 0.85 * mean20(a.begin()));
   }
+}
+
+TEST_CASE("batch 256: the one-pass wgmma backward follows the two-pass cuBLASLt backward on real MNIST") {
+  if (const std::string why = cuda::one_pass::wgmma_unsupported(256, 8192, 8192); !why.empty()) {
+    MESSAGE("SKIPPED: " << why);
+    return;
+  }
+  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4096), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
+  TrainerSpec spec;
+  spec.mlp.layers = {784, 8192, 8192, 10};  // layer 2's 8192 x 8192 W takes the wgmma kernel
+  spec.mlp.batch = 256;
+  spec.mlp.weight_dtype = DType::f16;
+  spec.sgd = {0.05, 0.0, 1e-4};
+  spec.whole_step = false;
+  cuda::CudaTrainer one_pass(spec, data);
+  spec.one_pass_backward = false;
+  cuda::CudaTrainer two_pass(spec, data);
+  const auto& launches = one_pass.training_program().schedule().launches;
+  const auto merged = std::count_if(launches.begin(), launches.end(),
+                                    [](const Launch& l) { return l.kind == LaunchKind::dgrad_wgrad_sgd; });
+  CHECK(merged == 1);
+  CHECK(launches.size() < two_pass.training_program().schedule().launches.size());
+  one_pass.poison_activations();
+  const auto a = losses(one_pass, 100), b = losses(two_pass, 100);
+  MESSAGE("step 100 loss one-pass " << a.back() << " two-pass " << b.back());
+  CHECK(sg::test::relative_error(a, b) < 1e-2);
+  CHECK(sg::test::relative_error(all_parameters(one_pass), all_parameters(two_pass)) < 2e-2);
+  const auto mean10 = [](auto first) { return std::accumulate(first, first + 10, 0.0) / 10; };
+  CHECK(mean10(a.end() - 10) < 0.85 * mean10(a.begin()));
 }

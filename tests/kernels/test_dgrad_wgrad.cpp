@@ -7,6 +7,7 @@
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
+#include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
@@ -123,8 +124,63 @@ TEST_CASE("a second launch sees the first one's weights and finishes its own dX 
   CHECK(sg::test::relative_error(dx.download(), dx_ref) < 5e-3);
 }
 
+TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias against the CPU reference") {
+  if (const std::string why = cuda::one_pass::wgmma_unsupported(256, 128, 64); !why.empty()) {
+    MESSAGE("SKIPPED: " << why);
+    return;
+  }
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t batch = 256;
+  const float lr = 0.05f, wd = 0.01f;
+  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars(
+      {cuda::make_sgd_scalars(lr, 0.f, wd), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  // (N rows of W, K columns): one block and one pair of row tiles; several blocks; 10 and 32 row
+  // tiles, so each of the 4 pipeline slots is reused (barrier phases flip); through DgradWgradSgd at
+  // K = 8192 (128 blocks, the size the scheduler picks it for)
+  for (auto [n, k] : std::vector<std::array<std::int64_t, 2>>{{{128, 64}}, {{256, 192}}, {{640, 128}}, {{2048, 256}}, {{128, 8192}}}) {
+    INFO(batch << " x " << n << " x " << k);
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+    auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
+    for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
+    DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));  // dx starts poisoned
+    if (k >= 8192) {
+      REQUIRE(cuda::dgrad_wgrad_unsupported(batch, n, k).empty());
+      const cuda::DgradWgradSgd kernel(batch, n, k);
+      REQUIRE(kernel.wgmma());
+      kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
+    } else {
+      cuda::one_pass::launch_wgmma(ddy.get(), dx_in.get(), n, k, dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
+    }
+    std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), wd0(w.begin(), w.end());
+    std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size()), g(std::size_t(n * k)), w_ref(g.size());
+    ref::matmul(dyd.data(), wd0.data(), dh.data(), batch, k, n, false, false);
+    ref::relu_backward(dh.data(), xd.data(), std::int64_t(dh.size()), dx_ref.data());
+    ref::matmul(dyd.data(), xd.data(), g.data(), n, k, batch, true, false);
+    for (std::size_t i = 0; i < g.size(); ++i) w_ref[i] = wd0[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
+    const auto dx_got = dx.download();
+    CHECK(sg::test::relative_error(dx_got, dx_ref) < 5e-3);
+    const auto w_new = dw.download();
+    CHECK(sg::test::relative_error(w_new, w_ref) < 2e-3);
+    CHECK(sg::test::relative_error(w_new, wd0) > 1e-3);  // the update happened
+    std::vector<double> b_ref(static_cast<std::size_t>(k));
+    for (std::int64_t c = 0; c < k; ++c) {
+      double col = 0;
+      for (std::int64_t r = 0; r < batch; ++r) col += dx_got[std::size_t(r * k + c)];  // the rounded dX it wrote
+      b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * col;
+    }
+    CHECK(sg::test::relative_error(db.download(), b_ref) < 2e-3);
+  }
+}
+
 TEST_CASE("sizes the one-pass kernel does not take are refused with a reason") {
   CHECK(cuda::dgrad_wgrad_unsupported(24, 64, 64).find("batch") != std::string::npos);
+  CHECK(cuda::dgrad_wgrad_unsupported(256, 1024, 4096).find("K = 4096") != std::string::npos);  // cuBLASLt is faster
+  CHECK(cuda::one_pass::wgmma_unsupported(256, 192, 64).find("multiple of 128") != std::string::npos);
+  CHECK(cuda::one_pass::wgmma_unsupported(128, 256, 64).find("batch 128") != std::string::npos);
   CHECK(cuda::dgrad_wgrad_unsupported(32, 40, 64).find("multiple of 16") != std::string::npos);
   CHECK(cuda::dgrad_wgrad_unsupported(32, 64, 64).empty());
 }

@@ -1,0 +1,245 @@
+// One pass over W for a hidden layer's dgrad and its SGD update at batch 256
+// (Hopper: TMA copies, wgmma). Each block owns 64 columns of W[N, K] and
+// walks its rows 64 at a time; every W tile is read from DRAM once, used for
+//   dX[:, cols] += dY[:, rows] W[rows, cols]          (warpgroup 1)
+//   W[rows, cols] = sgd(W, dY[:, rows]^T X[:, cols])  (warpgroup 2, 128 rows at a time)
+// and written back once. Two cuBLASLt passes read W twice (docs/performance.md
+// section 24). The block's dX columns are complete at the end: no workspace,
+// and the previous layer's bias gradient (their column sums) comes free.
+#include <fmt/format.h>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/sgd_step.cuh"
+#include "ops/cuda/tensor_map.hpp"
+#include "ops/cuda/tma.cuh"
+#include "ops/cuda/wgmma.cuh"
+
+namespace sg::cuda::one_pass {
+namespace {
+
+constexpr int kBatch = 256;
+constexpr int kCols = 64;                         // columns of W per block (one 128-byte swizzle row)
+constexpr int kRows = 64;                         // rows of W per pipeline slot
+constexpr int kSlots = 4;                         // slots in flight; the update takes them in pairs
+constexpr int kWTileBytes = kRows * kCols * 2;    // 8 KB
+constexpr int kDyTileBytes = kBatch * kRows * 2;  // 32 KB: dY[:, rows]
+constexpr int kSlotBytes = kWTileBytes + kDyTileBytes;
+constexpr int kXTileBytes = kBatch * kCols * 2;        // 32 KB: X[:, cols], for the whole launch
+constexpr int kOutTileBytes = 2 * kRows * kCols * 2;   // 16 KB: updated W rows of a slot pair
+constexpr int kBarrierBytes = 1024;
+constexpr int kSmemBytes = kSlots * kSlotBytes + kXTileBytes + kOutTileBytes + kBarrierBytes + 1024;  // + alignment
+constexpr int kThreads = 384;  // warpgroup 0 loads, 1 runs the dgrad, 2 the update
+
+// Named barriers (0 is __syncthreads).
+constexpr int kDgradGroupSync = 1, kUpdateGroupSync = 2, kBothGroupsSync = 3;
+
+struct TileMaps {
+  CUtensorMap w;      // W [N, K], boxes of kRows rows (loads)
+  CUtensorMap w_out;  // W [N, K], boxes of 2 * kRows rows (stores)
+  CUtensorMap dy;     // dY [256, N], boxes of all 256 rows
+  CUtensorMap x;      // X [256, K]
+  CUtensorMap dx;     // dX [256, K]
+};
+
+struct SharedLayout {
+  unsigned char* slots;  // kSlots x (W tile, dY tile)
+  unsigned char* x;
+  unsigned char* out;
+  std::uint64_t* full;   // [kSlots]: a slot's bytes have landed
+  std::uint64_t* empty;  // [kSlots]: both consumers are done with a slot
+  std::uint64_t* x_ready;
+
+  __device__ explicit SharedLayout(unsigned char* raw) {
+    // 128-byte swizzled tiles must start on 1024-byte boundaries.
+    slots = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(raw) + 1023) & ~std::uintptr_t(1023));
+    x = slots + kSlots * kSlotBytes;
+    out = x + kXTileBytes;
+    full = reinterpret_cast<std::uint64_t*>(out + kOutTileBytes);
+    empty = full + kSlots;
+    x_ready = empty + kSlots;
+  }
+  __device__ unsigned char* w_tile(int slot) const { return slots + slot * kSlotBytes; }
+  __device__ unsigned char* dy_tile(int slot) const { return w_tile(slot) + kWTileBytes; }
+};
+
+// Warpgroup 0, one thread: X once, then each slot's W and dY tiles as soon as
+// both consumers have released the slot's previous use.
+__device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, int col0, int row_blocks) {
+  tma::arrive_expect_bytes(sm.x_ready, kXTileBytes);
+  tma::load_tile(&maps.x, sm.x_ready, sm.x, col0, 0);
+  for (int r = 0; r < row_blocks; ++r) {
+    const int slot = r % kSlots, use = r / kSlots;
+    if (use > 0) tma::wait(&sm.empty[slot], (use - 1) & 1);
+    tma::arrive_expect_bytes(&sm.full[slot], kSlotBytes);
+    tma::load_tile(&maps.w, &sm.full[slot], sm.w_tile(slot), col0, r * kRows);
+    tma::load_tile(&maps.dy, &sm.full[slot], sm.dy_tile(slot), r * kRows, 0);
+  }
+}
+
+// Warpgroup 1: dX^T[cols][b] += W^T[cols][rows] dY^T[rows][b] for every row
+// block (one m64n256k16 per 16 rows), then dX = that * (X > 0) and the
+// previous layer's bias update from its column sums.
+__device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, int col0, int row_blocks, __half* bias,
+                      const SgdScalars* bias_scalars) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  for (int r = 0; r < row_blocks; ++r) {
+    const int slot = r % kSlots;
+    tma::wait(&sm.full[slot], (r / kSlots) & 1);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < kRows / 16; ++k)
+      wgmma::m64n256k16_mn_k(acc, wgmma::smem_descriptor(sm.w_tile(slot) + k * 2048),
+                             wgmma::smem_descriptor(sm.dy_tile(slot) + k * 32), true);
+    wgmma::commit();
+    wgmma::wait<1>();  // the previous block's products are in: release its slot
+    if (r > 0) {
+      tma::sync_threads(kDgradGroupSync, 128);
+      if (t == 0) tma::arrive(&sm.empty[(r - 1) % kSlots]);
+    }
+  }
+  wgmma::wait<0>();
+  tma::wait(sm.x_ready, 0);
+  tma::sync_threads(kBothGroupsSync, 256);  // the update is done with every slot
+  // Thread: rows j = 16*warp + lane/4 (+8) of dX^T, batch columns 8g + 2*(lane%4) (+1).
+  unsigned char* dx_tile = sm.dy_tile(0);  // [256][64], as the store expects it
+  float column_sum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int g = 0; g < 32; ++g)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = 16 * warp + lane / 4 + 8 * h, b = 8 * g + 2 * (lane % 4) + e;
+        const int offset = tma::swizzled_offset(b, j);
+        const float x = __half2float(*reinterpret_cast<const __half*>(sm.x + offset));
+        const __half v = __float2half_rn(x > 0.f ? acc[4 * g + 2 * h + e] : 0.f);
+        *reinterpret_cast<__half*>(dx_tile + offset) = v;
+        column_sum[h] += __half2float(v);  // the bias gradient sums the rounded dX, as a separate kernel would
+      }
+  tma::fence_shared_for_copies();
+  tma::sync_threads(kDgradGroupSync, 128);
+  if (t == 0) tma::store_tile(&maps.dx, dx_tile, col0, 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    column_sum[h] += __shfl_xor_sync(0xffffffffu, column_sum[h], 1);
+    column_sum[h] += __shfl_xor_sync(0xffffffffu, column_sum[h], 2);
+    const int j = col0 + 16 * warp + lane / 4 + 8 * h;
+    if (bias && lane % 4 == 0) bias[j] = __float2half_rn(sgd_step(__half2float(bias[j]), column_sum[h], nullptr, *bias_scalars));
+  }
+  if (t == 0) tma::wait_stores_done();
+}
+
+// Warpgroup 2: for each pair of slots (128 rows), W^T[cols][rows] =
+// X^T[cols][b] dY[b][rows] (sixteen m64n128k16; dY's two 64-row halves sit in
+// adjacent slots), then W = sgd(W, that) through ldmatrix/stmatrix.trans and
+// one TMA store.
+__device__ void update(const TileMaps& maps, const SharedLayout& sm, int col0, int row_blocks,
+                       const SgdScalars* scalars) {
+  const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  const SgdScalars sgd = *scalars;
+  float acc[64];
+  tma::wait(sm.x_ready, 0);
+  for (int r = 0; r < row_blocks; r += 2) {
+    const int slot = r % kSlots;  // even: slot + 1 is the pair's second half
+    tma::wait(&sm.full[slot], (r / kSlots) & 1);
+    tma::wait(&sm.full[slot + 1], ((r + 1) / kSlots) & 1);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < kBatch / 16; ++k)
+      wgmma::m64n128k16_mn_mn(acc, wgmma::smem_descriptor(sm.x + k * 2048),
+                              wgmma::smem_descriptor(sm.dy_tile(slot) + k * 2048, kSlotBytes), k > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    if (t == 0) tma::wait_stores_read();  // the previous pair's store has left the out tile
+    tma::sync_threads(kUpdateGroupSync, 128);
+    // Matrix m of this warp: rows 8*(m/2).. of the pair, columns 16*warp + 8*(m%2)..; its
+    // transpose lands in the accumulator's layout (W^T: row j, column i).
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int m = 4 * q + lane / 8, row = 8 * (m >> 1) + (lane & 7), col = 16 * warp + 8 * (m & 1);
+      std::uint32_t regs[4];
+      tma::load_matrices_transposed(
+          regs, tma::shared_address(sm.w_tile(slot + row / kRows) + tma::swizzled_offset(row % kRows, col)));
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        const int mv = 4 * q + v, g = mv >> 1, h = mv & 1;
+        const float2 w = __half22float2(*reinterpret_cast<const __half2*>(&regs[v]));
+        const __half2 updated = __floats2half2_rn(sgd_step(w.x, acc[4 * g + 2 * h], nullptr, sgd),
+                                                  sgd_step(w.y, acc[4 * g + 2 * h + 1], nullptr, sgd));
+        regs[v] = *reinterpret_cast<const std::uint32_t*>(&updated);
+      }
+      tma::store_matrices_transposed(regs, tma::shared_address(sm.out + tma::swizzled_offset(row, col)));
+    }
+    tma::fence_shared_for_copies();
+    tma::sync_threads(kUpdateGroupSync, 128);
+    if (t == 0) {
+      tma::store_tile(&maps.w_out, sm.out, col0, r * kRows);
+      tma::arrive(&sm.empty[slot]);
+      tma::arrive(&sm.empty[slot + 1]);
+    }
+  }
+  tma::sync_threads(kBothGroupsSync, 256);
+  if (t == 0) tma::wait_stores_done();
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    dgrad_wgrad_wgmma_kernel(const __grid_constant__ TileMaps maps, int n, const SgdScalars* scalars, __half* bias,
+                             const SgdScalars* bias_scalars) {
+  extern __shared__ unsigned char shared_raw[];
+  const SharedLayout sm(shared_raw);
+  const int col0 = blockIdx.x * kCols, row_blocks = n / kRows;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kSlots; ++s) {
+      tma::barrier_init(&sm.full[s], 1);
+      tma::barrier_init(&sm.empty[s], 2);
+    }
+    tma::barrier_init(sm.x_ready, 1);
+    tma::barrier_init_fence();
+  }
+  __syncthreads();
+  switch (threadIdx.x / 128) {
+    case 0:
+      if (threadIdx.x == 0) load_tiles(maps, sm, col0, row_blocks);
+      break;
+    case 1: dgrad(maps, sm, col0, row_blocks, bias, bias_scalars); break;
+    default: update(maps, sm, col0, row_blocks, scalars); break;
+  }
+}
+
+}  // namespace
+
+std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k) {
+  if (batch != kBatch) return fmt::format("batch {} (the wgmma kernel takes {})", batch, kBatch);
+  if (n <= 0 || k <= 0 || n % (2 * kRows) != 0 || k % kCols != 0)
+    return fmt::format("weight [{},{}]: rows a multiple of {}, columns of {}", n, k, 2 * kRows, kCols);
+  if (n > (std::int64_t(1) << 30) || k > (std::int64_t(1) << 30)) return "weight too large";
+  if (!device_available()) return "no CUDA device";
+  const int major = current_device_attribute(cudaDevAttrComputeCapabilityMajor);
+  const int minor = current_device_attribute(cudaDevAttrComputeCapabilityMinor);
+  if (major != 9 || minor != 0) return fmt::format("compute capability {}.{} (wgmma/TMA need 9.0)", major, minor);
+  return {};
+}
+
+void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
+                  const SgdScalars* scalars, cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) {
+  if (const std::string why = wgmma_unsupported(kBatch, n, k); !why.empty())
+    throw CudaError("one-pass dgrad+SGD (wgmma): unsupported: " + why);
+  static const bool smem_set = [] {
+    SG_CUDA_CHECK(cudaFuncSetAttribute(dgrad_wgrad_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       kSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  const TileMaps maps{fp16_tile_map(w, n, k, kRows), fp16_tile_map(w, n, k, 2 * kRows),
+                      fp16_tile_map(dy, kBatch, n, kBatch), fp16_tile_map(x, kBatch, k, kBatch),
+                      fp16_tile_map(dx, kBatch, k, kBatch)};
+  dgrad_wgrad_wgmma_kernel<<<unsigned(k / kCols), kThreads, kSmemBytes, stream>>>(maps, int(n), scalars, bias,
+                                                                                  bias_scalars);
+  SG_LAUNCH_CHECK("dgrad_wgrad_wgmma_kernel");
+}
+
+}  // namespace sg::cuda::one_pass

@@ -1,0 +1,97 @@
+#pragma once
+// Hopper asynchronous copies between global and shared memory (TMA bulk
+// tensor copies, sm_90) and the mbarriers that count their bytes, as the
+// one-pass batch-256 backward uses them (dgrad_wgrad_wgmma.cu). Tensor maps
+// come from tensor_map.hpp; tiles are 128-byte swizzled rows of 64 halves.
+#include <cuda.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace sg::cuda::tma {
+
+__device__ __forceinline__ std::uint32_t shared_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---- mbarriers (one 64-bit word of shared memory each) ----
+__device__ __forceinline__ void barrier_init(std::uint64_t* barrier, unsigned arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(arrivals));
+}
+// Makes the initialised barriers visible to the copy engine.
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void arrive(std::uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(barrier)) : "memory");
+}
+// Arrives and tells the barrier `bytes` more are coming from copies.
+__device__ __forceinline__ void arrive_expect_bytes(std::uint64_t* barrier, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+}
+// Waits for the phase with this parity (0, 1, 0, ... for uses 0, 1, 2, ...) to complete.
+__device__ __forceinline__ void wait(std::uint64_t* barrier, unsigned parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// ---- copies ----
+// Global -> shared: the box at (column c0, row c1) of `map`; completes bytes on `barrier`.
+__device__ __forceinline__ void load_tile(const CUtensorMap* map, std::uint64_t* barrier, void* tile, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          shared_address(tile)),
+      "l"(map), "r"(shared_address(barrier)), "r"(c0), "r"(c1)
+      : "memory");
+}
+// Shared -> global into the box at (c0, c1), as one bulk group of this thread.
+__device__ __forceinline__ void store_tile(const CUtensorMap* map, const void* tile, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
+               "r"(shared_address(tile)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// This thread's stores have read their shared memory (it may be overwritten).
+__device__ __forceinline__ void wait_stores_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// This thread's stores are complete.
+__device__ __forceinline__ void wait_stores_done() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Orders this thread's ordinary shared-memory writes before later copies read them.
+__device__ __forceinline__ void fence_shared_for_copies() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Byte offset of element (row, col) in a tile of 64-half rows that TMA wrote
+// with 128-byte swizzling (the 16-byte chunks of row r permuted by r mod 8).
+__device__ __forceinline__ int swizzled_offset(int row, int col) {
+  return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
+}
+
+// ---- 8x8 fp16 matrices between shared memory and registers, transposed ----
+// Lanes 8q..8q+7 give the row addresses of matrix q; lane t receives
+// elements (2*(t%4) + {0,1}, t/4) of each matrix: its transpose in the mma
+// accumulator layout. stmatrix writes the same layout back.
+__device__ __forceinline__ void load_matrices_transposed(std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+__device__ __forceinline__ void store_matrices_transposed(const std::uint32_t (&r)[4], std::uint32_t address) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%4], {%0, %1, %2, %3};" ::"r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3]), "r"(address)
+               : "memory");
+}
+
+// bar.sync on a named barrier for `threads` threads (a multiple of 32).
+__device__ __forceinline__ void sync_threads(int barrier_id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(barrier_id), "r"(threads) : "memory");
+}
+
+}  // namespace sg::cuda::tma
