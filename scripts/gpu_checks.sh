@@ -28,10 +28,10 @@ SG_MNIST_DIR="$data" step ctest ctest --test-dir build --output-on-failure -j 4
 # strip; up to width 1024 our small-batch forwards, the batch fetch folded
 # into the first and the first layer's update into the last one-pass launch,
 # also at 4 steps per graph at width 512), an 8192-wide one the row-range
-# one-pass backward, and 4
+# one-pass backward, the same at batch 256 the wgmma/TMA one-pass kernel, and 4
 # steps per launch the kernel that keeps the weights in one cluster's
 # shared memory (forced; DSMEM exchanges; 8 blocks at width 128, 16 at 256).
-for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_resident fp16_resident_256; do
+for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_8192_b256 fp16_resident fp16_resident_256; do
   extra=(--set precision.weights=${variant%%_*})
   steps=20 log_every=1
   [ "$variant" = fp16 ] && extra+=(--set "model.layers=[784,64,64,64,10]")
@@ -41,6 +41,7 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_resident
   case "$variant" in fp16_resident* | *_k4) extra+=(--set backend.steps_per_launch=4) && log_every=4 ;; esac
   [ "$variant" = fp16_resident_256 ] && extra+=(--set "model.layers=[784,256,256,256,10]") && steps=12
   [ "$variant" = fp16_8192 ] && extra+=(--set "model.layers=[784,8192,8192,10]") && steps=3
+  [ "$variant" = fp16_8192_b256 ] && extra+=(--set "model.layers=[784,8192,8192,10]" --set data.batch_size=256) && steps=3
   short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
          --set run.steps=$steps --set run.log_every=$log_every --set run.out_dir="$out/sanitized_$variant")
   # (at batch 32 the scheduler takes the per-group schedule: the whole-step kernels are forced)
