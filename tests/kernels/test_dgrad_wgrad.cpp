@@ -15,6 +15,41 @@
 using namespace sg;
 using sg::test::DeviceArray;
 
+namespace {
+
+// The CPU reference of one pass: dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - lr dY^T X.
+struct OnePassReference {
+  std::vector<double> dx, w;
+};
+template <typename T>
+OnePassReference one_pass_reference(const std::vector<T>& dy, const std::vector<T>& x, const std::vector<T>& w,
+                                    std::int64_t batch, std::int64_t n, std::int64_t k, double lr, double wd) {
+  std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), w0(w.begin(), w.end());
+  std::vector<double> dh(std::size_t(batch * k)), g(std::size_t(n * k));
+  OnePassReference r{std::vector<double>(dh.size()), std::vector<double>(g.size())};
+  ref::matmul(dyd.data(), w0.data(), dh.data(), batch, k, n, false, false);
+  ref::relu_backward(dh.data(), xd.data(), std::int64_t(dh.size()), r.dx.data());
+  ref::matmul(dyd.data(), xd.data(), g.data(), n, k, batch, true, false);
+  for (std::size_t i = 0; i < g.size(); ++i) r.w[i] = w0[i] * (1.0 - lr * wd) - lr * g[i];
+  return r;
+}
+
+// The previous layer's bias after plain SGD at rate `lr` on the column sums
+// of dx [batch, k]: the rounded dX the kernel wrote, which its sums read.
+template <typename B, typename D>
+std::vector<double> bias_reference(const std::vector<B>& b, const std::vector<D>& dx, std::int64_t batch, std::int64_t k,
+                                   double lr) {
+  std::vector<double> out(static_cast<std::size_t>(k));
+  for (std::int64_t c = 0; c < k; ++c) {
+    double g = 0;
+    for (std::int64_t r = 0; r < batch; ++r) g += dx[std::size_t(r * k + c)];
+    out[std::size_t(c)] = b[std::size_t(c)] - lr * g;
+  }
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - lr dY^T X") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
@@ -46,16 +81,11 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
     const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
     if (splits > 0 && kernel.row_ranges() == 0) CHECK(kernel.strip_splits() == splits);
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
-    std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), wd0(w.begin(), w.end());
-    std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size()), g(std::size_t(n * k)), w_ref(g.size());
-    ref::matmul(dyd.data(), wd0.data(), dh.data(), batch, k, n, false, false);
-    ref::relu_backward(dh.data(), xd.data(), std::int64_t(dh.size()), dx_ref.data());
-    ref::matmul(dyd.data(), xd.data(), g.data(), n, k, batch, true, false);
-    for (std::size_t i = 0; i < g.size(); ++i) w_ref[i] = wd0[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
-    CHECK(sg::test::relative_error(dx.download(), dx_ref) < 5e-3);
+    const OnePassReference expected = one_pass_reference(dy, x, w, batch, n, k, lr, wd);
+    CHECK(sg::test::relative_error(dx.download(), expected.dx) < 5e-3);
     const auto w_new = dw.download();
-    CHECK(sg::test::relative_error(w_new, w_ref) < 2e-3);
-    CHECK(sg::test::relative_error(w_new, wd0) > 1e-3);  // the update happened
+    CHECK(sg::test::relative_error(w_new, expected.w) < 2e-3);
+    CHECK(sg::test::relative_error(w_new, std::vector<double>(w.begin(), w.end())) > 1e-3);  // the update happened
   }
 }
 
@@ -89,14 +119,7 @@ TEST_CASE("the one-pass kernel also updates the previous layer's bias from the c
     const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
     const auto* s = scalars.as<cuda::SgdScalars>();
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
-    const auto dx_got = dx.download();
-    std::vector<double> b_ref(static_cast<std::size_t>(k));
-    for (std::int64_t c = 0; c < k; ++c) {
-      double g = 0;
-      for (std::int64_t r = 0; r < batch; ++r) g += dx_got[std::size_t(r * k + c)];  // the rounded dX it wrote
-      b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * g;
-    }
-    CHECK(sg::test::relative_error(db.download(), b_ref) < 2e-3);
+    CHECK(sg::test::relative_error(db.download(), bias_reference(b, dx.download(), batch, k, 2.0 * lr)) < 2e-3);
   }
 }
 
@@ -155,24 +178,13 @@ TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias agai
     } else {
       cuda::one_pass::launch_wgmma(ddy.get(), dx_in.get(), n, k, dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
     }
-    std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), wd0(w.begin(), w.end());
-    std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size()), g(std::size_t(n * k)), w_ref(g.size());
-    ref::matmul(dyd.data(), wd0.data(), dh.data(), batch, k, n, false, false);
-    ref::relu_backward(dh.data(), xd.data(), std::int64_t(dh.size()), dx_ref.data());
-    ref::matmul(dyd.data(), xd.data(), g.data(), n, k, batch, true, false);
-    for (std::size_t i = 0; i < g.size(); ++i) w_ref[i] = wd0[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
+    const OnePassReference expected = one_pass_reference(dy, x, w, batch, n, k, lr, wd);
     const auto dx_got = dx.download();
-    CHECK(sg::test::relative_error(dx_got, dx_ref) < 5e-3);
+    CHECK(sg::test::relative_error(dx_got, expected.dx) < 5e-3);
     const auto w_new = dw.download();
-    CHECK(sg::test::relative_error(w_new, w_ref) < 2e-3);
-    CHECK(sg::test::relative_error(w_new, wd0) > 1e-3);  // the update happened
-    std::vector<double> b_ref(static_cast<std::size_t>(k));
-    for (std::int64_t c = 0; c < k; ++c) {
-      double col = 0;
-      for (std::int64_t r = 0; r < batch; ++r) col += dx_got[std::size_t(r * k + c)];  // the rounded dX it wrote
-      b_ref[std::size_t(c)] = b[std::size_t(c)] - 2.0 * lr * col;
-    }
-    CHECK(sg::test::relative_error(db.download(), b_ref) < 2e-3);
+    CHECK(sg::test::relative_error(w_new, expected.w) < 2e-3);
+    CHECK(sg::test::relative_error(w_new, std::vector<double>(w.begin(), w.end())) > 1e-3);  // the update happened
+    CHECK(sg::test::relative_error(db.download(), bias_reference(b, dx_got, batch, k, 2.0 * lr)) < 2e-3);
   }
 }
 
