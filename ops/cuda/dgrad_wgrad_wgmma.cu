@@ -10,6 +10,7 @@
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/sgd_step.cuh"
 #include "ops/cuda/tensor_map.hpp"
 #include "ops/cuda/tma.cuh"
@@ -162,17 +163,16 @@ __device__ void update(const TileMaps& maps, const SharedLayout& sm, int col0, i
     for (int q = 0; q < 8; ++q) {
       const int m = 4 * q + lane / 8, row = 8 * (m >> 1) + (lane & 7), col = 16 * warp + 8 * (m & 1);
       std::uint32_t regs[4];
-      tma::load_matrices_transposed(
-          regs, tma::shared_address(sm.w_tile(slot + row / kRows) + tma::swizzled_offset(row % kRows, col)));
+      load_matrices_transposed(regs,
+                               shared_address(sm.w_tile(slot + row / kRows) + tma::swizzled_offset(row % kRows, col)));
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         const int mv = 4 * q + v, g = mv >> 1, h = mv & 1;
-        const float2 w = __half22float2(*reinterpret_cast<const __half2*>(&regs[v]));
-        const __half2 updated = __floats2half2_rn(sgd_step(w.x, acc[4 * g + 2 * h], nullptr, sgd),
-                                                  sgd_step(w.y, acc[4 * g + 2 * h + 1], nullptr, sgd));
-        regs[v] = *reinterpret_cast<const std::uint32_t*>(&updated);
+        const float2 w = unpack_half2(regs[v]);
+        regs[v] = pack_half2(__float2half_rn(sgd_step(w.x, acc[4 * g + 2 * h], nullptr, sgd)),
+                             __float2half_rn(sgd_step(w.y, acc[4 * g + 2 * h + 1], nullptr, sgd)));
       }
-      tma::store_matrices_transposed(regs, tma::shared_address(sm.out + tma::swizzled_offset(row, col)));
+      store_matrices_transposed(shared_address(sm.out + tma::swizzled_offset(row, col)), regs);
     }
     tma::fence_shared_for_copies();
     tma::sync_threads(kUpdateGroupSync, 128);

@@ -43,6 +43,12 @@ __device__ __forceinline__ void store_matrices(std::uint32_t row_address, const 
                "r"(m[1]), "r"(m[2]), "r"(m[3])
                : "memory");
 }
+// The inverse of load_matrices_transposed (sm_90).
+__device__ __forceinline__ void store_matrices_transposed(std::uint32_t row_address, const std::uint32_t (&m)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(row_address), "r"(m[0]),
+               "r"(m[1]), "r"(m[2]), "r"(m[3])
+               : "memory");
+}
 
 __device__ __forceinline__ std::uint32_t shared_address(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));

@@ -8,11 +8,9 @@
 
 #include <cstdint>
 
-namespace sg::cuda::tma {
+#include "ops/cuda/mma_fragments.cuh"  // shared_address
 
-__device__ __forceinline__ std::uint32_t shared_address(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace sg::cuda::tma {
 
 // ---- mbarriers (one 64-bit word of shared memory each) ----
 __device__ __forceinline__ void barrier_init(std::uint64_t* barrier, unsigned arrivals) {
@@ -71,22 +69,6 @@ __device__ __forceinline__ void fence_shared_for_copies() {
 // with 128-byte swizzling (the 16-byte chunks of row r permuted by r mod 8).
 __device__ __forceinline__ int swizzled_offset(int row, int col) {
   return row * 128 + ((((col >> 3) ^ row) & 7) << 4) + (col & 7) * 2;
-}
-
-// ---- 8x8 fp16 matrices between shared memory and registers, transposed ----
-// Lanes 8q..8q+7 give the row addresses of matrix q; lane t receives
-// elements (2*(t%4) + {0,1}, t/4) of each matrix: its transpose in the mma
-// accumulator layout. stmatrix writes the same layout back.
-__device__ __forceinline__ void load_matrices_transposed(std::uint32_t (&r)[4], std::uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
-}
-__device__ __forceinline__ void store_matrices_transposed(const std::uint32_t (&r)[4], std::uint32_t address) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%4], {%0, %1, %2, %3};" ::"r"(r[0]), "r"(r[1]),
-               "r"(r[2]), "r"(r[3]), "r"(address)
-               : "memory");
 }
 
 // bar.sync on a named barrier for `threads` threads (a multiple of 32).

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "ops/cuda/mma_fragments.cuh"  // shared_address
+
 namespace sg::cuda::wgmma {
 
 // Operand descriptor for a tile stored by TMA with 128-byte swizzling: rows
@@ -16,8 +18,7 @@ namespace sg::cuda::wgmma {
 // `atom_stride` is the leading byte offset: for an MN-major operand wider
 // than 64, the distance to its next 64 columns (unused below that).
 __device__ __forceinline__ std::uint64_t smem_descriptor(const void* tile, std::uint32_t atom_stride = 16) {
-  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(tile));
-  std::uint64_t d = (address & 0x3FFFF) >> 4;
+  std::uint64_t d = (shared_address(tile) & 0x3FFFF) >> 4;
   d |= std::uint64_t((atom_stride >> 4) & 0x3FFF) << 16;
   d |= std::uint64_t(1024 >> 4) << 32;
   d |= std::uint64_t(1) << 62;  // 128-byte swizzle
