@@ -29,6 +29,7 @@ constexpr int kColumns = 32;                       // per block: one per lane
 constexpr int kRowGroups = 8;                      // warps; warp y takes rows y, y + 8, ...
 constexpr int kBlockThreads = kRowGroups * 32;
 constexpr int kRowsPerWarp = kMaxBatch / kRowGroups;
+static_assert(kMaxBatch <= kBlockThreads, "a thread per row's label");
 
 // Block 0's share, spread over its warps so none of them holds up the
 // block: warp 0 the mean loss (a warp tree over the rows: the loss is only
@@ -112,15 +113,26 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
   const float out_bias = blockIdx.x == 0 && warp == 1 && lane < classes ? __half2float(a.out_bias[lane]) : 0.f;
   wait_for_previous_kernel();
 
-  // This warp's rows: logits and labels, then their softmaxes.
+  // Every row's logits and label into shared memory, the block's threads
+  // together, every load in flight before the first store: one round trip
+  // (a warp copying its own rows waited for each in turn: 4 round trips).
+  // Then each warp's softmaxes.
+  constexpr int kLogitsPerThread = (kMaxBatch * C + kBlockThreads - 1) / kBlockThreads;
+  const int logit_count = rows * classes;
+  __half logit_v[kLogitsPerThread];
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int r = warp + i * kRowGroups;
-    if (r >= rows) break;
-    if (lane < classes) logits[r * C + lane] = a.logits[r * classes + lane];
-    if (lane == 0) labels[r] = a.labels[r];
+  for (int q = 0; q < kLogitsPerThread; ++q) {
+    const int e = threadIdx.x + q * kBlockThreads;
+    logit_v[q] = e < logit_count ? a.logits[e] : __half();
   }
-  __syncwarp();
+  const std::int32_t label = threadIdx.x < rows ? a.labels[threadIdx.x] : 0;
+#pragma unroll
+  for (int q = 0; q < kLogitsPerThread; ++q) {
+    const int e = threadIdx.x + q * kBlockThreads;
+    if (e < logit_count) logits[(e / classes) * C + e % classes] = logit_v[q];
+  }
+  if (threadIdx.x < rows) labels[threadIdx.x] = label;
+  __syncthreads();
   const float inv_rows = 1.f / static_cast<float>(rows);
   if constexpr (C <= 16) {
     // Four rows at a time, one per quarter warp: the bits of a whole warp's

@@ -3,6 +3,7 @@
 // v = momentum*v + g', w -= lr*v; else w -= lr*g'. Scalars come from device
 // memory so a learning-rate change needs no graph re-capture.
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/sgd_step.cuh"
@@ -40,6 +41,8 @@ __global__ void momentum_finish_kernel(W* w, W* velocity, std::int64_t n, const 
 template <int Chains, typename W, typename G>
 __global__ void column_sum_kernel(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
                                   const SgdScalars* scalars, std::int32_t* advance_step) {
+  wait_for_previous_kernel();  // (a dependent launch: x comes from the kernel before)
+  allow_next_kernel_to_start();
   if (advance_step && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) *advance_step += 1;
   __shared__ float partial[Chains][33];
   const std::int64_t col = blockIdx.x * 32 + threadIdx.x;
@@ -67,12 +70,11 @@ void column_sum(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bi
                 const SgdScalars* scalars, cudaStream_t stream, const char* name, std::int32_t* advance_step = nullptr) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
   if (rows >= kManyRows)
-    column_sum_kernel<32, W, G><<<blocks, dim3(32, 32), 0, stream>>>(x, rows, cols, sums, bias, velocity, scalars,
-                                                                       advance_step);
+    launch_dependent(column_sum_kernel<32, W, G>, {dim3(blocks), dim3(32, 32)}, stream, x, rows, cols, sums, bias,
+                     velocity, scalars, advance_step);
   else
-    column_sum_kernel<8, W, G><<<blocks, dim3(32, 8), 0, stream>>>(x, rows, cols, sums, bias, velocity, scalars,
-                                                                     advance_step);
-  SG_LAUNCH_CHECK(name);
+    launch_dependent(column_sum_kernel<8, W, G>, {dim3(blocks), dim3(32, 8)}, stream, x, rows, cols, sums, bias,
+                     velocity, scalars, advance_step);
 }
 
 }  // namespace

@@ -1,9 +1,16 @@
-// CUDA-core kernels for the classifier layer's matmuls (see small_linear.hpp).
+// Kernels for the classifier layer's matmuls (see small_linear.hpp): CUDA
+// cores, and tensor cores for the forward of many rows. All of them are
+// dependent launches (dependent_launch.cuh) that wait before reading.
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
+#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/warp_reduce.cuh"
 
@@ -13,6 +20,10 @@ namespace {
 constexpr int kWarpsPerBlock = 8;      // the forward: a warp per output
 constexpr int kRowGroups = 8;          // the weight gradient: chains of rows y, y + 8, ...
 constexpr int kDgradThreads = 128;     // the dgrad: a thread per 8 columns of a row
+constexpr int kTileRows = 16;          // the tensor-core forward: rows of x per block
+constexpr int kTileClasses = 16;       // ... and outputs (two 8-wide mma tiles)
+constexpr int kMaxSplits = 8;          // ... and blocks of a cluster splitting K
+constexpr int kStepsInFlight = 8;      // ... and 16-wide K steps a warp loads before multiplying
 
 // Adds the products of 8 halves of x and w to acc.
 __device__ __forceinline__ float dot8(const uint4& xv, const uint4& wv, float acc) {
@@ -61,6 +72,83 @@ __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __
   if (lane == 0) y[out] = __float2half(s + b);
 }
 
+// The same output for many rows (batch 256/1024) on tensor cores: a block
+// owns 16 rows of x and all N <= 16 outputs over one slice of K, its 8 warps
+// take the slice's 16-wide steps in turn (mma.m16n8k16, operands loaded
+// straight from global memory in fragment order, kStepsInFlight steps per
+// round trip); the blocks of a cluster split K and add their partial sums
+// in rank order in rank 0's shared memory, so the result does not depend on
+// timing. The warp-per-output kernel above re-reads a row of w for every
+// output: 42 MB of loads at 256 x 8192 (19 us in the step's profile).
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) linear_small_n_mma_kernel(const __half* x, const __half* w,
+                                                                                const __half* bias, int m, int n,
+                                                                                int k, int slice, __half* y) {
+  __shared__ float warp_sums[kWarpsPerBlock][kTileRows][kTileClasses];
+  __shared__ float rank_sums[kMaxSplits][kTileRows][kTileClasses];  // rank 0's: every rank's block sum
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  if (splits > 1) cluster_arrive();  // waited for before writing to rank 0 (it must be running)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row0 = blockIdx.y * kTileRows;
+  const int k_begin = rank * slice, k_end = min(k, k_begin + slice);
+  // (the bias before the wait: the kernels before this one do not write it)
+  const int out_row = threadIdx.x / kTileClasses, out_class = threadIdx.x % kTileClasses;
+  const float b = out_class < n ? __half2float(bias[out_class]) : 0.f;
+  wait_for_previous_kernel();
+  allow_next_kernel_to_start();
+  // Lane (g, t)'s words: x rows row0 + g and + 8, w rows (classes) g and 8 + g.
+  const auto word = [](const __half* p) { return *reinterpret_cast<const std::uint32_t*>(p); };
+  const bool x_lo = row0 + g < m, x_hi = row0 + g + 8 < m, w_lo = g < n, w_hi = g + 8 < n;
+  const __half* x_lo_row = x + std::int64_t(min(row0 + g, m - 1)) * k + 2 * t;
+  const __half* x_hi_row = x + std::int64_t(min(row0 + g + 8, m - 1)) * k + 2 * t;
+  const __half* w_lo_row = w + std::int64_t(min(g, n - 1)) * k + 2 * t;
+  const __half* w_hi_row = w + std::int64_t(min(g + 8, n - 1)) * k + 2 * t;
+  float acc[2][4] = {};
+  for (int k0 = k_begin + warp * 16; k0 < k_end; k0 += kWarpsPerBlock * 16 * kStepsInFlight) {
+    std::uint32_t a[kStepsInFlight][4], b_lo[kStepsInFlight][2], b_hi[kStepsInFlight][2];
+#pragma unroll
+    for (int s = 0; s < kStepsInFlight; ++s) {
+      const int kk = k0 + s * kWarpsPerBlock * 16;
+      const bool in = kk < k_end;
+      a[s][0] = in && x_lo ? word(x_lo_row + kk) : 0u;
+      a[s][1] = in && x_hi ? word(x_hi_row + kk) : 0u;
+      a[s][2] = in && x_lo ? word(x_lo_row + kk + 8) : 0u;
+      a[s][3] = in && x_hi ? word(x_hi_row + kk + 8) : 0u;
+      b_lo[s][0] = in && w_lo ? word(w_lo_row + kk) : 0u;
+      b_lo[s][1] = in && w_lo ? word(w_lo_row + kk + 8) : 0u;
+      b_hi[s][0] = in && w_hi ? word(w_hi_row + kk) : 0u;
+      b_hi[s][1] = in && w_hi ? word(w_hi_row + kk + 8) : 0u;
+    }
+#pragma unroll
+    for (int s = 0; s < kStepsInFlight; ++s) {
+      mma_16x8x16(acc[0], a[s], b_lo[s][0], b_lo[s][1]);
+      mma_16x8x16(acc[1], a[s], b_hi[s][0], b_hi[s][1]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    warp_sums[warp][g][8 * j + 2 * t] = acc[j][0];
+    warp_sums[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    warp_sums[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    warp_sums[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncthreads();
+  // A thread per output of the tile (256 of them): the warps' sums in warp order.
+  float sum = 0.f;
+#pragma unroll
+  for (int v = 0; v < kWarpsPerBlock; ++v) sum += warp_sums[v][out_row][out_class];
+  if (splits > 1) {
+    cluster_wait();
+    cluster.map_shared_rank(&rank_sums[0][0][0], 0)[(rank * kTileRows + out_row) * kTileClasses + out_class] = sum;
+    cluster_arrive();  // rank 0 reads the sums once every rank has arrived
+    cluster_wait();
+    if (rank != 0) return;
+    sum = 0.f;
+    for (int r = 0; r < splits; ++r) sum += rank_sums[r][out_row][out_class];
+  }
+  if (row0 + out_row < m && out_class < n) y[std::int64_t(row0 + out_row) * n + out_class] = __float2half(sum + b);
+}
+
 // w[row, col] -= lr * sum over the batch of dy[b, row] x[b, col]: a block
 // owns 32 columns (a lane each) for every row, so x is read once; its 8
 // warps are the row chains b = y, y + 8, ..., added in chain order through
@@ -72,6 +160,8 @@ __global__ void __launch_bounds__(32 * kRowGroups) wgrad_sgd_small_m_kernel(cons
                                                                              std::int64_t k, bool dy_pairs, W* w,
                                                                              const SgdScalars* scalars) {
   __shared__ float partial[kRowGroups][MaxM][32];
+  wait_for_previous_kernel();  // (a dependent launch: dy comes from the kernel before)
+  allow_next_kernel_to_start();
   const int lane = threadIdx.x, chain = threadIdx.y;
   const std::int64_t col = std::int64_t(blockIdx.x) * 32 + lane;
   float acc[MaxM];
@@ -118,6 +208,8 @@ __global__ void __launch_bounds__(32 * kRowGroups) wgrad_sgd_small_m_kernel(cons
 template <int Cols>
 __global__ void dgrad_relu_small_k_kernel(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
                                           std::int64_t n, std::int64_t k, __half* dx) {
+  wait_for_previous_kernel();  // (a dependent launch: dy comes from the kernel before)
+  allow_next_kernel_to_start();
   const std::int64_t col0 = (std::int64_t(blockIdx.x) * kDgradThreads + threadIdx.x) * Cols;
   if (col0 >= n) return;
   for (std::int64_t r = blockIdx.y; r < m; r += gridDim.y) {
@@ -152,14 +244,31 @@ void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* 
   const std::int64_t threads = vectors ? n / 8 : n;
   const dim3 grid(static_cast<unsigned>((threads + kDgradThreads - 1) / kDgradThreads),
                   static_cast<unsigned>(std::min<std::int64_t>(m, 65535)));
-  if (vectors) dgrad_relu_small_k_kernel<8><<<grid, kDgradThreads, 0, stream>>>(dy, w, relu_out, m, n, k, dx);
-  else dgrad_relu_small_k_kernel<1><<<grid, kDgradThreads, 0, stream>>>(dy, w, relu_out, m, n, k, dx);
-  SG_LAUNCH_CHECK("dgrad_relu_small_k_kernel");
+  launch_dependent(vectors ? dgrad_relu_small_k_kernel<8> : dgrad_relu_small_k_kernel<1>, {grid, dim3(kDgradThreads)},
+                   stream, dy, w, relu_out, m, n, k, dx);
+}
+
+bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k) {
+  static const bool enabled = !switched_off("SG_CLASSIFIER_MMA");
+  return enabled && m >= kTensorCoreMinRows && n <= kTileClasses && k % 16 == 0 && k < (std::int64_t(1) << 30) &&
+         m <= 65535 * kTileRows && current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
 void launch_linear_small_n(const __half* x, const __half* w, const __half* bias, std::int64_t m, std::int64_t n,
                            std::int64_t k, __half* y, cudaStream_t stream) {
   if (n > kSmallLinearMaxDim) throw CudaError("linear_small_n_kernel: N above its limit");
+  if (linear_small_n_on_tensor_cores(m, n, k) && reinterpret_cast<std::uintptr_t>(x) % 4 == 0 &&
+      reinterpret_cast<std::uintptr_t>(w) % 4 == 0) {
+    // Up to 8 blocks split K, each keeping >= 8 of its 16-wide steps (one per warp).
+    const std::int64_t steps = k / 16;
+    const int splits = static_cast<int>(std::clamp<std::int64_t>(steps / kWarpsPerBlock, 1, kMaxSplits));
+    const int slice = static_cast<int>((steps + splits - 1) / splits) * 16;
+    const LaunchGeometry geometry{dim3(static_cast<unsigned>(splits), static_cast<unsigned>((m + kTileRows - 1) / kTileRows)),
+                                  dim3(kWarpsPerBlock * 32), 0, static_cast<unsigned>(splits)};
+    launch_dependent(linear_small_n_mma_kernel, geometry, stream, x, w, bias, static_cast<int>(m), static_cast<int>(n),
+                     static_cast<int>(k), slice, y);
+    return;
+  }
   const std::int64_t blocks = (m * n + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const bool vectors = k % 8 == 0 && aligned16(x) && aligned16(w);
   launch_dependent(linear_small_n_kernel, {dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32)}, stream, x,
@@ -172,10 +281,8 @@ void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t ba
   if (m > kSmallLinearMaxDim) throw CudaError("wgrad_sgd_small_m_kernel: M above its limit");
   const dim3 grid(static_cast<unsigned>((k + 31) / 32)), block(32, kRowGroups);
   const bool dy_pairs = m % 2 == 0 && reinterpret_cast<std::uintptr_t>(dy) % 4 == 0;
-  if (m <= 16) wgrad_sgd_small_m_kernel<W, 16><<<grid, block, 0, stream>>>(dy, x, batch, m, k, dy_pairs, w, scalars);
-  else
-    wgrad_sgd_small_m_kernel<W, kSmallLinearMaxDim><<<grid, block, 0, stream>>>(dy, x, batch, m, k, dy_pairs, w, scalars);
-  SG_LAUNCH_CHECK("wgrad_sgd_small_m_kernel");
+  launch_dependent(m <= 16 ? wgrad_sgd_small_m_kernel<W, 16> : wgrad_sgd_small_m_kernel<W, kSmallLinearMaxDim>,
+                   {grid, block}, stream, dy, x, batch, m, k, dy_pairs, w, scalars);
 }
 
 template void launch_wgrad_sgd_small_m<__half>(const __half*, const __half*, std::int64_t, std::int64_t, std::int64_t,

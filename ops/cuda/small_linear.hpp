@@ -1,8 +1,10 @@
 #pragma once
 // Matmuls with one tiny dimension (the classifier layer: N or M = the number
 // of classes): cuBLASLt tiles them badly (one CTA walking all of K), so these
-// CUDA-core kernels spread the work over many warps/threads instead. Same
-// contracts and fp16 rounding points as the cuBLASLt calls they replace.
+// kernels spread the work over many warps/threads (or, for the forward of
+// many rows, 16-row tensor-core tiles over a cluster) instead. Same contracts
+// and fp16 rounding points as the cuBLASLt calls they replace; each is a
+// dependent launch (dependent_launch.cuh).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -15,7 +17,13 @@ namespace sg::cuda {
 // Largest tiny dimension these kernels take.
 constexpr std::int64_t kSmallLinearMaxDim = 32;
 
-// y[M,N] = x[M,K] w[N,K]^T + bias[N] (N <= kSmallLinearMaxDim): one warp per output.
+// From this many rows (batch 256/1024) the forward runs on tensor cores.
+constexpr std::int64_t kTensorCoreMinRows = 64;
+
+// y[M,N] = x[M,K] w[N,K]^T + bias[N] (N <= kSmallLinearMaxDim): one warp per
+// output, or, where linear_small_n_on_tensor_cores(), 16-row tiles on tensor
+// cores with K split over a cluster (Hopper; SG_CLASSIFIER_MMA=0 turns it off).
+bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k);
 void launch_linear_small_n(const __half* x, const __half* w, const __half* bias, std::int64_t m, std::int64_t n,
                            std::int64_t k, __half* y, cudaStream_t stream);
 

@@ -8,6 +8,7 @@
 #include <cfloat>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/softmax_row.cuh"
@@ -51,6 +52,8 @@ template <typename T>
 __global__ void __launch_bounds__(kXentThreads) softmax_xent_kernel(const T* logits, const std::int32_t* labels,
                                                                     std::int64_t rows, std::int64_t cols, float* loss,
                                                                     T* dlogits) {
+  wait_for_previous_kernel();  // (a dependent launch: the logits come from the kernel before)
+  allow_next_kernel_to_start();
   if (blockIdx.x == 0) {
     float partial = 0.f;
     for (std::int64_t r = threadIdx.x; r < rows; r += kXentThreads)
@@ -103,8 +106,8 @@ void launch_softmax_xent(const T* logits, const std::int32_t* labels, std::int64
   // Block 0 the loss; with dlogits, a warp per row in the blocks after it.
   const unsigned gradient_blocks =
       dlogits ? static_cast<unsigned>(std::min<std::int64_t>((rows + kXentWarps - 1) / kXentWarps, kMaxGradientBlocks)) : 0;
-  softmax_xent_kernel<<<1 + gradient_blocks, kXentThreads, 0, stream>>>(logits, labels, rows, cols, loss, dlogits);
-  SG_LAUNCH_CHECK("softmax_xent_kernel");
+  launch_dependent(softmax_xent_kernel<T>, {dim3(1 + gradient_blocks), dim3(kXentThreads)}, stream, logits, labels, rows,
+                   cols, loss, dlogits);
 }
 
 template <typename T>

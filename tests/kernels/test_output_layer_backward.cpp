@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/output_layer_backward.hpp"
@@ -95,6 +96,18 @@ cuda::DeviceBuffer three_scalars() {
                                        cuda::make_sgd_scalars(0.75f, 0.f, 0.02f)});
 }
 
+// The five launches the fused kernel replaces, on `stream`.
+void launch_five(const Problem& p, OnDevice& d, const cuda::SgdScalars* s, cudaStream_t stream) {
+  const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
+  cuda::launch_softmax_xent(d.logits.get(), d.labels.as<std::int32_t>(), b, c, d.loss.get(), d.dlogits.get(), stream);
+  cuda::launch_bias_grad_sgd(d.dlogits.get(), b, c, d.out_bias.get(), static_cast<__half*>(nullptr), s + 1, stream,
+                             nullptr);
+  cuda::launch_dgrad_relu_small_k(d.dlogits.get(), d.w.get(), d.h.get(), b, n, c, d.dh.get(), stream);
+  cuda::launch_wgrad_sgd_small_m(d.dlogits.get(), d.h.get(), b, c, n, d.w.get(), s, stream);
+  cuda::launch_bias_grad_sgd(d.dh.get(), b, n, d.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2, stream,
+                             d.step.as<std::int32_t>());
+}
+
 }  // namespace
 
 TEST_CASE("the fused output-layer backward matches softmax-xent, dgrad, and three SGD updates on the CPU") {
@@ -142,16 +155,7 @@ TEST_CASE("the fused output-layer backward gives the same bits as the five launc
   const Problem p = random_problem(32, 10, 1024, rng);
   OnDevice fused(p), separate(p);
   cuda::launch_output_layer_backward(fused_args(p, fused, s), nullptr);
-  const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
-  cuda::launch_softmax_xent(separate.logits.get(), separate.labels.as<std::int32_t>(), b, c, separate.loss.get(),
-                            separate.dlogits.get(), nullptr);
-  cuda::launch_bias_grad_sgd(separate.dlogits.get(), b, c, separate.out_bias.get(), static_cast<__half*>(nullptr), s + 1,
-                             nullptr, nullptr);
-  cuda::launch_dgrad_relu_small_k(separate.dlogits.get(), separate.w.get(), separate.h.get(), b, n, c,
-                                  separate.dh.get(), nullptr);
-  cuda::launch_wgrad_sgd_small_m(separate.dlogits.get(), separate.h.get(), b, c, n, separate.w.get(), s, nullptr);
-  cuda::launch_bias_grad_sgd(separate.dh.get(), b, n, separate.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2,
-                             nullptr, separate.step.as<std::int32_t>());
+  launch_five(p, separate, s, nullptr);
   CHECK(fused.dlogits.download() == separate.dlogits.download());
   check_same_outputs(fused, separate, false);
 }
@@ -173,6 +177,55 @@ TEST_CASE("the fused output-layer backward waits for the kernel that writes the 
         late.logits.get(), logits.get(), p.logits.size() * sizeof(__half),
         [&](cudaStream_t stream) { cuda::launch_output_layer_backward(fused_args(p, late, s), stream); }, as_graph);
     check_same_outputs(late, expected);
+  }
+}
+
+TEST_CASE("the five separate launches each wait for the kernel that writes their input (stream and graph)") {
+  // They are dependent launches (dependent_launch.cuh): each runs right behind
+  // a late copy of its input into a poisoned buffer and must give the bits of
+  // the plain sequence. Batch 256: where the step runs them.
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const cuda::DeviceBuffer scalars = three_scalars();
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  const Problem p = random_problem(256, 10, 1024, rng);
+  const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
+  OnDevice expected(p);
+  launch_five(p, expected, s, nullptr);
+  for (const bool as_graph : {false, true}) {
+    INFO((as_graph ? "graph" : "stream"));
+    OnDevice late(p);
+    DeviceArray<__half> logits(p.logits), dlogits(std::size_t(b * c)), dh(std::size_t(b * n));
+    const auto behind_late_copy = [&](DeviceArray<__half>& input, DeviceArray<__half>& source,
+                                      const std::function<void(cudaStream_t)>& launch) {
+      input.poison();  // until the late copy lands
+      sg::test::run_behind_late_copy(input.get(), source.get(), input.size() * sizeof(__half), launch, as_graph);
+    };
+    behind_late_copy(late.logits, logits, [&](cudaStream_t st) {
+      cuda::launch_softmax_xent(late.logits.get(), late.labels.as<std::int32_t>(), b, c, late.loss.get(),
+                                late.dlogits.get(), st);
+    });
+    CHECK(late.loss.download() == expected.loss.download());
+    CHECK(late.dlogits.download() == expected.dlogits.download());
+    behind_late_copy(dlogits, expected.dlogits, [&](cudaStream_t st) {
+      cuda::launch_bias_grad_sgd(dlogits.get(), b, c, late.out_bias.get(), static_cast<__half*>(nullptr), s + 1, st,
+                                 nullptr);
+    });
+    CHECK(late.out_bias.download() == expected.out_bias.download());
+    behind_late_copy(dlogits, expected.dlogits, [&](cudaStream_t st) {
+      cuda::launch_dgrad_relu_small_k(dlogits.get(), late.w.get(), late.h.get(), b, n, c, late.dh.get(), st);
+    });
+    CHECK(late.dh.download() == expected.dh.download());
+    behind_late_copy(dlogits, expected.dlogits, [&](cudaStream_t st) {
+      cuda::launch_wgrad_sgd_small_m(dlogits.get(), late.h.get(), b, c, n, late.w.get(), s, st);
+    });
+    CHECK(late.w.download() == expected.w.download());
+    behind_late_copy(dh, expected.dh, [&](cudaStream_t st) {
+      cuda::launch_bias_grad_sgd(dh.get(), b, n, late.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2, st,
+                                 late.step.as<std::int32_t>());
+    });
+    CHECK(late.hidden_bias.download() == expected.hidden_bias.download());
+    CHECK(late.step_value() == expected.step_value());
   }
 }
 

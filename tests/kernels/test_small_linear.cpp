@@ -6,6 +6,8 @@
 #include <array>
 
 #include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
@@ -31,14 +33,49 @@ TEST_CASE("linear with a tiny N matches x W^T + b") {
   }
 }
 
+TEST_CASE("linear with a tiny N for many rows: tensor-core tiles with K split over a cluster match x W^T + b") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  // K split over 8 blocks (8192, 1040: the last block's slice shorter), over
+  // 1 (160); rows not a multiple of 16; N of 1, 9, 16; one round of steps in
+  // flight only partly inside the slice (1040 = 65 steps).
+  for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
+           {{256, 10, 8192}}, {{100, 16, 160}}, {{257, 9, 1040}}, {{64, 1, 16}}, {{1024, 10, 2048}}}) {
+    INFO(m << "x" << n << "x" << k);
+    const bool tensor_cores = cuda::linear_small_n_on_tensor_cores(m, n, k);
+    if (cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 &&
+        !cuda::switched_off("SG_CLASSIFIER_MMA"))
+      CHECK(tensor_cores);  // the path under test
+    const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+    const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+    const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+    DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
+    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr);
+    const auto first = y.download();
+    std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()), ref(std::size_t(m * n));
+    ref::matmul(xd.data(), wd.data(), ref.data(), m, n, k, false, true);
+    ref::bias_add(ref.data(), bd.data(), m, n, ref.data());
+    CHECK(sg::test::relative_error(first, ref) < 2e-3);
+    // The blocks' partial sums are added in rank order: a second run gives the same bits.
+    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr);
+    CHECK(y.download() == first);
+  }
+  CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(32, 10, 8192));  // batch 32 keeps a warp per output
+  CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(256, 17, 8192));  // more than two 8-wide tiles
+  CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(256, 10, 8200));  // K not in 16-wide steps
+}
+
 TEST_CASE("linear with a tiny N waits for the kernel that writes x (dependent launch, stream and graph)") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const std::int64_t m = 32, n = 10, k = 1024;
-  sg::test::check_waits_for_late_x(m, n, k, rng, [&](const __half* x, const __half* w, const __half* b, __half* y,
-                                                     cudaStream_t stream) {
-    cuda::launch_linear_small_n(x, w, b, m, n, k, y, stream);
-  });
+  const std::int64_t n = 10, k = 1024;
+  for (const std::int64_t m : {32, 256}) {  // a warp per output; tensor-core tiles in clusters
+    INFO("rows " << m);
+    sg::test::check_waits_for_late_x(m, n, k, rng, [&](const __half* x, const __half* w, const __half* b, __half* y,
+                                                       cudaStream_t stream) {
+      cuda::launch_linear_small_n(x, w, b, m, n, k, y, stream);
+    });
+  }
 }
 
 TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) - lr*dy^T x", W, __half, float) {
