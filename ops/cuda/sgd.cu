@@ -67,7 +67,7 @@ constexpr std::int64_t kManyRows = 256;
 
 template <typename W, typename G>
 void column_sum(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
-                const SgdScalars* scalars, cudaStream_t stream, const char* name, std::int32_t* advance_step = nullptr) {
+                const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step = nullptr) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
   if (rows >= kManyRows)
     launch_dependent(column_sum_kernel<32, W, G>, {dim3(blocks), dim3(32, 32)}, stream, x, rows, cols, sums, bias,
@@ -95,7 +95,7 @@ SgdScalars make_sgd_scalars(float lr, float momentum, float weight_decay) {
 
 template <typename T>
 void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream) {
-  column_sum<T, T>(x, rows, cols, y, nullptr, nullptr, nullptr, stream, "reduce_rows");
+  column_sum<T, T>(x, rows, cols, y, nullptr, nullptr, nullptr, stream);
 }
 
 template <typename W, typename G>
@@ -107,7 +107,7 @@ void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdS
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
                           const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step) {
-  column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, "bias_grad_sgd", advance_step);
+  column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, advance_step);
 }
 
 template <typename W>
