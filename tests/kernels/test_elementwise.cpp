@@ -87,7 +87,11 @@ TEST_CASE_TEMPLATE("softmax cross-entropy: loss, gradient and argmax hits", T, f
     const double lref = ref::softmax_xent(ld.data(), labels.data(), rows, cols);
     ref::softmax_xent_backward(ld.data(), labels.data(), rows, cols, gref.data());
     CHECK(std::abs(loss.download()[0] - lref) / lref < 1e-4);
-    CHECK(sg::test::relative_error(grad.download(), gref) < (std::is_same_v<T, __half> ? 1e-2 : 1e-5));
+    // fp32: the kernel's __expf carries a few ulp, and softmax - onehot
+    // cancels where the label's probability is near 1 (1 x 2 with logits
+    // 8 apart: the gradient is ~3e-4 of it): 2.2e-5 was seen at seed
+    // 2314543183, so the bound is 1e-4 (a wrong formula is off by O(1)).
+    CHECK(sg::test::relative_error(grad.download(), gref) < (std::is_same_v<T, __half> ? 1e-2 : 1e-4));
 
     // Same loss again, without the gradient: the reduction is deterministic.
     const float first = loss.download()[0];
