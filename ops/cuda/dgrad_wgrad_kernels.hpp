@@ -65,6 +65,9 @@ void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half*
 // with wgmma while another computes and applies the update 128 rows at a time.
 // Needs an sm_90 GPU; empty when it runs these sizes, else why not.
 std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
+// How many blocks share each dY tile (a cluster, TMA multicast) for K columns:
+// 2 where the 64-column strips pair up, else 1; 1 with SG_ONE_PASS_MULTICAST=0.
+int wgmma_blocks_sharing_dy(std::int64_t k);
 void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
                   const SgdScalars* scalars, cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars);
 

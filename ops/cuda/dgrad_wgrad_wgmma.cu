@@ -6,10 +6,17 @@
 // and written back once. Two cuBLASLt passes read W twice (docs/performance.md
 // section 24). The block's dX columns are complete at the end: no workspace,
 // and the previous layer's bias gradient (their column sums) comes free.
+// Every block reads all of dY (4 MB at N = 8192) from L2, four times the W
+// bytes it streams: blocks of adjacent strips run as clusters of two that
+// each copy half of every dY tile into both blocks' shared memory (TMA
+// multicast), so L2 serves dY once per pair (docs/performance.md section 27).
+#include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/sgd_step.cuh"
 #include "ops/cuda/tensor_map.hpp"
@@ -38,7 +45,7 @@ constexpr int kDgradGroupSync = 1, kUpdateGroupSync = 2, kBothGroupsSync = 3;
 struct TileMaps {
   CUtensorMap w;      // W [N, K], boxes of kRows rows (loads)
   CUtensorMap w_out;  // W [N, K], boxes of 2 * kRows rows (stores)
-  CUtensorMap dy;     // dY [256, N], boxes of all 256 rows
+  CUtensorMap dy;     // dY [256, N], boxes of the 256 / DyShare::blocks rows one block copies
   CUtensorMap x;      // X [256, K]
   CUtensorMap dx;     // dX [256, K]
 };
@@ -64,25 +71,44 @@ struct SharedLayout {
   __device__ unsigned char* dy_tile(int slot) const { return w_tile(slot) + kWTileBytes; }
 };
 
+// The blocks that share each dY tile: 1, or the 2 blocks of a cluster, each
+// copying batch rows [128 * rank, 128 * rank + 128) into both. A slot is free
+// again once the consumers of both blocks have released it.
+struct DyShare {
+  int blocks;
+  unsigned rank;
+};
+
+__device__ void release_slot(const SharedLayout& sm, const DyShare& share, int slot) {
+  tma::arrive(&sm.empty[slot]);
+  if (share.blocks > 1) tma::arrive_in_block(&sm.empty[slot], share.rank ^ 1u);
+}
+
 // Warpgroup 0, one thread: X once, then each slot's W and dY tiles as soon as
-// both consumers have released the slot's previous use.
-__device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, int col0, int row_blocks) {
+// every consumer of the slot's previous use has released it.
+__device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, const DyShare& share, int col0,
+                           int row_blocks) {
   tma::arrive_expect_bytes(sm.x_ready, kXTileBytes);
   tma::load_tile(&maps.x, sm.x_ready, sm.x, col0, 0);
+  const int dy_rows = kBatch / share.blocks;
   for (int r = 0; r < row_blocks; ++r) {
     const int slot = r % kSlots, use = r / kSlots;
     if (use > 0) tma::wait(&sm.empty[slot], (use - 1) & 1);
-    tma::arrive_expect_bytes(&sm.full[slot], kSlotBytes);
+    tma::arrive_expect_bytes(&sm.full[slot], kSlotBytes);  // the other block's half of dY counts here too
     tma::load_tile(&maps.w, &sm.full[slot], sm.w_tile(slot), col0, r * kRows);
-    tma::load_tile(&maps.dy, &sm.full[slot], sm.dy_tile(slot), r * kRows, 0);
+    if (share.blocks == 1)
+      tma::load_tile(&maps.dy, &sm.full[slot], sm.dy_tile(slot), r * kRows, 0);
+    else
+      tma::load_tile_to_blocks(&maps.dy, &sm.full[slot], sm.dy_tile(slot) + int(share.rank) * dy_rows * 128,
+                               r * kRows, int(share.rank) * dy_rows, 0b11);
   }
 }
 
 // Warpgroup 1: dX^T[cols][b] += W^T[cols][rows] dY^T[rows][b] for every row
 // block (one m64n256k16 per 16 rows), then dX = that * (X > 0) and the
 // previous layer's bias update from its column sums.
-__device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, int col0, int row_blocks, __half* bias,
-                      const SgdScalars* bias_scalars) {
+__device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, const DyShare& share, int col0, int row_blocks,
+                      __half* bias, const SgdScalars* bias_scalars) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   float acc[128];
 #pragma unroll
@@ -99,7 +125,7 @@ __device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, int col0, in
     wgmma::wait<1>();  // the previous block's products are in: release its slot
     if (r > 0) {
       tma::sync_threads(kDgradGroupSync, 128);
-      if (t == 0) tma::arrive(&sm.empty[(r - 1) % kSlots]);
+      if (t == 0) release_slot(sm, share, (r - 1) % kSlots);
     }
   }
   wgmma::wait<0>();
@@ -138,7 +164,7 @@ __device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, int col0, in
 // X^T[cols][b] dY[b][rows] (sixteen m64n128k16; dY's two 64-row halves sit in
 // adjacent slots), then W = sgd(W, that) through ldmatrix/stmatrix.trans and
 // one TMA store.
-__device__ void update(const TileMaps& maps, const SharedLayout& sm, int col0, int row_blocks,
+__device__ void update(const TileMaps& maps, const SharedLayout& sm, const DyShare& share, int col0, int row_blocks,
                        const SgdScalars* scalars) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   const SgdScalars sgd = *scalars;
@@ -176,10 +202,10 @@ __device__ void update(const TileMaps& maps, const SharedLayout& sm, int col0, i
     }
     tma::fence_shared_for_copies();
     tma::sync_threads(kUpdateGroupSync, 128);
-    if (t == 0) {
+    if (t == 0) {  // the old W rows are in registers and out: the slots go back before the store
+      release_slot(sm, share, slot);
+      release_slot(sm, share, slot + 1);
       tma::store_tile(&maps.w_out, sm.out, col0, r * kRows);
-      tma::arrive(&sm.empty[slot]);
-      tma::arrive(&sm.empty[slot + 1]);
     }
   }
   tma::sync_threads(kBothGroupsSync, 256);
@@ -187,26 +213,37 @@ __device__ void update(const TileMaps& maps, const SharedLayout& sm, int col0, i
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    dgrad_wgrad_wgmma_kernel(const __grid_constant__ TileMaps maps, int n, const SgdScalars* scalars, __half* bias,
-                             const SgdScalars* bias_scalars) {
+    dgrad_wgrad_wgmma_kernel(const __grid_constant__ TileMaps maps, int n, int dy_sharing_blocks,
+                             const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars) {
   extern __shared__ unsigned char shared_raw[];
   const SharedLayout sm(shared_raw);
+  const DyShare share{dy_sharing_blocks, dy_sharing_blocks > 1 ? tma::cluster_rank() : 0u};
   const int col0 = blockIdx.x * kCols, row_blocks = n / kRows;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kSlots; ++s) {
       tma::barrier_init(&sm.full[s], 1);
-      tma::barrier_init(&sm.empty[s], 2);
+      tma::barrier_init(&sm.empty[s], 2 * share.blocks);  // dgrad and update of each sharing block
     }
     tma::barrier_init(sm.x_ready, 1);
     tma::barrier_init_fence();
   }
-  __syncthreads();
+  if (share.blocks > 1) {  // the other block's barriers are ready before our copies or arrivals reach them
+    cluster_arrive();
+    cluster_wait();
+  } else {
+    __syncthreads();
+  }
   switch (threadIdx.x / 128) {
     case 0:
-      if (threadIdx.x == 0) load_tiles(maps, sm, col0, row_blocks);
+      if (threadIdx.x == 0) load_tiles(maps, sm, share, col0, row_blocks);
+      __syncwarp();
       break;
-    case 1: dgrad(maps, sm, col0, row_blocks, bias, bias_scalars); break;
-    default: update(maps, sm, col0, row_blocks, scalars); break;
+    case 1: dgrad(maps, sm, share, col0, row_blocks, bias, bias_scalars); break;
+    default: update(maps, sm, share, col0, row_blocks, scalars); break;
+  }
+  if (share.blocks > 1) {  // the other block may still arrive on our barriers: stay until it is done
+    cluster_arrive();
+    cluster_wait();
   }
 }
 
@@ -224,6 +261,12 @@ std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k
   return {};
 }
 
+int wgmma_blocks_sharing_dy(std::int64_t k) {
+  // SG_ONE_PASS_MULTICAST=0: one block per dY copy (the same-run baseline).
+  static const bool multicast = !switched_off("SG_ONE_PASS_MULTICAST");
+  return multicast && (k / kCols) % 2 == 0 ? 2 : 1;
+}
+
 void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
                   const SgdScalars* scalars, cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) {
   if (const std::string why = wgmma_unsupported(kBatch, n, k); !why.empty())
@@ -234,12 +277,22 @@ void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_
     return true;
   }();
   (void)smem_set;
+  const int blocks = int(k / kCols), sharing = wgmma_blocks_sharing_dy(k);
   const TileMaps maps{fp16_tile_map(w, n, k, kRows), fp16_tile_map(w, n, k, 2 * kRows),
-                      fp16_tile_map(dy, kBatch, n, kBatch), fp16_tile_map(x, kBatch, k, kBatch),
+                      fp16_tile_map(dy, kBatch, n, kBatch / sharing), fp16_tile_map(x, kBatch, k, kBatch),
                       fp16_tile_map(dx, kBatch, k, kBatch)};
-  dgrad_wgrad_wgmma_kernel<<<unsigned(k / kCols), kThreads, kSmemBytes, stream>>>(maps, int(n), scalars, bias,
-                                                                                  bias_scalars);
-  SG_LAUNCH_CHECK("dgrad_wgrad_wgmma_kernel");
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim = {unsigned(sharing), 1, 1};
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = sharing > 1 ? 1 : 0;
+  SG_CUDA_CHECK(cudaLaunchKernelEx(&config, dgrad_wgrad_wgmma_kernel, maps, int(n), sharing, scalars, bias,
+                                   bias_scalars));
 }
 
 }  // namespace sg::cuda::one_pass

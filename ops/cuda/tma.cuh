@@ -28,6 +28,21 @@ __device__ __forceinline__ void arrive_expect_bytes(std::uint64_t* barrier, unsi
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
                : "memory");
 }
+// Arrives on the barrier at the same shared-memory offset in block `cta_rank`
+// of this cluster, as the local arrive does (release, CTA scope).
+__device__ __forceinline__ void arrive_in_block(std::uint64_t* barrier, unsigned cta_rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(shared_address(barrier)),
+      "r"(cta_rank)
+      : "memory");
+}
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
 // Waits for the phase with this parity (0, 1, 0, ... for uses 0, 1, 2, ...) to complete.
 __device__ __forceinline__ void wait(std::uint64_t* barrier, unsigned parity) {
   std::uint32_t done = 0;
@@ -47,6 +62,17 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* map, std::uint64_t*
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
           shared_address(tile)),
       "l"(map), "r"(shared_address(barrier)), "r"(c0), "r"(c1)
+      : "memory");
+}
+// The same box into the same shared-memory offset of every block of the
+// cluster in `cta_mask`; each copy completes bytes on the barrier at
+// `barrier`'s offset in its block.
+__device__ __forceinline__ void load_tile_to_blocks(const CUtensorMap* map, std::uint64_t* barrier, void* tile, int c0,
+                                                    int c1, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;" ::"r"(shared_address(tile)),
+      "l"(map), "r"(shared_address(barrier)), "r"(c0), "r"(c1), "h"(cta_mask)
       : "memory");
 }
 // Shared -> global into the box at (c0, c1), as one bulk group of this thread.

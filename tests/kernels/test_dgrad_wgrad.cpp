@@ -8,6 +8,7 @@
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/env_switch.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
@@ -161,9 +162,14 @@ TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias agai
   const auto* s = scalars.as<cuda::SgdScalars>();
   // (N rows of W, K columns): one block and one pair of row tiles; several blocks; 10 and 32 row
   // tiles, so each of the 4 pipeline slots is reused (barrier phases flip); through DgradWgradSgd at
-  // K = 8192 (128 blocks, the size the scheduler picks it for)
+  // K = 8192 (128 blocks, the size the scheduler picks it for). 1 and 3 blocks each copy all of dY;
+  // 2, 4 and 128 blocks run as pairs that share it (multicast), unless SG_ONE_PASS_MULTICAST=0.
+  if (!cuda::switched_off("SG_ONE_PASS_MULTICAST")) {
+    CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(192) == 1);
+    CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(8192) == 2);
+  }
   for (auto [n, k] : std::vector<std::array<std::int64_t, 2>>{{{128, 64}}, {{256, 192}}, {{640, 128}}, {{2048, 256}}, {{128, 8192}}}) {
-    INFO(batch << " x " << n << " x " << k);
+    INFO(batch << " x " << n << " x " << k << ", blocks sharing dY " << cuda::one_pass::wgmma_blocks_sharing_dy(k));
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
