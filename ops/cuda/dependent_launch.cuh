@@ -53,14 +53,15 @@ struct LaunchGeometry {
   unsigned cluster = 1;  // blocks per cluster along x (1: no clusters)
 };
 
-// Launches `kernel` as a dependent of the stream's previous kernel (see the
-// contract above); a plain launch where dependent launch is off.
+// Launches `kernel` in `geometry`'s clusters; as a dependent of the stream's
+// previous kernel (see the contract above) when `dependent`, else after it
+// has completed.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), const LaunchGeometry& geometry, cudaStream_t stream,
-                      Args&&... args) {
+void launch_in_clusters(void (*kernel)(Params...), const LaunchGeometry& geometry, cudaStream_t stream, bool dependent,
+                        Args&&... args) {
   cudaLaunchAttribute attrs[2]{};
   unsigned count = 0;
-  if (dependent_launch_enabled()) {
+  if (dependent) {
     attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[count++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -76,6 +77,14 @@ void launch_dependent(void (*kernel)(Params...), const LaunchGeometry& geometry,
   config.attrs = attrs;
   config.numAttrs = count;
   SG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// Launches `kernel` as a dependent of the stream's previous kernel (see the
+// contract above); a plain launch where dependent launch is off.
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), const LaunchGeometry& geometry, cudaStream_t stream,
+                      Args&&... args) {
+  launch_in_clusters(kernel, geometry, stream, dependent_launch_enabled(), std::forward<Args>(args)...);
 }
 
 }  // namespace sg::cuda

@@ -10,11 +10,11 @@
 // bytes it streams: blocks of adjacent strips run as clusters of two that
 // each copy half of every dY tile into both blocks' shared memory (TMA
 // multicast), so L2 serves dY once per pair (docs/performance.md section 27).
-#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/mma_fragments.cuh"
@@ -90,7 +90,7 @@ __device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, const D
                            int row_blocks) {
   tma::arrive_expect_bytes(sm.x_ready, kXTileBytes);
   tma::load_tile(&maps.x, sm.x_ready, sm.x, col0, 0);
-  const int dy_rows = kBatch / share.blocks;
+  const int dy_rows = kBatch / share.blocks, dy_part_bytes = kDyTileBytes / share.blocks;
   for (int r = 0; r < row_blocks; ++r) {
     const int slot = r % kSlots, use = r / kSlots;
     if (use > 0) tma::wait(&sm.empty[slot], (use - 1) & 1);
@@ -99,7 +99,7 @@ __device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, const D
     if (share.blocks == 1)
       tma::load_tile(&maps.dy, &sm.full[slot], sm.dy_tile(slot), r * kRows, 0);
     else
-      tma::load_tile_to_blocks(&maps.dy, &sm.full[slot], sm.dy_tile(slot) + int(share.rank) * dy_rows * 128,
+      tma::load_tile_to_blocks(&maps.dy, &sm.full[slot], sm.dy_tile(slot) + int(share.rank) * dy_part_bytes,
                                r * kRows, int(share.rank) * dy_rows, 0b11);
   }
 }
@@ -281,18 +281,10 @@ void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_
   const TileMaps maps{fp16_tile_map(w, n, k, kRows), fp16_tile_map(w, n, k, 2 * kRows),
                       fp16_tile_map(dy, kBatch, n, kBatch / sharing), fp16_tile_map(x, kBatch, k, kBatch),
                       fp16_tile_map(dx, kBatch, k, kBatch)};
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {unsigned(sharing), 1, 1};
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = sharing > 1 ? 1 : 0;
-  SG_CUDA_CHECK(cudaLaunchKernelEx(&config, dgrad_wgrad_wgmma_kernel, maps, int(n), sharing, scalars, bias,
-                                   bias_scalars));
+  // Not a dependent launch: the kernel reads dY from its first copy on.
+  launch_in_clusters(dgrad_wgrad_wgmma_kernel, LaunchGeometry{dim3(unsigned(blocks)), dim3(kThreads), kSmemBytes,
+                                                              unsigned(sharing)},
+                     stream, false, maps, int(n), sharing, scalars, bias, bias_scalars);
 }
 
 }  // namespace sg::cuda::one_pass
