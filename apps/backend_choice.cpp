@@ -1,5 +1,6 @@
 #include "apps/backend_choice.hpp"
 
+#include "apps/config/backend_options_from_config.hpp"
 #include "graph/dtype.hpp"
 #ifdef STEPGRAPH_HAVE_CUDA
 #include "ops/cuda/cuda_check.hpp"
@@ -8,29 +9,32 @@
 
 namespace sg::app {
 
-TrainerSpec trainer_spec(const TrainConfig& c) {
-  TrainerSpec s;
-  s.mlp.layers = c.model.layers;
-  s.mlp.batch = c.data.batch_size;
-  s.mlp.weight_dtype = c.precision.weights == "fp32" ? DType::f32 : DType::f16;
-  s.mlp.compute_dtype = DType::f16;
+MlpTraining mlp_training(const TrainConfig& c) {
+  MlpTraining t;
+  t.mlp.layers = c.model.layers;
+  t.mlp.batch = c.data.batch_size;
+  t.mlp.weight_dtype = c.precision.weights == "fp32" ? DType::f32 : DType::f16;
+  t.mlp.compute_dtype = DType::f16;
   if (c.data.normalize) {
-    s.mlp.input_scale = 1.0 / (255.0 * c.data.std);
-    s.mlp.input_shift = -c.data.mean / c.data.std;
+    t.mlp.input_scale = 1.0 / (255.0 * c.data.std);
+    t.mlp.input_shift = -c.data.mean / c.data.std;
   } else {
-    s.mlp.input_scale = 1.0 / 255.0;
-    s.mlp.input_shift = 0.0;
+    t.mlp.input_scale = 1.0 / 255.0;
+    t.mlp.input_shift = 0.0;
   }
-  s.sgd = {c.optim.lr, c.optim.momentum, c.optim.weight_decay};
-  s.eval_batch = c.data.eval_batch_size;
-  s.init_seed = c.run.seed;
+  t.sgd = {c.optim.lr, c.optim.momentum, c.optim.weight_decay};
+  t.eval_batch = c.data.eval_batch_size;
+  t.init_seed = c.run.seed;
+  return t;
+}
+
+TrainerSpec trainer_spec(const TrainConfig& c, std::int64_t train_rows, std::int64_t test_rows,
+                         ProgramTarget target) {
+  TrainerSpec s;
+  s.program = build_mlp_program(mlp_training(c), train_rows, test_rows, target);
   s.shuffle_seed = c.data.shuffle_seed;
-  s.accumulate_f16 = c.precision.accumulate == "fp16";
   s.cuda_graph = c.backend.cuda_graph;
-  s.autotune = c.backend.autotune;
-  s.whole_step = c.backend.whole_step;
-  s.one_pass_backward = c.backend.one_pass_backward;
-  s.steps_per_launch = c.backend.steps_per_launch;
+  s.backend = backend_options_from_config(c);
   return s;
 }
 
@@ -43,18 +47,20 @@ bool cuda_backend_usable() {
 }
 
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& config, const Dataset& data, std::string& note) {
-  const TrainerSpec spec = trainer_spec(config);
+  const auto spec = [&](ProgramTarget target) {
+    return trainer_spec(config, data.train.images.count, data.test.images.count, target);
+  };
   const std::string& kind = config.backend.kind;
-  if (kind == "cpu") return make_cpu_trainer(spec, data);
+  if (kind == "cpu") return make_cpu_trainer(spec(ProgramTarget::cpu), data);
   if (cuda_backend_usable()) {
 #ifdef STEPGRAPH_HAVE_CUDA
-    return cuda::make_cuda_trainer(spec, data);
+    return cuda::make_cuda_trainer(spec(ProgramTarget::cuda), data);
 #endif
   }
   if (kind == "cuda")
     throw ConfigError(config.source + ": backend.kind: cuda, but no CUDA GPU is available on this machine");
   note = "no CUDA GPU found: falling back to the CPU reference backend (f32, much slower)";
-  return make_cpu_trainer(spec, data);
+  return make_cpu_trainer(spec(ProgramTarget::cpu), data);
 }
 
 }  // namespace sg::app

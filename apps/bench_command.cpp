@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/report/svg_plot.hpp"
+#include "models/mlp_program.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/trainer.hpp"
@@ -40,18 +41,54 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--torch-json", r.torch_json, "PyTorch results from bench/torch_bench.py to merge (comma-separated files)");
   cmd.add_option("--weights", r.weights, "fp16 | fp32 master weights")->capture_default_str();
   cmd.add_option("--accumulate", r.accumulate, "fp16 | fp32 matmul accumulation")->capture_default_str();
-  cmd.add_option("--steps-per-launch", r.steps_per_launch, "training steps captured per CUDA graph")->capture_default_str();
+  BackendOptions& b = r.backend;
+  cmd.add_option("--steps-per-launch", b.steps_per_launch, "training steps captured per CUDA graph")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--multi-step", r.multi_step,
                  "also time graph replay with K training steps per graph launch, as mode graph_replay_xK (0: off); "
                  "bench/torch_bench.py's torch_cudagraph_xK is its PyTorch counterpart")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
-  cmd.add_flag("--autotune,!--no-autotune", r.autotune,
+  cmd.add_flag("--autotune,!--no-autotune", b.autotune,
                "time cuBLASLt's candidates and their other configurations per shape once (default on; "
                "--no-autotune: the heuristic's first pick)");
-  cmd.add_flag("!--no-whole-step", r.whole_step, "always use the per-group cuBLASLt schedule");
-  cmd.add_flag("!--no-one-pass-backward", r.one_pass_backward, "dgrad and weight update as two cuBLASLt passes, the output layer's backward as five launches");
+  cmd.add_flag("!--no-whole-step", b.whole_step, "always use the per-group cuBLASLt schedule");
+  cmd.add_flag("!--no-one-pass-backward", b.one_pass_backward, "dgrad and weight update as two cuBLASLt passes, the output layer's backward as five launches");
+  // The same knobs as a config's backend: section (docs/design.md).
+  cmd.add_option_function<std::string>(
+         "--whole-step-mode", [&b](const std::string& name) { b.whole_step_mode = whole_step_mode_from_name(name); },
+         "whole-step variant: auto (where it measured faster) | grid | cluster | resident (wherever it fits)")
+      ->check(CLI::IsMember({"auto", "grid", "cluster", "resident"}))
+      ->default_str("auto");
+  cmd.add_flag("!--no-small-batch-forward", b.small_batch_forward,
+               "cuBLASLt for the hidden-layer forwards (no small-batch kernels, no folded batch fetch)");
+  cmd.add_flag("!--no-fold-input-update", b.fold_input_update,
+               "the first layer's update as its own launch, not inside the one-pass launch above it");
+  cmd.add_flag("!--no-dependent-launch", b.dependent_launch, "plain launches instead of programmatic dependent ones");
+  cmd.add_flag("!--no-classifier-mma", b.classifier_mma, "the classifier forward a warp per output (no tensor cores)");
+  cmd.add_flag("!--no-one-pass-multicast", b.one_pass_multicast,
+               "batch-256 one-pass kernel: one dY copy per block (no shared tiles)");
+  const auto problem_check = [](std::string (*problem)(std::int64_t), const char* what) {
+    return CLI::Validator(
+        [problem](std::string& text) {
+          try {
+            return problem(std::stoll(text));
+          } catch (const std::logic_error&) {
+            return "'" + text + "' is not an integer";
+          }
+        },
+        what);
+  };
+  cmd.add_option("--strip-splits", b.strip_splits,
+                 "one-pass column-strip kernel: blocks per strip (0: the measured rule)")
+      ->capture_default_str()
+      ->check(problem_check(strip_splits_problem, "0|1|2|4|8"));
+  cmd.add_option("--resident-cluster", b.resident_cluster,
+                 "resident whole-step kernel: cluster size (0: the largest that fits)")
+      ->capture_default_str()
+      ->check(problem_check(resident_cluster_problem, "0|1|2|4|8|16"));
   cmd.add_option("--replot", r.replot, "only re-render bench.md and the plots of this bench.json into --out-dir");
 }
 
@@ -179,17 +216,16 @@ DeviceInfo device_info() {
   return {prop.name, prop.multiProcessorCount};
 }
 
-TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t batch) {
+TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t batch, const Dataset& data) {
+  MlpTraining model;
+  model.mlp.layers = mlp_layers(width);
+  model.mlp.batch = batch;
+  model.mlp.weight_dtype = r.weights == "fp32" ? DType::f32 : DType::f16;
+  model.sgd = {0.01, 0.0, 0.0};
   TrainerSpec s;
-  s.mlp.layers = mlp_layers(width);
-  s.mlp.batch = batch;
-  s.mlp.weight_dtype = r.weights == "fp32" ? DType::f32 : DType::f16;
-  s.sgd = {0.01, 0.0, 0.0};
-  s.accumulate_f16 = r.accumulate == "fp16";
-  s.steps_per_launch = r.steps_per_launch;
-  s.autotune = r.autotune;
-  s.whole_step = r.whole_step;
-  s.one_pass_backward = r.one_pass_backward;
+  s.program = build_mlp_program(model, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+  s.backend = r.backend;
+  s.backend.accumulate_f16 = r.accumulate == "fp16";
   return s;
 }
 
@@ -337,15 +373,15 @@ int run_bench(const BenchRequest& r) {
   const std::size_t elem = r.weights == "fp32" ? 4 : 2;
   for (auto w : widths)
     for (auto b : batches) {
-      cuda::CudaTrainer t(bench_spec(r, w, b), data);
+      cuda::CudaTrainer t(bench_spec(r, w, b, data), data);
       records.push_back(time_mode("graph_replay", t, r, w, b, [&](std::int64_t n) { t.replay_steps(n); }));
       records.push_back(time_mode("stream_launch", t, r, w, b, [&](std::int64_t n) { t.launch_steps(n); }));
       if (r.multi_step > 1) {
         // The same schedule, K steps captured per graph: the graph launch's
         // overhead is shared, and each step's first kernel may gather its
         // batch while the step before finishes.
-        TrainerSpec spec = bench_spec(r, w, b);
-        spec.steps_per_launch = r.multi_step;
+        TrainerSpec spec = bench_spec(r, w, b, data);
+        spec.backend.steps_per_launch = r.multi_step;
         cuda::CudaTrainer many(spec, data);
         records.push_back(time_mode(fmt::format("graph_replay_x{}", r.multi_step), many, r, w, b,
                                     [&](std::int64_t n) { many.replay_steps(n); }));
@@ -353,8 +389,8 @@ int run_bench(const BenchRequest& r) {
       if (t.training_program().uses_whole_step()) {
         // The same step as the per-group schedule (cuBLASLt + our kernels),
         // replayed: what the whole-step kernel is measured against.
-        TrainerSpec spec = bench_spec(r, w, b);
-        spec.whole_step = false;
+        TrainerSpec spec = bench_spec(r, w, b, data);
+        spec.backend.whole_step = false;
         cuda::CudaTrainer lt(spec, data);
         records.push_back(time_mode("lt_schedule_replay", lt, r, w, b, [&](std::int64_t n) { lt.replay_steps(n); }));
       }
@@ -383,9 +419,17 @@ int run_bench(const BenchRequest& r) {
               {"floors", {{"empty_launch_us", floors.empty_launch_us}, {"graph_node_us", floors.graph_node_us},
                           {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
               {"settings", {{"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
-                            {"accumulate", r.accumulate}, {"steps_per_launch", r.steps_per_launch},
-                            {"multi_step", r.multi_step}, {"autotune", r.autotune},
-                            {"whole_step", r.whole_step}, {"one_pass_backward", r.one_pass_backward}}},
+                            {"accumulate", r.accumulate}, {"steps_per_launch", r.backend.steps_per_launch},
+                            {"multi_step", r.multi_step}, {"autotune", r.backend.autotune},
+                            {"whole_step", r.backend.whole_step}, {"one_pass_backward", r.backend.one_pass_backward},
+                            {"whole_step_mode", whole_step_mode_name(r.backend.whole_step_mode)},
+                            {"small_batch_forward", r.backend.small_batch_forward},
+                            {"fold_input_update", r.backend.fold_input_update},
+                            {"dependent_launch", r.backend.dependent_launch},
+                            {"classifier_mma", r.backend.classifier_mma},
+                            {"one_pass_multicast", r.backend.one_pass_multicast},
+                            {"strip_splits", r.backend.strip_splits},
+                            {"resident_cluster", r.backend.resident_cluster}}},
               {"records", json::array()},
               {"profiles", profiles}};
   std::string csv = "mode,width,batch,us_per_step,samples_per_s,sm_clock_mhz_before,sm_clock_mhz_after,error\n";

@@ -6,6 +6,8 @@
 // CSV, SVG plots and a markdown table.
 #include <string>
 
+#include "runtime/backend_options.hpp"
+
 namespace CLI {
 class App;
 }
@@ -23,12 +25,15 @@ struct BenchRequest {
   std::string torch_json;  // output of bench/torch_bench.py to merge
   std::string weights = "fp16";
   std::string accumulate = "fp32";
-  int steps_per_launch = 1;
   int multi_step = 0;      // > 1: also time graph replay with this many steps per launch (mode graph_replay_xK)
   bool profile = true;     // per-launch profile of one step at batch 32
-  bool autotune = true;    // time cuBLASLt candidates per shape at plan time (docs/performance.md section 23)
-  bool whole_step = true;  // one kernel per step where the MLP fits (else the per-group schedule)
-  bool one_pass_backward = true;  // dgrad + SGD in one pass over each weight where it fits
+  // Lowerings and kernel knobs (steps_per_launch, whole_step, ...); accumulate_f16 comes from
+  // `accumulate`. Autotune is on by default here (docs/performance.md section 23).
+  BackendOptions backend = [] {
+    BackendOptions o;
+    o.autotune = true;
+    return o;
+  }();
   std::string replot;      // re-render an earlier bench.json (no GPU)
 };
 

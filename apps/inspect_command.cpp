@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/config/backend_options_from_config.hpp"
 #include "graph/dump.hpp"
-#include "graph/training_graph.hpp"
+#include "models/mlp_program.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/plan/memory_plan.hpp"
@@ -17,30 +19,24 @@
 #include "ops/cuda/cublaslt_matmul.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
+#include "runtime/cuda/lowering.hpp"
 #endif
 
 namespace sg::app {
 namespace {
 
-// The graphs need only the dataset's row count; dumps use the full split size.
-MlpSpec mlp_for(const TrainConfig& config, std::int64_t rows) {
-  MlpSpec mlp = trainer_spec(config).mlp;
-  mlp.dataset_rows = rows;
-  return mlp;
-}
-
+// The graphs need only the dataset's row counts; dumps use the full split
+// sizes. They are the CUDA backend's (what -f schedule/memory lower).
 Graph stage_graph(const TrainConfig& config, const std::string& stage) {
   const std::int64_t train_rows = config.data.train_limit > 0 ? config.data.train_limit : 60000;
-  const auto spec = trainer_spec(config);
+  const MlpTraining training = mlp_training(config);
   if (stage == "eval") {
     const std::int64_t test_rows = config.data.test_limit > 0 ? config.data.test_limit : 10000;
-    MlpSpec mlp = mlp_for(config, test_rows);
-    mlp.batch = eval_batch_for(test_rows, spec.eval_batch);
-    Graph g = build_mlp_eval(mlp);
-    fuse(g, spec.fusion);
-    return g;
+    return build_mlp_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
   }
-  auto stages = build_training_stages(mlp_for(config, train_rows), spec.sgd, spec.fusion);
+  MlpSpec mlp = mlp_for_target(training.mlp, ProgramTarget::cuda);
+  mlp.dataset_rows = train_rows;
+  auto stages = build_training_stages(mlp, training.sgd, training.fusion);
   if (stage == "forward") return stages.forward;
   if (stage == "backward") return stages.backward;
   if (stage == "optimized") return stages.optimized;
@@ -48,14 +44,51 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage) {
   throw ConfigError(fmt::format("inspect: unknown stage '{}' (forward, backward, optimized, fused, eval)", stage));
 }
 
-std::string memory_dump(const Graph& g) {
 #ifdef STEPGRAPH_HAVE_CUDA
-  const Schedule s = build_schedule(g);
+// The CUDA backend's cover of `g` under the config's backend options. Without
+// a GPU the lowerings that ask the device are left out, and the dump says so.
+struct CudaCover {
+  std::vector<std::unique_ptr<cuda::CudaLowering>> lowerings;
+  Schedule schedule;
+  std::string note;
+};
+
+CudaCover cuda_cover(const TrainConfig& config, const Graph& g) {
+  CudaCover c;
+  const bool device = cuda_backend_usable();
+  c.lowerings = cuda::cuda_lowerings(backend_options_from_config(config), device);
+  c.schedule = build_schedule(g, cuda::as_lowerings(c.lowerings));
+  if (!device) {
+    std::vector<std::string> left_out;
+    for (const auto& l : cuda::cuda_lowerings(backend_options_from_config(config), true))
+      if (l->asks_device()) left_out.emplace_back(l->name());
+    c.note = fmt::format("# no CUDA GPU here: lowerings that ask the device ({}) were not tried\n",
+                         fmt::join(left_out, ", "));
+  }
+  return c;
+}
+#endif
+
+std::string schedule_dump(const TrainConfig& config, const Graph& g) {
+#ifdef STEPGRAPH_HAVE_CUDA
+  const CudaCover c = cuda_cover(config, g);
+  return c.note + dump_schedule(g, c.schedule);
+#else
+  (void)config;
+  (void)g;
+  throw ConfigError("inspect --format schedule needs a build with CUDA (it shows the CUDA lowerings' cover)");
+#endif
+}
+
+std::string memory_dump(const TrainConfig& config, const Graph& g) {
+#ifdef STEPGRAPH_HAVE_CUDA
+  const CudaCover c = cuda_cover(config, g);
   std::vector<std::size_t> bytes, masks;
   for (const auto& v : g.values()) bytes.push_back(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype));
-  for (const auto& aux : s.aux) masks.push_back(cuda::relu_aux_bytes(aux.rows, aux.cols));
-  return dump_memory_plan(plan_memory(arena_request(g, s, bytes, masks).buffers));
+  for (const auto& aux : c.schedule.aux) masks.push_back(cuda::relu_aux_bytes(aux.rows, aux.cols));
+  return c.note + dump_memory_plan(plan_memory(arena_request(g, c.schedule, bytes, masks).buffers));
 #else
+  (void)config;
   (void)g;
   throw ConfigError("inspect --format memory needs a build with CUDA (the ReLU mask layout is cuBLASLt's)");
 #endif
@@ -66,7 +99,7 @@ std::string cuda_graph_dump(const TrainConfig& config) {
   if (!cuda_backend_usable()) throw ConfigError("inspect --format cuda-graph needs a CUDA GPU; none is available");
   Dataset data{data::load_split(config.data.dir, "train", config.data.train_limit),
                data::load_split(config.data.dir, "t10k", config.data.test_limit)};
-  TrainerSpec spec = trainer_spec(config);
+  TrainerSpec spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
   spec.cuda_graph = true;
   cuda::CudaTrainer trainer(spec, data);
   const auto tmp = std::filesystem::temp_directory_path() / fmt::format("stepgraph-cuda-graph-{}.dot", ::getpid());
@@ -93,8 +126,8 @@ std::string run_inspect(const TrainConfig& config, const InspectRequest& request
     if (f == "text") out = dump_text(g);
     else if (f == "json") out = dump_json(g);
     else if (f == "dot") out = dump_dot(g, fmt::format("{} ({})", config.source, request.stage));
-    else if (f == "schedule") out = dump_schedule(g, build_schedule(g));
-    else if (f == "memory") out = memory_dump(g);
+    else if (f == "schedule") out = schedule_dump(config, g);
+    else if (f == "memory") out = memory_dump(config, g);
     else throw ConfigError(fmt::format("inspect: unknown format '{}' (text, json, dot, schedule, memory, cuda-graph)", f));
   }
   if (!request.out.empty()) io::write_file_atomically(request.out, out);

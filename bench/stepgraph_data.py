@@ -1,8 +1,9 @@
 """Data and randomness shared with the C++ runtime, for the PyTorch baselines.
 
-The functions below reproduce runtime/random.hpp bit for bit (counter-based
-SplitMix64 streams), so a PyTorch run can start from the same initial weights
-and see the same batches in the same order as `stepgraph train`.
+The functions below reproduce runtime/random.hpp and models/param_init.hpp
+bit for bit (counter-based SplitMix64 streams), so a PyTorch run can start
+from the same initial weights and see the same batches in the same order as
+`stepgraph train`.
 """
 import gzip
 import math
@@ -71,7 +72,7 @@ def linear_init(count, fan_in, key):
 
 
 def initial_parameters(layers, seed):
-    """[(weight [out,in], bias [out])] per layer, as runtime/param_init.cpp makes them."""
+    """[(weight [out,in], bias [out])] per layer, as models/mlp.cpp (mlp_initial_parameters) makes them."""
     params = []
     for l in range(1, len(layers)):
         fan_in, units = layers[l - 1], layers[l]

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "graph/op_registry.hpp"
+
 namespace sg {
 namespace {
 
@@ -13,13 +15,13 @@ class GradientTable {
 
   void contribute(ValueId value, ValueId grad) {
     auto [it, inserted] = grads_.try_emplace(value, grad);
-    if (!inserted) it->second = g_.append_node(OpKind::add, {it->second, grad}, {}, Role::grad, grad_name(value)).front();
+    if (!inserted)
+      it->second = g_.append_node(OpKind::add, {it->second, grad}, NoAttrs{}, Role::grad, "grad_" + g_.value(value).name).front();
   }
   std::optional<ValueId> find(ValueId value) const {
     auto it = grads_.find(value);
     return it == grads_.end() ? std::nullopt : std::optional(it->second);
   }
-  std::string grad_name(ValueId value) const { return "grad_" + g_.value(value).name; }
 
  private:
   Graph& g_;
@@ -37,85 +39,49 @@ std::vector<bool> values_needing_grad(const Graph& g) {
   return needs;
 }
 
-// Gradients of C = op(A) op(B) with respect to A and B (dA first: for a layer
-// that is dX, so every read of the weight precedes its own gradient).
-void matmul_rule(Graph& g, const Node& n, ValueId dc, const std::vector<bool>& needs, GradientTable& t) {
-  const ValueId a = n.inputs[0], b = n.inputs[1];
-  const bool ta = n.attrs.trans_a, tb = n.attrs.trans_b;
-  auto emit = [&](ValueId target, ValueId lhs, ValueId rhs, bool tl, bool tr) {
-    if (!needs[static_cast<std::size_t>(target)]) return;
-    OpAttrs at;
-    at.trans_a = tl;
-    at.trans_b = tr;
-    t.contribute(target, g.append_node(OpKind::matmul, {lhs, rhs}, at, Role::grad, t.grad_name(target)).front());
-  };
-  if (!ta && !tb) {
-    emit(a, dc, b, false, true);  // dA = dC B^T
-    emit(b, a, dc, true, false);  // dB = A^T dC
-  } else if (!ta && tb) {
-    emit(a, dc, b, false, false);  // dA = dC B
-    emit(b, dc, a, true, false);   // dB = dC^T A
-  } else if (ta && !tb) {
-    emit(a, b, dc, false, true);   // dA = B dC^T
-    emit(b, a, dc, false, false);  // dB = A dC
-  } else {
-    emit(a, b, dc, true, true);  // dA = B^T dC^T
-    emit(b, dc, a, true, true);  // dB = dC^T A^T
-  }
-}
-
-void apply_rule(Graph& g, const Node& n, ValueId dy, const std::vector<bool>& needs, GradientTable& t) {
-  auto needs_grad = [&](int slot) { return needs[static_cast<std::size_t>(n.inputs[static_cast<std::size_t>(slot)])]; };
-  auto in = [&](int slot) { return n.inputs[static_cast<std::size_t>(slot)]; };
-  switch (n.op) {
-    case OpKind::matmul:
-      matmul_rule(g, n, dy, needs, t);
-      return;
-    case OpKind::bias_add:
-      if (needs_grad(0)) t.contribute(in(0), dy);
-      if (needs_grad(1))
-        t.contribute(in(1), g.append_node(OpKind::reduce_rows, {dy}, {}, Role::grad, t.grad_name(in(1))).front());
-      return;
-    case OpKind::relu:
-      t.contribute(in(0), g.append_node(OpKind::relu_backward, {dy, n.outputs[0]}, {}, Role::grad, t.grad_name(in(0))).front());
-      return;
-    case OpKind::add:
-      if (needs_grad(0)) t.contribute(in(0), dy);
-      if (needs_grad(1)) t.contribute(in(1), dy);
-      return;
-    case OpKind::cast: {
-      OpAttrs a;
-      a.out_dtype = g.value(in(0)).dtype;
-      t.contribute(in(0), g.append_node(OpKind::cast, {dy}, a, Role::grad, t.grad_name(in(0))).front());
-      return;
-    }
-    default:
-      throw GraphError(fmt::format("autodiff: op {} (node {}) has no gradient rule", op_name(n.op), n.id));
-  }
+// The loss value's producer, checked: a registered loss with a scalar output.
+const Node& loss_node(const Graph& g, ValueId loss) {
+  const Value& v = g.value(loss);
+  if (v.producer < 0)
+    throw GraphError(fmt::format("autodiff: loss '{}' is a {} value, not the output of a loss op", v.name, role_name(v.role)));
+  const Node& n = g.node(v.producer);
+  if (!op_def(n.op).is_loss())
+    throw GraphError(fmt::format("autodiff: loss '{}' is the output of {} (node {}), which is not a loss op", v.name,
+                                 op_name(n.op), n.id));
+  if (element_count(v.shape) != 1)
+    throw GraphError(fmt::format("autodiff: loss '{}' {} is not a scalar", v.name, shape_string(v.shape)));
+  return n;
 }
 
 }  // namespace
 
 GradientMap append_backward(Graph& g, ValueId loss) {
-  const Value& loss_value = g.value(loss);
-  if (loss_value.producer < 0 || g.node(loss_value.producer).op != OpKind::softmax_xent)
-    throw GraphError(fmt::format("autodiff: loss '{}' must be the output of softmax_xent", loss_value.name));
+  const NodeId seed = loss_node(g, loss).id;
   const auto needs = values_needing_grad(g);
   GradientTable table(g);
+  auto sink = [&](ValueId value, ValueId grad) { table.contribute(value, grad); };
   const std::size_t forward_nodes = g.nodes().size();
 
   for (std::size_t i = forward_nodes; i-- > 0;) {
     const Node n = g.nodes()[i];  // copy: appending nodes reallocates
-    if (n.op == OpKind::softmax_xent && n.outputs[0] == loss) {
-      if (needs[static_cast<std::size_t>(n.inputs[0])])
-        table.contribute(n.inputs[0], g.append_node(OpKind::softmax_xent_backward, {n.inputs[0], n.inputs[1]}, {},
-                                                    Role::grad, table.grad_name(n.inputs[0])).front());
+    const OpDef& def = op_def(n.op);
+    std::vector<std::optional<ValueId>> output_grads;
+    bool any = false;
+    for (ValueId out : n.outputs) {
+      output_grads.push_back(table.find(out));
+      any = any || output_grads.back().has_value();
+    }
+    std::vector<bool> input_needs;
+    for (ValueId in : n.inputs) input_needs.push_back(needs[static_cast<std::size_t>(in)]);
+    if (n.id == seed) {
+      def.loss_gradient(GradientContext(g, n, std::vector<std::optional<ValueId>>(n.outputs.size()),
+                                        std::move(input_needs), sink));
       continue;
     }
-    if (n.outputs.size() != 1) continue;
-    const auto dy = table.find(n.outputs[0]);
-    if (!dy) continue;  // output does not reach the loss
-    apply_rule(g, n, *dy, needs, table);
+    if (!any) continue;  // no output reaches the loss
+    if (!def.gradient)
+      throw GraphError(fmt::format("autodiff: op {} (node {}) has no gradient rule", op_name(n.op), n.id));
+    def.gradient(GradientContext(g, n, std::move(output_grads), std::move(input_needs), sink));
   }
 
   GradientMap result;

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "graph/dump.hpp"
+#include "graph/op_registry.hpp"
 
 namespace sg {
 namespace {
@@ -35,7 +36,8 @@ const char* role_color(Role r) {
 
 std::string op_box(const Graph& g, const Node& n) {
   std::string label = fmt::format("n{} {}", n.id, op_name(n.op));
-  if (n.op == OpKind::matmul) label += fmt::format("\\n{}{}", n.attrs.trans_a ? "A^T" : "A", n.attrs.trans_b ? " B^T" : " B");
+  if (const std::string attrs = attrs_text(n.op, n.attrs); !attrs.empty())
+    label += "\\n" + attrs.substr(1);  // "{trans_a=false,trans_b=true}"
   return fmt::format("  n{} [shape=box, style=filled, fillcolor=\"{}\", label=\"{}\"];\n", n.id,
                      phase_color(phase_of(g, n)), label);
 }

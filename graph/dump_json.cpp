@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "graph/dump.hpp"
+#include "graph/op_registry.hpp"
 #include "graph/verifier.hpp"
 
 namespace sg {
@@ -10,25 +11,10 @@ namespace {
 
 using nlohmann::json;
 
-json attrs_to_json(const OpAttrs& a) {
-  return {{"trans_a", a.trans_a}, {"trans_b", a.trans_b}, {"batch", a.batch},
-          {"out_dtype", dtype_name(a.out_dtype)}, {"scale", a.scale}, {"shift", a.shift},
-          {"lr", a.lr}, {"momentum", a.momentum}, {"weight_decay", a.weight_decay}};
-}
-
-OpAttrs attrs_from_json(const json& j) {
-  OpAttrs a;
-  a.trans_a = j.at("trans_a").get<bool>();
-  a.trans_b = j.at("trans_b").get<bool>();
-  a.batch = j.at("batch").get<std::int64_t>();
-  a.out_dtype = dtype_from_name(j.at("out_dtype").get<std::string>());
-  a.scale = j.at("scale").get<double>();
-  a.shift = j.at("shift").get<double>();
-  a.lr = j.at("lr").get<double>();
-  a.momentum = j.at("momentum").get<double>();
-  a.weight_decay = j.at("weight_decay").get<double>();
-  return a;
-}
+// The graph's own format; v1 (one flat attribute record per node, with an
+// SGD learning rate) still loads: each op reads only its own fields.
+constexpr const char* kFormat = "stepgraph-graph-v2";
+constexpr const char* kFormatV1 = "stepgraph-graph-v1";
 
 }  // namespace
 
@@ -40,11 +26,11 @@ std::string dump_json(const Graph& g) {
   json nodes = json::array();
   for (const Node& n : g.nodes())
     nodes.push_back({{"id", n.id}, {"op", op_name(n.op)}, {"inputs", n.inputs}, {"outputs", n.outputs},
-                     {"attrs", attrs_to_json(n.attrs)}, {"fusion_group", n.fusion_group}});
+                     {"attrs", attrs_to_json(n.op, n.attrs)}, {"fusion_group", n.fusion_group}});
   json groups = json::array();
   for (const FusionGroup& fg : g.fusion_groups())
     groups.push_back({{"id", fg.id}, {"kind", fusion_name(fg.kind)}, {"nodes", fg.nodes}});
-  const json doc = {{"format", "stepgraph-graph-v1"}, {"values", values}, {"nodes", nodes},
+  const json doc = {{"format", kFormat}, {"values", values}, {"nodes", nodes},
                     {"fusion_groups", groups}, {"outputs", g.outputs()}};
   return doc.dump(2) + "\n";
 }
@@ -53,14 +39,17 @@ Graph graph_from_json(const std::string& text) {
   Graph g;
   try {
     const json doc = json::parse(text);
-    if (doc.at("format") != "stepgraph-graph-v1") throw GraphError("graph JSON: unknown format");
+    if (doc.at("format") != kFormat && doc.at("format") != kFormatV1) throw GraphError("graph JSON: unknown format");
     for (const json& v : doc.at("values"))
       g.add_value_raw(Value{-1, v.at("name").get<std::string>(), v.at("shape").get<Shape>(),
                             dtype_from_name(v.at("dtype").get<std::string>()),
                             role_from_name(v.at("role").get<std::string>()), v.at("producer").get<NodeId>()});
     for (const json& n : doc.at("nodes"))
-      g.add_node_raw(Node{-1, op_from_name(n.at("op").get<std::string>()), n.at("inputs").get<std::vector<ValueId>>(),
-                          n.at("outputs").get<std::vector<ValueId>>(), attrs_from_json(n.at("attrs")), -1});
+    {
+      const OpKind op = op_from_name(n.at("op").get<std::string>());
+      g.add_node_raw(Node{-1, op, n.at("inputs").get<std::vector<ValueId>>(), n.at("outputs").get<std::vector<ValueId>>(),
+                          attrs_from_json(op, n.at("attrs")), -1});
+    }
     std::vector<FusionGroup> groups;
     for (const json& fg : doc.at("fusion_groups"))
       groups.push_back({-1, fusion_from_name(fg.at("kind").get<std::string>()), fg.at("nodes").get<std::vector<NodeId>>()});

@@ -2,28 +2,12 @@
 #include <fmt/ranges.h>
 
 #include "graph/dump.hpp"
+#include "graph/op_registry.hpp"
 
 namespace sg {
 namespace {
 
 std::string typed(const Value& v) { return fmt::format("{}{}", shape_string(v.shape), dtype_name(v.dtype)); }
-
-// Only the attributes an op actually reads, so lines stay short.
-std::string attrs_text(const Node& n) {
-  const OpAttrs& a = n.attrs;
-  switch (n.op) {
-    case OpKind::matmul:
-      return fmt::format(" {{trans_a={},trans_b={}}}", a.trans_a, a.trans_b);
-    case OpKind::batch_indices:
-      return fmt::format(" {{batch={}}}", a.batch);
-    case OpKind::gather_rows:
-      return fmt::format(" {{scale={:.6g},shift={:.6g}}}", a.scale, a.shift);
-    case OpKind::sgd_update:
-      return fmt::format(" {{lr={:.6g},momentum={:.6g},weight_decay={:.6g}}}", a.lr, a.momentum, a.weight_decay);
-    default:
-      return "";
-  }
-}
 
 }  // namespace
 
@@ -43,7 +27,7 @@ std::string dump_text(const Graph& g) {
     }
     out += fmt::format("n{} {}({}) -> {}{} fused={}\n", n.id, op_name(n.op), fmt::join(ins, ", "),
                        outs.empty() ? std::string("(in place)") : fmt::format("{}", fmt::join(outs, ", ")),
-                       attrs_text(n), fused);
+                       attrs_text(n.op, n.attrs), fused);
   }
   if (!g.outputs().empty()) {
     std::vector<std::string> names;

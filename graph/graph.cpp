@@ -29,62 +29,54 @@ ValueId Graph::state(std::string name, Shape shape, DType dtype) {
 }
 
 ValueId Graph::batch_indices(ValueId perm, ValueId step, std::int64_t batch) {
-  OpAttrs a;
-  a.batch = batch;
-  return append_node(OpKind::batch_indices, {perm, step}, a).front();
+  return append_node(OpKind::batch_indices, {perm, step}, BatchIndicesAttrs{batch}).front();
 }
 
 ValueId Graph::gather_rows(ValueId table, ValueId indices, DType out_dtype, double scale, double shift,
                            std::string name) {
-  OpAttrs a;
-  a.out_dtype = out_dtype;
-  a.scale = scale;
-  a.shift = shift;
-  return append_node(OpKind::gather_rows, {table, indices}, a, Role::activation, std::move(name)).front();
+  return append_node(OpKind::gather_rows, {table, indices}, GatherRowsAttrs{out_dtype, scale, shift}, Role::activation,
+                     std::move(name))
+      .front();
 }
 
 ValueId Graph::matmul(ValueId a, ValueId b, bool trans_a, bool trans_b) {
-  OpAttrs at;
-  at.trans_a = trans_a;
-  at.trans_b = trans_b;
-  return append_node(OpKind::matmul, {a, b}, at).front();
+  return append_node(OpKind::matmul, {a, b}, MatmulAttrs{trans_a, trans_b}).front();
 }
 
-ValueId Graph::bias_add(ValueId x, ValueId bias) { return append_node(OpKind::bias_add, {x, bias}, {}).front(); }
+ValueId Graph::bias_add(ValueId x, ValueId bias) { return append_node(OpKind::bias_add, {x, bias}, NoAttrs{}).front(); }
 ValueId Graph::linear(ValueId x, ValueId w, ValueId b) { return bias_add(matmul(x, w, false, true), b); }
-ValueId Graph::relu(ValueId x) { return append_node(OpKind::relu, {x}, {}).front(); }
+ValueId Graph::relu(ValueId x) { return append_node(OpKind::relu, {x}, NoAttrs{}).front(); }
 ValueId Graph::relu_backward(ValueId dy, ValueId y) {
-  return append_node(OpKind::relu_backward, {dy, y}, {}, Role::grad).front();
+  return append_node(OpKind::relu_backward, {dy, y}, NoAttrs{}, Role::grad).front();
+}
+ValueId Graph::gelu(ValueId x) { return append_node(OpKind::gelu, {x}, NoAttrs{}).front(); }
+ValueId Graph::gelu_backward(ValueId dy, ValueId x) {
+  return append_node(OpKind::gelu_backward, {dy, x}, NoAttrs{}, Role::grad).front();
+}
+std::vector<ValueId> Graph::bias_add_relu(ValueId x, ValueId bias) {
+  return append_node(OpKind::bias_add_relu, {x, bias}, NoAttrs{});
 }
 ValueId Graph::softmax_xent(ValueId logits, ValueId labels) {
-  return append_node(OpKind::softmax_xent, {logits, labels}, {}, Role::activation, "loss").front();
+  return append_node(OpKind::softmax_xent, {logits, labels}, NoAttrs{}, Role::activation, "loss").front();
 }
 ValueId Graph::softmax_xent_backward(ValueId logits, ValueId labels) {
-  return append_node(OpKind::softmax_xent_backward, {logits, labels}, {}, Role::grad).front();
+  return append_node(OpKind::softmax_xent_backward, {logits, labels}, NoAttrs{}, Role::grad).front();
 }
-ValueId Graph::reduce_rows(ValueId x) { return append_node(OpKind::reduce_rows, {x}, {}).front(); }
-ValueId Graph::add(ValueId a, ValueId b) { return append_node(OpKind::add, {a, b}, {}).front(); }
-ValueId Graph::cast(ValueId x, DType to) {
-  OpAttrs a;
-  a.out_dtype = to;
-  return append_node(OpKind::cast, {x}, a).front();
-}
+ValueId Graph::reduce_rows(ValueId x) { return append_node(OpKind::reduce_rows, {x}, NoAttrs{}).front(); }
+ValueId Graph::add(ValueId a, ValueId b) { return append_node(OpKind::add, {a, b}, NoAttrs{}).front(); }
+ValueId Graph::cast(ValueId x, DType to) { return append_node(OpKind::cast, {x}, CastAttrs{to}).front(); }
 ValueId Graph::count_correct(ValueId logits, ValueId labels) {
-  return append_node(OpKind::count_correct, {logits, labels}, {}, Role::activation, "correct").front();
+  return append_node(OpKind::count_correct, {logits, labels}, NoAttrs{}, Role::activation, "correct").front();
 }
 
-void Graph::sgd_update(ValueId param, ValueId grad, double lr, double momentum, double weight_decay,
+void Graph::sgd_update(ValueId param, ValueId grad, double momentum, double weight_decay,
                        std::optional<ValueId> velocity) {
-  OpAttrs a;
-  a.lr = lr;
-  a.momentum = momentum;
-  a.weight_decay = weight_decay;
   std::vector<ValueId> in{param, grad};
   if (velocity) in.push_back(*velocity);
-  append_node(OpKind::sgd_update, std::move(in), a);
+  append_node(OpKind::sgd_update, std::move(in), SgdUpdateAttrs{momentum, weight_decay});
 }
 
-void Graph::advance_step(ValueId step) { append_node(OpKind::advance_step, {step}, {}); }
+void Graph::advance_step(ValueId step) { append_node(OpKind::advance_step, {step}, NoAttrs{}); }
 
 std::vector<ValueId> Graph::append_node(OpKind op, std::vector<ValueId> inputs, OpAttrs attrs,
                                         Role output_role, std::string name) {
@@ -102,7 +94,7 @@ std::vector<ValueId> Graph::insert_node(std::size_t position, OpKind op, std::ve
   Node node;
   node.op = op;
   node.inputs = std::move(inputs);
-  node.attrs = attrs;
+  node.attrs = std::move(attrs);
   nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(position), node);
   renumber_from(position);
   for (const auto& spec : specs) {
@@ -168,12 +160,6 @@ std::vector<ValueId> Graph::values_with_role(Role role) const {
 void Graph::mark_output(ValueId id) {
   value(id);
   if (std::find(outputs_.begin(), outputs_.end(), id) == outputs_.end()) outputs_.push_back(id);
-}
-
-void Graph::set_sgd_learning_rate(double lr) {
-  if (!(lr > 0.0)) throw GraphError(fmt::format("learning rate {} must be > 0", lr));
-  for (auto& n : nodes_)
-    if (n.op == OpKind::sgd_update) n.attrs.lr = lr;
 }
 
 void Graph::set_fusion_groups(std::vector<FusionGroup> groups) {

@@ -1,6 +1,7 @@
 #pragma once
 // The op graph: values plus nodes kept in a valid execution order. Builder
-// methods infer output shapes and throw GraphError naming op and shapes.
+// methods infer output shapes and throw GraphError naming op and shapes
+// (GraphError is declared in graph/op.hpp).
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -10,10 +11,6 @@
 #include "graph/value.hpp"
 
 namespace sg {
-
-struct GraphError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 class Graph {
  public:
@@ -38,8 +35,13 @@ class Graph {
   ValueId add(ValueId a, ValueId b);
   ValueId cast(ValueId x, DType to);
   ValueId count_correct(ValueId logits, ValueId labels);
-  void sgd_update(ValueId param, ValueId grad, double lr, double momentum = 0.0,
-                  double weight_decay = 0.0, std::optional<ValueId> velocity = std::nullopt);
+  ValueId gelu(ValueId x);
+  ValueId gelu_backward(ValueId grad_out, ValueId x);
+  // Two outputs: {Z = x + bias, relu(Z)}.
+  std::vector<ValueId> bias_add_relu(ValueId x, ValueId bias);
+  // The learning rate is not part of the IR: executors hold it as run state.
+  void sgd_update(ValueId param, ValueId grad, double momentum = 0.0, double weight_decay = 0.0,
+                  std::optional<ValueId> velocity = std::nullopt);
   void advance_step(ValueId step);
 
   // Generic append / insert used by the builders and the passes. Output
@@ -63,9 +65,6 @@ class Graph {
   // Outputs the caller wants to read after a run (loss, accuracy count).
   void mark_output(ValueId id);
   const std::vector<ValueId>& outputs() const { return outputs_; }
-
-  // Sets attrs.lr of every sgd_update (a learning-rate schedule step).
-  void set_sgd_learning_rate(double lr);
 
   // ---- used by passes and deserialisation
   void set_fusion_groups(std::vector<FusionGroup> groups);

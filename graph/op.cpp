@@ -5,25 +5,12 @@
 #include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "graph/op_registry.hpp"
+
 namespace sg {
 namespace {
-
-constexpr std::array kOpNames = {
-    std::pair{OpKind::batch_indices, "batch_indices"},
-    std::pair{OpKind::gather_rows, "gather_rows"},
-    std::pair{OpKind::matmul, "matmul"},
-    std::pair{OpKind::bias_add, "bias_add"},
-    std::pair{OpKind::relu, "relu"},
-    std::pair{OpKind::relu_backward, "relu_backward"},
-    std::pair{OpKind::softmax_xent, "softmax_xent"},
-    std::pair{OpKind::softmax_xent_backward, "softmax_xent_backward"},
-    std::pair{OpKind::reduce_rows, "reduce_rows"},
-    std::pair{OpKind::add, "add"},
-    std::pair{OpKind::cast, "cast"},
-    std::pair{OpKind::sgd_update, "sgd_update"},
-    std::pair{OpKind::advance_step, "advance_step"},
-    std::pair{OpKind::count_correct, "count_correct"},
-};
 
 constexpr std::array kFusionNames = {
     std::pair{FusionKind::batch_fetch, "batch_fetch"},
@@ -34,33 +21,52 @@ constexpr std::array kFusionNames = {
     std::pair{FusionKind::xent_fused, "xent_fused"},
 };
 
-template <typename Table, typename Key>
-std::string_view name_of(const Table& table, Key key) {
-  for (const auto& [k, name] : table)
-    if (k == key) return name;
-  return "?";
-}
-
-template <typename Table>
-auto key_of(const Table& table, std::string_view name, const char* what) {
-  for (const auto& [k, n] : table)
-    if (name == n) return k;
-  throw std::invalid_argument(std::string("unknown ") + what + " '" + std::string(name) + "'");
-}
+constexpr std::array<const char*, std::variant_size_v<OpAttrs>> kAttrsKindNames = {
+    "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update"};
+static_assert(attrs_index<NoAttrs>() == 0 && attrs_index<BatchIndicesAttrs>() == 1 &&
+              attrs_index<GatherRowsAttrs>() == 2 && attrs_index<MatmulAttrs>() == 3 &&
+              attrs_index<CastAttrs>() == 4 && attrs_index<SgdUpdateAttrs>() == 5);
 
 }  // namespace
 
-std::string_view op_name(OpKind op) { return name_of(kOpNames, op); }
-OpKind op_from_name(std::string_view name) { return key_of(kOpNames, name, "op"); }
-std::string_view fusion_name(FusionKind kind) { return name_of(kFusionNames, kind); }
-FusionKind fusion_from_name(std::string_view name) { return key_of(kFusionNames, name, "fusion kind"); }
+std::string_view op_name(OpKind op) {
+  const auto defs = all_op_defs();
+  const auto i = static_cast<std::size_t>(op);
+  return i < defs.size() ? defs[i]->name : std::string_view("?");
+}
 
-bool op_updates_in_place(OpKind op) { return op == OpKind::sgd_update || op == OpKind::advance_step; }
+OpKind op_from_name(std::string_view name) {
+  for (const OpDef* def : all_op_defs())
+    if (def->name == name) return def->kind;
+  throw std::invalid_argument("unknown op '" + std::string(name) + "'");
+}
+
+std::string_view fusion_name(FusionKind kind) {
+  for (const auto& [k, name] : kFusionNames)
+    if (k == kind) return name;
+  return "?";
+}
+
+FusionKind fusion_from_name(std::string_view name) {
+  for (const auto& [k, n] : kFusionNames)
+    if (name == n) return k;
+  throw std::invalid_argument("unknown fusion kind '" + std::string(name) + "'");
+}
+
+bool op_updates_in_place(OpKind op) { return op_def(op).in_place != nullptr; }
 
 std::vector<int> in_place_inputs(OpKind op, int input_count) {
-  if (op == OpKind::advance_step) return {0};
-  if (op == OpKind::sgd_update) return input_count == 3 ? std::vector<int>{0, 2} : std::vector<int>{0};
-  return {};
+  const OpDef& def = op_def(op);
+  return def.in_place ? def.in_place(input_count) : std::vector<int>{};
+}
+
+std::string_view attrs_kind_name(std::size_t index) {
+  return index < kAttrsKindNames.size() ? kAttrsKindNames[index] : "?";
+}
+
+void throw_wrong_attrs(const Node& node, std::size_t wanted_index) {
+  throw GraphError(fmt::format("node {} ({}): attributes are not {}", node.id, op_name(node.op),
+                               attrs_kind_name(wanted_index)));
 }
 
 }  // namespace sg

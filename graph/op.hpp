@@ -1,14 +1,23 @@
 #pragma once
-// The op set of the IR. Each op's exact semantics live next to its CPU
-// reference kernel in ops/cpu/reference_ops.hpp; both backends implement them.
+// The op set of the IR and each node's typed attributes. Everything else an op
+// is (dump name, shape rule, gradient rule, in-place slots, CPU reference)
+// lives in its registry entry: graph/op_registry.hpp, one file per op (or
+// small family) under graph/ops/.
 #include <cstdint>
+#include <stdexcept>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "graph/dtype.hpp"
 #include "graph/value.hpp"
 
 namespace sg {
+
+struct GraphError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 enum class OpKind : std::uint8_t {
   batch_indices,          // (perm i32[N], step i32[1]) -> idx i32[B]
@@ -21,10 +30,13 @@ enum class OpKind : std::uint8_t {
   softmax_xent_backward,  // (logits, labels) -> (softmax - onehot) / B
   reduce_rows,            // X [M,N] -> column sums [N]
   add,                    // (X, Y) -> X + Y   (gradient accumulation)
-  cast,                   // X -> X in attrs.out_dtype
+  cast,                   // X -> X in CastAttrs::out_dtype
   sgd_update,             // (param, grad[, velocity]) -> nothing; updates in place
   advance_step,           // step i32[1] -> nothing; step += 1 in place
   count_correct,          // (logits [B,C], labels i32[B]) -> i32[1] argmax hits
+  gelu,                   // X -> X * Phi(X) (exact, erf-based)
+  gelu_backward,          // (dY, X) -> dY * gelu'(X)
+  bias_add_relu,          // (X [M,N], b [N]) -> (Z = X + b, relu(Z)): two outputs
 };
 
 std::string_view op_name(OpKind op);
@@ -34,21 +46,49 @@ bool op_updates_in_place(OpKind op);
 // Input slots an in-place op writes (sgd_update: param and velocity).
 std::vector<int> in_place_inputs(OpKind op, int input_count);
 
-// One flat attribute record: every op reads the fields it needs, the rest keep
-// their defaults. Flat keeps dumps, JSON round trips and equality trivial.
-struct OpAttrs {
-  bool trans_a = false;        // matmul
-  bool trans_b = false;        // matmul
-  std::int64_t batch = 0;      // batch_indices
-  DType out_dtype = DType::f32;  // gather_rows, cast
-  double scale = 1.0;          // gather_rows: out = in * scale + shift
+// ---- typed attributes: one record per attribute kind, each op takes one kind
+struct NoAttrs {
+  bool operator==(const NoAttrs&) const = default;
+};
+struct BatchIndicesAttrs {
+  std::int64_t batch = 0;
+  bool operator==(const BatchIndicesAttrs&) const = default;
+};
+struct GatherRowsAttrs {  // out = in * scale + shift
+  DType out_dtype = DType::f32;
+  double scale = 1.0;
   double shift = 0.0;
-  double lr = 0.0;             // sgd_update
+  bool operator==(const GatherRowsAttrs&) const = default;
+};
+struct MatmulAttrs {
+  bool trans_a = false;
+  bool trans_b = false;
+  bool operator==(const MatmulAttrs&) const = default;
+};
+struct CastAttrs {
+  DType out_dtype = DType::f32;
+  bool operator==(const CastAttrs&) const = default;
+};
+// The learning rate is run state of the optimizer (an executor scalar, a
+// device scalar table), not an attribute of the IR.
+struct SgdUpdateAttrs {
   double momentum = 0.0;
   double weight_decay = 0.0;
-
-  bool operator==(const OpAttrs&) const = default;
+  bool operator==(const SgdUpdateAttrs&) const = default;
 };
+
+using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs>;
+
+// Position of A in OpAttrs.
+template <typename A, std::size_t I = 0>
+constexpr std::size_t attrs_index() {
+  static_assert(I < std::variant_size_v<OpAttrs>, "not an OpAttrs alternative");
+  if constexpr (std::is_same_v<A, std::variant_alternative_t<I, OpAttrs>>) return I;
+  else return attrs_index<A, I + 1>();
+}
+// "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update".
+std::string_view attrs_kind_name(std::size_t index);
+inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 
 // Patterns the fusion pass recognises; a backend lowers each group to one
 // kernel (or one cuBLASLt call plus at most one element-wise kernel).
@@ -72,8 +112,21 @@ struct Node {
   OpAttrs attrs;
   int fusion_group = -1;  // index into Graph::fusion_groups(), -1 when alone
 
+  // The attributes as A; throws GraphError("node N (op): attributes are not
+  // <kind>") when they are of another kind.
+  template <typename A>
+  const A& attr() const;
+
   bool operator==(const Node&) const = default;
 };
+
+[[noreturn]] void throw_wrong_attrs(const Node& node, std::size_t wanted_index);
+
+template <typename A>
+const A& Node::attr() const {
+  if (const A* a = std::get_if<A>(&attrs)) return *a;
+  throw_wrong_attrs(*this, attrs_index<A>());
+}
 
 struct FusionGroup {
   int id = -1;

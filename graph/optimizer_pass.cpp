@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "graph/mlp_builder.hpp"
-
 namespace sg {
 namespace {
 
@@ -17,10 +15,7 @@ std::size_t earliest_update_position(const Graph& g, ValueId param, ValueId grad
 }  // namespace
 
 void append_sgd(Graph& g, const GradientMap& grads, const SgdSpec& sgd) {
-  OpAttrs attrs;
-  attrs.lr = sgd.lr;
-  attrs.momentum = sgd.momentum;
-  attrs.weight_decay = sgd.weight_decay;
+  const SgdUpdateAttrs attrs{sgd.momentum, sgd.weight_decay};  // sgd.lr is the executors' run state
   for (const auto& [param, grad] : grads.of_param) {
     std::vector<ValueId> inputs{param, grad};
     if (sgd.momentum > 0.0) {
@@ -29,7 +24,6 @@ void append_sgd(Graph& g, const GradientMap& grads, const SgdSpec& sgd) {
     }
     g.insert_node(earliest_update_position(g, param, grad), OpKind::sgd_update, inputs, attrs, Role::activation, {});
   }
-  if (auto step = g.find_value(names::step)) g.advance_step(*step);
 }
 
 }  // namespace sg

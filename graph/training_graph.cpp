@@ -4,15 +4,17 @@
 
 namespace sg {
 
-TrainingGraphStages build_training_stages(const MlpSpec& mlp, const SgdSpec& sgd, const FusionOptions& fusion) {
+TrainingGraphStages build_training_stages(Graph forward, ValueId loss, const SgdSpec& sgd,
+                                          const FusionOptions& fusion, std::optional<ValueId> step) {
   TrainingGraphStages s;
-  s.forward = build_mlp_forward(mlp);
+  s.forward = std::move(forward);
   verify_graph(s.forward);
   s.backward = s.forward;
-  const auto grads = append_backward(s.backward, s.backward.value_named(names::loss));
+  const auto grads = append_backward(s.backward, loss);
   verify_graph(s.backward);
   s.optimized = s.backward;
   append_sgd(s.optimized, grads, sgd);
+  if (step) s.optimized.advance_step(*step);
   verify_graph(s.optimized);
   s.fused = s.optimized;
   fuse(s.fused, fusion);

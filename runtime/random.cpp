@@ -1,6 +1,5 @@
 #include "runtime/random.hpp"
 
-#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -16,15 +15,6 @@ std::vector<std::int32_t> epoch_permutation(std::int64_t n, std::uint64_t seed, 
     std::swap(perm[static_cast<std::size_t>(i)], perm[static_cast<std::size_t>(j)]);
   }
   return perm;
-}
-
-std::vector<float> linear_init(std::int64_t count, std::int64_t fan_in, std::uint64_t key) {
-  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  std::vector<float> out(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i)
-    out[static_cast<std::size_t>(i)] =
-        static_cast<float>((2.0 * stream_uniform(key, static_cast<std::uint64_t>(i)) - 1.0) * bound);
-  return out;
 }
 
 }  // namespace sg

@@ -1,7 +1,9 @@
 #pragma once
 // The project's only randomness: counter-based SplitMix64 streams, so that the
 // PyTorch scripts in bench/ reproduce the same permutations and initial
-// weights (bench/stepgraph_data.py implements the same three functions).
+// weights (bench/stepgraph_data.py implements the same functions). The
+// parameter keys and nn.Linear's scheme are the model builders'
+// (models/param_init.hpp); the header part here is all they use.
 #include <cstdint>
 #include <vector>
 
@@ -26,11 +28,6 @@ inline double stream_uniform(std::uint64_t key, std::uint64_t i) {
   return static_cast<double>(stream_u64(key, i) >> 11) * 0x1.0p-53;
 }
 
-// Key of parameter `index` (0-based, in layer order w1, b1, w2, b2, ...) for `seed`.
-constexpr std::uint64_t param_key(std::uint64_t seed, std::uint64_t index) {
-  return splitmix64_mix(seed) ^ (0xD1B54A32D192ED03ull * (index + 1));
-}
-
 // Key of epoch `epoch`'s permutation for shuffle seed `seed`.
 constexpr std::uint64_t epoch_key(std::uint64_t seed, std::uint64_t epoch) {
   return splitmix64_mix(seed + 0x5851F42D4C957F2Dull) ^ (0xD1B54A32D192ED03ull * (epoch + 1));
@@ -38,10 +35,5 @@ constexpr std::uint64_t epoch_key(std::uint64_t seed, std::uint64_t epoch) {
 
 // Fisher-Yates over 0..n-1: for i = n-1 down to 1, j = stream_u64(key, n-1-i) mod (i+1), swap.
 std::vector<std::int32_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::uint64_t epoch);
-
-// PyTorch nn.Linear's default scheme: every weight and bias of a layer with
-// `fan_in` inputs is U(-1/sqrt(fan_in), 1/sqrt(fan_in)); element i is
-// (2 * stream_uniform(key, i) - 1) / sqrt(fan_in).
-std::vector<float> linear_init(std::int64_t count, std::int64_t fan_in, std::uint64_t key);
 
 }  // namespace sg

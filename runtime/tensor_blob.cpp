@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "graph/mlp_builder.hpp"
-
 namespace sg {
 
 std::uint16_t float_to_half_bits(float value) {
@@ -58,12 +56,12 @@ std::vector<float> floats_from_blob(const io::TensorBlob& blob) {
 
 io::TensorBlob step_blob(std::int64_t step) {
   const auto value = static_cast<std::int32_t>(step);
-  return {names::step, DType::i32, {1}, std::string(reinterpret_cast<const char*>(&value), sizeof value)};
+  return {kStepEntry, DType::i32, {1}, std::string(reinterpret_cast<const char*>(&value), sizeof value)};
 }
 
 std::int64_t step_from_blobs(const std::vector<io::TensorBlob>& blobs) {
   for (const auto& b : blobs)
-    if (b.name == names::step && b.dtype == DType::i32 && b.bytes.size() == 4) {
+    if (b.name == kStepEntry && b.dtype == DType::i32 && b.bytes.size() == 4) {
       std::int32_t value;
       std::memcpy(&value, b.bytes.data(), 4);
       return value;

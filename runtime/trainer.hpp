@@ -6,28 +6,22 @@
 #include <string>
 #include <vector>
 
-#include "graph/fusion_pass.hpp"
-#include "graph/mlp_builder.hpp"
-#include "graph/optimizer_pass.hpp"
+#include "runtime/backend_options.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/io/checkpoint.hpp"
+#include "runtime/training_program.hpp"
 
 namespace sg {
 
 struct TrainerSpec {
-  MlpSpec mlp;                 // dataset_rows is filled from the training split
-  SgdSpec sgd;
-  FusionOptions fusion;
-  std::int64_t eval_batch = 1000;  // rounded down to a divisor of the test rows
-  std::uint64_t init_seed = 0;
-  std::uint64_t shuffle_seed = 1;
+  // The graphs, initial parameters, data bindings and initial learning rate,
+  // built for the Dataset's row counts (models/ builds them; checked with
+  // check_training_program when a trainer is made).
+  TrainingProgram program;
+  std::uint64_t shuffle_seed = 1;  // epoch permutations of the training rows
   // CUDA backend only
-  bool accumulate_f16 = false;
   bool cuda_graph = true;
-  bool autotune = false;
-  bool whole_step = true;  // one kernel per step where the MLP fits it
-  bool one_pass_backward = true;  // dgrad + SGD in one pass over each weight, and the output layer's backward in one kernel, where they fit
-  std::int64_t steps_per_launch = 1;
+  BackendOptions backend;  // lowerings and kernel knobs (steps_per_launch needs cuda_graph)
 };
 
 struct Dataset {
@@ -49,15 +43,14 @@ class Trainer {
   virtual double last_loss() = 0;  // loss of the most recent step
   virtual EvalResult evaluate() = 0;
   virtual void set_learning_rate(double lr) = 0;
-  // Parameters, then velocities, then the step counter (as i32 [1] "step").
+  // Parameters, then optimizer state (the step counter excluded), in graph
+  // order and by value name, then the global step (i32 [1] kStepEntry).
   virtual std::vector<io::TensorBlob> save_state() = 0;
   virtual void load_state(const std::vector<io::TensorBlob>& blobs) = 0;
   virtual std::int64_t step() const = 0;
 };
 
+// Throws std::invalid_argument when spec.program does not fit `data`.
 std::unique_ptr<Trainer> make_cpu_trainer(const TrainerSpec& spec, const Dataset& data);
-
-// Largest divisor of `rows` not above `wanted` (eval batches cover the test set exactly).
-std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted);
 
 }  // namespace sg

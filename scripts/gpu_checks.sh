@@ -42,12 +42,12 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_8192_b25
   [ "$variant" = fp16_resident_256 ] && extra+=(--set "model.layers=[784,256,256,256,10]") && steps=12
   [ "$variant" = fp16_8192 ] && extra+=(--set "model.layers=[784,8192,8192,10]") && steps=3
   [ "$variant" = fp16_8192_b256 ] && extra+=(--set "model.layers=[784,8192,8192,10]" --set data.batch_size=256) && steps=3
-  short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
-         --set run.steps=$steps --set run.log_every=$log_every --set run.out_dir="$out/sanitized_$variant")
   # (at batch 32 the scheduler takes the per-group schedule: the whole-step kernels are forced)
   mode=auto; [ "$variant" = fp16 ] && mode=grid
   case "$variant" in fp16_resident*) mode=resident ;; esac
-  export SG_WHOLE_STEP_MODE=$mode
+  short=(build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" "${extra[@]}"
+         --set backend.whole_step_mode=$mode
+         --set run.steps=$steps --set run.log_every=$log_every --set run.out_dir="$out/sanitized_$variant")
   step "memcheck_$variant" compute-sanitizer --tool memcheck --error-exitcode 3 "${short[@]}"
   # racecheck: on the wide net cuBLASLt picks an nvjet_sm90 RELU_BIAS kernel
   # in which racecheck reports shared-memory hazards inside the library's own
@@ -66,7 +66,6 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_8192_b25
     echo "--- racecheck_$variant: none in our kernels ($library hazard sites reported inside cuBLASLt nvjet kernels)"
   fi
 done
-unset SG_WHOLE_STEP_MODE
 step default_config build/apps/stepgraph train --config configs/mnist_mlp.yaml --set data.dir="$data" \
   --set run.out_dir="$out/mnist_mlp"
 step replay_reference build/apps/replay_reference "$data"

@@ -13,7 +13,11 @@ const std::vector<ConfigSection>& config_schema() {
       {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
       {"precision", {"weights", "accumulate"}, {}},
       {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume"}, {}},
-      {"backend", {"kind", "cuda_graph", "autotune", "whole_step", "one_pass_backward", "steps_per_launch"}, {}},
+      {"backend",
+       {"kind", "cuda_graph", "autotune", "whole_step", "one_pass_backward", "steps_per_launch", "whole_step_mode",
+        "small_batch_forward", "fold_input_update", "dependent_launch", "classifier_mma", "one_pass_multicast",
+        "strip_splits", "resident_cluster"},
+       {}},
   };
   return schema;
 }

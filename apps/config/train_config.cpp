@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "apps/config/config_schema.hpp"
+#include "runtime/backend_options.hpp"
 
 namespace sg::app {
 namespace {
@@ -142,6 +143,14 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(backend, "backend", "whole_step", c.backend.whole_step);
   r.read(backend, "backend", "one_pass_backward", c.backend.one_pass_backward);
   r.read(backend, "backend", "steps_per_launch", c.backend.steps_per_launch);
+  r.read(backend, "backend", "whole_step_mode", c.backend.whole_step_mode);
+  r.read(backend, "backend", "small_batch_forward", c.backend.small_batch_forward);
+  r.read(backend, "backend", "fold_input_update", c.backend.fold_input_update);
+  r.read(backend, "backend", "dependent_launch", c.backend.dependent_launch);
+  r.read(backend, "backend", "classifier_mma", c.backend.classifier_mma);
+  r.read(backend, "backend", "one_pass_multicast", c.backend.one_pass_multicast);
+  r.read(backend, "backend", "strip_splits", c.backend.strip_splits);
+  r.read(backend, "backend", "resident_cluster", c.backend.resident_cluster);
 }
 
 // The node of a key, for the line number in a validation error.
@@ -214,6 +223,11 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
 
   one_of(c.backend.kind, {"auto", "cuda", "cpu"}, "backend.kind");
   require(c.backend.steps_per_launch >= 1, "backend.steps_per_launch", "must be >= 1");
+  one_of(c.backend.whole_step_mode, {"auto", "grid", "cluster", "resident"}, "backend.whole_step_mode");
+  const std::string splits = strip_splits_problem(c.backend.strip_splits);
+  require(splits.empty(), "backend.strip_splits", splits);
+  const std::string cluster = resident_cluster_problem(c.backend.resident_cluster);
+  require(cluster.empty(), "backend.resident_cluster", cluster);
 }
 
 void apply_override(YAML::Node& root, const std::string& source, const std::string& text) {
@@ -319,7 +333,15 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "autotune" << YAML::Value << c.backend.autotune;
   e << YAML::Key << "whole_step" << YAML::Value << c.backend.whole_step;
   e << YAML::Key << "one_pass_backward" << YAML::Value << c.backend.one_pass_backward;
-  e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch << YAML::EndMap;
+  e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch;
+  e << YAML::Key << "whole_step_mode" << YAML::Value << c.backend.whole_step_mode;
+  e << YAML::Key << "small_batch_forward" << YAML::Value << c.backend.small_batch_forward;
+  e << YAML::Key << "fold_input_update" << YAML::Value << c.backend.fold_input_update;
+  e << YAML::Key << "dependent_launch" << YAML::Value << c.backend.dependent_launch;
+  e << YAML::Key << "classifier_mma" << YAML::Value << c.backend.classifier_mma;
+  e << YAML::Key << "one_pass_multicast" << YAML::Value << c.backend.one_pass_multicast;
+  e << YAML::Key << "strip_splits" << YAML::Value << c.backend.strip_splits;
+  e << YAML::Key << "resident_cluster" << YAML::Value << c.backend.resident_cluster << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

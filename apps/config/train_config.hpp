@@ -78,6 +78,15 @@ struct BackendConfig {
   bool whole_step = true;          // one kernel per step where the MLP fits it
   bool one_pass_backward = true;   // a layer's dgrad + SGD in one pass over its weights where it fits
   std::int64_t steps_per_launch = 1;  // training steps captured per CUDA graph
+  // Lowerings and kernel knobs (sg::BackendOptions; backend_options_from_config maps them).
+  std::string whole_step_mode = "auto";  // auto | grid | cluster | resident: the whole-step variant
+  bool small_batch_forward = true;  // our small-batch hidden-layer forwards (batch fetch folded in)
+  bool fold_input_update = true;    // the first layer's update inside the one-pass launch above it
+  bool dependent_launch = true;     // programmatic dependent launch (Hopper)
+  bool classifier_mma = true;       // the classifier forward on tensor cores (batch 256/1024)
+  bool one_pass_multicast = true;   // batch-256 one-pass kernel: pairs of blocks share dY tiles
+  std::int64_t strip_splits = 0;    // one-pass column-strip kernel: blocks per strip (0: the measured rule)
+  std::int64_t resident_cluster = 0;  // resident whole-step kernel: cluster size (0: the largest that fits)
 };
 
 struct TrainConfig {

@@ -82,6 +82,26 @@ void relu_backward(const T* dy, const T* y, std::int64_t n, T* dx) {
   for (std::int64_t i = 0; i < n; ++i) dx[i] = y[i] > T(0) ? dy[i] : T(0);
 }
 
+// Exact GELU (not the tanh approximation): y = x * Phi(x) = x * 0.5 * (1 + erf(x / sqrt(2))).
+template <typename T>
+void gelu(const T* x, std::int64_t n, T* y) {
+  const T inv_sqrt2 = T(0.70710678118654752440);
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * T(0.5) * (T(1) + std::erf(x[i] * inv_sqrt2));
+}
+
+// dx = dy * gelu'(x), gelu'(x) = Phi(x) + x * phi(x) = 0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x^2 / 2) / sqrt(2 pi),
+// with x the forward INPUT.
+template <typename T>
+void gelu_backward(const T* dy, const T* x, std::int64_t n, T* dx) {
+  const T inv_sqrt2 = T(0.70710678118654752440);
+  const T inv_sqrt_2pi = T(0.39894228040143267794);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T cdf = T(0.5) * (T(1) + std::erf(x[i] * inv_sqrt2));
+    const T pdf = inv_sqrt_2pi * std::exp(T(-0.5) * x[i] * x[i]);
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
+  }
+}
+
 template <typename T>
 void add(const T* a, const T* b, std::int64_t n, T* y) {
   for (std::int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];

@@ -23,7 +23,6 @@
 #include <utility>
 
 #include "ops/cuda/cuda_check.hpp"
-#include "ops/cuda/env_switch.hpp"
 
 namespace sg::cuda {
 
@@ -39,12 +38,13 @@ __device__ __forceinline__ void allow_next_kernel_to_start() {
 #endif
 }
 
-// Whether launches use it: Hopper or newer, unless SG_DEPENDENT_LAUNCH=0
-// (the benchmark's same-run baseline). Read once per process.
-inline bool dependent_launch_enabled() {
-  static const bool enabled = !switched_off("SG_DEPENDENT_LAUNCH") &&
-                              current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  return enabled;
+// Whether the GPU supports it (Hopper or newer). Callers choose whether to
+// use it (the `dependent` parameter of the launchers: BackendOptions::
+// dependent_launch); a requested dependent launch on an older GPU is a
+// plain one. Read once per process.
+inline bool dependent_launch_supported() {
+  static const bool supported = current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  return supported;
 }
 
 struct LaunchGeometry {
@@ -54,14 +54,14 @@ struct LaunchGeometry {
 };
 
 // Launches `kernel` in `geometry`'s clusters; as a dependent of the stream's
-// previous kernel (see the contract above) when `dependent`, else after it
-// has completed.
+// previous kernel (see the contract above) when `dependent` and the GPU
+// supports it, else after it has completed.
 template <typename... Params, typename... Args>
 void launch_in_clusters(void (*kernel)(Params...), const LaunchGeometry& geometry, cudaStream_t stream, bool dependent,
                         Args&&... args) {
   cudaLaunchAttribute attrs[2]{};
   unsigned count = 0;
-  if (dependent) {
+  if (dependent && dependent_launch_supported()) {
     attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[count++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -80,11 +80,13 @@ void launch_in_clusters(void (*kernel)(Params...), const LaunchGeometry& geometr
 }
 
 // Launches `kernel` as a dependent of the stream's previous kernel (see the
-// contract above); a plain launch where dependent launch is off.
+// contract above) when `dependent` (the caller's choice: on for the step's
+// kernels, off for the same-run baseline) and the GPU supports it; else a
+// plain launch. The kernel must keep the contract either way.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), const LaunchGeometry& geometry, cudaStream_t stream,
+void launch_dependent(void (*kernel)(Params...), const LaunchGeometry& geometry, cudaStream_t stream, bool dependent,
                       Args&&... args) {
-  launch_in_clusters(kernel, geometry, stream, dependent_launch_enabled(), std::forward<Args>(args)...);
+  launch_in_clusters(kernel, geometry, stream, dependent, std::forward<Args>(args)...);
 }
 
 }  // namespace sg::cuda

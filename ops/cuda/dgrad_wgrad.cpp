@@ -34,6 +34,11 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
   return {};
 }
 
+OnePassKernel one_pass_kernel_for(std::int64_t batch, std::int64_t k) {
+  if (batch == 256) return OnePassKernel::wgmma;
+  return k < kRowRangesFromK ? OnePassKernel::column_strips : OnePassKernel::row_ranges;
+}
+
 std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width) {
   if (std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty()) return why;
   if (batch != 16 && batch != 32) return fmt::format("batch {}: the folded update runs at batch 16 and 32", batch);
@@ -43,9 +48,9 @@ std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::in
   return {};
 }
 
-DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits,
+DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, const DgradWgradOptions& options,
                              std::int64_t input_width)
-    : batch_(batch), n_(n), k_(k), input_width_(input_width) {
+    : batch_(batch), n_(n), k_(k), input_width_(input_width), options_(options) {
   if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD: unsupported: " + why);
   if (input_width > 0)
@@ -53,7 +58,7 @@ DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k,
       throw CudaError("one-pass dgrad+SGD: no folded input update: " + why);
   if (batch == 256) return;  // the wgmma kernel: nothing to plan, no workspace
   if (k < kRowRangesFromK) {
-    strips_ = one_pass::plan_column_strips(batch, n, k, strip_splits, int(input_width));
+    strips_ = one_pass::plan_column_strips(batch, n, k, options.strip_splits, int(input_width));
     return;
   }
   grid_ = one_pass::plan_row_ranges(batch, n, k);
@@ -71,13 +76,13 @@ void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half*
   if (!dx && !input.w) throw CudaError("one-pass dgrad+SGD: dX has nowhere to go");
   if (batch_ == 256) {
     if (!dx || input.w) throw CudaError("one-pass dgrad+SGD (wgmma): needs dX and takes no input-layer update");
-    one_pass::launch_wgmma(dy, x, n_, k_, w, dx, scalars, stream, bias, bias_scalars);
+    one_pass::launch_wgmma(dy, x, n_, k_, w, dx, scalars, stream, options_.multicast, bias, bias_scalars);
   } else if (grid_.ranges == 0)
-    one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
-                                   input);
+    one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, options_.dependent, bias,
+                                   bias_scalars, input);
   else
-    one_pass::launch_row_ranges(grid_, dy, x, batch_, n_, k_, w, dx, scalars, stream, bias, bias_scalars,
-                                partials_.as<float>(), arrivals_.as<unsigned>());
+    one_pass::launch_row_ranges(grid_, dy, x, batch_, n_, k_, w, dx, scalars, stream, options_.dependent, bias,
+                                bias_scalars, partials_.as<float>(), arrivals_.as<unsigned>());
 }
 
 }  // namespace sg::cuda

@@ -17,12 +17,31 @@
 
 #include "ops/cuda/cuda_resources.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/kernel_limits.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
 
+// How DgradWgradSgd plans and launches (BackendOptions' one-pass knobs).
+struct DgradWgradOptions {
+  // Column-strip kernel: blocks per strip, a power of two up to
+  // kMaxStripSplits (Hopper); 0: the measured rule.
+  int strip_splits = 0;
+  // Batch-256 wgmma kernel: pairs of blocks share each dY tile (cluster of 2,
+  // TMA multicast) where the strips pair up; off: one copy per block.
+  bool multicast = true;
+  // Column-strip and row-range kernels: dependent launch (dependent_launch.cuh).
+  bool dependent = true;
+};
+
 // Empty when the kernel runs these sizes, else why not.
 std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
+
+// Which of the one-pass kernels runs a (batch, N, K) that dgrad_wgrad_unsupported
+// accepts: column strips (batch 16/32), row ranges (batch 16/32 from K = 8192),
+// or wgmma (batch 256).
+enum class OnePassKernel : std::uint8_t { column_strips, row_ranges, wgmma };
+OnePassKernel one_pass_kernel_for(std::int64_t batch, std::int64_t k);
 // Empty when a launch for these sizes can also take the first layer's update
 // (one_pass::InputLayerUpdate) for an input of `input_width` columns.
 std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width);
@@ -35,10 +54,10 @@ std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::in
 // other.
 class DgradWgradSgd {
  public:
-  // strip_splits: blocks per column strip (a power of two up to 8, Hopper),
-  // 0 for the measured rule. input_width > 0: launches take the first
+  // options: see DgradWgradOptions. input_width > 0: launches take the first
   // layer's update for an input that wide (see input_update_unsupported).
-  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, int strip_splits = 0, std::int64_t input_width = 0);
+  DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, const DgradWgradOptions& options = {},
+                std::int64_t input_width = 0);
 
   // With bias set, the launch also applies SGD to the previous layer's bias
   // from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
@@ -58,6 +77,7 @@ class DgradWgradSgd {
 
  private:
   std::int64_t batch_, n_, k_, input_width_;
+  DgradWgradOptions options_;
   one_pass::ColumnStripGrid strips_;
   one_pass::RowRangeGrid grid_;
   DeviceBuffer partials_;

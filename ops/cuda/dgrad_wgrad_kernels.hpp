@@ -35,14 +35,14 @@ struct ColumnStripGrid {
   int splits = 1;        // blocks (one cluster) per strip
   std::size_t smem = 0;  // dynamic shared memory per block
 };
-// `splits` 0: the measured rule (or SG_STRIP_SPLITS); else that many.
+// `splits` 0: the measured rule; else that many (a power of two up to kMaxStripSplits).
 // `input_width` > 0: room for a folded first-layer update of that width.
 // Sets the smem limit too.
 ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits = 0,
                                    int input_width = 0);
 void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
                           std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
-                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars,
+                          cudaStream_t stream, bool dependent, __half* bias, const SgdScalars* bias_scalars,
                           const InputLayerUpdate& input);
 
 // Row ranges (dgrad_wgrad_ranges.cu): a block owns a 128/256-column strip
@@ -58,7 +58,8 @@ RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k)
 // `arrivals` ([strips], zero before the first launch) counts finished blocks; the last resets it.
 void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half* x, std::int64_t batch, std::int64_t n,
                        std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
-                       __half* bias, const SgdScalars* bias_scalars, float* partials, unsigned* arrivals);
+                       bool dependent, __half* bias, const SgdScalars* bias_scalars, float* partials,
+                       unsigned* arrivals);
 
 // Batch 256 (dgrad_wgrad_wgmma.cu): a block owns 64 columns and all rows of W,
 // TMA loads each 64-row tile of W and dY once, one warpgroup accumulates dX
@@ -66,9 +67,10 @@ void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half*
 // Needs an sm_90 GPU; empty when it runs these sizes, else why not.
 std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
 // How many blocks share each dY tile (a cluster, TMA multicast) for K columns:
-// 2 where the 64-column strips pair up, else 1; 1 with SG_ONE_PASS_MULTICAST=0.
-int wgmma_blocks_sharing_dy(std::int64_t k);
+// with `multicast`, 2 where the 64-column strips pair up, else 1; without, 1.
+int wgmma_blocks_sharing_dy(std::int64_t k, bool multicast);
 void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
-                  const SgdScalars* scalars, cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars);
+                  const SgdScalars* scalars, cudaStream_t stream, bool multicast, __half* bias,
+                  const SgdScalars* bias_scalars);
 
 }  // namespace sg::cuda::one_pass

@@ -314,11 +314,12 @@ RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k)
 
 void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half* x, std::int64_t batch, std::int64_t n,
                        std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
-                       __half* bias, const SgdScalars* bias_scalars, float* partials, unsigned* arrivals) {
+                       bool dependent, __half* bias, const SgdScalars* bias_scalars, float* partials,
+                       unsigned* arrivals) {
   const Instance in = instance_for(batch, grid.columns_per_warp);
   const dim3 blocks{unsigned(grid.strips), unsigned(grid.ranges)};
-  launch_dependent(in.kernel, {blocks, dim3(kThreads), in.smem}, stream, dy, x, int(n), int(k), int(grid.rows_per_range),
-                   w, dx, scalars, bias, bias_scalars, partials, arrivals);
+  launch_dependent(in.kernel, {blocks, dim3(kThreads), in.smem}, stream, dependent, dy, x, int(n), int(k),
+                   int(grid.rows_per_range), w, dx, scalars, bias, bias_scalars, partials, arrivals);
 }
 
 }  // namespace sg::cuda::one_pass

@@ -17,12 +17,12 @@
 #include <fmt/format.h>
 #include <mma.h>
 
-#include <cstdlib>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/kernel_limits.hpp"
 #include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/warp_reduce.cuh"
 
@@ -57,7 +57,7 @@ struct Layout {
   static constexpr std::size_t incoming_bytes = std::size_t(B) * S * 4;  // per sending rank: its dX partial sum
 };
 
-constexpr int kMaxSplits = 8;  // blocks sharing a strip (a portable cluster size)
+constexpr int kMaxSplits = kMaxStripSplits;  // blocks sharing a strip (a portable cluster size)
 
 // The folded first-layer update (InputLayerUpdate) of rows col0 .. col0+S-1
 // of W_in: warp w takes W_in's 16-column tiles w, w + 8, ...; each tile's
@@ -367,7 +367,6 @@ Instance instance_for(std::int64_t batch, std::int64_t k) {
 constexpr int kMinChunksPerWarp = 4;
 
 int strip_splits(std::int64_t strips, std::int64_t chunks) {
-  if (const char* forced = std::getenv("SG_STRIP_SPLITS")) return std::atoi(forced);
   if (current_device_attribute(cudaDevAttrComputeCapabilityMajor) < 9) return 1;  // clusters: Hopper on
   const std::int64_t sms = multiprocessor_count();
   int splits = 1;
@@ -386,8 +385,8 @@ ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int6
   grid.strips = k / in.strip;
   grid.splits = splits > 0 ? splits : strip_splits(grid.strips, n / 16);
   if (grid.splits < 1 || grid.splits > kMaxSplits || (grid.splits & (grid.splits - 1)) != 0)
-    throw CudaError(fmt::format("one-pass dgrad+SGD: {} blocks per strip (a power of two up to {}; SG_STRIP_SPLITS?)",
-                                grid.splits, kMaxSplits));
+    throw CudaError(fmt::format("one-pass dgrad+SGD: {} blocks per strip (a power of two up to {})", grid.splits,
+                                kMaxSplits));
   grid.smem = in.smem + std::size_t(grid.splits - 1) * (batch == 16 ? strip_incoming_bytes<16>(in.strip)
                                                                     : strip_incoming_bytes<32>(in.strip));
   grid.smem += std::size_t(in.strip + batch) * input_width * sizeof(__half);  // the folded update's W_in rows, X_in
@@ -397,12 +396,13 @@ ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int6
 
 void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
                           std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
-                          cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars,
+                          cudaStream_t stream, bool dependent, __half* bias, const SgdScalars* bias_scalars,
                           const InputLayerUpdate& input) {
   const Instance in = instance_for(batch, k);
   const LaunchGeometry geometry{dim3(unsigned(grid.strips * grid.splits)), dim3(kThreads), grid.smem,
                                 unsigned(grid.splits)};
-  launch_dependent(in.kernel, geometry, stream, dy, x, int(n), int(k), w, dx, scalars, bias, bias_scalars, input);
+  launch_dependent(in.kernel, geometry, stream, dependent, dy, x, int(n), int(k), w, dx, scalars, bias, bias_scalars,
+                   input);
 }
 
 }  // namespace sg::cuda::one_pass

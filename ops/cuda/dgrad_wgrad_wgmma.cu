@@ -16,7 +16,6 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
-#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/sgd_step.cuh"
 #include "ops/cuda/tensor_map.hpp"
@@ -261,14 +260,14 @@ std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k
   return {};
 }
 
-int wgmma_blocks_sharing_dy(std::int64_t k) {
-  // SG_ONE_PASS_MULTICAST=0: one block per dY copy (the same-run baseline).
-  static const bool multicast = !switched_off("SG_ONE_PASS_MULTICAST");
+int wgmma_blocks_sharing_dy(std::int64_t k, bool multicast) {
+  // multicast off: one block per dY copy (the same-run baseline).
   return multicast && (k / kCols) % 2 == 0 ? 2 : 1;
 }
 
 void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
-                  const SgdScalars* scalars, cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars) {
+                  const SgdScalars* scalars, cudaStream_t stream, bool multicast, __half* bias,
+                  const SgdScalars* bias_scalars) {
   if (const std::string why = wgmma_unsupported(kBatch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD (wgmma): unsupported: " + why);
   static const bool smem_set = [] {
@@ -277,7 +276,7 @@ void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_
     return true;
   }();
   (void)smem_set;
-  const int blocks = int(k / kCols), sharing = wgmma_blocks_sharing_dy(k);
+  const int blocks = int(k / kCols), sharing = wgmma_blocks_sharing_dy(k, multicast);
   const TileMaps maps{fp16_tile_map(w, n, k, kRows), fp16_tile_map(w, n, k, 2 * kRows),
                       fp16_tile_map(dy, kBatch, n, kBatch / sharing), fp16_tile_map(x, kBatch, k, kBatch),
                       fp16_tile_map(dx, kBatch, k, kBatch)};

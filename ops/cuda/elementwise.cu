@@ -16,6 +16,17 @@ struct ReluBackwardOp {  // (dy, y)
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
+// Exact GELU: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 (ref::gelu).
+struct GeluOp {
+  __device__ float operator()(float x, float) const { return x * 0.5f * (1.f + erff(x * 0.70710678118654752f)); }
+};
+struct GeluBackwardOp {  // (dy, x): dy * (Phi(x) + x * phi(x))
+  __device__ float operator()(float dy, float x) const {
+    const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * __expf(-0.5f * x * x);
+    return dy * (cdf + x * pdf);
+  }
+};
 
 // y[i] = op(a[i], b[i]) (b may be null for unary ops: it then reads a).
 template <typename T, typename Op>
@@ -79,6 +90,14 @@ void launch_relu_backward(const T* dy, const T* y, std::int64_t n, T* dx, cudaSt
   map(dy, y, dx, n, ReluBackwardOp{}, stream, "relu_backward");
 }
 template <typename T>
+void launch_gelu(const T* x, std::int64_t n, T* y, cudaStream_t stream) {
+  map(x, x, y, n, GeluOp{}, stream, "gelu_kernel");
+}
+template <typename T>
+void launch_gelu_backward(const T* dy, const T* x, std::int64_t n, T* dx, cudaStream_t stream) {
+  map(dy, x, dx, n, GeluBackwardOp{}, stream, "gelu_backward_kernel");
+}
+template <typename T>
 void launch_add(const T* a, const T* b, std::int64_t n, T* y, cudaStream_t stream) {
   map(a, b, y, n, AddOp{}, stream, "add");
 }
@@ -101,6 +120,8 @@ void launch_cast(const __half* x, std::int64_t n, float* y, cudaStream_t stream)
   template void launch_relu<T>(const T*, std::int64_t, T*, cudaStream_t);                              \
   template void launch_relu_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);           \
   template void launch_add<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);                     \
+  template void launch_gelu<T>(const T*, std::int64_t, T*, cudaStream_t);                              \
+  template void launch_gelu_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);           \
   template void launch_bias_add<T>(const T*, const T*, std::int64_t, std::int64_t, T*, cudaStream_t);
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(__half)

@@ -4,6 +4,9 @@
 // `stream`, capturable into a CUDA graph, and check the launch. Pointers are
 // device pointers. Scalars that may change between graph replays (learning
 // rate, step counter) are read from device memory so no re-capture is needed.
+// A launcher with a `dependent` parameter launches its kernel as a
+// programmatic dependent of the stream's previous kernel when it is set and
+// the GPU supports it (dependent_launch.cuh; BackendOptions::dependent_launch).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -40,6 +43,8 @@ void launch_advance_step(std::int32_t* step, cudaStream_t stream);
 // ---- element-wise (n elements, 16-byte vectorised where alignment allows)
 template <typename T> void launch_relu(const T* x, std::int64_t n, T* y, cudaStream_t stream);
 template <typename T> void launch_relu_backward(const T* dy, const T* y, std::int64_t n, T* dx, cudaStream_t stream);
+template <typename T> void launch_gelu(const T* x, std::int64_t n, T* y, cudaStream_t stream);
+template <typename T> void launch_gelu_backward(const T* dy, const T* x, std::int64_t n, T* dx, cudaStream_t stream);
 template <typename T> void launch_add(const T* a, const T* b, std::int64_t n, T* y, cudaStream_t stream);
 template <typename T> void launch_bias_add(const T* x, const T* bias, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream);
 void launch_cast(const float* x, std::int64_t n, __half* y, cudaStream_t stream);
@@ -49,14 +54,15 @@ void launch_cast(const __half* x, std::int64_t n, float* y, cudaStream_t stream)
 // no atomics) and, when dlogits != nullptr, (softmax - onehot)/rows.
 template <typename T>
 void launch_softmax_xent(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
-                         float* loss, T* dlogits, cudaStream_t stream);
+                         float* loss, T* dlogits, cudaStream_t stream, bool dependent);
 template <typename T>
 void launch_count_correct(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
                           std::int32_t* correct, cudaStream_t stream);
 
 // ---- reductions and updates
 // y[j] = sum_i x[i,j], accumulated in f32.
-template <typename T> void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream);
+template <typename T>
+void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream, bool dependent);
 // PyTorch SGD on n elements of w with gradient g (velocity may be null when momentum is 0).
 template <typename W, typename G>
 void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream);
@@ -65,7 +71,8 @@ void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdS
 // With advance_step set, the kernel also increments *advance_step (once).
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
-                          const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step = nullptr);
+                          const SgdScalars* scalars, cudaStream_t stream, bool dependent,
+                          std::int32_t* advance_step = nullptr);
 // Second half of a momentum update whose first half (v = momentum*v + g) a
 // matmul already wrote: v += wd*w; w -= lr*v.
 template <typename W>

@@ -223,14 +223,14 @@ std::string output_layer_backward_unsupported(std::int64_t batch, std::int64_t c
   return {};
 }
 
-void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream) {
+void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream, bool dependent) {
   if (const std::string why = output_layer_backward_unsupported(args.batch, args.classes, args.hidden); !why.empty())
     throw CudaError("output_layer_backward_kernel: unsupported: " + why);
   const dim3 blocks(static_cast<unsigned>((args.hidden + kColumns - 1) / kColumns));
   if (args.classes == 10)
-    launch_dependent(output_layer_backward_kernel<10>, {blocks, dim3(kBlockThreads)}, stream, args);
+    launch_dependent(output_layer_backward_kernel<10>, {blocks, dim3(kBlockThreads)}, stream, dependent, args);
   else
-    launch_dependent(output_layer_backward_kernel<kMaxClasses>, {blocks, dim3(kBlockThreads)}, stream, args);
+    launch_dependent(output_layer_backward_kernel<kMaxClasses>, {blocks, dim3(kBlockThreads)}, stream, dependent, args);
 }
 
 }  // namespace sg::cuda

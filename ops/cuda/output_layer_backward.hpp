@@ -42,6 +42,7 @@ struct OutputLayerBackward {
 // Empty when the kernel takes these sizes, else why not.
 std::string output_layer_backward_unsupported(std::int64_t batch, std::int64_t classes, std::int64_t hidden);
 
-void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream);
+// `dependent`: as a dependent launch of the stream's previous kernel (dependent_launch.cuh).
+void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream, bool dependent);
 
 }  // namespace sg::cuda

@@ -16,13 +16,16 @@
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/kernel_limits.hpp"
 #include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/resident_step.hpp"
 #include "ops/cuda/softmax_row.cuh"
@@ -620,26 +623,30 @@ std::string shape_unsupported(const WholeStepArgs& a) {
   return {};
 }
 
-// Cluster sizes to try, largest first (or the one SG_RESIDENT_CLUSTER asks for).
-std::vector<int> cluster_candidates() {
-  if (const char* forced = std::getenv("SG_RESIDENT_CLUSTER")) return {std::atoi(forced)};
-  return {16, 8, 4, 2, 1};
+// Cluster sizes to try, largest first (0), or the one asked for.
+std::vector<int> cluster_candidates(int cluster) {
+  if (cluster == 0) return {kResidentClusterSizes.begin(), kResidentClusterSizes.end()};
+  if (std::find(kResidentClusterSizes.begin(), kResidentClusterSizes.end(), cluster) == kResidentClusterSizes.end())
+    throw CudaError(fmt::format("resident steps: cluster size {} (0 or one of {})", cluster,
+                                fmt::join(kResidentClusterSizes, ", ")));
+  return {cluster};
 }
 
 }  // namespace
 
-std::string resident_step_unsupported(const WholeStepArgs& a) {
+std::string resident_step_unsupported(const WholeStepArgs& a, int cluster) {
   if (auto why = shape_unsupported(a); !why.empty()) return why;
-  for (int S : cluster_candidates()) {
+  for (int S : cluster_candidates(cluster)) {
     const ResidentLayout lay = layout_for(a, S);
     if (lay.bytes && lay.bytes <= dynamic_shared_limit(a.batch) && cluster_fits(a, lay)) return {};
   }
-  return "no cluster holds the weights in shared memory";
+  return cluster ? fmt::format("a cluster of {} does not hold the weights in shared memory", cluster)
+                 : "no cluster holds the weights in shared memory";
 }
 
-ResidentLayout plan_resident_layout(const WholeStepArgs& a) {
+ResidentLayout plan_resident_layout(const WholeStepArgs& a, int cluster) {
   if (auto why = shape_unsupported(a); !why.empty()) throw CudaError("resident steps: " + why);
-  for (int S : cluster_candidates()) {
+  for (int S : cluster_candidates(cluster)) {
     const ResidentLayout lay = layout_for(a, S);
     if (lay.bytes && lay.bytes <= dynamic_shared_limit(a.batch) && cluster_fits(a, lay)) return lay;
   }

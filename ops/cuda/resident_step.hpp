@@ -47,14 +47,17 @@ struct ResidentLayout {
   std::size_t bytes = 0;
 };
 
-// Empty when the resident kernel can run these sizes as one cluster;
-// otherwise why not.
-std::string resident_step_unsupported(const WholeStepArgs& args);
-// The layout for the largest cluster (16, 8, 4, 2, 1 blocks) whose column
-// split is whole tensor-core tiles and whose shared memory fits;
-// SG_RESIDENT_CLUSTER=S asks for S. Sets the kernel's attributes, so call it
-// outside stream capture. Throws when resident_step_unsupported says why.
-ResidentLayout plan_resident_layout(const WholeStepArgs& args);
+// `cluster`: the cluster size to use, one of kResidentClusterSizes
+// (kernel_limits.hpp; BackendOptions::resident_cluster), or 0 for the
+// largest that fits; another value throws CudaError.
+// Empty when the resident kernel can run these sizes as one cluster (of
+// that size); otherwise why not.
+std::string resident_step_unsupported(const WholeStepArgs& args, int cluster);
+// The layout for the largest cluster (16, 8, 4, 2, 1 blocks; or `cluster`)
+// whose column split is whole tensor-core tiles and whose shared memory
+// fits. Sets the kernel's attributes, so call it outside stream capture.
+// Throws when resident_step_unsupported says why.
+ResidentLayout plan_resident_layout(const WholeStepArgs& args, int cluster);
 void launch_resident_steps(const WholeStepArgs& args, const ResidentLayout& layout, int steps, cudaStream_t stream);
 // Names of the phases between consecutive phase_clock entries (first step).
 std::vector<std::string> resident_step_phase_names(int layers);

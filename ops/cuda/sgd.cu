@@ -67,14 +67,14 @@ constexpr std::int64_t kManyRows = 256;
 
 template <typename W, typename G>
 void column_sum(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
-                const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step = nullptr) {
+                const SgdScalars* scalars, cudaStream_t stream, bool dependent, std::int32_t* advance_step = nullptr) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
   if (rows >= kManyRows)
-    launch_dependent(column_sum_kernel<32, W, G>, {dim3(blocks), dim3(32, 32)}, stream, x, rows, cols, sums, bias,
-                     velocity, scalars, advance_step);
+    launch_dependent(column_sum_kernel<32, W, G>, {dim3(blocks), dim3(32, 32)}, stream, dependent, x, rows, cols, sums,
+                     bias, velocity, scalars, advance_step);
   else
-    launch_dependent(column_sum_kernel<8, W, G>, {dim3(blocks), dim3(32, 8)}, stream, x, rows, cols, sums, bias,
-                     velocity, scalars, advance_step);
+    launch_dependent(column_sum_kernel<8, W, G>, {dim3(blocks), dim3(32, 8)}, stream, dependent, x, rows, cols, sums,
+                     bias, velocity, scalars, advance_step);
 }
 
 }  // namespace
@@ -94,8 +94,8 @@ SgdScalars make_sgd_scalars(float lr, float momentum, float weight_decay) {
 }
 
 template <typename T>
-void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream) {
-  column_sum<T, T>(x, rows, cols, y, nullptr, nullptr, nullptr, stream);
+void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream, bool dependent) {
+  column_sum<T, T>(x, rows, cols, y, nullptr, nullptr, nullptr, stream, dependent);
 }
 
 template <typename W, typename G>
@@ -106,8 +106,9 @@ void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdS
 
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
-                          const SgdScalars* scalars, cudaStream_t stream, std::int32_t* advance_step) {
-  column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, advance_step);
+                          const SgdScalars* scalars, cudaStream_t stream, bool dependent,
+                          std::int32_t* advance_step) {
+  column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, dependent, advance_step);
 }
 
 template <typename W>
@@ -116,14 +117,14 @@ void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const SgdScalars*
   SG_LAUNCH_CHECK("momentum_finish_kernel");
 }
 
-template void launch_reduce_rows<float>(const float*, std::int64_t, std::int64_t, float*, cudaStream_t);
-template void launch_reduce_rows<__half>(const __half*, std::int64_t, std::int64_t, __half*, cudaStream_t);
+template void launch_reduce_rows<float>(const float*, std::int64_t, std::int64_t, float*, cudaStream_t, bool);
+template void launch_reduce_rows<__half>(const __half*, std::int64_t, std::int64_t, __half*, cudaStream_t, bool);
 template void launch_sgd_update<__half, __half>(__half*, const __half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_sgd_update<float, float>(float*, const float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_sgd_update<float, __half>(float*, const __half*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_bias_grad_sgd<__half, __half>(const __half*, std::int64_t, std::int64_t, __half*, __half*, const SgdScalars*, cudaStream_t, std::int32_t*);
-template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, std::int32_t*);
-template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, std::int32_t*);
+template void launch_bias_grad_sgd<__half, __half>(const __half*, std::int64_t, std::int64_t, __half*, __half*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
 template void launch_momentum_finish<__half>(__half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_momentum_finish<float>(float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
 

@@ -152,7 +152,7 @@ std::string small_batch_linear_unsupported(std::int64_t batch, std::int64_t n, s
   return {};
 }
 
-void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream) {
+void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream, bool dependent) {
   if (const std::string why = small_batch_linear_unsupported(args.batch, args.n, args.k); !why.empty())
     throw CudaError("small-batch forward: unsupported: " + why);
   if (args.fetch.images && (!args.fetch.perm || !args.fetch.step || !args.fetch.labels || !args.fetch.x_out ||
@@ -160,8 +160,8 @@ void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream
                             args.fetch.rows >= (std::int64_t(1) << 31)))
     throw CudaError("small-batch forward: the folded batch fetch is missing a table or an output");
   const LaunchGeometry geometry{dim3(unsigned(args.n / kColumns)), dim3(kWarps * 32)};
-  if (args.batch == 16) launch_dependent(small_batch_linear_kernel<16>, geometry, stream, args);
-  else launch_dependent(small_batch_linear_kernel<32>, geometry, stream, args);
+  if (args.batch == 16) launch_dependent(small_batch_linear_kernel<16>, geometry, stream, dependent, args);
+  else launch_dependent(small_batch_linear_kernel<32>, geometry, stream, dependent, args);
 }
 
 }  // namespace sg::cuda

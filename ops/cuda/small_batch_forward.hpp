@@ -55,6 +55,7 @@ struct SmallBatchLinear {
 // Empty when the kernel runs these sizes, else why not.
 std::string small_batch_linear_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
 
-void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream);
+// `dependent`: as a dependent launch (off: a plain launch, the same-run baseline).
+void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream, bool dependent);
 
 }  // namespace sg::cuda

@@ -8,7 +8,6 @@
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
-#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/small_linear.hpp"
@@ -238,26 +237,25 @@ __global__ void dgrad_relu_small_k_kernel(const __half* dy, const __half* w, con
 }  // namespace
 
 void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
-                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream) {
+                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream, bool dependent) {
   if (k > kSmallLinearMaxDim) throw CudaError("dgrad_relu_small_k_kernel: K above its limit");
   const bool vectors = n % 8 == 0 && aligned16(w) && aligned16(relu_out) && aligned16(dx);
   const std::int64_t threads = vectors ? n / 8 : n;
   const dim3 grid(static_cast<unsigned>((threads + kDgradThreads - 1) / kDgradThreads),
                   static_cast<unsigned>(std::min<std::int64_t>(m, 65535)));
   launch_dependent(vectors ? dgrad_relu_small_k_kernel<8> : dgrad_relu_small_k_kernel<1>, {grid, dim3(kDgradThreads)},
-                   stream, dy, w, relu_out, m, n, k, dx);
+                   stream, dependent, dy, w, relu_out, m, n, k, dx);
 }
 
 bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k) {
-  static const bool enabled = !switched_off("SG_CLASSIFIER_MMA");
-  return enabled && m >= kTensorCoreMinRows && n <= kTileClasses && k % 16 == 0 && k < (std::int64_t(1) << 30) &&
+  return m >= kTensorCoreMinRows && n <= kTileClasses && k % 16 == 0 && k < (std::int64_t(1) << 30) &&
          m <= 65535 * kTileRows && current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
 }
 
 void launch_linear_small_n(const __half* x, const __half* w, const __half* bias, std::int64_t m, std::int64_t n,
-                           std::int64_t k, __half* y, cudaStream_t stream) {
+                           std::int64_t k, __half* y, cudaStream_t stream, bool dependent, bool tensor_cores) {
   if (n > kSmallLinearMaxDim) throw CudaError("linear_small_n_kernel: N above its limit");
-  if (linear_small_n_on_tensor_cores(m, n, k) && reinterpret_cast<std::uintptr_t>(x) % 4 == 0 &&
+  if (tensor_cores && linear_small_n_on_tensor_cores(m, n, k) && reinterpret_cast<std::uintptr_t>(x) % 4 == 0 &&
       reinterpret_cast<std::uintptr_t>(w) % 4 == 0) {
     // Up to 8 blocks split K, each keeping >= 8 of its 16-wide steps (one per warp).
     const std::int64_t steps = k / 16;
@@ -265,29 +263,29 @@ void launch_linear_small_n(const __half* x, const __half* w, const __half* bias,
     const int slice = static_cast<int>((steps + splits - 1) / splits) * 16;
     const LaunchGeometry geometry{dim3(static_cast<unsigned>(splits), static_cast<unsigned>((m + kTileRows - 1) / kTileRows)),
                                   dim3(kWarpsPerBlock * 32), 0, static_cast<unsigned>(splits)};
-    launch_dependent(linear_small_n_mma_kernel, geometry, stream, x, w, bias, static_cast<int>(m), static_cast<int>(n),
-                     static_cast<int>(k), slice, y);
+    launch_dependent(linear_small_n_mma_kernel, geometry, stream, dependent, x, w, bias, static_cast<int>(m),
+                     static_cast<int>(n), static_cast<int>(k), slice, y);
     return;
   }
   const std::int64_t blocks = (m * n + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const bool vectors = k % 8 == 0 && aligned16(x) && aligned16(w);
-  launch_dependent(linear_small_n_kernel, {dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32)}, stream, x,
-                   w, bias, m, n, k, vectors, y);
+  launch_dependent(linear_small_n_kernel, {dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32)}, stream,
+                   dependent, x, w, bias, m, n, k, vectors, y);
 }
 
 template <typename W>
 void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
-                              W* w, const SgdScalars* scalars, cudaStream_t stream) {
+                              W* w, const SgdScalars* scalars, cudaStream_t stream, bool dependent) {
   if (m > kSmallLinearMaxDim) throw CudaError("wgrad_sgd_small_m_kernel: M above its limit");
   const dim3 grid(static_cast<unsigned>((k + 31) / 32)), block(32, kRowGroups);
   const bool dy_pairs = m % 2 == 0 && reinterpret_cast<std::uintptr_t>(dy) % 4 == 0;
   launch_dependent(m <= 16 ? wgrad_sgd_small_m_kernel<W, 16> : wgrad_sgd_small_m_kernel<W, kSmallLinearMaxDim>,
-                   {grid, block}, stream, dy, x, batch, m, k, dy_pairs, w, scalars);
+                   {grid, block}, stream, dependent, dy, x, batch, m, k, dy_pairs, w, scalars);
 }
 
 template void launch_wgrad_sgd_small_m<__half>(const __half*, const __half*, std::int64_t, std::int64_t, std::int64_t,
-                                               __half*, const SgdScalars*, cudaStream_t);
+                                               __half*, const SgdScalars*, cudaStream_t, bool);
 template void launch_wgrad_sgd_small_m<float>(const __half*, const __half*, std::int64_t, std::int64_t, std::int64_t,
-                                              float*, const SgdScalars*, cudaStream_t);
+                                              float*, const SgdScalars*, cudaStream_t, bool);
 
 }  // namespace sg::cuda

@@ -4,7 +4,7 @@
 // kernels spread the work over many warps/threads (or, for the forward of
 // many rows, 16-row tensor-core tiles over a cluster) instead. Same contracts
 // and fp16 rounding points as the cuBLASLt calls they replace; each is a
-// dependent launch (dependent_launch.cuh).
+// dependent launch (dependent_launch.cuh) when `dependent` is set.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -21,22 +21,24 @@ constexpr std::int64_t kSmallLinearMaxDim = 32;
 constexpr std::int64_t kTensorCoreMinRows = 64;
 
 // y[M,N] = x[M,K] w[N,K]^T + bias[N] (N <= kSmallLinearMaxDim): one warp per
-// output, or, where linear_small_n_on_tensor_cores(), 16-row tiles on tensor
-// cores with K split over a cluster (Hopper; SG_CLASSIFIER_MMA=0 turns it off).
+// output, or, with `tensor_cores` (BackendOptions::classifier_mma) where
+// linear_small_n_on_tensor_cores(), 16-row tiles on tensor cores with K
+// split over a cluster. linear_small_n_on_tensor_cores: the sizes, operand
+// alignment aside, and the GPU (Hopper) allow the tensor-core kernel.
 bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k);
 void launch_linear_small_n(const __half* x, const __half* w, const __half* bias, std::int64_t m, std::int64_t n,
-                           std::int64_t k, __half* y, cudaStream_t stream);
+                           std::int64_t k, __half* y, cudaStream_t stream, bool dependent, bool tensor_cores);
 
 // Fused-SGD weight gradient with few output rows: w[M,K] = one_minus_lr_wd * w
 // + neg_lr * (dy[B,M]^T x[B,K]) (M <= kSmallLinearMaxDim), a thread per column of W
 // for each of 8 chains of batch rows.
 template <typename W>
 void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
-                              W* w, const SgdScalars* scalars, cudaStream_t stream);
+                              W* w, const SgdScalars* scalars, cudaStream_t stream, bool dependent);
 
 // dx[M,N] = (dy[M,K] w[K,N]) * (relu_out[M,N] > 0) with K <= kSmallLinearMaxDim:
 // the classifier layer's dgrad, a thread per 8 outputs of a row, rounded to fp16 once.
 void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
-                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream);
+                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream, bool dependent);
 
 }  // namespace sg::cuda

@@ -102,12 +102,12 @@ __global__ void count_correct_kernel(const T* logits, const std::int32_t* labels
 
 template <typename T>
 void launch_softmax_xent(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols, float* loss,
-                         T* dlogits, cudaStream_t stream) {
+                         T* dlogits, cudaStream_t stream, bool dependent) {
   // Block 0 the loss; with dlogits, a warp per row in the blocks after it.
   const unsigned gradient_blocks =
       dlogits ? static_cast<unsigned>(std::min<std::int64_t>((rows + kXentWarps - 1) / kXentWarps, kMaxGradientBlocks)) : 0;
-  launch_dependent(softmax_xent_kernel<T>, {dim3(1 + gradient_blocks), dim3(kXentThreads)}, stream, logits, labels, rows,
-                   cols, loss, dlogits);
+  launch_dependent(softmax_xent_kernel<T>, {dim3(1 + gradient_blocks), dim3(kXentThreads)}, stream, dependent, logits,
+                   labels, rows, cols, loss, dlogits);
 }
 
 template <typename T>
@@ -117,8 +117,8 @@ void launch_count_correct(const T* logits, const std::int32_t* labels, std::int6
   SG_LAUNCH_CHECK("count_correct_kernel");
 }
 
-template void launch_softmax_xent<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, float*, float*, cudaStream_t);
-template void launch_softmax_xent<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, float*, __half*, cudaStream_t);
+template void launch_softmax_xent<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, float*, float*, cudaStream_t, bool);
+template void launch_softmax_xent<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, float*, __half*, cudaStream_t, bool);
 template void launch_count_correct<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
 template void launch_count_correct<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
 

@@ -499,12 +499,7 @@ int largest_cluster(KernelFn kernel, std::size_t smem) {
 
 }  // namespace
 
-std::string forced_whole_step_mode() {
-  const char* forced = std::getenv("SG_WHOLE_STEP_MODE");
-  return forced ? forced : "auto";
-}
-
-WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_launch) {
+WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_launch, const WholeStepChoice& choice) {
   int per_sm = 0;
   const int sms = multiprocessor_count(), major = current_device_attribute(cudaDevAttrComputeCapabilityMajor);
   const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
@@ -515,12 +510,13 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_lau
   const std::int64_t want = useful_blocks(a);
   WholeStepLaunch grid{int(std::min<std::int64_t>(want, std::int64_t(sms) * per_sm)), false};
 
-  const std::string mode = forced_whole_step_mode();
-  if (mode == "grid" || major < 9) return grid;
-  if (((mode == "auto" && steps_per_launch > 1) || mode == "resident") && resident_step_unsupported(a).empty()) {
+  const WholeStepVariant mode = choice.variant;
+  if (mode == WholeStepVariant::grid || major < 9) return grid;
+  if (((mode == WholeStepVariant::automatic && steps_per_launch > 1) || mode == WholeStepVariant::resident) &&
+      resident_step_unsupported(a, choice.resident_cluster).empty()) {
     WholeStepLaunch resident;
     resident.resident = true;
-    resident.layout = plan_resident_layout(a);
+    resident.layout = plan_resident_layout(a, choice.resident_cluster);
     resident.blocks = resident.layout.cluster;
     resident.cluster = true;
     return resident;
@@ -532,7 +528,7 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_lau
   if (cluster == 0) return grid;
   // Measured on an H100 (docs/performance.md): one cluster is no faster than
   // the grid at width 128 and slower from 256 up, so it runs only on request.
-  if (mode == "cluster") return {int(std::min<std::int64_t>(want, cluster)), true};
+  if (mode == WholeStepVariant::cluster) return {int(std::min<std::int64_t>(want, cluster)), true};
   return grid;
 }
 

@@ -67,14 +67,18 @@ struct WholeStepLaunch {
   bool resident = false;
   ResidentLayout layout;  // when resident
 };
-// Picks the launch for runs of `steps_per_launch` steps per launch
-// (SG_WHOLE_STEP_MODE=grid|cluster|resident forces one, for benchmarks and
-// tests; resident falls back to grid where it does not fit); also sets the
-// kernels' attributes, so call it once before the first launch and outside
-// stream capture.
-WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& args, int steps_per_launch);
-// SG_WHOLE_STEP_MODE, or "auto" when unset.
-std::string forced_whole_step_mode();
+// Which variant the caller asks for (BackendOptions::whole_step_mode):
+// automatic picks as measured (above); grid / cluster / resident force one
+// wherever it fits (benchmarks, tests, sanitizers), else the grid.
+enum class WholeStepVariant : std::uint8_t { automatic, grid, cluster, resident };
+struct WholeStepChoice {
+  WholeStepVariant variant = WholeStepVariant::automatic;
+  int resident_cluster = 0;  // resident: the cluster size (plan_resident_layout), 0 the largest that fits
+};
+// Picks the launch for runs of `steps_per_launch` steps per launch as
+// `choice` asks; also sets the kernels' attributes, so call it once before
+// the first launch and outside stream capture.
+WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& args, int steps_per_launch, const WholeStepChoice& choice);
 // `steps` consecutive training steps: one launch when resident, else one per step.
 void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch, cudaStream_t stream, int steps = 1);
 // Names of the phases between consecutive phase_clock entries of this launch.

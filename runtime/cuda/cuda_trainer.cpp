@@ -6,12 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "graph/training_graph.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/floors.hpp"
 #include "runtime/epoch_schedule.hpp"
-#include "runtime/param_init.hpp"
 #include "runtime/tensor_blob.hpp"
 
 namespace sg::cuda {
@@ -35,24 +33,28 @@ CapturedSteps capture(const CudaProgram& program, std::int64_t steps, cudaStream
   return c;
 }
 
-sg::Graph training_graph(TrainerSpec spec, const Dataset& data) {
-  spec.mlp.dataset_rows = data.train.images.count;
-  spec.mlp.compute_dtype = DType::f16;
-  return build_training_stages(spec.mlp, spec.sgd, spec.fusion).fused;
+// The program, checked against the data and against what this backend runs:
+// f16 activations, so whatever reads the image table must produce f16 (a
+// model builder targets the CUDA backend for that).
+const TrainingProgram& checked(const TrainingProgram& p, const Dataset& data) {
+  check_training_program(p, data.train.images.count, data.test.images.count);
+  for (const auto& [g, d] : {std::pair{&p.train, &p.train_data}, std::pair{&p.eval, &p.eval_data}})
+    for (NodeId n : g->consumers(d->images))
+      for (ValueId out : g->node(n).outputs)
+        if (g->value(out).dtype != DType::f16)
+          throw std::invalid_argument(fmt::format(
+              "the CUDA backend runs f16 activations, but '{}' (read from the image table '{}') is {}: build the "
+              "program for the CUDA backend",
+              g->value(out).name, g->value(d->images).name, dtype_name(g->value(out).dtype)));
+  return p;
 }
 
-sg::Graph eval_graph(TrainerSpec spec, const Dataset& data) {
-  spec.mlp.dataset_rows = data.test.images.count;
-  spec.mlp.compute_dtype = DType::f16;
-  spec.mlp.batch = eval_batch_for(data.test.images.count, spec.eval_batch);
-  sg::Graph g = build_mlp_eval(spec.mlp);
-  fuse(g, spec.fusion);
-  return g;
-}
+// The program's own buffer of a bound graph-owned value.
+DeviceBuffer& owned(CudaProgram& program, ValueId id) { return program.owned(program.graph().value(id).name); }
 
-void upload_split(CudaProgram& program, const data::Split& split) {
-  program.owned(names::images).upload(split.images.pixels.data(), split.images.pixels.size());
-  program.owned(names::labels).upload(split.labels.labels.data(), split.labels.labels.size());
+void upload_split(CudaProgram& program, const DataBindings& d, const data::Split& split) {
+  owned(program, d.images).upload(split.images.pixels.data(), split.images.pixels.size());
+  owned(program, d.labels).upload(split.labels.labels.data(), split.labels.labels.size());
 }
 
 std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
@@ -63,6 +65,7 @@ std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
 
 struct CudaTrainer::Impl {
   TrainerSpec spec;
+  DataBindings train_data, eval_data;
   Stream stream;
   LtHandle lt;
   DeviceValues params;
@@ -73,26 +76,32 @@ struct CudaTrainer::Impl {
   std::int64_t eval_batches = 0;
 
   Impl(const TrainerSpec& s, const Dataset& data)
-      : spec(s), epochs(data.train.images.count, s.mlp.batch, s.shuffle_seed) {
+      : spec(s),
+        train_data(checked(s.program, data).train_data),
+        eval_data(s.program.eval_data),
+        epochs(data.train.images.count, train_data.batch, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
-    ProgramOptions options{s.accumulate_f16 ? Accumulate::f16 : Accumulate::f32, s.autotune, s.whole_step,
-                           s.one_pass_backward, s.cuda_graph ? static_cast<int>(s.steps_per_launch) : 1};
-    train = std::make_unique<CudaProgram>(training_graph(s, data), params, lt, options, stream.get());
-    eval = std::make_unique<CudaProgram>(eval_graph(s, data), params, lt, options, stream.get());
-    upload_split(*train, data.train);
-    upload_split(*eval, data.test);
-    eval_batches = data.test.images.count / eval_batch_for(data.test.images.count, s.eval_batch);
+    ProgramOptions options;
+    options.backend = s.backend;
+    if (!s.cuda_graph) options.backend.steps_per_launch = 1;  // stream launches: one step per record
+    options.learning_rate = s.program.learning_rate;
+    train = std::make_unique<CudaProgram>(s.program.train, params, lt, options, stream.get());
+    eval = std::make_unique<CudaProgram>(s.program.eval, params, lt, options, stream.get());
+    upload_split(*train, train_data, data.train);
+    upload_split(*eval, eval_data, data.test);
+    eval_batches = data.test.images.count / eval_data.batch;
     std::vector<std::int32_t> identity(static_cast<std::size_t>(data.test.images.count));
     std::iota(identity.begin(), identity.end(), 0);
-    eval->owned(names::perm).upload(identity.data(), identity.size() * sizeof(std::int32_t));
-    for (const auto& p : initial_parameters(s.mlp.layers, s.init_seed)) {
+    owned(*eval, eval_data.perm).upload(identity.data(), identity.size() * sizeof(std::int32_t));
+    for (const auto& p : s.program.init) {
       const Value& v = train->graph().value(train->graph().value_named(p.name));
       const auto bytes = float_blob_bytes(v, p.values);
       params.at(p.name).upload(bytes.data(), bytes.size());
     }
+    train->set_learning_rate(s.program.learning_rate, stream.get());
     if (s.cuda_graph) {
       one_step = capture(*train, 1, stream.get());
-      if (s.steps_per_launch > 1) many_steps = capture(*train, s.steps_per_launch, stream.get());
+      if (s.backend.steps_per_launch > 1) many_steps = capture(*train, s.backend.steps_per_launch, stream.get());
       eval_step = capture(*eval, 1, stream.get());
     }
   }
@@ -112,16 +121,16 @@ struct CudaTrainer::Impl {
     }
   }
 
-  void set_device_step(CudaProgram& program, std::int64_t step) {
+  void set_device_step(CudaProgram& program, const DataBindings& d, std::int64_t step) {
     const auto value = static_cast<std::int32_t>(step);
     stream.synchronize();
-    program.owned(names::step).upload(&value, sizeof value);
+    owned(program, d.step).upload(&value, sizeof value);
   }
 
   void upload_permutation_if_needed(std::int64_t step) {
     if (auto perm = epochs.permutation_if_changed(step)) {
       stream.synchronize();  // epoch boundaries are rare: a plain synchronous upload is fine
-      train->owned(names::perm).upload(perm->data(), perm->size() * sizeof(std::int32_t));
+      owned(*train, train_data.perm).upload(perm->data(), perm->size() * sizeof(std::int32_t));
     }
   }
 };
@@ -140,8 +149,10 @@ std::string CudaTrainer::description() const {
                      s.cuda_graph ? "CUDA graph replay" : "stream launches", program.schedule().launches.size(),
                      program.uses_whole_step() ? fmt::format(" ({})", program.launch_label(0))
                                                : fmt::format(" (whole-step kernel not used: {})", program.whole_step_note()),
-                     s.cuda_graph && s.steps_per_launch > 1 ? fmt::format(", {} steps per graph", s.steps_per_launch) : "",
-                     s.accumulate_f16 ? "fp16" : "fp32");
+                     s.cuda_graph && s.backend.steps_per_launch > 1
+                         ? fmt::format(", {} steps per graph", s.backend.steps_per_launch)
+                         : "",
+                     s.backend.accumulate_f16 ? "fp16" : "fp32");
 }
 
 void CudaTrainer::train(std::int64_t steps) {
@@ -157,16 +168,15 @@ void CudaTrainer::train(std::int64_t steps) {
 double CudaTrainer::last_loss() {
   impl_->stream.synchronize();
   float loss = 0;
-  const ValueId id = impl_->train->graph().value_named(names::loss);
-  SG_CUDA_CHECK(cudaMemcpy(&loss, impl_->train->device_ptr(id), sizeof loss, cudaMemcpyDeviceToHost));
+  SG_CUDA_CHECK(
+      cudaMemcpy(&loss, impl_->train->device_ptr(impl_->train_data.loss), sizeof loss, cudaMemcpyDeviceToHost));
   return loss;
 }
 
 EvalResult CudaTrainer::evaluate() {
   auto& im = *impl_;
-  im.set_device_step(*im.eval, 0);
-  const auto& g = im.eval->graph();
-  const auto batch = g.node(0).attrs.batch;
+  im.set_device_step(*im.eval, im.eval_data, 0);
+  const auto batch = im.eval_data.batch;
   double loss_sum = 0, correct = 0;
   for (std::int64_t b = 0; b < im.eval_batches; ++b) {
     if (im.eval_step.steps == 1) im.eval_step.exec.launch(im.stream.get());
@@ -174,8 +184,8 @@ EvalResult CudaTrainer::evaluate() {
     im.stream.synchronize();
     float loss = 0;
     std::int32_t hits = 0;
-    SG_CUDA_CHECK(cudaMemcpy(&loss, im.eval->device_ptr(g.value_named(names::loss)), sizeof loss, cudaMemcpyDeviceToHost));
-    SG_CUDA_CHECK(cudaMemcpy(&hits, im.eval->device_ptr(g.value_named(names::correct)), sizeof hits, cudaMemcpyDeviceToHost));
+    SG_CUDA_CHECK(cudaMemcpy(&loss, im.eval->device_ptr(im.eval_data.loss), sizeof loss, cudaMemcpyDeviceToHost));
+    SG_CUDA_CHECK(cudaMemcpy(&hits, im.eval->device_ptr(*im.eval_data.correct), sizeof hits, cudaMemcpyDeviceToHost));
     loss_sum += double(loss) * double(batch);
     correct += hits;
   }
@@ -191,8 +201,8 @@ std::vector<io::TensorBlob> CudaTrainer::save_state() {
   std::vector<io::TensorBlob> blobs;
   for (Role role : {Role::param, Role::state})
     for (ValueId id : g.values_with_role(role)) {
+      if (id == impl_->train_data.step) continue;
       const Value& v = g.value(id);
-      if (v.name == names::step) continue;
       io::TensorBlob blob{v.name, v.dtype, v.shape, std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
       SG_CUDA_CHECK(cudaMemcpy(blob.bytes.data(), impl_->train->device_ptr(id), blob.bytes.size(), cudaMemcpyDeviceToHost));
       blobs.push_back(std::move(blob));
@@ -205,9 +215,11 @@ void CudaTrainer::load_state(const std::vector<io::TensorBlob>& blobs) {
   impl_->stream.synchronize();
   const sg::Graph& g = impl_->train->graph();
   for (const auto& blob : blobs) {
-    if (blob.name == names::step) continue;
+    if (blob.name == kStepEntry) continue;
     const auto id = g.find_value(blob.name);
-    if (!id || g.value(*id).shape != blob.shape)
+    const bool restorable = id && (g.value(*id).role == Role::param || g.value(*id).role == Role::state) &&
+                            *id != impl_->train_data.step;
+    if (!restorable || g.value(*id).shape != blob.shape)
       throw std::invalid_argument(fmt::format("state entry '{}' {} does not match the model", blob.name, shape_string(blob.shape)));
     const Value& v = g.value(*id);
     // Same dtype: raw bytes (bit-exact resume); otherwise convert through float.
@@ -215,7 +227,7 @@ void CudaTrainer::load_state(const std::vector<io::TensorBlob>& blobs) {
     SG_CUDA_CHECK(cudaMemcpy(impl_->train->device_ptr(*id), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
   }
   step_ = step_from_blobs(blobs);
-  impl_->set_device_step(*impl_->train, step_);
+  impl_->set_device_step(*impl_->train, impl_->train_data, step_);
 }
 
 void CudaTrainer::replay_steps(std::int64_t steps) {

@@ -1,8 +1,10 @@
 #pragma once
-// The CUDA backend behind the Trainer interface: the fused training-step
-// graph lowered once, captured into a CUDA graph (K steps per graph) and
-// replayed; plain stream launches of the same schedule on request. Beyond
-// Trainer it exposes what the bench and inspect commands need.
+// The CUDA backend behind the Trainer interface: the program's fused
+// training-step graph lowered once, captured into a CUDA graph (K steps per
+// graph) and replayed; plain stream launches of the same schedule on request.
+// The program must be built for this backend (f16 activations; models/ builds
+// it with ProgramTarget::cuda). Beyond Trainer it exposes what the bench and
+// inspect commands need.
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +58,7 @@ class CudaTrainer final : public Trainer {
   std::int64_t step_ = 0;
 };
 
+// Throws std::invalid_argument when spec.program does not fit `data` or this backend.
 std::unique_ptr<Trainer> make_cuda_trainer(const TrainerSpec& spec, const Dataset& data);
 
 }  // namespace sg::cuda

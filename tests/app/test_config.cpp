@@ -1,6 +1,7 @@
 // YAML configs: shipped files load, bad files fail with file:line: key.
 #include <doctest/doctest.h>
 
+#include "apps/config/backend_options_from_config.hpp"
 #include "apps/config/train_config.hpp"
 #include "tests/support/test_data.hpp"
 
@@ -94,6 +95,110 @@ TEST_CASE("the resolved config round-trips through YAML") {
   CHECK(again.run.seed == 7);
   CHECK(again.model.layers == c.model.layers);
   CHECK(again.optim.schedule.kind == "cosine");
+}
+
+TEST_CASE("backend: lowering switches and kernel knobs parse, default as BackendOptions does, and map onto it") {
+  const auto defaults = parse_config(kMinimal, "t.yaml");
+  const sg::BackendOptions d = backend_options_from_config(defaults);
+  const sg::BackendOptions plain;
+  CHECK(defaults.backend.whole_step_mode == "auto");
+  CHECK(d.whole_step_mode == plain.whole_step_mode);
+  CHECK(d.small_batch_forward == plain.small_batch_forward);
+  CHECK(d.fold_input_update == plain.fold_input_update);
+  CHECK(d.dependent_launch == plain.dependent_launch);
+  CHECK(d.classifier_mma == plain.classifier_mma);
+  CHECK(d.one_pass_multicast == plain.one_pass_multicast);
+  CHECK(d.strip_splits == plain.strip_splits);
+  CHECK(d.resident_cluster == plain.resident_cluster);
+  CHECK(d.whole_step == plain.whole_step);
+  CHECK(d.one_pass_backward == plain.one_pass_backward);
+  CHECK(d.steps_per_launch == plain.steps_per_launch);
+  CHECK_FALSE(d.accumulate_f16);
+
+  const auto c = parse_config(std::string(kMinimal) +
+                                  "precision:\n  accumulate: fp16\n"
+                                  "backend:\n  whole_step_mode: resident\n  small_batch_forward: false\n"
+                                  "  fold_input_update: false\n  dependent_launch: false\n  classifier_mma: false\n"
+                                  "  one_pass_multicast: false\n  strip_splits: 4\n  resident_cluster: 8\n"
+                                  "  autotune: true\n  whole_step: false\n  one_pass_backward: false\n"
+                                  "  steps_per_launch: 3\n",
+                              "t.yaml");
+  const sg::BackendOptions o = backend_options_from_config(c);
+  CHECK(o.whole_step_mode == sg::WholeStepMode::resident);
+  CHECK_FALSE(o.small_batch_forward);
+  CHECK_FALSE(o.fold_input_update);
+  CHECK_FALSE(o.dependent_launch);
+  CHECK_FALSE(o.classifier_mma);
+  CHECK_FALSE(o.one_pass_multicast);
+  CHECK(o.strip_splits == 4);
+  CHECK(o.resident_cluster == 8);
+  CHECK(o.autotune);
+  CHECK_FALSE(o.whole_step);
+  CHECK_FALSE(o.one_pass_backward);
+  CHECK(o.steps_per_launch == 3);
+  CHECK(o.accumulate_f16);
+
+  for (const char* mode : {"auto", "grid", "cluster", "resident"}) {
+    INFO(mode);
+    const auto m = parse_config(kMinimal, "t.yaml", {std::string("backend.whole_step_mode=") + mode});
+    CHECK(sg::whole_step_mode_name(backend_options_from_config(m).whole_step_mode) == mode);
+  }
+  for (const char* splits : {"0", "1", "2", "4", "8"})
+    CHECK(error_of(kMinimal, {std::string("backend.strip_splits=") + splits}) == "");
+  for (const char* cluster : {"0", "1", "2", "4", "8", "16"})
+    CHECK(error_of(kMinimal, {std::string("backend.resident_cluster=") + cluster}) == "");
+}
+
+TEST_CASE("bad backend: values are errors naming file, line and key") {
+  const std::string head = "model:\n  layers: [784, 10]\nrun:\n  steps: 5\nbackend:\n";
+  CHECK(error_of(head + "  whole_step_mode: fastest\n") ==
+        doctest::Contains("test.yaml:6: backend.whole_step_mode: 'fastest' is not one of auto, grid, cluster, resident"));
+  CHECK(error_of(head + "  strip_splits: 3\n") ==
+        doctest::Contains("test.yaml:6: backend.strip_splits: must be 0 (the measured rule) or a power of two up to 8"));
+  CHECK(error_of(head + "  strip_splits: 16\n") == doctest::Contains("test.yaml:6: backend.strip_splits:"));
+  CHECK(error_of(head + "  strip_splits: -2\n") == doctest::Contains("test.yaml:6: backend.strip_splits:"));
+  CHECK(error_of(head + "  resident_cluster: 3\n") ==
+        doctest::Contains("test.yaml:6: backend.resident_cluster: must be 0 (the largest that fits) or one of 16, 8, 4, 2, 1"));
+  CHECK(error_of(head + "  resident_cluster: 32\n") == doctest::Contains("test.yaml:6: backend.resident_cluster:"));
+  CHECK(error_of(head + "  dependent_launch: sometimes\n") ==
+        doctest::Contains("test.yaml:6: backend.dependent_launch: expected true or false, got 'sometimes'"));
+  CHECK(error_of(head + "  classifier_mma: 2\n") == doctest::Contains("test.yaml:6: backend.classifier_mma: expected true or false"));
+  CHECK(error_of(head + "  strip_splits: many\n") ==
+        doctest::Contains("test.yaml:6: backend.strip_splits: expected an integer, got 'many'"));
+  CHECK(error_of(head + "  multicast: false\n") == doctest::Contains("test.yaml:6: backend.multicast: unknown key"));
+  CHECK(error_of(kMinimal, {"backend.resident_cluster=5"}) == doctest::Contains("backend.resident_cluster: must be"));
+  CHECK(error_of(kMinimal, {"backend.whole_step_mode=grids"}) == doctest::Contains("backend.whole_step_mode: 'grids'"));
+}
+
+TEST_CASE("the backend: keys round-trip through YAML") {
+  const auto c = parse_config(kMinimal, "t.yaml",
+                              {"backend.whole_step_mode=cluster", "backend.small_batch_forward=false",
+                               "backend.fold_input_update=false", "backend.dependent_launch=false",
+                               "backend.classifier_mma=false", "backend.one_pass_multicast=false",
+                               "backend.strip_splits=2", "backend.resident_cluster=16"});
+  const std::string text = to_yaml(c);
+  for (const char* key : {"whole_step_mode: cluster", "small_batch_forward: false", "fold_input_update: false",
+                          "dependent_launch: false", "classifier_mma: false", "one_pass_multicast: false",
+                          "strip_splits: 2", "resident_cluster: 16"})
+    CHECK(text.find(key) != std::string::npos);
+  const auto again = parse_config(text, "resolved.yaml");
+  CHECK(to_yaml(again) == text);
+  CHECK(again.backend.whole_step_mode == "cluster");
+  CHECK_FALSE(again.backend.small_batch_forward);
+  CHECK_FALSE(again.backend.fold_input_update);
+  CHECK_FALSE(again.backend.dependent_launch);
+  CHECK_FALSE(again.backend.classifier_mma);
+  CHECK_FALSE(again.backend.one_pass_multicast);
+  CHECK(again.backend.strip_splits == 2);
+  CHECK(again.backend.resident_cluster == 16);
+}
+
+TEST_CASE("whole-step mode names round-trip, and a bad name is refused") {
+  for (auto mode : {sg::WholeStepMode::automatic, sg::WholeStepMode::grid, sg::WholeStepMode::cluster,
+                    sg::WholeStepMode::resident})
+    CHECK(sg::whole_step_mode_from_name(sg::whole_step_mode_name(mode)) == mode);
+  CHECK(sg::whole_step_mode_name(sg::WholeStepMode::automatic) == "auto");
+  CHECK_THROWS_AS(sg::whole_step_mode_from_name("automatic"), std::invalid_argument);
 }
 
 TEST_CASE("a missing config file is a clear error") {

@@ -13,14 +13,14 @@ namespace sg::test {
 
 // `check_replay(replay)` adds the caller's own checks on the replayed trainer.
 template <typename Check>
-void check_launch_paths_agree(TrainerSpec spec, const Dataset& data, std::int64_t steps, std::int64_t steps_per_graph,
+void check_launch_paths_agree(MlpTrainerSpec spec, const Dataset& data, std::int64_t steps, std::int64_t steps_per_graph,
                               Check&& check_replay) {
-  cuda::CudaTrainer replay(spec, data);
+  cuda::CudaTrainer replay(cuda_spec(spec, data), data);
   spec.cuda_graph = false;
-  cuda::CudaTrainer stream(spec, data);
+  cuda::CudaTrainer stream(cuda_spec(spec, data), data);
   spec.cuda_graph = true;
-  spec.steps_per_launch = steps_per_graph;
-  cuda::CudaTrainer unrolled(spec, data);
+  spec.backend.steps_per_launch = steps_per_graph;
+  cuda::CudaTrainer unrolled(cuda_spec(spec, data), data);
   replay.train(steps);
   stream.train(steps);
   unrolled.train(steps);

@@ -12,9 +12,9 @@
 
 namespace sg::test {
 
-inline void check_learning_rate_changes_reach(const TrainerSpec& spec, const Dataset& data, bool whole_step) {
-  auto cpu = make_cpu_trainer(spec, data);
-  cuda::CudaTrainer gpu(spec, data);
+inline void check_learning_rate_changes_reach(const MlpTrainerSpec& spec, const Dataset& data, bool whole_step) {
+  auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
+  cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
   REQUIRE(gpu.training_program().uses_whole_step() == whole_step);
   for (double lr : {0.05, 0.2, 0.01}) {
     cpu->set_learning_rate(lr);
@@ -23,7 +23,7 @@ inline void check_learning_rate_changes_reach(const TrainerSpec& spec, const Dat
     gpu.train(10);
   }
   CHECK(relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-2);
-  cuda::CudaTrainer constant(spec, data);
+  cuda::CudaTrainer constant(cuda_spec(spec, data), data);
   constant.train(30);
   CHECK(relative_error(all_parameters(constant), all_parameters(gpu)) > 1e-3);
 }

@@ -19,13 +19,16 @@
 
 using namespace sg;
 using sg::test::all_parameters;
+using sg::test::cpu_spec;
+using sg::test::cuda_spec;
 using sg::test::losses;
+using sg::test::MlpTrainerSpec;
 using sg::test::random_dataset;
 
 namespace {
 
-TrainerSpec odd_spec(DType weights, double momentum) {
-  TrainerSpec spec;
+MlpTrainerSpec odd_spec(DType weights, double momentum) {
+  MlpTrainerSpec spec;
   spec.mlp.layers = {37, 129, 65, 11};
   spec.mlp.batch = 33;
   spec.mlp.weight_dtype = weights;
@@ -44,9 +47,9 @@ TEST_CASE("100 CUDA training steps follow the CPU backend's loss curve") {
   const Dataset data = random_dataset(400, 37, 11, rng);  // 12 batches per epoch: reshuffles happen
   for (auto [weights, momentum] : std::vector<std::pair<DType, double>>{{DType::f32, 0.0}, {DType::f32, 0.9}, {DType::f16, 0.9}}) {
     INFO("weights " << dtype_name(weights) << " momentum " << momentum);
-    const TrainerSpec spec = odd_spec(weights, momentum);
-    auto cpu = make_cpu_trainer(spec, data);
-    cuda::CudaTrainer gpu(spec, data);
+    const MlpTrainerSpec spec = odd_spec(weights, momentum);
+    auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
+    cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
     CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 1e-3);  // same initial weights
     gpu.poison_activations();
     // One step: every parameter matches the CPU closely (fp16 activations only).
@@ -84,29 +87,32 @@ TEST_CASE("graph replay, stream launches and K steps per graph give bit-identica
 TEST_CASE("with our forwards, the folded fetch and the folded first-layer update, K steps per graph are K replays") {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(400, 784, 10, rng);
-  TrainerSpec spec;
+  MlpTrainerSpec spec;
   spec.mlp.layers = {784, 128, 128, 10};
   spec.mlp.batch = 32;
   spec.mlp.weight_dtype = DType::f16;
   spec.sgd = {0.1, 0.0, 0.0};
-  spec.whole_step = false;
+  spec.backend.whole_step = false;
   spec.shuffle_seed = 5;
   // (each step's first launch reads the first layer's weight that the previous step's last launch wrote)
   sg::test::check_launch_paths_agree(spec, data, 40, 8, [](cuda::CudaTrainer& replay) {
     const auto& launches = replay.training_program().schedule().launches;
     // layer 1's forward with the fetch, layer 2's, the classifier, the output layer's backward, layer 2's
     // one pass with layer 1's bias and weight updates
+    const auto& g = replay.training_program().graph();
     CHECK(launches.size() == 5);
-    CHECK(launches.front().fetches_batch);
-    CHECK(launches.back().input_sgd_node >= 0);
+    CHECK(launches.front().lowering->describe(g, launches.front()).find("+batch fetch") != std::string::npos);
+    CHECK(launches.back().lowering->describe(g, launches.back()).find("+first layer's weight update") !=
+          std::string::npos);
   });
 }
 
 TEST_CASE("resume on the GPU is bit-exact: 120 steps == 60 + save + load + 60") {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(400, 37, 11, rng);
-  const TrainerSpec spec = odd_spec(DType::f16, 0.9);
-  cuda::CudaTrainer straight(spec, data), first(spec, data), second(spec, data);
+  const MlpTrainerSpec spec = odd_spec(DType::f16, 0.9);
+  const TrainerSpec gpu_spec = cuda_spec(spec, data);
+  cuda::CudaTrainer straight(gpu_spec, data), first(gpu_spec, data), second(gpu_spec, data);
   straight.train(120);
   first.train(60);
   second.load_state(first.save_state());
@@ -117,10 +123,10 @@ TEST_CASE("resume on the GPU is bit-exact: 120 steps == 60 + save + load + 60") 
 TEST_CASE("the unfused schedule follows the fused one within fp16 tolerance") {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(400, 37, 11, rng);
-  TrainerSpec spec = odd_spec(DType::f32, 0.0);
-  cuda::CudaTrainer fused(spec, data);
+  MlpTrainerSpec spec = odd_spec(DType::f32, 0.0);
+  cuda::CudaTrainer fused(cuda_spec(spec, data), data);
   spec.fusion = FusionOptions{false, false, false, true};
-  cuda::CudaTrainer unfused(spec, data);
+  cuda::CudaTrainer unfused(cuda_spec(spec, data), data);
   CHECK(unfused.training_program().schedule().launches.size() > fused.training_program().schedule().launches.size());
   CHECK(sg::test::relative_error(losses(fused, 60), losses(unfused, 60)) < 1e-2);
 }
@@ -132,14 +138,14 @@ TEST_CASE("a learning-rate change reaches the replayed graph") {
 
 TEST_CASE("the reference network trains on real MNIST through CUDA graph replay") {
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train"), data::load_split(sg::test::mnist_dir(), "t10k")};
-  TrainerSpec spec;
+  MlpTrainerSpec spec;
   spec.mlp.layers = {784, 128, 128, 128, 10};
   spec.mlp.batch = 32;
   spec.mlp.weight_dtype = DType::f16;
   spec.sgd = {0.05, 0.0, 0.0};
-  spec.whole_step = false;  // the per-group schedule (test_whole_step covers the one-kernel step)
-  spec.one_pass_backward = false;  // with its two-pass cuBLASLt backward: 17 launches
-  cuda::CudaTrainer t(spec, data);
+  spec.backend.whole_step = false;  // the per-group schedule (test_whole_step covers the one-kernel step)
+  spec.backend.one_pass_backward = false;  // with its two-pass cuBLASLt backward: 17 launches
+  cuda::CudaTrainer t(cuda_spec(spec, data), data);
   CHECK(t.training_program().schedule().launches.size() == 17);  // the step advance rides on a bias update
   t.train(5000);
   const double loss = t.last_loss();
@@ -155,24 +161,27 @@ TEST_CASE("one-pass dgrad + SGD and the fused output layer follow the unfused ba
   // width 1024: the hidden layer's 1024 x 1024 W is shared by clusters of 2 blocks per column strip
   for (const std::int64_t width : {256, 1024}) {
   INFO("width " << width);
-  TrainerSpec spec;
+  MlpTrainerSpec spec;
   spec.mlp.layers = {784, width, width, 10};
   spec.mlp.batch = 32;
   spec.mlp.weight_dtype = DType::f16;
   spec.sgd = {0.1, 0.0, 1e-4};
-  spec.whole_step = false;  // the per-group schedule, where the one-pass launch lives
-  cuda::CudaTrainer one_pass(spec, data);
-  spec.one_pass_backward = false;
-  cuda::CudaTrainer two_pass(spec, data);
+  spec.backend.whole_step = false;  // the per-group schedule, where the one-pass launch lives
+  cuda::CudaTrainer one_pass(cuda_spec(spec, data), data);
+  spec.backend.one_pass_backward = false;
+  cuda::CudaTrainer two_pass(cuda_spec(spec, data), data);
   const auto& launches = one_pass.training_program().schedule().launches;
-  const auto count = [&](LaunchKind kind) {
-    return std::count_if(launches.begin(), launches.end(), [&](const Launch& l) { return l.kind == kind; });
+  const auto& g = one_pass.training_program().graph();
+  const auto count = [&](std::string_view lowering) {
+    return std::count_if(launches.begin(), launches.end(), [&](const Launch& l) { return l.lowering->name() == lowering; });
   };
-  CHECK(count(LaunchKind::dgrad_wgrad_sgd) == 1);  // layer 2 (layer 1 has no dgrad)
-  CHECK(count(LaunchKind::output_layer_backward) == 1);  // layer 3 (10 classes) with softmax-xent
-  CHECK(count(LaunchKind::batch_fetch) == 0);  // folded into layer 1's forward
-  CHECK(launches.front().fetches_batch);
-  CHECK(launches.back().input_sgd_node >= 0);  // layer 1's weight update rides on layer 2's one-pass launch
+  CHECK(count("one_pass_strips") == 1);  // layer 2 (layer 1 has no dgrad)
+  CHECK(count("output_layer_backward") == 1);  // layer 3 (10 classes) with softmax-xent
+  CHECK(count("batch_fetch") == 0);  // folded into layer 1's forward
+  CHECK(launches.front().lowering->describe(g, launches.front()).find("+batch fetch") != std::string::npos);
+  // layer 1's weight update rides on layer 2's one-pass launch
+  CHECK(launches.back().lowering->describe(g, launches.back()).find("+first layer's weight update") !=
+        std::string::npos);
   // one launch fewer for the merged pair, one for layer 1's bias update it also does, four for the
   // output layer (softmax-xent, b3, the dgrad, w3, b2: one launch), one for the batch fetch, one for
   // layer 1's weight update
@@ -193,18 +202,18 @@ TEST_CASE("batch 256: the one-pass wgmma backward follows the two-pass cuBLASLt 
     return;
   }
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4096), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
-  TrainerSpec spec;
+  MlpTrainerSpec spec;
   spec.mlp.layers = {784, 8192, 8192, 10};  // layer 2's 8192 x 8192 W takes the wgmma kernel
   spec.mlp.batch = 256;
   spec.mlp.weight_dtype = DType::f16;
   spec.sgd = {0.05, 0.0, 1e-4};
-  spec.whole_step = false;
-  cuda::CudaTrainer one_pass(spec, data);
-  spec.one_pass_backward = false;
-  cuda::CudaTrainer two_pass(spec, data);
+  spec.backend.whole_step = false;
+  cuda::CudaTrainer one_pass(cuda_spec(spec, data), data);
+  spec.backend.one_pass_backward = false;
+  cuda::CudaTrainer two_pass(cuda_spec(spec, data), data);
   const auto& launches = one_pass.training_program().schedule().launches;
   const auto merged = std::count_if(launches.begin(), launches.end(),
-                                    [](const Launch& l) { return l.kind == LaunchKind::dgrad_wgrad_sgd; });
+                                    [](const Launch& l) { return l.lowering->name() == "one_pass_wgmma"; });
   CHECK(merged == 1);
   CHECK(launches.size() < two_pass.training_program().schedule().launches.size());
   one_pass.poison_activations();

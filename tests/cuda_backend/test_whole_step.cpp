@@ -21,13 +21,16 @@
 
 using namespace sg;
 using sg::test::all_parameters;
+using sg::test::cpu_spec;
+using sg::test::cuda_spec;
 using sg::test::losses;
+using sg::test::MlpTrainerSpec;
 using sg::test::random_dataset;
 
 namespace {
 
-TrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, double weight_decay = 0.0) {
-  TrainerSpec spec;
+MlpTrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, double weight_decay = 0.0) {
+  MlpTrainerSpec spec;
   spec.mlp.layers = std::move(layers);
   spec.mlp.batch = batch;
   spec.mlp.weight_dtype = DType::f16;
@@ -43,20 +46,19 @@ TrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, doubl
 // Runs `body` once per way the step is launched: weights resident in one
 // cluster (falls back to the grid where they do not fit), the per-step kernel
 // as one thread-block cluster, and as a cooperative grid.
+// `body` sets the mode in its specs (BackendOptions::whole_step_mode).
 template <typename Body>
 void in_every_launch_mode(Body&& body) {
-  for (const char* mode : {"resident", "cluster", "grid"}) {
-    ::setenv("SG_WHOLE_STEP_MODE", mode, 1);
-    INFO("launch mode " << mode);
-    body(std::string(mode));
+  for (const WholeStepMode mode : {WholeStepMode::resident, WholeStepMode::cluster, WholeStepMode::grid}) {
+    INFO("launch mode " << whole_step_mode_name(mode));
+    body(mode);
   }
-  ::unsetenv("SG_WHOLE_STEP_MODE");
 }
 
 TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  in_every_launch_mode([&](const std::string& mode) {
+  in_every_launch_mode([&](WholeStepMode mode) {
   struct Case {
     std::vector<std::int64_t> layers;
     std::int64_t batch;
@@ -67,11 +69,12 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
                                          {{32, 16, 7}, 16, 1e-3, true},        // 1 block
                                          {{64, 10}, 64, 0.0, false},           // no hidden layer
                                          {{112, 96, 80, 48, 29}, 48, 0.0, false}}) {  // 1 block: 190 KB of partials
-    const TrainerSpec spec = f16_spec(c.layers, c.batch, c.weight_decay);
+    MlpTrainerSpec spec = f16_spec(c.layers, c.batch, c.weight_decay);
+    spec.backend.whole_step_mode = mode;
     INFO("layers " << c.layers.size() << " first width " << c.layers[0] << " batch " << c.batch);
     const Dataset data = random_dataset(c.batch * 12 + 5, c.layers.front(), c.layers.back(), rng);  // reshuffles happen
-    auto cpu = make_cpu_trainer(spec, data);
-    cuda::CudaTrainer gpu(spec, data);
+    auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
+    cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
     REQUIRE(gpu.training_program().uses_whole_step());
     CHECK(gpu.training_program().schedule().launches.size() == 1);
     gpu.poison_activations();  // scratch the kernel forgot to write would show as NaN
@@ -83,9 +86,9 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
     CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
     CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
     CHECK(gpu.step() == 100);
-    const bool resident = mode == "resident" && c.resident_fits;  // else the grid
-    CHECK(gpu.description().find(resident            ? "weights resident"
-                                 : mode == "cluster" ? "one cluster"
+    const bool resident = mode == WholeStepMode::resident && c.resident_fits;  // else the grid
+    CHECK(gpu.description().find(resident                          ? "weights resident"
+                                 : mode == WholeStepMode::cluster ? "one cluster"
                                                      : "cooperative grid") != std::string::npos);
   }
   });
@@ -94,19 +97,18 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
 TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") {
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
   // 59K parameters (at batch 32 the scheduler takes the per-group schedule: forced here)
-  TrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 32);
+  MlpTrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 32);
   spec.sgd.lr = 0.1;
-  ::setenv("SG_WHOLE_STEP_MODE", "grid", 1);
-  cuda::CudaTrainer whole(spec, data);
-  spec.whole_step = false;
-  spec.one_pass_backward = false;
-  cuda::CudaTrainer grouped(spec, data);
-  spec.whole_step = true;
-  spec.one_pass_backward = true;
-  spec.steps_per_launch = 8;
-  ::setenv("SG_WHOLE_STEP_MODE", "resident", 1);
-  cuda::CudaTrainer resident(spec, data);
-  ::unsetenv("SG_WHOLE_STEP_MODE");
+  spec.backend.whole_step_mode = WholeStepMode::grid;
+  cuda::CudaTrainer whole(cuda_spec(spec, data), data);
+  spec.backend.whole_step = false;
+  spec.backend.one_pass_backward = false;
+  cuda::CudaTrainer grouped(cuda_spec(spec, data), data);
+  spec.backend.whole_step = true;
+  spec.backend.one_pass_backward = true;
+  spec.backend.steps_per_launch = 8;
+  spec.backend.whole_step_mode = WholeStepMode::resident;
+  cuda::CudaTrainer resident(cuda_spec(spec, data), data);
   REQUIRE(whole.training_program().uses_whole_step());
   REQUIRE(whole.description().find("cooperative grid") != std::string::npos);
   REQUIRE(resident.description().find("weights resident") != std::string::npos);
@@ -127,25 +129,25 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(400, 48, 10, rng);
   struct Case {
-    TrainerSpec spec;
+    MlpTrainerSpec spec;
     const char* reason;
   };
-  TrainerSpec odd_width = f16_spec({48, 40, 10}, 32);
-  TrainerSpec odd_batch = f16_spec({48, 32, 10}, 24);
-  TrainerSpec momentum = f16_spec({48, 32, 10}, 32);
+  MlpTrainerSpec odd_width = f16_spec({48, 40, 10}, 32);
+  MlpTrainerSpec odd_batch = f16_spec({48, 32, 10}, 24);
+  MlpTrainerSpec momentum = f16_spec({48, 32, 10}, 32);
   momentum.sgd.momentum = 0.9;
-  TrainerSpec master = f16_spec({48, 32, 10}, 32);
+  MlpTrainerSpec master = f16_spec({48, 32, 10}, 32);
   master.mlp.weight_dtype = DType::f32;
-  TrainerSpec off = f16_spec({48, 32, 10}, 32);
-  off.whole_step = false;
-  TrainerSpec small = f16_spec({48, 32, 10}, 32);  // batch 32: our per-group kernels take it
-  TrainerSpec wide = f16_spec({48, 1024, 1024, 10}, 32);  // 1.1M parameters
-  wide.one_pass_backward = false;  // (the cuBLASLt per-group schedule: the size rule decides)
+  MlpTrainerSpec off = f16_spec({48, 32, 10}, 32);
+  off.backend.whole_step = false;
+  MlpTrainerSpec small = f16_spec({48, 32, 10}, 32);  // batch 32: our per-group kernels take it
+  MlpTrainerSpec wide = f16_spec({48, 1024, 1024, 10}, 32);  // 1.1M parameters
+  wide.backend.one_pass_backward = false;  // (the cuBLASLt per-group schedule: the size rule decides)
   for (const Case& c : {Case{odd_width, "multiple of 16"}, Case{odd_batch, "batch 24"}, Case{momentum, "momentum"},
                         Case{master, "not a plain MLP training step"},  // casts to fp32 master weights
                         Case{off, "turned off"}, Case{small, "dependent-launch kernels are faster"},
                         Case{wide, "parameters"}}) {
-    cuda::CudaTrainer t(c.spec, data);
+    cuda::CudaTrainer t(cuda_spec(c.spec, data), data);
     INFO(t.description());
     CHECK_FALSE(t.training_program().uses_whole_step());
     CHECK(t.training_program().whole_step_note().find(c.reason) != std::string::npos);
@@ -156,10 +158,12 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
 }
 
 TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-identical") {
-  in_every_launch_mode([&](const std::string&) {
+  in_every_launch_mode([&](WholeStepMode mode) {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
-  sg::test::check_launch_paths_agree(f16_spec({64, 96, 48, 10}, 32), data, 37, 4, [](cuda::CudaTrainer& replay) {
+  MlpTrainerSpec spec = f16_spec({64, 96, 48, 10}, 32);
+  spec.backend.whole_step_mode = mode;
+  sg::test::check_launch_paths_agree(spec, data, 37, 4, [](cuda::CudaTrainer& replay) {
     REQUIRE(replay.training_program().uses_whole_step());
   });
   });
@@ -169,16 +173,17 @@ TEST_CASE("whole-step: the phase profile names every phase and takes real time")
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
   struct Case {
-    const char* mode;
+    WholeStepMode mode;
     std::size_t phases;  // 2 hidden layers
     const char* first;
     const char* last;
   };
-  for (const Case& c : {Case{"grid", 5, "whole_step: fetch + layer 1 forward", "whole_step: layer 2 SGD + layer 1 SGD"},
-                        Case{"resident", 4, "whole_step: fetch + layer 1 forward + all-gather", "whole_step: layer 1 SGD"}}) {
-    ::setenv("SG_WHOLE_STEP_MODE", c.mode, 1);
-    INFO("launch mode " << c.mode);
-    cuda::CudaTrainer t(f16_spec({64, 96, 48, 10}, 32), data);
+  for (const Case& c : {Case{WholeStepMode::grid, 5, "whole_step: fetch + layer 1 forward", "whole_step: layer 2 SGD + layer 1 SGD"},
+                        Case{WholeStepMode::resident, 4, "whole_step: fetch + layer 1 forward + all-gather", "whole_step: layer 1 SGD"}}) {
+    INFO("launch mode " << whole_step_mode_name(c.mode));
+    MlpTrainerSpec spec = f16_spec({64, 96, 48, 10}, 32);
+    spec.backend.whole_step_mode = c.mode;
+    cuda::CudaTrainer t(cuda_spec(spec, data), data);
     const auto phases = t.profile_step(3);
     REQUIRE(phases.size() == c.phases);
     CHECK(phases.front().label == c.first);
@@ -190,24 +195,23 @@ TEST_CASE("whole-step: the phase profile names every phase and takes real time")
     }
     CHECK(t.step() == 3);
   }
-  ::unsetenv("SG_WHOLE_STEP_MODE");
 }
 
 TEST_CASE("resident weights: every cluster size follows the CPU backend, and K steps per launch are K launches") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const TrainerSpec spec = f16_spec({96, 128, 64, 64, 10}, 32, 1e-3);
+  MlpTrainerSpec spec = f16_spec({96, 128, 64, 64, 10}, 32, 1e-3);
   const Dataset data = random_dataset(32 * 20 + 3, 96, 10, rng);  // 20 steps per epoch
-  auto cpu = make_cpu_trainer(spec, data);
+  auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
   const auto cpu_curve = losses(*cpu, 40);
-  ::setenv("SG_WHOLE_STEP_MODE", "resident", 1);  // also for one step per launch
-  for (const char* cluster : {"2", "4"}) {  // 64 / 32 (then 32 / 16) columns of a layer per block
-    ::setenv("SG_RESIDENT_CLUSTER", cluster, 1);
+  spec.backend.whole_step_mode = WholeStepMode::resident;  // also for one step per launch
+  for (const int cluster : {2, 4}) {  // 64 / 32 (then 32 / 16) columns of a layer per block
+    spec.backend.resident_cluster = cluster;
     INFO("cluster of " << cluster);
-    cuda::CudaTrainer one(spec, data);
-    TrainerSpec batched = spec;
-    batched.steps_per_launch = 8;
-    cuda::CudaTrainer eight(batched, data);
+    cuda::CudaTrainer one(cuda_spec(spec, data), data);
+    MlpTrainerSpec batched = spec;
+    batched.backend.steps_per_launch = 8;
+    cuda::CudaTrainer eight(cuda_spec(batched, data), data);
     REQUIRE(one.description().find(fmt::format("{} blocks as one cluster, weights resident", cluster)) != std::string::npos);
     const auto curve = losses(one, 40);
     CHECK(sg::test::relative_error(curve, cpu_curve) < 1e-2);
@@ -216,24 +220,21 @@ TEST_CASE("resident weights: every cluster size follows the CPU backend, and K s
     sg::test::check_same_state(one, eight);
     CHECK(one.last_loss() == eight.last_loss());
   }
-  ::unsetenv("SG_RESIDENT_CLUSTER");
-  ::unsetenv("SG_WHOLE_STEP_MODE");
 }
 
 TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
   auto rng = sg::test::fresh_rng();
-  ::setenv("SG_WHOLE_STEP_MODE", "grid", 1);
-  sg::test::check_learning_rate_changes_reach(f16_spec({64, 32, 10}, 16), random_dataset(500, 64, 10, rng), true);
-  ::unsetenv("SG_WHOLE_STEP_MODE");
+  MlpTrainerSpec spec = f16_spec({64, 32, 10}, 16);
+  spec.backend.whole_step_mode = WholeStepMode::grid;
+  sg::test::check_learning_rate_changes_reach(spec, random_dataset(500, 64, 10, rng), true);
 }
 
 TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
   auto rng = sg::test::fresh_rng();
-  TrainerSpec spec = f16_spec({64, 32, 10}, 16);
-  spec.steps_per_launch = 5;  // the rate is read once per launch of 5 steps
+  MlpTrainerSpec spec = f16_spec({64, 32, 10}, 16);
+  spec.backend.steps_per_launch = 5;  // the rate is read once per launch of 5 steps
   const Dataset data = random_dataset(500, 64, 10, rng);
-  ::setenv("SG_WHOLE_STEP_MODE", "resident", 1);
-  REQUIRE(cuda::CudaTrainer(spec, data).description().find("weights resident") != std::string::npos);
+  spec.backend.whole_step_mode = WholeStepMode::resident;
+  REQUIRE(cuda::CudaTrainer(cuda_spec(spec, data), data).description().find("weights resident") != std::string::npos);
   sg::test::check_learning_rate_changes_reach(spec, data, true);
-  ::unsetenv("SG_WHOLE_STEP_MODE");
 }

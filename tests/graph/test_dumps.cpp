@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "graph/dump.hpp"
-#include "graph/training_graph.hpp"
+#include "models/mlp.hpp"
 #include "tests/support/test_data.hpp"
 
 using namespace sg;
@@ -40,7 +40,7 @@ TEST_CASE("text dump lines carry id, op, inputs, output shape/dtype and fusion")
   const std::string text = dump_text(reference_stages().fused);
   CHECK(text.find("matmul(x, w1) -> matmul:[32,128]f16 {trans_a=false,trans_b=true} fused=linear_forward#") !=
         std::string::npos);
-  CHECK(text.find("sgd_update(w1, grad_w1) -> (in place) {lr=0.003,momentum=0,weight_decay=0} fused=wgrad_sgd#") !=
+  CHECK(text.find("sgd_update(w1, grad_w1) -> (in place) {momentum=0,weight_decay=0} fused=wgrad_sgd#") !=
         std::string::npos);
 }
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <map>
 
-#include "graph/training_graph.hpp"
 #include "graph/verifier.hpp"
+#include "models/mlp.hpp"
 
 using namespace sg;
 

@@ -3,12 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <array>
-#include <cstdlib>
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/dgrad_wgrad.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
-#include "ops/cuda/env_switch.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
@@ -79,7 +77,7 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
     for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));  // dx starts poisoned
-    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
+    const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)});
     if (splits > 0 && kernel.row_ranges() == 0) CHECK(kernel.strip_splits() == splits);
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
     const OnePassReference expected = one_pass_reference(dy, x, w, batch, n, k, lr, wd);
@@ -91,8 +89,8 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
 }
 
 TEST_CASE("blocks per column strip: 2 for a 1024 x 1024 W on an H100, 1 where a warp would keep fewer than 4 chunks") {
-  if (cuda::multiprocessor_count() != 132 || std::getenv("SG_STRIP_SPLITS")) {
-    MESSAGE("SKIPPED: the rule's numbers are for a 132-SM H100 without SG_STRIP_SPLITS");
+  if (cuda::multiprocessor_count() != 132) {
+    MESSAGE("SKIPPED: the rule's numbers are for a 132-SM H100");
     return;
   }
   CHECK(cuda::DgradWgradSgd(32, 1024, 1024).strip_splits() == 2);  // 64 strips, 64 chunks of rows
@@ -117,7 +115,7 @@ TEST_CASE("the one-pass kernel also updates the previous layer's bias from the c
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));
-    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
+    const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)});
     const auto* s = scalars.as<cuda::SgdScalars>();
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
     CHECK(sg::test::relative_error(db.download(), bias_reference(b, dx.download(), batch, k, 2.0 * lr)) < 2e-3);
@@ -163,13 +161,15 @@ TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias agai
   // (N rows of W, K columns): one block and one pair of row tiles; several blocks; 10 and 32 row
   // tiles, so each of the 4 pipeline slots is reused (barrier phases flip); through DgradWgradSgd at
   // K = 8192 (128 blocks, the size the scheduler picks it for). 1 and 3 blocks each copy all of dY;
-  // 2, 4 and 128 blocks run as pairs that share it (multicast), unless SG_ONE_PASS_MULTICAST=0.
-  if (!cuda::switched_off("SG_ONE_PASS_MULTICAST")) {
-    CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(192) == 1);
-    CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(8192) == 2);
-  }
+  // 2, 4 and 128 blocks run as pairs that share it (multicast), unless multicast is off (every size
+  // once more, each block with its own copy).
+  CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(192, true) == 1);
+  CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(8192, true) == 2);
+  CHECK(cuda::one_pass::wgmma_blocks_sharing_dy(8192, false) == 1);
+  for (const bool multicast : {true, false})
   for (auto [n, k] : std::vector<std::array<std::int64_t, 2>>{{{128, 64}}, {{256, 192}}, {{640, 128}}, {{2048, 256}}, {{128, 8192}}}) {
-    INFO(batch << " x " << n << " x " << k << ", blocks sharing dY " << cuda::one_pass::wgmma_blocks_sharing_dy(k));
+    INFO(batch << " x " << n << " x " << k << ", blocks sharing dY "
+               << cuda::one_pass::wgmma_blocks_sharing_dy(k, multicast));
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;  // a ReLU output: about half zeros
@@ -178,11 +178,12 @@ TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias agai
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));  // dx starts poisoned
     if (k >= 8192) {
       REQUIRE(cuda::dgrad_wgrad_unsupported(batch, n, k).empty());
-      const cuda::DgradWgradSgd kernel(batch, n, k);
+      const cuda::DgradWgradSgd kernel(batch, n, k, {.multicast = multicast});
       REQUIRE(kernel.wgmma());
       kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
     } else {
-      cuda::one_pass::launch_wgmma(ddy.get(), dx_in.get(), n, k, dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
+      cuda::one_pass::launch_wgmma(ddy.get(), dx_in.get(), n, k, dw.get(), dx.get(), s, nullptr, multicast, db.get(),
+                                   s + 1);
     }
     const OnePassReference expected = one_pass_reference(dy, x, w, batch, n, k, lr, wd);
     const auto dx_got = dx.download();
@@ -215,7 +216,7 @@ TEST_CASE("the one-pass kernel waits for the kernel that writes dY (dependent la
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
-    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits));
+    const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)});
     DeviceArray<__half> ddy(dy), dx_in(x), w_expected(w), dx_expected(std::size_t(batch * k));
     kernel.launch(ddy.get(), dx_in.get(), w_expected.get(), dx_expected.get(), scalars.as<cuda::SgdScalars>(), nullptr);
     for (const bool as_graph : {false, true}) {
@@ -255,7 +256,7 @@ TEST_CASE("the one-pass kernel also updates the first layer's weight from dX: W_
     const auto x_in = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * width), rng));
     const auto w_in = sg::test::representable<__half>(sg::test::uniform(std::size_t(k * width), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k)), dx_input(x_in), dw_in(w_in);
-    const cuda::DgradWgradSgd kernel(batch, n, k, int(splits), width);
+    const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)}, width);
     const auto* s = scalars.as<cuda::SgdScalars>();
     const cuda::one_pass::InputLayerUpdate input{dx_input.get(), dw_in.get(), s + 2, int(width)};
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1, input);

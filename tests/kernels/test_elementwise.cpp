@@ -82,7 +82,7 @@ TEST_CASE_TEMPLATE("softmax cross-entropy: loss, gradient and argmax hits", T, f
     cuda::DeviceBuffer dlabels(labels.size() * 4);
     dlabels.upload(labels.data(), labels.size() * 4);
 
-    cuda::launch_softmax_xent(dl.get(), dlabels.as<std::int32_t>(), rows, cols, loss.get(), grad.get(), nullptr);
+    cuda::launch_softmax_xent(dl.get(), dlabels.as<std::int32_t>(), rows, cols, loss.get(), grad.get(), nullptr, true);
     std::vector<double> ld(logits.begin(), logits.end()), gref(logits.size());
     const double lref = ref::softmax_xent(ld.data(), labels.data(), rows, cols);
     ref::softmax_xent_backward(ld.data(), labels.data(), rows, cols, gref.data());
@@ -96,7 +96,8 @@ TEST_CASE_TEMPLATE("softmax cross-entropy: loss, gradient and argmax hits", T, f
     // Same loss again, without the gradient: the reduction is deterministic.
     const float first = loss.download()[0];
     loss.poison();
-    cuda::launch_softmax_xent(dl.get(), dlabels.as<std::int32_t>(), rows, cols, loss.get(), static_cast<T*>(nullptr), nullptr);
+    cuda::launch_softmax_xent(dl.get(), dlabels.as<std::int32_t>(), rows, cols, loss.get(), static_cast<T*>(nullptr),
+                              nullptr, true);
     CHECK(loss.download()[0] == first);
 
     hits.poison();
@@ -113,7 +114,7 @@ TEST_CASE_TEMPLATE("column sums and the fused bias-gradient SGD update", T, floa
     INFO(rows << "x" << cols);
     const auto dy = sg::test::representable<T>(sg::test::uniform(static_cast<std::size_t>(rows * cols), rng));
     DeviceArray<T> ddy(dy), sums(static_cast<std::size_t>(cols));
-    cuda::launch_reduce_rows(ddy.get(), rows, cols, sums.get(), nullptr);
+    cuda::launch_reduce_rows(ddy.get(), rows, cols, sums.get(), nullptr, true);
     std::vector<double> dyd(dy.begin(), dy.end()), sref(static_cast<std::size_t>(cols));
     ref::reduce_rows(dyd.data(), rows, cols, sref.data());
     CHECK(sg::test::relative_error(sums.download(), sref) < (std::is_same_v<T, __half> ? 1e-2 : 1e-5));
@@ -126,7 +127,7 @@ TEST_CASE_TEMPLATE("column sums and the fused bias-gradient SGD update", T, floa
       cuda::DeviceBuffer ds(sizeof scalars);
       ds.upload(&scalars, sizeof scalars);
       cuda::launch_bias_grad_sgd(ddy.get(), rows, cols, bias.get(), momentum > 0 ? vel.get() : nullptr,
-                                 ds.as<cuda::SgdScalars>(), nullptr);
+                                 ds.as<cuda::SgdScalars>(), nullptr, true);
       std::vector<double> b(b0.begin(), b0.end()), v(v0.begin(), v0.end());
       ref::sgd_update(b.data(), sref.data(), momentum > 0 ? v.data() : nullptr, cols, 0.1, double(momentum), 0.01);
       CHECK(sg::test::relative_error(bias.download(), b) < 1e-3);

@@ -99,13 +99,14 @@ cuda::DeviceBuffer three_scalars() {
 // The five launches the fused kernel replaces, on `stream`.
 void launch_five(const Problem& p, OnDevice& d, const cuda::SgdScalars* s, cudaStream_t stream) {
   const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
-  cuda::launch_softmax_xent(d.logits.get(), d.labels.as<std::int32_t>(), b, c, d.loss.get(), d.dlogits.get(), stream);
+  cuda::launch_softmax_xent(d.logits.get(), d.labels.as<std::int32_t>(), b, c, d.loss.get(), d.dlogits.get(), stream,
+                            true);
   cuda::launch_bias_grad_sgd(d.dlogits.get(), b, c, d.out_bias.get(), static_cast<__half*>(nullptr), s + 1, stream,
-                             nullptr);
-  cuda::launch_dgrad_relu_small_k(d.dlogits.get(), d.w.get(), d.h.get(), b, n, c, d.dh.get(), stream);
-  cuda::launch_wgrad_sgd_small_m(d.dlogits.get(), d.h.get(), b, c, n, d.w.get(), s, stream);
+                             true, nullptr);
+  cuda::launch_dgrad_relu_small_k(d.dlogits.get(), d.w.get(), d.h.get(), b, n, c, d.dh.get(), stream, true);
+  cuda::launch_wgrad_sgd_small_m(d.dlogits.get(), d.h.get(), b, c, n, d.w.get(), s, stream, true);
   cuda::launch_bias_grad_sgd(d.dh.get(), b, n, d.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2, stream,
-                             d.step.as<std::int32_t>());
+                             true, d.step.as<std::int32_t>());
 }
 
 }  // namespace
@@ -119,7 +120,7 @@ TEST_CASE("the fused output-layer backward matches softmax-xent, dgrad, and thre
     INFO(batch << " x " << classes << " x " << hidden);
     const Problem p = random_problem(batch, classes, hidden, rng);
     OnDevice d(p);
-    cuda::launch_output_layer_backward(fused_args(p, d, scalars.as<cuda::SgdScalars>()), nullptr);
+    cuda::launch_output_layer_backward(fused_args(p, d, scalars.as<cuda::SgdScalars>()), nullptr, true);
 
     auto dbl = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
     const auto logits = dbl(p.logits), h = dbl(p.h), w0 = dbl(p.w);
@@ -154,7 +155,7 @@ TEST_CASE("the fused output-layer backward gives the same bits as the five launc
   const auto* s = scalars.as<cuda::SgdScalars>();
   const Problem p = random_problem(32, 10, 1024, rng);
   OnDevice fused(p), separate(p);
-  cuda::launch_output_layer_backward(fused_args(p, fused, s), nullptr);
+  cuda::launch_output_layer_backward(fused_args(p, fused, s), nullptr, true);
   launch_five(p, separate, s, nullptr);
   CHECK(fused.dlogits.download() == separate.dlogits.download());
   check_same_outputs(fused, separate, false);
@@ -167,7 +168,7 @@ TEST_CASE("the fused output-layer backward waits for the kernel that writes the 
   const auto* s = scalars.as<cuda::SgdScalars>();
   const Problem p = random_problem(32, 10, 1024, rng);
   OnDevice expected(p);
-  cuda::launch_output_layer_backward(fused_args(p, expected, s), nullptr);
+  cuda::launch_output_layer_backward(fused_args(p, expected, s), nullptr, true);
   for (const bool as_graph : {false, true}) {
     INFO((as_graph ? "graph" : "stream"));
     OnDevice late(p);
@@ -175,7 +176,8 @@ TEST_CASE("the fused output-layer backward waits for the kernel that writes the 
     DeviceArray<__half> logits(p.logits);
     sg::test::run_behind_late_copy(
         late.logits.get(), logits.get(), p.logits.size() * sizeof(__half),
-        [&](cudaStream_t stream) { cuda::launch_output_layer_backward(fused_args(p, late, s), stream); }, as_graph);
+        [&](cudaStream_t stream) { cuda::launch_output_layer_backward(fused_args(p, late, s), stream, true); },
+        as_graph);
     check_same_outputs(late, expected);
   }
 }
@@ -203,26 +205,26 @@ TEST_CASE("the five separate launches each wait for the kernel that writes their
     };
     behind_late_copy(late.logits, logits, [&](cudaStream_t st) {
       cuda::launch_softmax_xent(late.logits.get(), late.labels.as<std::int32_t>(), b, c, late.loss.get(),
-                                late.dlogits.get(), st);
+                                late.dlogits.get(), st, true);
     });
     CHECK(late.loss.download() == expected.loss.download());
     CHECK(late.dlogits.download() == expected.dlogits.download());
     behind_late_copy(dlogits, expected.dlogits, [&](cudaStream_t st) {
       cuda::launch_bias_grad_sgd(dlogits.get(), b, c, late.out_bias.get(), static_cast<__half*>(nullptr), s + 1, st,
-                                 nullptr);
+                                 true, nullptr);
     });
     CHECK(late.out_bias.download() == expected.out_bias.download());
     behind_late_copy(dlogits, expected.dlogits, [&](cudaStream_t st) {
-      cuda::launch_dgrad_relu_small_k(dlogits.get(), late.w.get(), late.h.get(), b, n, c, late.dh.get(), st);
+      cuda::launch_dgrad_relu_small_k(dlogits.get(), late.w.get(), late.h.get(), b, n, c, late.dh.get(), st, true);
     });
     CHECK(late.dh.download() == expected.dh.download());
     behind_late_copy(dlogits, expected.dlogits, [&](cudaStream_t st) {
-      cuda::launch_wgrad_sgd_small_m(dlogits.get(), late.h.get(), b, c, n, late.w.get(), s, st);
+      cuda::launch_wgrad_sgd_small_m(dlogits.get(), late.h.get(), b, c, n, late.w.get(), s, st, true);
     });
     CHECK(late.w.download() == expected.w.download());
     behind_late_copy(dh, expected.dh, [&](cudaStream_t st) {
       cuda::launch_bias_grad_sgd(dh.get(), b, n, late.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2, st,
-                                 late.step.as<std::int32_t>());
+                                 true, late.step.as<std::int32_t>());
     });
     CHECK(late.hidden_bias.download() == expected.hidden_bias.download());
     CHECK(late.step_value() == expected.step_value());

@@ -61,7 +61,7 @@ TEST_CASE("small-batch forward matches act(x W^T + b) on random shapes") {
       DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
       cuda::SmallBatchLinear args = linear_args(dx.get(), dw.get(), db.get(), y.get(), m, n, k, relu != 0);
       args.load_weight_early = early;
-      cuda::launch_small_batch_linear(args, nullptr);
+      cuda::launch_small_batch_linear(args, nullptr, true);
       CHECK(sg::test::relative_error(y.download(), reference_linear(x, w, b, m, n, k, relu != 0)) < 2e-3);
     }
   }
@@ -96,7 +96,7 @@ TEST_CASE("small-batch forward with the batch fetch folded in gathers, scales an
   args.fetch.labels = dlabels.get();
   args.fetch.x_out = x_out.get();
   args.fetch.labels_out = labels_out.get();
-  cuda::launch_small_batch_linear(args, nullptr);
+  cuda::launch_small_batch_linear(args, nullptr, true);
 
   // X and the labels as the batch_fetch kernel writes them, bit for bit
   DeviceArray<__half> fetched(std::size_t(batch * k));
@@ -121,6 +121,6 @@ TEST_CASE("small-batch forward waits for the kernel that writes x (dependent lau
   const std::int64_t m = 32, n = 256, k = 512;
   sg::test::check_waits_for_late_x(m, n, k, rng, [&](const __half* x, const __half* w, const __half* b, __half* y,
                                                      cudaStream_t stream) {
-    cuda::launch_small_batch_linear(linear_args(x, w, b, y, m, n, k, true), stream);
+    cuda::launch_small_batch_linear(linear_args(x, w, b, y, m, n, k, true), stream, true);
   });
 }

@@ -7,7 +7,6 @@
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/cuda_check.hpp"
-#include "ops/cuda/env_switch.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
@@ -25,7 +24,7 @@ TEST_CASE("linear with a tiny N matches x W^T + b") {
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
     DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
-    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr);
+    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr, true, true);
     std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()), ref(std::size_t(m * n));
     ref::matmul(xd.data(), wd.data(), ref.data(), m, n, k, false, true);
     ref::bias_add(ref.data(), bd.data(), m, n, ref.data());
@@ -38,26 +37,27 @@ TEST_CASE("linear with a tiny N for many rows: tensor-core tiles with K split ov
   INFO("random seed " << sg::test::last_seed());
   // K split over 8 blocks (8192, 1040: the last block's slice shorter), over
   // 1 (160); rows not a multiple of 16; N of 1, 9, 16; one round of steps in
-  // flight only partly inside the slice (1040 = 65 steps).
+  // flight only partly inside the slice (1040 = 65 steps). With classifier_mma off
+  // (BackendOptions), the same sizes take a warp per output.
+  for (const bool mma : {true, false})
   for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
            {{256, 10, 8192}}, {{100, 16, 160}}, {{257, 9, 1040}}, {{64, 1, 16}}, {{1024, 10, 2048}}}) {
-    INFO(m << "x" << n << "x" << k);
+    INFO(m << "x" << n << "x" << k << (mma ? ", tensor cores" : ", a warp per output"));
     const bool tensor_cores = cuda::linear_small_n_on_tensor_cores(m, n, k);
-    if (cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 &&
-        !cuda::switched_off("SG_CLASSIFIER_MMA"))
-      CHECK(tensor_cores);  // the path under test
+    if (cuda::current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9)
+      CHECK(tensor_cores);  // the path under test (when mma is on)
     const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
     DeviceArray<__half> dx(x), dw(w), db(b), y(std::size_t(m * n));  // y starts poisoned (NaN)
-    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr);
+    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr, true, mma);
     const auto first = y.download();
     std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end()), ref(std::size_t(m * n));
     ref::matmul(xd.data(), wd.data(), ref.data(), m, n, k, false, true);
     ref::bias_add(ref.data(), bd.data(), m, n, ref.data());
     CHECK(sg::test::relative_error(first, ref) < 2e-3);
     // The blocks' partial sums are added in rank order: a second run gives the same bits.
-    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr);
+    cuda::launch_linear_small_n(dx.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr, true, mma);
     CHECK(y.download() == first);
   }
   CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(32, 10, 8192));  // batch 32 keeps a warp per output
@@ -73,7 +73,7 @@ TEST_CASE("linear with a tiny N waits for the kernel that writes x (dependent la
     INFO("rows " << m);
     sg::test::check_waits_for_late_x(m, n, k, rng, [&](const __half* x, const __half* w, const __half* b, __half* y,
                                                        cudaStream_t stream) {
-      cuda::launch_linear_small_n(x, w, b, m, n, k, y, stream);
+      cuda::launch_linear_small_n(x, w, b, m, n, k, y, stream, true, true);
     });
   }
 }
@@ -90,7 +90,8 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
     const auto w = sg::test::representable<W>(sg::test::uniform(std::size_t(m * k), rng));
     DeviceArray<__half> ddy(dy), dx(x);
     DeviceArray<W> dw(w);
-    cuda::launch_wgrad_sgd_small_m(ddy.get(), dx.get(), batch, m, k, dw.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+    cuda::launch_wgrad_sgd_small_m(ddy.get(), dx.get(), batch, m, k, dw.get(), scalars.as<cuda::SgdScalars>(), nullptr,
+                                   true);
     std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), g(std::size_t(m * k)), ref(g.size());
     ref::matmul(dyd.data(), xd.data(), g.data(), m, k, batch, true, false);
     for (std::size_t i = 0; i < ref.size(); ++i) ref[i] = w[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
@@ -111,7 +112,7 @@ TEST_CASE("dgrad with a tiny K and the ReLU mask matches (dy w) * (relu_out > 0)
     auto relu_out = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * n), rng));
     for (auto& v : relu_out) v = v < 0 ? 0.f : v;  // about half masked
     DeviceArray<__half> ddy(dy), dw(w), drelu(relu_out), dx(std::size_t(m * n));  // dx starts poisoned (NaN)
-    cuda::launch_dgrad_relu_small_k(ddy.get(), dw.get(), drelu.get(), m, n, k, dx.get(), nullptr);
+    cuda::launch_dgrad_relu_small_k(ddy.get(), dw.get(), drelu.get(), m, n, k, dx.get(), nullptr, true);
     std::vector<double> dyd(dy.begin(), dy.end()), wd(w.begin(), w.end()), hd(relu_out.begin(), relu_out.end());
     std::vector<double> pre(std::size_t(m * n)), ref(pre.size());
     ref::matmul(dyd.data(), wd.data(), pre.data(), m, n, k, false, false);

@@ -7,6 +7,8 @@
 #include "tests/support/training_helpers.hpp"
 
 using namespace sg;
+using sg::test::cpu_spec;
+using sg::test::MlpTrainerSpec;
 
 namespace {
 
@@ -14,8 +16,8 @@ Dataset small_mnist() {
   return {data::load_split(sg::test::mnist_dir(), "train", 2000), data::load_split(sg::test::mnist_dir(), "t10k", 1000)};
 }
 
-TrainerSpec small_spec() {
-  TrainerSpec spec;
+MlpTrainerSpec small_spec() {
+  MlpTrainerSpec spec;
   spec.mlp.layers = {784, 64, 10};
   spec.mlp.batch = 32;
   spec.sgd = {0.1, 0.0, 0.0};
@@ -35,7 +37,7 @@ double mean_loss(Trainer& t, int steps) {
 
 TEST_CASE("the 784-64-10 MLP learns 2,000 real MNIST images on the CPU") {
   const Dataset data = small_mnist();
-  auto trainer = make_cpu_trainer(small_spec(), data);
+  auto trainer = make_cpu_trainer(cpu_spec(small_spec(), data), data);
   const double first = mean_loss(*trainer, 10);
   trainer->train(240);
   const double last = mean_loss(*trainer, 50);
@@ -50,16 +52,16 @@ TEST_CASE("the 784-64-10 MLP learns 2,000 real MNIST images on the CPU") {
 
 TEST_CASE("resuming from saved state continues bit-exactly (200 == 100 + save + load + 100)") {
   const Dataset data = small_mnist();
-  TrainerSpec spec = small_spec();
+  MlpTrainerSpec spec = small_spec();
   spec.sgd = {0.05, 0.9, 1e-4};  // momentum: velocities must be saved too
 
-  auto straight = make_cpu_trainer(spec, data);
+  auto straight = make_cpu_trainer(cpu_spec(spec, data), data);
   straight->train(200);
 
-  auto first_half = make_cpu_trainer(spec, data);
+  auto first_half = make_cpu_trainer(cpu_spec(spec, data), data);
   first_half->train(100);
   const auto saved = first_half->save_state();
-  auto resumed = make_cpu_trainer(spec, data);
+  auto resumed = make_cpu_trainer(cpu_spec(spec, data), data);
   resumed->load_state(saved);
   CHECK(resumed->step() == 100);
   resumed->train(100);

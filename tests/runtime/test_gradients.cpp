@@ -112,6 +112,78 @@ TEST_CASE("add, and a value used twice (gradients accumulate)") {
   });
 }
 
+TEST_CASE("gelu gradient (exact erf GELU, through linear layers)") {
+  check_against_finite_differences([](Graph& g, std::int64_t rows, std::int64_t classes, std::mt19937_64&) {
+    const auto x = g.input("x", {rows, 5}, DType::f32);
+    const auto h = g.gelu(g.linear(x, g.param("w1", {6, 5}, DType::f32), g.param("b1", {6}, DType::f32)));
+    return g.linear(h, g.param("w2", {classes, 6}, DType::f32), g.param("b2", {classes}, DType::f32));
+  });
+  check_against_finite_differences([](Graph& g, std::int64_t rows, std::int64_t classes, std::mt19937_64&) {
+    return g.gelu(g.param("z", {rows, classes}, DType::f32));  // gelu of the logits themselves
+  });
+}
+
+TEST_CASE("gelu and gelu_backward reference values") {
+  Graph g;
+  const auto x = g.input("x", {5}, DType::f32);
+  const auto dy = g.input("dy", {5}, DType::f32);
+  const auto y = g.gelu(x);
+  const auto dx = g.gelu_backward(dy, x);
+  CpuExecutor<double> exec(g);
+  exec.tensor(x).real = {-3.0, -1.0, 0.0, 1.0, 2.5};
+  exec.tensor(dy).real = {1.0, 1.0, 1.0, 2.0, -1.0};
+  exec.run();
+  // x * Phi(x), and dy * (Phi(x) + x * phi(x)): exact values, not the tanh approximation's.
+  const std::vector<double> want_y = {-0.00404969409489031, -0.15865525393145707, 0.0, 0.8413447460685429,
+                                      2.4844758366855597};
+  const std::vector<double> want_dx = {-0.01194564720418392, -0.08331547058768629, 0.5, 2.166630941175373,
+                                       -1.037611085908145};
+  CHECK(sg::test::relative_error(exec.tensor(y).real, want_y) < 1e-12);
+  CHECK(sg::test::relative_error(exec.tensor(dx).real, want_dx) < 1e-11);
+}
+
+TEST_CASE("a node with two outputs (bias_add_relu): gradients of both outputs") {
+  // Both outputs reach the loss: dZ + relu_backward(dA, A).
+  check_against_finite_differences([](Graph& g, std::int64_t rows, std::int64_t classes, std::mt19937_64&) {
+    const auto x = g.input("x", {rows, 5}, DType::f32);
+    const auto za = g.bias_add_relu(g.matmul(x, g.param("w1", {6, 5}, DType::f32), false, true),
+                                    g.param("b1", {6}, DType::f32));
+    const auto from_a = g.matmul(za[1], g.param("wa", {classes, 6}, DType::f32), false, true);
+    const auto from_z = g.matmul(za[0], g.param("wz", {classes, 6}, DType::f32), false, true);
+    return g.add(from_a, from_z);
+  });
+  // Only one output reaches the loss (the other's gradient is absent).
+  for (int used : {0, 1}) {
+    INFO("only output " << used);
+    check_against_finite_differences([&](Graph& g, std::int64_t rows, std::int64_t classes, std::mt19937_64&) {
+      const auto x = g.input("x", {rows, 5}, DType::f32);
+      const auto za = g.bias_add_relu(g.matmul(x, g.param("w1", {6, 5}, DType::f32), false, true),
+                                      g.param("b1", {6}, DType::f32));
+      return g.matmul(za[static_cast<std::size_t>(used)], g.param("w2", {classes, 6}, DType::f32), false, true);
+    });
+  }
+}
+
+TEST_CASE("the learning rate is the executor's optimizer scalar, not an attribute") {
+  Graph g;
+  const auto w = g.param("w", {2, 2}, DType::f32);
+  const auto dw = g.input("dw", {2, 2}, DType::f32);
+  g.sgd_update(w, dw, 0.0, 0.5);
+  CpuExecutor<double> exec(g);
+  exec.tensor(w).real = {1.0, 2.0, -1.0, 4.0};
+  exec.tensor(dw).real = {0.5, 0.0, 1.0, -2.0};
+  CHECK_THROWS_WITH_AS(exec.run(), doctest::Contains("no learning rate"), GraphError);
+  CHECK_THROWS_WITH_AS(exec.set_learning_rate(0.0), doctest::Contains("learning rate"), GraphError);
+  CHECK_THROWS_WITH_AS(exec.set_learning_rate(-0.1), doctest::Contains("learning rate"), GraphError);
+  exec.set_learning_rate(0.1);
+  exec.run();  // w -= lr * (dw + wd * w)
+  CHECK(exec.tensor(w).real == std::vector<double>{1.0 - 0.1 * 1.0, 2.0 - 0.1 * 1.0, -1.0 - 0.1 * 0.5, 4.0 - 0.1 * 0.0});
+  exec.set_learning_rate(1.0);  // a schedule step: the same graph, a new scalar
+  exec.run();
+  CHECK(exec.tensor(w).real[0] == doctest::Approx(0.9 - (0.5 + 0.45)));
+  CHECK(*exec.learning_rate() == 1.0);
+}
+
 TEST_CASE("ops without a gradient rule are rejected") {
   Graph g;
   const auto p = g.param("p", {3, 4}, DType::f32);

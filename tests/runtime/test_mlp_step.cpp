@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "graph/training_graph.hpp"
+#include "models/mlp.hpp"
 #include "ops/cpu/reference_ops.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "tests/runtime/test_support.hpp"
@@ -142,6 +142,7 @@ TEST_CASE("two SGD steps with momentum and weight decay equal the formula") {
   const SgdSpec sgd{0.05, 0.9, 0.01};
   const auto stages = build_training_stages(p.spec, sgd);
   CpuExecutor<double> step_exec(stages.fused);   // what training runs
+  step_exec.set_learning_rate(sgd.lr);            // the optimizer's run state, not IR
   CpuExecutor<double> grad_exec(stages.backward);  // gradients only, no update
   load(step_exec, p, rng);
   load(grad_exec, p, rng);

@@ -4,8 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "models/mlp.hpp"
+#include "models/param_init.hpp"
 #include "runtime/epoch_schedule.hpp"
-#include "runtime/param_init.hpp"
 #include "runtime/random.hpp"
 
 using namespace sg;
@@ -35,7 +36,7 @@ TEST_CASE("the epoch schedule hands out a new permutation only at epoch boundari
 }
 
 TEST_CASE("initial parameters follow nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_in))") {
-  const auto params = initial_parameters({784, 128, 10}, 3);
+  const auto params = mlp_initial_parameters({784, 128, 10}, 3);
   REQUIRE(params.size() == 4);
   CHECK(params[0].name == "w1");
   CHECK(params[0].shape == Shape{128, 784});
@@ -50,7 +51,7 @@ TEST_CASE("initial parameters follow nn.Linear's U(-1/sqrt(fan_in), 1/sqrt(fan_i
       CHECK(*hi > 0.95 * bound);
     }
   }
-  CHECK(params[0].values != initial_parameters({784, 128, 10}, 4)[0].values);
+  CHECK(params[0].values != mlp_initial_parameters({784, 128, 10}, 4)[0].values);
 }
 
 TEST_CASE("the C++ streams agree with bench/stepgraph_data.py (an independent Python implementation)") {

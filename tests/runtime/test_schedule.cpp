@@ -1,10 +1,12 @@
-// Lowering the fused training graph into launches, and the memory plan.
+// Covering the fused training graph with the CUDA lowerings (no GPU needed:
+// lowerings that ask the device are left out), and the memory plan.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <map>
 
-#include "graph/training_graph.hpp"
+#include "models/mlp.hpp"
+#include "runtime/cuda/lowering.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/schedule.hpp"
 
@@ -19,17 +21,53 @@ Graph reference_fused(double momentum = 0.0, DType weights = DType::f16) {
   return build_training_stages(spec, {0.003, momentum, 0.0}).fused;
 }
 
+// Our fused kernels but not the small-batch forwards and the first layer's folded update.
+BackendOptions without_forwards() {
+  BackendOptions o;
+  o.whole_step = false;
+  o.small_batch_forward = false;
+  o.fold_input_update = false;
+  return o;
+}
+
+// The two-pass schedule: cuBLASLt and the plain kernels, none of our fused ones.
+BackendOptions two_pass() {
+  BackendOptions o;
+  o.one_pass_backward = false;
+  o.whole_step = false;
+  return o;
+}
+
+// A schedule together with the lowerings its launches point to.
+struct Lowered {
+  std::vector<std::unique_ptr<cuda::CudaLowering>> lowerings;
+  Schedule schedule;
+};
+
+Lowered lower(const Graph& g, const BackendOptions& options) {
+  Lowered l;
+  l.lowerings = cuda::cuda_lowerings(options, /*device_present=*/false);
+  l.schedule = build_schedule(g, cuda::as_lowerings(l.lowerings));
+  return l;
+}
+
+std::string name_of(const Launch& l) { return std::string(l.lowering->name()); }
+
+// "lowering[note]" of every launch, counted.
 std::map<std::string, int> launch_counts(const Graph& g, const Schedule& s) {
   std::map<std::string, int> counts;
   for (const auto& l : s.launches) {
-    std::string key(launch_kind_name(l.kind));
-    if (l.kind == LaunchKind::matmul) key += std::string(":") + std::string(epilogue_name(l.epilogue)) +
-                                             (l.target == MatmulTarget::output ? "" : "+sgd");
-    if (l.kind == LaunchKind::single) key = std::string(op_name(g.node(l.nodes[0]).op));
+    std::string key = name_of(l);
+    if (const std::string note = l.lowering->describe(g, l); !note.empty()) key += "[" + note + "]";
+    if (key == "elementwise") key = std::string(op_name(g.node(l.nodes[0]).op));
     ++counts[key];
   }
   return counts;
 }
+
+bool reads(const Launch& l, ValueId v) { return std::find(l.reads.begin(), l.reads.end(), v) != l.reads.end(); }
+bool writes(const Launch& l, ValueId v) { return std::find(l.writes.begin(), l.writes.end(), v) != l.writes.end(); }
+bool updates(const Launch& l, ValueId v) { return std::find(l.updates.begin(), l.updates.end(), v) != l.updates.end(); }
 
 std::vector<std::size_t> sizes_of(const Graph& g) {
   std::vector<std::size_t> bytes;
@@ -37,44 +75,54 @@ std::vector<std::size_t> sizes_of(const Graph& g) {
   return bytes;
 }
 
+constexpr const char* kIntoParam = "into=param(alpha=-lr,beta=1-lr*wd)";
+
 }  // namespace
 
-TEST_CASE("the reference training step lowers to 18 launches") {
+TEST_CASE("the reference training step lowers to 17 two-pass launches") {
   const Graph g = reference_fused();
-  const Schedule s = build_schedule(g);
+  const auto lowered = lower(g, two_pass());
+  const Schedule& s = lowered.schedule;
   auto counts = launch_counts(g, s);
   CHECK(counts["batch_fetch"] == 1);
   // The last hidden layer's mask is not kept: its dgrad (10 terms, the
   // classifier's) masks by the relu output it reads instead.
-  CHECK(counts["matmul:relu_aux_bias"] == 2);
-  CHECK(counts["matmul:relu_bias"] == 1);
-  CHECK(counts["matmul:bias"] == 1);
-  CHECK(counts["xent"] == 1);
-  CHECK(counts["matmul:drelu"] == 3);
-  CHECK(counts["matmul:none+sgd"] == 4);
+  CHECK(counts["cublaslt_matmul[epilogue=relu_aux_bias]"] == 2);
+  CHECK(counts["cublaslt_matmul[epilogue=relu_bias]"] == 1);
+  CHECK(counts["small_n_forward[epilogue=bias]"] == 1);  // the classifier's forward
+  CHECK(counts["softmax_xent"] == 1);
+  CHECK(counts["cublaslt_matmul[epilogue=drelu]"] == 2);
+  CHECK(counts["small_k_dgrad_relu[mask=relu output]"] == 1);
+  CHECK(counts[std::string("cublaslt_matmul[epilogue=none,") + kIntoParam + "]"] == 3);
+  CHECK(counts[std::string("small_m_wgrad_sgd[") + kIntoParam + "]"] == 1);
   CHECK(counts["bias_grad_sgd"] == 4);
-  CHECK(counts["advance_step"] == 1);
-  CHECK(s.launches.size() == 18);
+  CHECK(counts["advance_step"] == 0);  // it rides on the last bias update
+  CHECK(s.launches.size() == 17);
   CHECK(s.aux.size() == 2);
   int value_masked = 0;
   for (const auto& l : s.launches)
-    if (l.mask_from_relu_output) {
+    if (name_of(l) == "small_k_dgrad_relu") {
       ++value_masked;
       CHECK(l.aux_read == -1);
-      CHECK(std::find(l.reads.begin(), l.reads.end(), g.value_named("relu_2")) != l.reads.end());
+      CHECK(reads(l, g.value_named("relu_2")));
     }
   CHECK(value_masked == 1);
   // Weight gradients never get a buffer: nothing writes grad_w*.
   for (const auto& l : s.launches)
     for (ValueId w : l.writes) CHECK(g.value(w).name.rfind("grad_w", 0) != 0);
+  // A cuBLASLt dgrad reads its mask, not the relu output the mask replaces.
+  for (const auto& l : s.launches)
+    if (l.aux_read >= 0) CHECK_FALSE(reads(l, g.value_named(l.aux_read == 0 ? "relu" : "relu_1")));
   CHECK_NOTHROW(check_schedule_order(g, s));
   const std::string dump = dump_schedule(g, s);
-  CHECK(dump.find("into=param(alpha=-lr,beta=1-lr*wd)") != std::string::npos);
+  CHECK(dump.find(kIntoParam) != std::string::npos);
+  CHECK(dump.find("bias_grad_sgd[+advance_step]") != std::string::npos);
 }
 
 TEST_CASE("the dgrad matmul reading a weight runs before that weight's fused update") {
   const Graph g = reference_fused();
-  const Schedule s = build_schedule(g);
+  const auto lowered = lower(g, two_pass());
+  const Schedule& s = lowered.schedule;
   std::map<std::string, std::size_t> update_at;
   for (std::size_t i = 0; i < s.launches.size(); ++i)
     for (ValueId u : s.launches[i].updates) update_at[g.value(u).name] = i;
@@ -87,10 +135,11 @@ TEST_CASE("the dgrad matmul reading a weight runs before that weight's fused upd
 
 TEST_CASE("momentum routes the weight-gradient matmul into the velocity") {
   const Graph g = reference_fused(0.9);
-  const Schedule s = build_schedule(g);
+  const auto lowered = lower(g, two_pass());
   int into_velocity = 0;
-  for (const auto& l : s.launches) into_velocity += l.target == MatmulTarget::velocity_sgd;
-  CHECK(into_velocity == 4);
+  for (const auto& l : lowered.schedule.launches)
+    into_velocity += l.lowering->describe(g, l).find("into=velocity(alpha=1,beta=momentum)") != std::string::npos;
+  CHECK(into_velocity == 4);  // the small-M kernel does plain SGD only: cuBLASLt takes the classifier's too
 }
 
 TEST_CASE("an unfused graph lowers to one launch per node (but batch fetch stays fused)") {
@@ -98,17 +147,19 @@ TEST_CASE("an unfused graph lowers to one launch per node (but batch fetch stays
   spec.layers = {784, 64, 10};
   FusionOptions only_fetch{false, false, false, true};
   const Graph g = build_training_stages(spec, {0.1, 0.0, 0.0}, only_fetch).fused;
-  const Schedule s = build_schedule(g);
-  CHECK(s.launches.size() == g.nodes().size() - 2);  // 3 fetch nodes -> 1 launch
-  CHECK(s.aux.empty());
+  const auto lowered = lower(g, two_pass());
+  // 3 fetch nodes -> 1 launch, and the advance rides on nothing: no fused bias update to take it.
+  CHECK(lowered.schedule.launches.size() == g.nodes().size() - 2);
+  CHECK(lowered.schedule.aux.empty());
   FusionOptions nothing{false, false, false, false};
   const Graph bare = build_training_stages(spec, {0.1, 0.0, 0.0}, nothing).fused;
-  CHECK_THROWS_WITH_AS(build_schedule(bare), doctest::Contains("batch_fetch"), GraphError);
+  CHECK_THROWS_WITH_AS(lower(bare, two_pass()), doctest::Contains("batch_indices"), GraphError);
 }
 
 TEST_CASE("check_schedule_order catches a reordered schedule") {
   const Graph g = reference_fused();
-  Schedule s = build_schedule(g);
+  auto lowered = lower(g, two_pass());
+  Schedule& s = lowered.schedule;
   std::swap(s.launches[1], s.launches[2]);  // second layer before the first
   CHECK_THROWS_WITH_AS(check_schedule_order(g, s), doctest::Contains("before it is written"), GraphError);
 }
@@ -131,7 +182,8 @@ TEST_CASE("memory plan: disjoint lifetimes share bytes, overlapping ones never d
 
 TEST_CASE("the reference step's arena is smaller than the sum of its buffers") {
   const Graph g = reference_fused();
-  const Schedule s = build_schedule(g);
+  const auto lowered = lower(g, two_pass());
+  const Schedule& s = lowered.schedule;
   const auto req = arena_request(g, s, sizes_of(g), std::vector<std::size_t>(s.aux.size(), 4096));
   const MemoryPlan plan = plan_memory(req.buffers);
   CHECK(plan.arena_bytes < plan.unshared_bytes);
@@ -142,155 +194,127 @@ TEST_CASE("the reference step's arena is smaller than the sum of its buffers") {
   CHECK(dump_memory_plan(plan).find("saved by reuse") != std::string::npos);
 }
 
-TEST_CASE("a backend may merge each dgrad with its weight's update into one launch") {
+TEST_CASE("the one-pass lowering merges each fitting dgrad with its weight's update and bias update") {
   const Graph g = reference_fused();
-  ScheduleOptions options;
-  int asked = 0;
-  options.merge_dgrad_wgrad = [&](const Graph& graph, NodeId dgrad, NodeId wgrad) {
-    ++asked;
-    CHECK(graph.node(dgrad).inputs[0] == graph.node(wgrad).inputs[0]);  // the same output gradient
-    return graph.value(graph.node(dgrad).inputs[1]).shape[0] == 128;      // only w2 and w3 ([128,128])
-  };
-  const Schedule s = build_schedule(g, options);
-  CHECK(asked == 3);  // the dgrads of w2, w3, w4
-  int merged = 0;
+  BackendOptions o = without_forwards();
+  const auto lowered = lower(g, o);
+  const Schedule& s = lowered.schedule;
+  int merged = 0, with_bias = 0;
   for (const Launch& l : s.launches)
-    if (l.kind == LaunchKind::dgrad_wgrad_sgd) {
+    if (name_of(l) == "one_pass_strips") {
       ++merged;
-      CHECK(l.mask_from_relu_output);
-      CHECK(l.updates.size() == 1);
-      CHECK(g.value(l.updates[0]).role == Role::param);
-      CHECK(l.writes.size() == 1);  // the previous layer's gradient
+      // w2 and w3 ([128,128]); w4 (10 rows) is not a multiple of 16
+      CHECK(l.updates.size() == 2);  // the weight and the previous layer's bias
+      for (ValueId u : l.updates) CHECK(g.value(u).role == Role::param);
+      CHECK(l.writes.size() == 1);   // the previous layer's gradient
+      CHECK(l.aux_read == -1);
+      const std::string note = l.lowering->describe(g, l);
+      CHECK(note.find("mask=relu output") != std::string::npos);
+      with_bias += note.find("+bias update") != std::string::npos;
     }
   CHECK(merged == 2);
-  CHECK(s.launches.size() == 16);
+  CHECK(with_bias == 2);
   // No cuBLASLt ReLU mask is left: w4's dgrad (10 terms) and the merged ones
   // mask by the ReLU outputs they read.
   CHECK(s.aux.empty());
-  for (const Launch& l : s.launches) CHECK(l.epilogue != MatmulEpilogue::relu_aux_bias);
+  for (const Launch& l : s.launches) CHECK(l.lowering->describe(g, l).find("relu_aux_bias") == std::string::npos);
   CHECK_NOTHROW(check_schedule_order(g, s));
-  CHECK(dump_schedule(g, s).find("dgrad_wgrad_sgd[mask=relu output") != std::string::npos);
 }
 
-namespace {
-
-// The CUDA backend's batch-32 choices on the reference network: w2 and w3
-// (128 x 128) merge dgrad and update, with the bias updates that follow, and
-// the step advance rides on a bias update.
-ScheduleOptions one_pass_options() {
-  ScheduleOptions options;
-  options.merge_dgrad_wgrad = [](const Graph& graph, NodeId dgrad, NodeId) {
-    return graph.value(graph.node(dgrad).inputs[1]).shape[0] == 128;  // w2, w3
-  };
-  options.merge_bias_into_dgrad_wgrad = true;
-  options.fold_step_advance = true;
-  return options;
-}
-
-}  // namespace
-
-TEST_CASE("merged launches may also take the following bias update, and a bias update the step advance") {
+TEST_CASE("the output-layer lowering runs softmax-xent and the output layer's backward as one launch") {
   const Graph g = reference_fused();
-  const ScheduleOptions options = one_pass_options();
-  const Schedule s = build_schedule(g, options);
-  CHECK(s.launches.size() == 13);  // 18 - 2 merged pairs - 2 bias updates - the advance
-  int with_bias = 0, with_advance = 0;
-  for (const Launch& l : s.launches) {
-    if (l.kind == LaunchKind::dgrad_wgrad_sgd && l.bias_sgd_node >= 0) {
-      ++with_bias;
-      CHECK(g.node(g.value(g.node(l.bias_sgd_node).inputs[1]).producer).op == OpKind::reduce_rows);
-    }
-    if (l.advance_node >= 0) {
-      ++with_advance;
-      CHECK(l.kind == LaunchKind::bias_grad_sgd);
-      CHECK(std::find(l.updates.begin(), l.updates.end(), g.value_named("step")) != l.updates.end());
-    }
-    CHECK(!(l.kind == LaunchKind::single && g.node(l.nodes[0]).op == OpKind::advance_step));
-  }
-  CHECK(with_bias == 2);
-  CHECK(with_advance == 1);
-  CHECK_NOTHROW(check_schedule_order(g, s));
-  const std::string dump = dump_schedule(g, s);
-  CHECK(dump.find("+bias update") != std::string::npos);
-  CHECK(dump.find("[+advance_step]") != std::string::npos);
-}
-
-TEST_CASE("a backend may run softmax-xent and the output layer's backward as one launch") {
-  const Graph g = reference_fused();
-  ScheduleOptions options = one_pass_options();
-  const std::size_t without = build_schedule(g, options).launches.size();
-  int asked = 0;
-  bool allow = false;
-  options.merge_output_layer_backward = [&](const Graph& graph, NodeId xent_backward, NodeId dgrad) {
-    ++asked;
-    CHECK(graph.node(xent_backward).op == OpKind::softmax_xent_backward);
-    CHECK(graph.node(dgrad).inputs[0] == graph.node(xent_backward).outputs[0]);  // dlogits
-    return allow;
-  };
-  CHECK(build_schedule(g, options).launches.size() == without);  // the backend declined
-  CHECK(asked == 1);
-  allow = true;
-  const Schedule s = build_schedule(g, options);
-  CHECK(s.launches.size() == without - 4);  // xent + 4 launches -> 1: 9 launches per step
+  BackendOptions o = without_forwards();
+  const auto lowered = lower(g, o);
+  const Schedule& s = lowered.schedule;
+  CHECK(s.launches.size() == 9);  // 4 forwards, the output layer, 2 one-pass launches, 2 first-layer updates
   const auto fused = std::find_if(s.launches.begin(), s.launches.end(),
-                                  [](const Launch& l) { return l.kind == LaunchKind::output_layer_backward; });
+                                  [](const Launch& l) { return name_of(l) == "output_layer_backward"; });
   REQUIRE(fused != s.launches.end());
   CHECK(g.node(fused->nodes[0]).op == OpKind::softmax_xent);
-  CHECK(fused->advance_node >= 0);
-  CHECK(g.value(g.node(fused->sgd_node).inputs[0]).shape == std::vector<std::int64_t>{10, 128});  // w4
-  CHECK(g.value(g.node(fused->output_bias_sgd_node).inputs[0]).shape == std::vector<std::int64_t>{10});
-  CHECK(g.value(g.node(fused->bias_sgd_node).inputs[0]).shape == std::vector<std::int64_t>{128});
-  CHECK(fused->updates.size() == 4);  // w4, b4, b3, step
-  CHECK(std::find(fused->writes.begin(), fused->writes.end(), g.value_named("loss")) != fused->writes.end());
-  CHECK(std::find(fused->writes.begin(), fused->writes.end(), fused->output) != fused->writes.end());
-  for (const Launch& l : s.launches) CHECK(l.kind != LaunchKind::xent);
+  CHECK(fused->riders.size() == 1);  // the step advance
+  for (const char* p : {"w4", "b4", "b3", "step"}) CHECK(updates(*fused, g.value_named(p)));
+  CHECK(fused->updates.size() == 4);
+  CHECK(writes(*fused, g.value_named("loss")));
+  CHECK(writes(*fused, g.value_named("grad_bias_add_2")));  // dX of the last hidden layer, masked
+  for (const Launch& l : s.launches) CHECK(name_of(l) != "softmax_xent");
   CHECK_NOTHROW(check_schedule_order(g, s));
   CHECK(dump_schedule(g, s).find("output_layer_backward[mask=relu output,+bias updates][+advance_step]") !=
         std::string::npos);
+  // Turned off, the five launches come back.
+  o.one_pass_backward = false;
+  CHECK(lower(g, o).schedule.launches.size() == 17);
 }
 
-TEST_CASE("a backend may fold the batch fetch into the first forward and the first layer's update into a one-pass launch") {
+TEST_CASE("the batch fetch folds into the first forward and the first layer's update into a one-pass launch") {
   const Graph g = reference_fused();
-  ScheduleOptions options = one_pass_options();
-  options.merge_output_layer_backward = [](const Graph&, NodeId, NodeId) { return true; };
-  const std::size_t without = build_schedule(g, options).launches.size();  // 9
-  int fetch_asked = 0, update_asked = 0;
-  bool allow = false;
-  options.fold_fetch_into_forward = [&](const Graph& graph, NodeId matmul) {
-    ++fetch_asked;
-    CHECK(graph.node(graph.value(graph.node(matmul).inputs[0]).producer).op == OpKind::gather_rows);
-    return allow;
-  };
-  options.merge_input_update = [&](const Graph& graph, NodeId dgrad, NodeId input_wgrad) {
-    ++update_asked;
-    // the wgrad reads the dgrad launch's dX (through its relu_backward) and the network input
-    CHECK(graph.node(input_wgrad).inputs[1] == graph.value_named("x"));
-    CHECK(graph.value(graph.node(dgrad).inputs[1]).shape == std::vector<std::int64_t>{128, 128});  // w2
-    return allow;
-  };
-  CHECK(build_schedule(g, options).launches.size() == without);  // the backend declined both
-  CHECK(fetch_asked == 1);
-  CHECK(update_asked == 1);
-  allow = true;
-  const Schedule s = build_schedule(g, options);
+  BackendOptions o = without_forwards();
+  const std::size_t without = lower(g, o).schedule.launches.size();  // 9
+  o.small_batch_forward = true;
+  o.fold_input_update = true;
+  const auto lowered = lower(g, o);
+  const Schedule& s = lowered.schedule;
   REQUIRE(s.launches.size() == without - 2);  // 7 launches per step
   const Launch& first = s.launches.front();
-  CHECK(first.kind == LaunchKind::matmul);
-  CHECK(first.fetches_batch);
+  CHECK(name_of(first) == "small_batch_forward");
   CHECK(g.node(first.nodes[0]).op == OpKind::batch_indices);
-  CHECK(g.value(g.node(first.matmul_node).inputs[1]).shape == std::vector<std::int64_t>{128, 784});  // w1
   for (const char* fetched : {"x", "y"})  // read later: the launch writes them out
-    CHECK(std::find(first.writes.begin(), first.writes.end(), g.value_named(fetched)) != first.writes.end());
+    CHECK(writes(first, g.value_named(fetched)));
+  CHECK(updates(s.launches.back(), g.value_named("w1")));
   const Launch& last = s.launches.back();
-  CHECK(last.kind == LaunchKind::dgrad_wgrad_sgd);
-  REQUIRE(last.input_sgd_node >= 0);
-  CHECK(g.node(last.input_sgd_node).inputs[0] == g.value_named("w1"));
-  CHECK(g.node(last.input_wgrad_node).op == OpKind::matmul);
-  CHECK(std::find(last.updates.begin(), last.updates.end(), g.value_named("w1")) != last.updates.end());
-  CHECK(std::find(last.reads.begin(), last.reads.end(), g.value_named("x")) != last.reads.end());
-  for (const Launch& l : s.launches) CHECK(l.kind != LaunchKind::batch_fetch);
+  CHECK(name_of(last) == "one_pass_strips");
+  CHECK(reads(last, g.value_named("x")));
+  for (const Launch& l : s.launches) CHECK(name_of(l) != "batch_fetch");
   CHECK_NOTHROW(check_schedule_order(g, s));
   const std::string dump = dump_schedule(g, s);
   CHECK(dump.find("+batch fetch") != std::string::npos);
   CHECK(dump.find("+first layer's weight update") != std::string::npos);
+  // The hidden forwards are ours too: no cuBLASLt launch is left.
+  for (const Launch& l : s.launches) CHECK(name_of(l) != "cublaslt_matmul");
+}
+
+TEST_CASE("fp32 master weights keep the casts' launches and the fused updates into fp32") {
+  const Graph g = reference_fused(0.0, DType::f32);
+  const auto lowered = lower(g, BackendOptions{});
+  const Schedule& s = lowered.schedule;
+  CHECK_NOTHROW(check_schedule_order(g, s));
+  int casts = 0;
+  for (const Launch& l : s.launches) casts += name_of(l) == "elementwise" && g.node(l.nodes[0]).op == OpKind::cast;
+  CHECK(casts == 8);  // each parameter cast to fp16 for the matmuls
+  for (const Launch& l : s.launches) CHECK(name_of(l).rfind("one_pass", 0) != 0);  // fp16 weights only
+}
+
+TEST_CASE("a new element-wise op is covered by the element-wise lowering, with no scheduler edit") {
+  Graph g;
+  const ValueId x = g.input("x", {8, 24}, DType::f16);
+  const ValueId dy = g.input("dy", {8, 24}, DType::f16);
+  g.mark_output(g.gelu(x));
+  g.mark_output(g.gelu_backward(dy, x));
+  const auto lowered = lower(g, BackendOptions{});
+  REQUIRE(lowered.schedule.launches.size() == 2);
+  for (const Launch& l : lowered.schedule.launches) CHECK(name_of(l) == "elementwise");
+  // An op with no CUDA kernel (yet) is refused by name, before anything runs.
+  Graph two_outputs;
+  const ValueId z = two_outputs.input("z", {8, 24}, DType::f16);
+  const ValueId b = two_outputs.param("b", {24}, DType::f16);
+  for (ValueId out : two_outputs.bias_add_relu(z, b)) two_outputs.mark_output(out);
+  CHECK_THROWS_WITH_AS(lower(two_outputs, BackendOptions{}), doctest::Contains("no lowering takes bias_add_relu"),
+                       GraphError);
+}
+
+TEST_CASE("a launch is placed where its first unit runs only if what it reads exists by then") {
+  // fp32 master weights at batch 32: the fp16 casts of w1 and b1 come after
+  // the batch fetch, so the fetch cannot fold into the first forward.
+  MlpSpec spec;
+  spec.layers = {48, 32, 10};
+  spec.dataset_rows = 400;
+  spec.weight_dtype = DType::f32;
+  const Graph g = build_training_stages(spec, {0.1, 0.0, 0.0}).fused;
+  BackendOptions o;
+  o.whole_step = false;
+  const auto lowered = lower(g, o);
+  CHECK_NOTHROW(check_schedule_order(g, lowered.schedule));
+  CHECK(name_of(lowered.schedule.launches.front()) == "batch_fetch");
+  int ours = 0;
+  for (const Launch& l : lowered.schedule.launches) ours += name_of(l) == "small_batch_forward";
+  CHECK(ours == 1);  // the first forward is still ours, without the fetch
 }

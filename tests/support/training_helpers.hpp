@@ -1,16 +1,47 @@
 #pragma once
-// Helpers of the training-step tests: a random u8 dataset of any width, the
-// loss of each of n steps, every parameter as one flat vector, and a
-// bit-for-bit comparison of two trainers' saved state.
+// Helpers of the training-step tests: an MLP trainer setup made into a
+// TrainerSpec for a dataset, a random u8 dataset of any width, the loss of
+// each of n steps, every parameter as one flat vector, and a bit-for-bit
+// comparison of two trainers' saved state.
 #include <doctest/doctest.h>
 
 #include <random>
 #include <vector>
 
+#include "models/mlp_program.hpp"
 #include "runtime/tensor_blob.hpp"
 #include "runtime/trainer.hpp"
 
 namespace sg::test {
+
+// What a training test describes: the MLP setup (models/) and the trainer's
+// options. cpu_spec / cuda_spec build the program for a dataset's rows.
+struct MlpTrainerSpec {
+  MlpSpec mlp;
+  SgdSpec sgd;
+  FusionOptions fusion;
+  std::int64_t eval_batch = 1000;
+  std::uint64_t init_seed = 0;
+  std::uint64_t shuffle_seed = 1;
+  bool cuda_graph = true;
+  BackendOptions backend;
+};
+
+inline TrainerSpec trainer_spec(const MlpTrainerSpec& s, const Dataset& data, ProgramTarget target) {
+  TrainerSpec t;
+  t.program = build_mlp_program({s.mlp, s.sgd, s.fusion, s.eval_batch, s.init_seed}, data.train.images.count,
+                                data.test.images.count, target);
+  t.shuffle_seed = s.shuffle_seed;
+  t.cuda_graph = s.cuda_graph;
+  t.backend = s.backend;
+  return t;
+}
+inline TrainerSpec cpu_spec(const MlpTrainerSpec& s, const Dataset& data) {
+  return trainer_spec(s, data, ProgramTarget::cpu);
+}
+inline TrainerSpec cuda_spec(const MlpTrainerSpec& s, const Dataset& data) {
+  return trainer_spec(s, data, ProgramTarget::cuda);
+}
 
 // Random u8 "images" of an odd width, so nothing is special-cased for 784.
 inline Dataset random_dataset(std::int64_t rows, std::int64_t cols, std::int64_t classes, std::mt19937_64& rng) {

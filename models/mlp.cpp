@@ -1,6 +1,8 @@
-#include "graph/mlp_builder.hpp"
+#include "models/mlp.hpp"
 
 #include <fmt/format.h>
+
+#include "models/param_init.hpp"
 
 namespace sg {
 
@@ -76,6 +78,36 @@ Graph build_mlp_eval(const MlpSpec& spec) {
   g.mark_output(g.count_correct(logits, batch.y));
   g.advance_step(g.value_named(names::step));
   return g;
+}
+
+TrainingGraphStages build_training_stages(const MlpSpec& spec, const SgdSpec& sgd, const FusionOptions& fusion) {
+  Graph forward = build_mlp_forward(spec);
+  const ValueId loss = forward.value_named(names::loss);
+  const ValueId step = forward.value_named(names::step);
+  return build_training_stages(std::move(forward), loss, sgd, fusion, step);
+}
+
+DataBindings mlp_data_bindings(const Graph& g, std::int64_t batch) {
+  DataBindings d;
+  d.images = g.value_named(names::images);
+  d.labels = g.value_named(names::labels);
+  d.perm = g.value_named(names::perm);
+  d.step = g.value_named(names::step);
+  d.loss = g.value_named(names::loss);
+  d.correct = g.find_value(names::correct);
+  d.batch = batch;
+  return d;
+}
+
+std::vector<ParameterInit> mlp_initial_parameters(const std::vector<std::int64_t>& layers, std::uint64_t seed) {
+  std::vector<ParameterInit> out;
+  for (std::size_t l = 1; l < layers.size(); ++l) {
+    const auto in = layers[l - 1], units = layers[l];
+    const auto index = static_cast<std::uint64_t>(2 * (l - 1));
+    out.push_back({names::weight(l), {units, in}, linear_init(units * in, in, param_key(seed, index))});
+    out.push_back({names::bias(l), {units}, linear_init(units, in, param_key(seed, index + 1))});
+  }
+  return out;
 }
 
 }  // namespace sg

@@ -1,0 +1,82 @@
+#include "graph/op_registry.hpp"
+
+#include <array>
+
+#include <fmt/format.h>
+
+#include "graph/ops/op_common.hpp"
+
+namespace sg {
+namespace {
+
+// Every op's entry, in OpKind order (checked on first use).
+const std::array<const OpDef*, 17>& table() {
+  static const std::array<const OpDef*, 17> entries = [] {
+    std::array<const OpDef*, 17> t = {
+        &ops::batch_indices_def(), &ops::gather_rows_def(),  &ops::matmul_def(),
+        &ops::bias_add_def(),      &ops::relu_def(),         &ops::relu_backward_def(),
+        &ops::softmax_xent_def(),  &ops::softmax_xent_backward_def(), &ops::reduce_rows_def(),
+        &ops::add_def(),           &ops::cast_def(),         &ops::sgd_update_def(),
+        &ops::advance_step_def(),  &ops::count_correct_def(), &ops::gelu_def(),
+        &ops::gelu_backward_def(), &ops::bias_add_relu_def(),
+    };
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)
+        throw std::logic_error(fmt::format("op registry: entry {} ({}) is out of place or incomplete", i, t[i]->name));
+    return t;
+  }();
+  return entries;
+}
+
+}  // namespace
+
+const OpDef& op_def(OpKind op) {
+  const auto i = static_cast<std::size_t>(op);
+  if (i >= table().size()) throw GraphError(fmt::format("op registry: no entry for op kind {}", i));
+  return *table()[i];
+}
+
+std::span<const OpDef* const> all_op_defs() { return table(); }
+
+nlohmann::json attrs_to_json(OpKind op, const OpAttrs& attrs) {
+  const OpDef& def = op_def(op);
+  if (attrs.index() != def.attrs_index)
+    throw GraphError(fmt::format("{}: attributes are {}, expected {}", def.name, attrs_kind_name(attrs),
+                                 attrs_kind_name(def.attrs_index)));
+  return def.attrs_to_json(attrs);
+}
+
+OpAttrs attrs_from_json(OpKind op, const nlohmann::json& j) { return op_def(op).attrs_from_json(j); }
+
+std::string attrs_text(OpKind op, const OpAttrs& attrs) {
+  const OpDef& def = op_def(op);
+  if (attrs.index() != def.attrs_index) return fmt::format(" {{{} attributes?}}", attrs_kind_name(attrs));
+  return def.attrs_text(attrs);
+}
+
+// ---- gradient rules' view of a node
+
+GradientContext::GradientContext(Graph& graph, const Node& node, std::vector<std::optional<ValueId>> output_grads,
+                                 std::vector<bool> input_needs_grad, Sink contribute)
+    : graph_(graph),
+      node_(node),
+      output_grads_(std::move(output_grads)),
+      needs_(std::move(input_needs_grad)),
+      sink_(std::move(contribute)) {}
+
+ValueId GradientContext::input(int slot) const { return node_.inputs.at(static_cast<std::size_t>(slot)); }
+ValueId GradientContext::output(int slot) const { return node_.outputs.at(static_cast<std::size_t>(slot)); }
+std::optional<ValueId> GradientContext::output_grad(int slot) const {
+  return output_grads_.at(static_cast<std::size_t>(slot));
+}
+bool GradientContext::needs_grad(int slot) const { return needs_.at(static_cast<std::size_t>(slot)); }
+std::string GradientContext::grad_name(ValueId value) const { return "grad_" + graph_.value(value).name; }
+
+std::vector<ValueId> GradientContext::emit(OpKind op, std::vector<ValueId> inputs, OpAttrs attrs,
+                                           ValueId named_after) const {
+  return graph_.append_node(op, std::move(inputs), attrs, Role::grad, grad_name(named_after));
+}
+
+void GradientContext::contribute(int slot, ValueId grad) const { sink_(input(slot), grad); }
+
+}  // namespace sg

@@ -1,0 +1,100 @@
+#include "graph/ops/op_common.hpp"
+
+#include <fmt/format.h>
+
+namespace sg::ops {
+
+using nlohmann::json;
+
+void fail(OpKind op, const std::string& what) { throw GraphError(fmt::format("{}: {}", op_name(op), what)); }
+
+std::string describe(const Value& v) { return fmt::format("'{}' {} {}", v.name, shape_string(v.shape), dtype_name(v.dtype)); }
+
+void expect_arity(OpKind op, const Inputs& in, std::size_t lo, std::size_t hi) {
+  if (in.size() < lo || in.size() > hi)
+    fail(op, fmt::format("expects {} inputs, got {}", lo == hi ? fmt::format("{}", lo) : fmt::format("{}..{}", lo, hi),
+                         in.size()));
+}
+
+void expect_rank(OpKind op, const Value& v, std::size_t rank) {
+  if (v.shape.size() != rank) fail(op, fmt::format("{} must have rank {}", describe(v), rank));
+}
+
+void expect_floating(OpKind op, const Value& v) {
+  if (!is_floating(v.dtype)) fail(op, fmt::format("{} must be f32 or f16", describe(v)));
+}
+
+void expect_same_dtype(OpKind op, const Value& a, const Value& b) {
+  if (a.dtype != b.dtype) fail(op, fmt::format("dtype mismatch: {} vs {}", describe(a), describe(b)));
+}
+
+void expect_same_shape(OpKind op, const Value& a, const Value& b) {
+  if (a.shape != b.shape) fail(op, fmt::format("shape mismatch: {} vs {}", describe(a), describe(b)));
+}
+
+void expect_labels_for(OpKind op, const Value& logits, const Value& labels) {
+  expect_rank(op, logits, 2);
+  expect_floating(op, logits);
+  expect_rank(op, labels, 1);
+  if (labels.dtype != DType::i32) fail(op, fmt::format("labels {} must be i32", describe(labels)));
+  if (labels.shape[0] != logits.shape[0])
+    fail(op, fmt::format("batch mismatch: logits {} vs labels {}", describe(logits), describe(labels)));
+}
+
+std::vector<OutputSpec> infer_binary_same(OpKind op, const Inputs& in) {
+  expect_arity(op, in, 2, 2);
+  expect_floating(op, *in[0]);
+  expect_same_shape(op, *in[0], *in[1]);
+  expect_same_dtype(op, *in[0], *in[1]);
+  return {{in[0]->shape, in[0]->dtype}};
+}
+
+std::vector<OutputSpec> infer_unary_same(OpKind op, const Inputs& in) {
+  expect_arity(op, in, 1, 1);
+  expect_floating(op, *in[0]);
+  return {{in[0]->shape, in[0]->dtype}};
+}
+
+// ---- attribute codecs
+
+json write_attrs(const NoAttrs&) { return json::object(); }
+void read_attrs(const json&, NoAttrs&) {}
+std::string attrs_text(const NoAttrs&) { return ""; }
+
+json write_attrs(const BatchIndicesAttrs& a) { return {{"batch", a.batch}}; }
+void read_attrs(const json& j, BatchIndicesAttrs& a) { a.batch = j.at("batch").get<std::int64_t>(); }
+std::string attrs_text(const BatchIndicesAttrs& a) { return fmt::format(" {{batch={}}}", a.batch); }
+
+json write_attrs(const GatherRowsAttrs& a) {
+  return {{"out_dtype", dtype_name(a.out_dtype)}, {"scale", a.scale}, {"shift", a.shift}};
+}
+void read_attrs(const json& j, GatherRowsAttrs& a) {
+  a.out_dtype = dtype_from_name(j.at("out_dtype").get<std::string>());
+  a.scale = j.at("scale").get<double>();
+  a.shift = j.at("shift").get<double>();
+}
+std::string attrs_text(const GatherRowsAttrs& a) {  // out_dtype is the output's type
+  return fmt::format(" {{scale={:.6g},shift={:.6g}}}", a.scale, a.shift);
+}
+
+json write_attrs(const MatmulAttrs& a) { return {{"trans_a", a.trans_a}, {"trans_b", a.trans_b}}; }
+void read_attrs(const json& j, MatmulAttrs& a) {
+  a.trans_a = j.at("trans_a").get<bool>();
+  a.trans_b = j.at("trans_b").get<bool>();
+}
+std::string attrs_text(const MatmulAttrs& a) { return fmt::format(" {{trans_a={},trans_b={}}}", a.trans_a, a.trans_b); }
+
+json write_attrs(const CastAttrs& a) { return {{"out_dtype", dtype_name(a.out_dtype)}}; }
+void read_attrs(const json& j, CastAttrs& a) { a.out_dtype = dtype_from_name(j.at("out_dtype").get<std::string>()); }
+std::string attrs_text(const CastAttrs&) { return ""; }  // out_dtype is the output's type
+
+json write_attrs(const SgdUpdateAttrs& a) { return {{"momentum", a.momentum}, {"weight_decay", a.weight_decay}}; }
+void read_attrs(const json& j, SgdUpdateAttrs& a) {
+  a.momentum = j.at("momentum").get<double>();
+  a.weight_decay = j.at("weight_decay").get<double>();
+}
+std::string attrs_text(const SgdUpdateAttrs& a) {
+  return fmt::format(" {{momentum={:.6g},weight_decay={:.6g}}}", a.momentum, a.weight_decay);
+}
+
+}  // namespace sg::ops

@@ -1,0 +1,79 @@
+#pragma once
+// Shared by the op files under graph/ops/: shape-rule checks (errors name the
+// op and the shapes), the JSON/text codecs of each attribute kind, and the
+// accessors of every op's registry entry (listed in op_registry.cpp).
+#include <string>
+#include <vector>
+
+#include "graph/op_registry.hpp"
+#include "ops/cpu/reference_ops.hpp"
+
+namespace sg::ops {
+
+using Inputs = std::vector<const Value*>;
+
+[[noreturn]] void fail(OpKind op, const std::string& what);
+std::string describe(const Value& v);  // "'x' [32,784] f16"
+void expect_arity(OpKind op, const Inputs& in, std::size_t lo, std::size_t hi);
+void expect_rank(OpKind op, const Value& v, std::size_t rank);
+void expect_floating(OpKind op, const Value& v);
+void expect_same_dtype(OpKind op, const Value& a, const Value& b);
+void expect_same_shape(OpKind op, const Value& a, const Value& b);
+void expect_labels_for(OpKind op, const Value& logits, const Value& labels);
+// Two floating inputs of one shape and dtype -> one output like them
+// (add, relu_backward, gelu_backward).
+std::vector<OutputSpec> infer_binary_same(OpKind op, const Inputs& in);
+// One floating input -> one output like it (relu, gelu).
+std::vector<OutputSpec> infer_unary_same(OpKind op, const Inputs& in);
+// (X [M,N], b [N]) -> one output like X: bias_add's rule (bias_add.cpp),
+// shared with bias_add_relu.
+std::vector<OutputSpec> infer_bias_add(OpKind op, const Inputs& in);
+
+// JSON and text of each attribute kind. attrs_text lists only what the
+// output types do not already show, so dump lines stay short.
+#define SG_ATTR_CODEC(A)                          \
+  nlohmann::json write_attrs(const A& a);         \
+  void read_attrs(const nlohmann::json& j, A& a); \
+  std::string attrs_text(const A& a);
+SG_ATTR_CODEC(NoAttrs)
+SG_ATTR_CODEC(BatchIndicesAttrs)
+SG_ATTR_CODEC(GatherRowsAttrs)
+SG_ATTR_CODEC(MatmulAttrs)
+SG_ATTR_CODEC(CastAttrs)
+SG_ATTR_CODEC(SgdUpdateAttrs)
+#undef SG_ATTR_CODEC
+
+// `def` with the attribute kind A and its codec filled in.
+template <typename A>
+OpDef with_attrs(OpDef def) {
+  def.attrs_index = attrs_index<A>();
+  def.attrs_to_json = [](const OpAttrs& a) { return write_attrs(std::get<A>(a)); };
+  def.attrs_from_json = [](const nlohmann::json& j) {
+    A a;
+    read_attrs(j, a);
+    return OpAttrs{a};
+  };
+  def.attrs_text = [](const OpAttrs& a) { return attrs_text(std::get<A>(a)); };
+  return def;
+}
+
+// ---- every entry (one accessor per op, defined in its file)
+const OpDef& batch_indices_def();
+const OpDef& gather_rows_def();
+const OpDef& matmul_def();
+const OpDef& bias_add_def();
+const OpDef& relu_def();
+const OpDef& relu_backward_def();
+const OpDef& softmax_xent_def();
+const OpDef& softmax_xent_backward_def();
+const OpDef& reduce_rows_def();
+const OpDef& add_def();
+const OpDef& cast_def();
+const OpDef& sgd_update_def();
+const OpDef& advance_step_def();
+const OpDef& count_correct_def();
+const OpDef& gelu_def();
+const OpDef& gelu_backward_def();
+const OpDef& bias_add_relu_def();
+
+}  // namespace sg::ops

@@ -1,0 +1,38 @@
+#include "models/mlp_program.hpp"
+
+#include <algorithm>
+
+namespace sg {
+
+std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted) {
+  for (std::int64_t b = std::min(rows, wanted); b > 1; --b)
+    if (rows % b == 0) return b;
+  return 1;
+}
+
+MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target) {
+  if (target == ProgramTarget::cuda) mlp.compute_dtype = DType::f16;
+  return mlp;
+}
+
+TrainingProgram build_mlp_program(const MlpTraining& t, std::int64_t train_rows, std::int64_t test_rows,
+                                  ProgramTarget target) {
+  TrainingProgram p;
+  MlpSpec train = mlp_for_target(t.mlp, target);
+  train.dataset_rows = train_rows;
+  p.train = build_training_stages(train, t.sgd, t.fusion).fused;
+  p.train_data = mlp_data_bindings(p.train, train.batch);
+
+  MlpSpec eval = mlp_for_target(t.mlp, target);
+  eval.dataset_rows = test_rows;
+  eval.batch = eval_batch_for(test_rows, t.eval_batch);
+  p.eval = build_mlp_eval(eval);
+  fuse(p.eval, t.fusion);
+  p.eval_data = mlp_data_bindings(p.eval, eval.batch);
+
+  p.init = mlp_initial_parameters(t.mlp.layers, t.init_seed);
+  p.learning_rate = t.sgd.lr;
+  return p;
+}
+
+}  // namespace sg

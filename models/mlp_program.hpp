@@ -1,0 +1,40 @@
+#pragma once
+// An MLP training setup turned into the TrainingProgram the runtime runs:
+// the fused training step, the eval graph, the initial parameters, the data
+// bindings and the learning rate, for the rows of the dataset's splits and
+// the backend that will run it.
+#include <cstdint>
+
+#include "graph/fusion_pass.hpp"
+#include "graph/optimizer_pass.hpp"
+#include "models/mlp.hpp"
+#include "runtime/training_program.hpp"
+
+namespace sg {
+
+struct MlpTraining {
+  MlpSpec mlp;  // dataset_rows is set per split by build_mlp_program
+  SgdSpec sgd;
+  FusionOptions fusion;
+  std::int64_t eval_batch = 1000;  // rounded down to a divisor of the test rows
+  std::uint64_t init_seed = 0;
+};
+
+// Which backend the graphs are built for. The CUDA backend runs f16
+// activations only, so its graphs use compute dtype f16 whatever the spec
+// says; the CPU reference runs the spec as given.
+enum class ProgramTarget : std::uint8_t { cpu, cuda };
+
+// Largest divisor of `rows` not above `wanted` (eval batches cover the test set exactly).
+std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted);
+
+// The MLP with `target`'s compute dtype (the spec itself for the CPU).
+MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target);
+
+// Training graph over `train_rows` rows, eval graph (fused too) over
+// `test_rows` with eval_batch_for(test_rows, eval_batch) rows per run.
+// Throws GraphError when the spec is unusable.
+TrainingProgram build_mlp_program(const MlpTraining& training, std::int64_t train_rows, std::int64_t test_rows,
+                                  ProgramTarget target);
+
+}  // namespace sg

@@ -1,0 +1,45 @@
+#include "runtime/backend_options.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "ops/cuda/kernel_limits.hpp"
+
+namespace sg {
+
+std::string_view whole_step_mode_name(WholeStepMode mode) {
+  switch (mode) {
+    case WholeStepMode::automatic: return "auto";
+    case WholeStepMode::grid: return "grid";
+    case WholeStepMode::cluster: return "cluster";
+    case WholeStepMode::resident: return "resident";
+  }
+  throw std::invalid_argument("whole_step_mode_name: not a WholeStepMode");
+}
+
+WholeStepMode whole_step_mode_from_name(std::string_view name) {
+  for (WholeStepMode mode : {WholeStepMode::automatic, WholeStepMode::grid, WholeStepMode::cluster,
+                             WholeStepMode::resident})
+    if (whole_step_mode_name(mode) == name) return mode;
+  throw std::invalid_argument("whole step mode '" + std::string(name) + "' is not one of auto, grid, cluster, resident");
+}
+
+std::string strip_splits_problem(std::int64_t splits) {
+  if (splits == 0) return {};
+  if (splits < 1 || splits > cuda::kMaxStripSplits || (splits & (splits - 1)) != 0)
+    return "must be 0 (the measured rule) or a power of two up to " + std::to_string(cuda::kMaxStripSplits) +
+           " (got " + std::to_string(splits) + ")";
+  return {};
+}
+
+std::string resident_cluster_problem(std::int64_t cluster) {
+  if (cluster == 0) return {};
+  const auto& sizes = cuda::kResidentClusterSizes;
+  if (std::find(sizes.begin(), sizes.end(), cluster) != sizes.end()) return {};
+  std::string allowed;
+  for (int s : sizes) allowed += (allowed.empty() ? "" : ", ") + std::to_string(s);
+  return "must be 0 (the largest that fits) or one of " + allowed + " (got " + std::to_string(cluster) + ")";
+}
+
+}  // namespace sg

@@ -1,0 +1,46 @@
+#pragma once
+// Typed choices of how the CUDA backend lowers and launches a step: which
+// lowerings may run, and the knobs of the kernels behind them. Filled from a
+// config's `backend:` section or `stepgraph bench` flags; tests set them
+// directly. Nothing here is read from the environment.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace sg {
+
+// Which whole-step kernel runs a graph that is exactly a small MLP step.
+// automatic: where it measured faster than the per-launch schedule; grid /
+// cluster / resident: that variant wherever it fits (benchmarks, sanitizers).
+enum class WholeStepMode : std::uint8_t { automatic, grid, cluster, resident };
+
+std::string_view whole_step_mode_name(WholeStepMode mode);       // "auto", "grid", "cluster", "resident"
+WholeStepMode whole_step_mode_from_name(std::string_view name);  // throws std::invalid_argument
+
+// Empty when the value is one the kernel takes, else why not (for config
+// errors and bench flags): strip_splits 0 or a power of two up to
+// cuda::kMaxStripSplits; resident_cluster 0 or one of cuda::kResidentClusterSizes.
+std::string strip_splits_problem(std::int64_t splits);
+std::string resident_cluster_problem(std::int64_t cluster);
+
+struct BackendOptions {
+  bool accumulate_f16 = false;  // cuBLASLt compute type fp16 where the output is fp16
+  bool autotune = false;        // time cuBLASLt's candidates once per shape
+  std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
+
+  // --- lowerings that may be chosen (each off: the next one in priority order)
+  bool whole_step = true;              // one kernel for the whole step where the MLP fits it
+  WholeStepMode whole_step_mode = WholeStepMode::automatic;
+  bool one_pass_backward = true;       // dgrad + SGD in one pass over W; the output layer's backward in one kernel
+  bool small_batch_forward = true;     // our small-batch forwards (batch fetch folded into the first)
+  bool fold_input_update = true;       // the first layer's update inside the one-pass launch above it
+
+  // --- kernel knobs
+  bool dependent_launch = true;        // programmatic dependent launch on Hopper
+  bool classifier_mma = true;          // the classifier forward on tensor cores (batch 256/1024)
+  bool one_pass_multicast = true;      // batch-256 one-pass kernel: pairs of blocks share dY tiles
+  int strip_splits = 0;                // one-pass column-strip kernel: blocks per strip (0: the measured rule)
+  int resident_cluster = 0;            // resident whole-step kernel: cluster size (0: the largest that fits)
+};
+
+}  // namespace sg

@@ -1,0 +1,77 @@
+#pragma once
+// A way of running a set of graph nodes on the GPU: one file per lowering in
+// runtime/cuda/lowerings/, each a `match` (which nodes it covers and whether
+// it fits this device, dtype, shape and the backend options: the scheduler's
+// side, see runtime/plan/schedule.hpp) and a `record` (the launch's buffers
+// bound into an object that enqueues it). cuda_lowerings() lists them in
+// priority order; nothing else knows them.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/cublaslt_matmul.hpp"
+#include "ops/cuda/kernels.hpp"
+#include "runtime/backend_options.hpp"
+#include "runtime/plan/schedule.hpp"
+
+namespace sg::cuda {
+
+// A launch with its buffers bound: what CUDA-graph capture records.
+class RecordedLaunch {
+ public:
+  virtual ~RecordedLaunch() = default;
+  virtual void enqueue(cudaStream_t stream) const = 0;
+  // `steps` training steps in one launch, where the lowering keeps state on
+  // chip across steps (resident weights); false when it cannot.
+  virtual bool enqueue_steps(cudaStream_t /*stream*/, int /*steps*/) const { return false; }
+  // What runs, beyond the lowering's name (e.g. "cuBLASLt", "one cluster").
+  virtual std::string label() const { return {}; }
+  // Per-phase GPU clock profile of `repeats` steps (median us per phase), for
+  // kernels that run a whole step; empty for the others.
+  virtual std::vector<std::pair<std::string, double>> profile_phases(int /*repeats*/, cudaStream_t) const { return {}; }
+};
+
+// What a record step can ask of the program it binds into.
+class BindContext {
+ public:
+  virtual ~BindContext() = default;
+  virtual const sg::Graph& graph() const = 0;
+  virtual const Schedule& schedule() const = 0;
+  virtual const BackendOptions& options() const = 0;
+  virtual const LtHandle& lt() const = 0;
+  virtual cudaStream_t stream() const = 0;
+  // Device pointer of a value (throws when it lives only inside a fused kernel).
+  virtual void* ptr(ValueId id) const = 0;
+  // Whether a value has a buffer (one a fused kernel keeps on chip has none).
+  virtual bool has_buffer(ValueId id) const = 0;
+  virtual void* aux(int mask) const = 0;
+  // Device-resident scalars of an sgd_update node.
+  virtual const SgdScalars* sgd_scalars(NodeId sgd_update) const = 0;
+  // Device constants 1 and 0 (float and half) for cuBLASLt alpha/beta.
+  virtual const void* one(bool half) const = 0;
+  virtual const void* zero(bool half) const = 0;
+  // A float the launch may write and nobody reads (a lone xent backward's loss).
+  virtual float* scratch_float() const = 0;
+};
+
+class CudaLowering : public Lowering {
+ public:
+  // Binds `launch` (the launch at `index` of the schedule; one of this
+  // lowering's) to the program's buffers.
+  virtual std::unique_ptr<RecordedLaunch> record(const Launch& launch, std::size_t index,
+                                                 const BindContext& context) const = 0;
+  // Whether match() asks the GPU (compute capability, shared memory): such
+  // lowerings are left out where no GPU is present (`inspect` on a CPU machine).
+  virtual bool asks_device() const { return false; }
+};
+
+// The lowerings the options allow, highest priority first.
+std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& options, bool device_present = true);
+std::vector<const Lowering*> as_lowerings(const std::vector<std::unique_ptr<CudaLowering>>& lowerings);
+
+// The lowering of a launch this backend scheduled.
+const CudaLowering& cuda_lowering_of(const Launch& launch);
+
+}  // namespace sg::cuda

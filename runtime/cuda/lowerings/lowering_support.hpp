@@ -1,0 +1,69 @@
+#pragma once
+// Small pieces the lowerings share: dtype dispatch, matmul operand shapes,
+// unit queries, and a recorded launch made of a bound closure.
+#include <cuda_fp16.h>
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "ops/cuda/cublaslt_matmul.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "runtime/cuda/lowering.hpp"
+
+namespace sg::cuda {
+
+// A launch whose buffers are bound into `enqueue_`.
+class BoundLaunch final : public RecordedLaunch {
+ public:
+  explicit BoundLaunch(std::function<void(cudaStream_t)> enqueue, std::string label = {})
+      : enqueue_(std::move(enqueue)), label_(std::move(label)) {}
+  void enqueue(cudaStream_t stream) const override { enqueue_(stream); }
+  std::string label() const override { return label_; }
+
+ private:
+  std::function<void(cudaStream_t)> enqueue_;
+  std::string label_;
+};
+
+template <typename F>
+void with_float_type(DType dtype, F&& f) {
+  if (dtype == DType::f16) f(__half{});
+  else if (dtype == DType::f32) f(float{});
+  else throw CudaError(fmt::format("cuda backend: {} is not a floating dtype", dtype_name(dtype)));
+}
+
+// cuBLASLt element type of a matmul operand (nullopt for other dtypes).
+std::optional<ElemType> elem_type(DType dtype);
+
+// A matmul node's operand sizes, transposes and input type (the caller sets
+// the output type, accumulation and epilogue).
+MatmulShape operand_shape(const sg::Graph& g, const Node& matmul);
+
+// The shape of a forward matmul node (fp32 accumulation).
+MatmulShape forward_shape(const sg::Graph& g, NodeId matmul, Epilogue epilogue, DType out);
+
+// Inner (summed) dimension of a matmul node.
+std::int64_t inner_dim(const sg::Graph& g, const Node& matmul);
+
+// Nodes of a unit by op (the first of that op; -1 when none).
+NodeId node_of(const sg::Graph& g, const CoverUnit& unit, OpKind op);
+
+// Whether `sgd` is a plain SGD update (no velocity state).
+bool plain_sgd(const sg::Graph& g, const Node& sgd);
+
+// The free unit whose nodes are exactly a bias-gradient SGD group summing
+// `grad` with plain SGD (no cast, no velocity), if any.
+const CoverUnit* free_plain_bias_update_of(const Cover& cover, ValueId grad);
+
+// The wgrad_sgd unit updating `weight` from a matmul that reads `dy` first
+// (plain SGD when `plain`), if free.
+const CoverUnit* free_weight_update(const Cover& cover, ValueId dy, ValueId weight, bool plain);
+
+// The one element of a match: the offered unit alone.
+Match single_unit(const CoverUnit& unit);
+
+}  // namespace sg::cuda

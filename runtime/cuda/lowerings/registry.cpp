@@ -1,0 +1,73 @@
+// The CUDA lowerings in priority order: the first whose match takes a unit
+// runs it. Larger patterns come first (a whole step, then the fused output
+// layer and the one-pass backward, which take several units at once); the
+// dgrad lowerings come before the forwards, so a forward knows whether a
+// cuBLASLt dgrad still needs its ReLU mask; cuBLASLt and the plain kernels
+// take whatever is left.
+#include "runtime/cuda/lowering.hpp"
+
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+#include "ops/cuda/cuda_check.hpp"
+
+namespace sg::cuda {
+
+std::unique_ptr<CudaLowering> make_resident_step_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_whole_step_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_output_layer_backward_lowering();
+std::unique_ptr<CudaLowering> make_one_pass_wgmma_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_one_pass_row_ranges_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_one_pass_strips_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_small_k_dgrad_relu_lowering();
+std::unique_ptr<CudaLowering> make_small_n_forward_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_small_batch_forward_lowering();
+std::unique_ptr<CudaLowering> make_small_m_wgrad_sgd_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_cublaslt_matmul_lowering();
+std::unique_ptr<CudaLowering> make_softmax_xent_lowering();
+std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
+std::unique_ptr<CudaLowering> make_batch_fetch_lowering();
+std::unique_ptr<CudaLowering> make_elementwise_lowering();
+
+std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& o, bool device_present) {
+  // Our fused kernels accumulate in fp32, as cuBLASLt does by default.
+  const bool ours = o.one_pass_backward && !o.accumulate_f16;
+  std::vector<std::unique_ptr<CudaLowering>> l;
+  if (o.whole_step) {
+    l.push_back(make_resident_step_lowering(o));
+    l.push_back(make_whole_step_lowering(o));
+  }
+  if (ours) {
+    l.push_back(make_output_layer_backward_lowering());
+    l.push_back(make_one_pass_wgmma_lowering(o));
+    l.push_back(make_one_pass_row_ranges_lowering(o));
+    l.push_back(make_one_pass_strips_lowering(o));
+  }
+  l.push_back(make_small_k_dgrad_relu_lowering());
+  l.push_back(make_small_n_forward_lowering(o));
+  if (ours && o.small_batch_forward) l.push_back(make_small_batch_forward_lowering());
+  l.push_back(make_small_m_wgrad_sgd_lowering(o));
+  l.push_back(make_cublaslt_matmul_lowering());
+  l.push_back(make_softmax_xent_lowering());
+  l.push_back(make_bias_grad_sgd_lowering());
+  l.push_back(make_batch_fetch_lowering());
+  l.push_back(make_elementwise_lowering());
+  if (!device_present)
+    l.erase(std::remove_if(l.begin(), l.end(), [](const auto& x) { return x->asks_device(); }), l.end());
+  return l;
+}
+
+std::vector<const Lowering*> as_lowerings(const std::vector<std::unique_ptr<CudaLowering>>& lowerings) {
+  std::vector<const Lowering*> out;
+  for (const auto& l : lowerings) out.push_back(l.get());
+  return out;
+}
+
+const CudaLowering& cuda_lowering_of(const Launch& launch) {
+  const auto* l = dynamic_cast<const CudaLowering*>(launch.lowering);
+  if (!l) throw CudaError("a launch scheduled by a lowering of another backend");
+  return *l;
+}
+
+}  // namespace sg::cuda

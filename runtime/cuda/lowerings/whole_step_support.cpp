@@ -1,0 +1,202 @@
+#include "runtime/cuda/lowerings/whole_step_support.hpp"
+
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
+#include "ops/cuda/resident_step.hpp"
+
+namespace sg::cuda {
+namespace {
+
+// Where the whole-step kernels beat the per-launch schedule on an H100
+// (784-H-H-H-10, us per step). At batch 16/32 the per-launch schedule runs
+// our dependent-launch kernels, and since they keep their loads off the
+// critical path it is faster at every width measured, one or 16 steps per
+// launch (docs/performance.md section 18: width 64 20.1 against 27.1 for the
+// whole-step kernel, 16 steps per launch 18.8 against 22.5 resident; width
+// 128 19.9 against 23.4 resident). Other batches (48, 64) keep the earlier
+// rule, measured against the two-pass schedule they still take: the
+// whole-step kernel up to 64K parameters at one step per launch, the
+// resident-weights variant up to 256K for several.
+constexpr std::int64_t kWholeStepMaxParameters = std::int64_t(1) << 16;
+constexpr std::int64_t kResidentMaxParameters = std::int64_t(1) << 18;
+
+WholeStepChoice choice_of(const BackendOptions& o) {
+  WholeStepChoice c;
+  switch (o.whole_step_mode) {
+    case WholeStepMode::automatic: c.variant = WholeStepVariant::automatic; break;
+    case WholeStepMode::grid: c.variant = WholeStepVariant::grid; break;
+    case WholeStepMode::cluster: c.variant = WholeStepVariant::cluster; break;
+    case WholeStepMode::resident: c.variant = WholeStepVariant::resident; break;
+  }
+  c.resident_cluster = o.resident_cluster;
+  return c;
+}
+
+// The sizes of a whole-step launch (pointers are bound later).
+WholeStepArgs shape_of(const sg::Graph& g, const WholeStepPlan& plan) {
+  WholeStepArgs args;
+  args.layers = static_cast<int>(plan.layers.size());
+  args.batch = static_cast<int>(plan.batch);
+  for (std::size_t i = 0; i < plan.dims.size() && i <= std::size_t(kWholeStepMaxLayers); ++i)
+    args.dims[i] = static_cast<int>(plan.dims[i]);
+  args.rows = g.value(plan.perm).shape[0];
+  args.scale = float(plan.input_scale);
+  args.shift = float(plan.input_shift);
+  return args;
+}
+
+class WholeStepRecord final : public RecordedLaunch {
+ public:
+  WholeStepRecord(WholeStepArgs args, WholeStepLaunch launch) : args_(args), launch_(launch) {}
+  void enqueue(cudaStream_t s) const override { launch_whole_step(args_, launch_, s); }
+  bool enqueue_steps(cudaStream_t s, int steps) const override {
+    if (!launch_.resident) return false;
+    launch_whole_step(args_, launch_, s, steps);
+    return true;
+  }
+  std::string label() const override {
+    return fmt::format("{} blocks as {}", launch_.blocks,
+                       launch_.resident  ? "one cluster, weights resident in shared memory"
+                       : launch_.cluster ? "one cluster"
+                                         : "a cooperative grid");
+  }
+  std::vector<std::pair<std::string, double>> profile_phases(int repeats, cudaStream_t stream) const override {
+    const auto names = whole_step_phase_names(args_, launch_);
+    DeviceBuffer clock((names.size() + 1) * sizeof(unsigned long long));
+    WholeStepArgs args = args_;
+    args.phase_clock = clock.as<unsigned long long>();
+    std::vector<std::vector<double>> us(names.size());
+    std::vector<unsigned long long> ns(names.size() + 1);
+    for (int r = 0; r < repeats; ++r) {
+      launch_whole_step(args, launch_, stream);
+      SG_CUDA_CHECK(cudaStreamSynchronize(stream));
+      clock.download(ns.data(), ns.size() * sizeof(unsigned long long));
+      for (std::size_t i = 0; i < names.size(); ++i) us[i].push_back(double(ns[i + 1] - ns[i]) / 1e3);
+    }
+    std::vector<std::pair<std::string, double>> out;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      std::sort(us[i].begin(), us[i].end());
+      out.emplace_back(names[i], us[i][us[i].size() / 2]);
+    }
+    return out;
+  }
+
+ private:
+  WholeStepArgs args_;
+  WholeStepLaunch launch_;
+};
+
+}  // namespace
+
+std::string whole_step_blocker(const sg::Graph& g, const BackendOptions& o, bool resident) {
+  if (!o.whole_step) return "turned off";
+  const auto plan = match_whole_step(g);
+  if (!plan) return "the graph is not a plain MLP training step";
+  for (const WholeStepLayer& layer : plan->layers) {
+    if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
+      return "parameters or activations are not fp16";
+    const Node& sgd = g.node(layer.weight_sgd);
+    if (sgd.inputs.size() != 2 || sgd.attr<SgdUpdateAttrs>().momentum != 0.0) return "SGD with momentum";
+  }
+  if (plan->layers.size() > std::size_t(kWholeStepMaxLayers)) return "too many layers";
+  const WholeStepArgs shape = shape_of(g, *plan);
+  if (std::string why = whole_step_unsupported(shape); !why.empty()) return why;
+  const bool automatic = o.whole_step_mode == WholeStepMode::automatic;
+  const bool per_launch_kernels = o.one_pass_backward && !o.accumulate_f16;
+  if (automatic && per_launch_kernels && (plan->batch == 16 || plan->batch == 32))
+    return fmt::format("batch {}: the per-launch schedule's dependent-launch kernels are faster", plan->batch);
+  std::int64_t parameters = 0;
+  for (const WholeStepLayer& layer : plan->layers)
+    parameters += element_count(g.value(layer.weight).shape) + element_count(g.value(layer.bias).shape);
+  const bool resident_pays = o.whole_step_mode == WholeStepMode::resident ||
+                             (automatic && o.steps_per_launch > 1 && parameters <= kResidentMaxParameters);
+  const std::string resident_why = resident_pays ? resident_step_unsupported(shape, o.resident_cluster) : "not asked for";
+  if (resident) return resident_why.empty() ? "" : "resident weights: " + resident_why;
+  if (resident_why.empty()) return "the resident-weights kernel takes it";
+  if (automatic && parameters > kWholeStepMaxParameters)
+    return fmt::format("{} parameters: above {} the per-launch schedule is faster", parameters, kWholeStepMaxParameters);
+  return {};
+}
+
+namespace {
+
+std::optional<Match> match_whole_graph(const Cover& cover, const CoverUnit& unit, const BackendOptions& options,
+                                       bool resident) {
+  const sg::Graph& g = cover.graph();
+  if (unit.id != 0 || !whole_step_blocker(g, options, resident).empty()) return std::nullopt;
+  const WholeStepPlan plan = *match_whole_step(g);
+  Match m;
+  for (const CoverUnit& u : cover.units()) m.units.push_back(u.id);
+  m.graph_order = true;
+  for (const WholeStepLayer& layer : plan.layers)  // hidden layers; the logits stay on chip
+    if (layer.pre_activation_grad >= 0) {
+      m.scratch.push_back(layer.output);
+      m.scratch.push_back(layer.pre_activation_grad);
+    }
+  m.detail = plan;
+  return m;
+}
+
+std::unique_ptr<RecordedLaunch> record_whole_step(const Launch& l, const BindContext& c, bool resident) {
+  const sg::Graph& g = c.graph();
+  const auto& plan = detail_of<WholeStepPlan>(l);
+  WholeStepArgs args = shape_of(g, plan);
+  for (std::size_t i = 0; i < plan.layers.size(); ++i) {
+    const WholeStepLayer& layer = plan.layers[i];
+    args.weight[i] = static_cast<__half*>(c.ptr(layer.weight));
+    args.bias[i] = static_cast<__half*>(c.ptr(layer.bias));
+    args.weight_sgd[i] = c.sgd_scalars(layer.weight_sgd);
+    args.bias_sgd[i] = c.sgd_scalars(layer.bias_sgd);
+    if (layer.pre_activation_grad >= 0) {  // a hidden layer (the logits never leave the chip)
+      args.act[i] = static_cast<__half*>(c.ptr(layer.output));
+      args.grad[i] = static_cast<__half*>(c.ptr(layer.pre_activation_grad));
+    }
+  }
+  args.perm = static_cast<const std::int32_t*>(c.ptr(plan.perm));
+  args.step = static_cast<std::int32_t*>(c.ptr(plan.step));
+  args.images = static_cast<const std::uint8_t*>(c.ptr(plan.images));
+  args.labels = static_cast<const std::uint8_t*>(c.ptr(plan.labels));
+  args.loss = static_cast<float*>(c.ptr(plan.loss));
+  WholeStepChoice choice = choice_of(c.options());
+  if (resident) choice.variant = WholeStepVariant::resident;
+  else if (choice.variant == WholeStepVariant::resident) choice.variant = WholeStepVariant::grid;
+  const int steps = resident ? static_cast<int>(std::max<std::int64_t>(2, c.options().steps_per_launch)) : 1;
+  const WholeStepLaunch launch = plan_whole_step_launch(args, steps, choice);
+  if (launch.resident != resident)
+    throw CudaError(fmt::format("whole step: planned {} the resident-weights kernel", resident ? "without" : "with"));
+  return std::make_unique<WholeStepRecord>(args, launch);
+}
+
+class WholeGraphLowering final : public CudaLowering {
+ public:
+  WholeGraphLowering(std::string_view name, const BackendOptions& options, bool resident)
+      : name_(name), options_(options), resident_(resident) {}
+  std::string_view name() const override { return name_; }
+  bool asks_device() const override { return true; }
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    return match_whole_graph(cover, unit, options_, resident_);
+  }
+  std::string describe(const sg::Graph&, const Launch& l) const override {
+    const auto& plan = detail_of<WholeStepPlan>(l);
+    return fmt::format("dims={},batch={}", fmt::join(plan.dims, "-"), plan.batch);
+  }
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    return record_whole_step(l, c, resident_);
+  }
+
+ private:
+  std::string name_;
+  BackendOptions options_;
+  bool resident_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLowering> make_whole_graph_lowering(std::string_view name, const BackendOptions& options,
+                                                        bool resident) {
+  return std::make_unique<WholeGraphLowering>(name, options, resident);
+}
+
+}  // namespace sg::cuda

@@ -1,0 +1,160 @@
+#include "runtime/plan/mlp_step_pattern.hpp"
+
+#include <algorithm>
+#include <set>
+
+namespace sg {
+namespace {
+
+// Walks the graph from the batch fetch, collecting every node it expects;
+// any surprise ends the match.
+class StepWalker {
+ public:
+  explicit StepWalker(const Graph& g) : g_(g) {}
+
+  std::optional<WholeStepPlan> run() {
+    const Node* indices = only_node(OpKind::batch_indices);
+    if (!indices) return std::nullopt;
+    WholeStepPlan plan;
+    plan.perm = indices->inputs[0];
+    plan.step = indices->inputs[1];
+    plan.batch = indices->attr<BatchIndicesAttrs>().batch;
+    const Node* images = nullptr;
+    const Node* labels = nullptr;
+    for (NodeId id : g_.consumers(indices->outputs[0])) {
+      const Node& n = g_.node(id);
+      if (n.op != OpKind::gather_rows) return std::nullopt;
+      (g_.value(n.outputs[0]).dtype == DType::i32 ? labels : images) = &n;
+    }
+    if (!images || !labels || g_.consumers(indices->outputs[0]).size() != 2) return std::nullopt;
+    if (!group({indices->id, images->id, labels->id}, FusionKind::batch_fetch)) return std::nullopt;
+    plan.images = images->inputs[0];
+    plan.labels = labels->inputs[0];
+    plan.input_scale = images->attr<GatherRowsAttrs>().scale;
+    plan.input_shift = images->attr<GatherRowsAttrs>().shift;
+    const ValueId y = labels->outputs[0];
+
+    // Forward: h -> matmul(h, W^T) -> bias_add(b) [-> relu] until the loss reads it.
+    std::vector<ValueId> inputs{images->outputs[0]};  // each layer's input
+    ValueId h = images->outputs[0];
+    plan.dims.push_back(g_.value(h).shape.at(1));
+    const Node* xent = nullptr;
+    while (!xent) {
+      const Node* mm = reader(h, OpKind::matmul, 0, [](const Node& n) {
+        return !n.attr<MatmulAttrs>().trans_a && n.attr<MatmulAttrs>().trans_b;
+      });
+      if (!mm || g_.value(mm->inputs[1]).role != Role::param) return std::nullopt;
+      const Node* add = reader(mm->outputs[0], OpKind::bias_add, 0);
+      if (!add || g_.value(add->inputs[1]).role != Role::param) return std::nullopt;
+      WholeStepLayer layer;
+      layer.weight = mm->inputs[1];
+      layer.bias = add->inputs[1];
+      layer.output = add->outputs[0];
+      plan.dims.push_back(g_.value(layer.weight).shape.at(0));
+      xent = reader(add->outputs[0], OpKind::softmax_xent, 0);
+      std::vector<NodeId> forward{mm->id, add->id};
+      if (!xent) {
+        const Node* relu = reader(add->outputs[0], OpKind::relu, 0);
+        if (!relu) return std::nullopt;
+        forward.push_back(relu->id);
+        layer.output = relu->outputs[0];
+      }
+      if (!group(forward, FusionKind::linear_forward)) return std::nullopt;
+      plan.layers.push_back(layer);
+      h = layer.output;
+      inputs.push_back(h);
+    }
+    if (xent->inputs[1] != y) return std::nullopt;
+    plan.loss = xent->outputs[0];
+    const Node* xent_bw = reader(plan.layers.back().output, OpKind::softmax_xent_backward, 0);
+    if (!xent_bw || xent_bw->inputs[1] != y || !group({xent->id, xent_bw->id}, FusionKind::xent_fused))
+      return std::nullopt;
+
+    // Backward and updates, output layer first: dZ is the layer's pre-activation gradient.
+    ValueId dz = xent_bw->outputs[0];
+    for (std::size_t l = plan.layers.size(); l-- > 0;) {
+      WholeStepLayer& layer = plan.layers[l];
+      const Node* bias_sum = reader(dz, OpKind::reduce_rows, 0);
+      const Node* bias_sgd = bias_sum ? sgd_of(layer.bias, bias_sum->outputs[0]) : nullptr;
+      const Node* wgrad = reader(dz, OpKind::matmul, 0, [&](const Node& n) {
+        return n.attr<MatmulAttrs>().trans_a && !n.attr<MatmulAttrs>().trans_b && n.inputs[1] == inputs[l];
+      });
+      const Node* weight_sgd = wgrad ? sgd_of(layer.weight, wgrad->outputs[0]) : nullptr;
+      if (!bias_sgd || !weight_sgd || !group({bias_sum->id, bias_sgd->id}, FusionKind::bgrad_sgd) ||
+          !group({wgrad->id, weight_sgd->id}, FusionKind::wgrad_sgd))
+        return std::nullopt;
+      layer.bias_sgd = bias_sgd->id;
+      layer.weight_sgd = weight_sgd->id;
+      if (l == 0) break;
+      const Node* dgrad = reader(dz, OpKind::matmul, 0, [&](const Node& n) {
+        return !n.attr<MatmulAttrs>().trans_a && !n.attr<MatmulAttrs>().trans_b && n.inputs[1] == layer.weight;
+      });
+      const Node* relu_bw = dgrad ? reader(dgrad->outputs[0], OpKind::relu_backward, 0) : nullptr;
+      if (!relu_bw || relu_bw->inputs[1] != plan.layers[l - 1].output ||
+          !group({dgrad->id, relu_bw->id}, FusionKind::dgrad_drelu))
+        return std::nullopt;
+      plan.layers[l - 1].pre_activation_grad = relu_bw->outputs[0];
+      dz = relu_bw->outputs[0];
+    }
+    const Node* advance = only_node(OpKind::advance_step);
+    if (!advance || advance->inputs[0] != plan.step) return std::nullopt;
+    seen_.insert(advance->id);
+    // Nothing else: no other node, and the loss is the only output.
+    if (seen_.size() != g_.nodes().size() || g_.outputs() != std::vector<ValueId>{plan.loss}) return std::nullopt;
+    return plan;
+  }
+
+ private:
+  const Node* only_node(OpKind op) const {
+    const Node* found = nullptr;
+    for (const Node& n : g_.nodes())
+      if (n.op == op) {
+        if (found) return nullptr;
+        found = &n;
+      }
+    return found;
+  }
+
+  // The one node of kind `op` reading `v` in input `slot` (and passing `extra`).
+  template <typename Extra>
+  const Node* reader(ValueId v, OpKind op, std::size_t slot, Extra extra) const {
+    const Node* found = nullptr;
+    for (NodeId id : g_.consumers(v)) {
+      const Node& n = g_.node(id);
+      if (n.op != op || n.inputs.size() <= slot || n.inputs[slot] != v || !extra(n)) continue;
+      if (found) return nullptr;
+      found = &n;
+    }
+    return found;
+  }
+  const Node* reader(ValueId v, OpKind op, std::size_t slot) const {
+    return reader(v, op, slot, [](const Node&) { return true; });
+  }
+
+  // The sgd_update of `param` from `grad` (with or without momentum state:
+  // whether a kernel implements it is the backend's question).
+  const Node* sgd_of(ValueId param, ValueId grad) const {
+    const Node* sgd = reader(grad, OpKind::sgd_update, 1);
+    return sgd && sgd->inputs[0] == param ? sgd : nullptr;
+  }
+
+  // Whether exactly these nodes form one fusion group of `kind`; records them.
+  bool group(std::vector<NodeId> nodes, FusionKind kind) {
+    const int id = g_.node(nodes.front()).fusion_group;
+    if (id < 0) return false;
+    const FusionGroup& fg = g_.fusion_groups()[static_cast<std::size_t>(id)];
+    std::sort(nodes.begin(), nodes.end());
+    if (fg.kind != kind || fg.nodes != nodes) return false;
+    seen_.insert(nodes.begin(), nodes.end());
+    return true;
+  }
+
+  const Graph& g_;
+  std::set<NodeId> seen_;
+};
+
+}  // namespace
+
+std::optional<WholeStepPlan> match_whole_step(const Graph& graph) { return StepWalker(graph).run(); }
+
+}  // namespace sg

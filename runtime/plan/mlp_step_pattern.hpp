@@ -1,0 +1,37 @@
+#pragma once
+// Recognises a fused graph that is exactly the training step of an MLP
+// (batch fetch, Linear+ReLU layers, softmax cross-entropy, its autodiff
+// backward, SGD, step advance), so a backend may run it as one
+// whole-step kernel. Recognition is structural: starting from the batch
+// fetch, each layer's forward, backward and updates are looked up by what
+// they read, each group of them must be one fusion group of the expected
+// kind, and the graph must hold no other node and no other output.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "graph/graph.hpp"
+
+namespace sg {
+
+// Per layer (input side first): its parameters, their sgd_update nodes, the
+// value the layer outputs (ReLU output, or the logits for the last layer)
+// and, for hidden layers, the gradient of its pre-activation.
+struct WholeStepLayer {
+  ValueId weight = -1, bias = -1;
+  NodeId weight_sgd = -1, bias_sgd = -1;
+  ValueId output = -1;
+  ValueId pre_activation_grad = -1;  // -1 for the logits layer
+};
+
+struct WholeStepPlan {
+  std::vector<std::int64_t> dims;  // input width, hidden widths, classes
+  std::int64_t batch = 0;
+  double input_scale = 1, input_shift = 0;
+  ValueId images = -1, labels = -1, perm = -1, step = -1, loss = -1;
+  std::vector<WholeStepLayer> layers;
+};
+
+std::optional<WholeStepPlan> match_whole_step(const Graph& graph);
+
+}  // namespace sg

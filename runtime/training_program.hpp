@@ -1,0 +1,54 @@
+#pragma once
+// What a trainer receives, whatever built it (models/ for the MLP): the fused
+// training-step graph and the eval graph, the initial parameter values by
+// name, which values of each graph hold the data and the results, and the
+// initial learning rate. The runtime knows no model and no value names: it
+// binds the dataset, the permutation, the step counter and the results
+// through DataBindings, and parameters and optimizer state by graph role.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "graph/graph.hpp"
+
+namespace sg {
+
+// The values of one graph the runtime binds to host data or reads back.
+struct DataBindings {
+  ValueId images = -1;  // input u8 [rows, features]: the split's whole image table
+  ValueId labels = -1;  // label u8 [rows]: its labels
+  ValueId perm = -1;    // input i32 [rows]: row order (the epoch permutation; identity for eval)
+  ValueId step = -1;    // state i32 [1]: the counter the batch fetch reads; the graph advances it
+  ValueId loss = -1;    // output f32: mean loss of the batch
+  std::optional<ValueId> correct;  // output i32: correct predictions of the batch (eval)
+  std::int64_t batch = 0;          // rows one run of the graph consumes
+};
+
+// Initial values of one parameter of the training graph (f32; converted to
+// the parameter's dtype when uploaded).
+struct ParameterInit {
+  std::string name;
+  Shape shape;
+  std::vector<float> values;
+};
+
+struct TrainingProgram {
+  Graph train;               // one fused training step: updates params and state in place
+  DataBindings train_data;   // over the training split's rows
+  Graph eval;                // loss and correct count of one batch; shares parameter names with `train`
+  DataBindings eval_data;    // over the test split's rows; `correct` set; batch divides those rows
+  std::vector<ParameterInit> init;  // every parameter of `train` (other values start at zero)
+  double learning_rate = 0.01;      // initial lr of the optimizer updates (run state, not IR)
+};
+
+// Throws std::invalid_argument naming the problem when the program does not
+// fit the data (image/label/perm shapes against the split rows) or is
+// inconsistent: bindings out of range or of the wrong role/dtype/shape, an
+// eval parameter missing from the training graph, an initialiser that names
+// no parameter or has the wrong shape, a parameter without an initialiser, a
+// parameter or state value other than the step counter named like the
+// checkpoint's step entry (kStepEntry, runtime/tensor_blob.hpp).
+void check_training_program(const TrainingProgram& program, std::int64_t train_rows, std::int64_t test_rows);
+
+}  // namespace sg
