@@ -41,7 +41,6 @@ class CudaProgram::Binding final : public BindContext {
   const LtHandle& lt() const override { return lt_; }
   cudaStream_t stream() const override { return stream_; }
   void* ptr(ValueId id) const override { return p_.device_ptr(id); }
-  bool has_buffer(ValueId id) const override { return p_.value_ptr_.at(static_cast<std::size_t>(id)) != nullptr; }
   void* aux(int mask) const override {
     const int slot = p_.buffer_of_mask_.at(static_cast<std::size_t>(mask));
     return p_.arena_.as<char>() + p_.plan_.slots[static_cast<std::size_t>(slot)].offset;

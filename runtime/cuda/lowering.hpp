@@ -44,8 +44,6 @@ class BindContext {
   virtual cudaStream_t stream() const = 0;
   // Device pointer of a value (throws when it lives only inside a fused kernel).
   virtual void* ptr(ValueId id) const = 0;
-  // Whether a value has a buffer (one a fused kernel keeps on chip has none).
-  virtual bool has_buffer(ValueId id) const = 0;
   virtual void* aux(int mask) const = 0;
   // Device-resident scalars of an sgd_update node.
   virtual const SgdScalars* sgd_scalars(NodeId sgd_update) const = 0;

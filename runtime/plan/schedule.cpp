@@ -45,7 +45,7 @@ struct CoveredLaunch {
 };
 
 // Readers must see every value written and no value updated in place yet.
-std::string order_problem(const Graph& g, const std::vector<Launch>& launches, std::size_t mask_count) {
+std::string order_problem(const Graph& g, const std::vector<Launch>& launches) {
   std::set<ValueId> written, updated;
   std::set<int> masks;
   for (const Value& v : g.values())
@@ -63,7 +63,6 @@ std::string order_problem(const Graph& g, const std::vector<Launch>& launches, s
     for (ValueId u : l.updates) updated.insert(u);
     if (l.aux_write >= 0) masks.insert(l.aux_write);
   }
-  (void)mask_count;
   return {};
 }
 
@@ -86,7 +85,7 @@ void seat_riders(const Graph& g, std::vector<CoveredLaunch>& ls) {
       host.riders.insert(host.riders.end(), ls[r].launch.nodes.begin(), ls[r].launch.nodes.end());
       fill_boundary(g, host);
       drop_unread(host, ls[h].unread);
-      if (!order_problem(g, trial, 0).empty()) continue;
+      if (!order_problem(g, trial).empty()) continue;
       ls[h].launch = host;
       ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(r));
       break;
@@ -217,7 +216,7 @@ Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowe
 }
 
 void check_schedule_order(const Graph& g, const Schedule& s) {
-  if (const std::string why = order_problem(g, s.launches, s.aux.size()); !why.empty()) throw GraphError(why);
+  if (const std::string why = order_problem(g, s.launches); !why.empty()) throw GraphError(why);
 }
 
 std::string dump_schedule(const Graph& g, const Schedule& s) {

@@ -43,8 +43,7 @@ NodeId node_of(const sg::Graph& g, const CoverUnit& unit, OpKind op) {
   return -1;
 }
 
-bool plain_sgd(const sg::Graph& g, const Node& sgd) {
-  (void)g;
+bool plain_sgd(const Node& sgd) {
   return sgd.op == OpKind::sgd_update && sgd.inputs.size() == 2;
 }
 

@@ -53,7 +53,7 @@ std::int64_t inner_dim(const sg::Graph& g, const Node& matmul);
 NodeId node_of(const sg::Graph& g, const CoverUnit& unit, OpKind op);
 
 // Whether `sgd` is a plain SGD update (no velocity state).
-bool plain_sgd(const sg::Graph& g, const Node& sgd);
+bool plain_sgd(const Node& sgd);
 
 // The free unit whose nodes are exactly a bias-gradient SGD group summing
 // `grad` with plain SGD (no cast, no velocity), if any.

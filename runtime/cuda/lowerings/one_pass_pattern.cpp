@@ -24,7 +24,7 @@ const CoverUnit* input_update_unit(const Cover& cover, const Node& dgrad, ValueI
     const Node& wgrad = g.node(node_of(g, *u, OpKind::matmul));
     const Node& sgd = g.node(node_of(g, *u, OpKind::sgd_update));
     const auto& attrs = wgrad.attr<MatmulAttrs>();
-    if (wgrad.inputs[0] != dx || !plain_sgd(g, sgd) || !attrs.trans_a || attrs.trans_b) continue;
+    if (wgrad.inputs[0] != dx || !plain_sgd(sgd) || !attrs.trans_a || attrs.trans_b) continue;
     const Value& x_in = g.value(wgrad.inputs[1]);
     const Value& w_in = g.value(sgd.inputs[0]);
     if (x_in.dtype != DType::f16 || w_in.dtype != DType::f16 || w_in.shape[0] != w.shape[1] ||

@@ -4,6 +4,8 @@
 // also takes the batch fetch (the gather rides in the same kernel). It
 // writes no cuBLASLt ReLU mask, so it takes a layer only when no dgrad left
 // for cuBLASLt needs that mask.
+#include <algorithm>
+
 #include "ops/cuda/small_batch_forward.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -89,10 +91,10 @@ class SmallBatchForwardLowering final : public CudaLowering {
       // updates the first layer), the step counter's writer has completed by
       // the time this launch starts: the gather may run before the wait.
       const Launch& last = c.schedule().launches.back();
-      f.fetch.gather_before_wait = last.lowering && last.lowering->name() == "one_pass_strips" &&
-                                   last.nodes.size() > 4 && std::any_of(last.nodes.begin(), last.nodes.end(), [&](NodeId n) {
-                                     return g.node(n).op == OpKind::sgd_update &&
-                                            g.node(n).inputs[0] == g.node(nodes.matmul).inputs[1];
+      const ValueId w = mm.inputs[1];
+      f.fetch.gather_before_wait = last.lowering->name() == "one_pass_strips" &&
+                                   std::any_of(last.nodes.begin(), last.nodes.end(), [&](NodeId n) {
+                                     return g.node(n).op == OpKind::sgd_update && g.node(n).inputs[0] == w;
                                    });
     }
     const bool dependent = c.options().dependent_launch;

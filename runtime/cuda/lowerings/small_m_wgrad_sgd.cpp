@@ -23,7 +23,7 @@ class SmallMWgradSgdLowering final : public CudaLowering {
     if (!cover.is_group(unit, FusionKind::wgrad_sgd)) return std::nullopt;
     UpdateNodes u{node_of(g, unit, OpKind::matmul), node_of(g, unit, OpKind::sgd_update)};
     const Node& sgd = g.node(u.sgd);
-    if (!plain_sgd(g, sgd)) return std::nullopt;
+    if (!plain_sgd(sgd)) return std::nullopt;
     const DType w = g.value(sgd.inputs[0]).dtype;
     if (w == DType::f16 && options_.accumulate_f16) return std::nullopt;  // cuBLASLt's fp16 accumulation
     const MatmulShape s = operand_shape(g, g.node(u.matmul));
