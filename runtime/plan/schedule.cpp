@@ -123,12 +123,6 @@ const CoverUnit& Cover::unit_of(NodeId node) const {
   return units_.at(static_cast<std::size_t>(unit_of_node_.at(static_cast<std::size_t>(node))));
 }
 
-const CoverUnit* Cover::group_unit(int fusion_group) const {
-  for (const CoverUnit& u : units_)
-    if (u.fusion_group == fusion_group && fusion_group >= 0) return &u;
-  return nullptr;
-}
-
 const CoverUnit* Cover::free_group_with(NodeId node, FusionKind kind) const {
   if (node < 0) return nullptr;
   const CoverUnit& u = unit_of(node);

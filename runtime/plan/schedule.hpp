@@ -76,8 +76,6 @@ class Cover {
   const CoverUnit& unit_of(NodeId node) const;
   bool taken(int unit) const { return taken_[static_cast<std::size_t>(unit)]; }
   bool taken_node(NodeId node) const { return taken(unit_of(node).id); }
-  // The unit of a fusion group, if that group exists.
-  const CoverUnit* group_unit(int fusion_group) const;
   // The free unit of the given fusion kind that contains `node`, if any.
   const CoverUnit* free_group_with(NodeId node, FusionKind kind) const;
   FusionKind kind_of(const CoverUnit& unit) const;
