@@ -282,7 +282,7 @@ std::string markdown_table(const Table& t, const std::map<std::tuple<std::int64_
   for (const auto& [key, modes] : t.us) {
     const auto [w, b] = key;
     md += fmt::format("| {} | {} |", w, b);
-    for (const auto& m : t.modes) md += " " + fmt_us(modes.count(m) ? modes.at(m) : NAN) + " |";
+    for (const auto& m : t.modes) md += fmt::format(" {} |", fmt_us(modes.count(m) ? modes.at(m) : NAN));
     const double replay = modes.count("graph_replay") ? modes.at("graph_replay") : NAN;
     const double ratio = t.best_torch(w, b) / replay;
     const auto fl = floors.count(key) ? floors.at(key) : std::pair<double, double>{NAN, NAN};
@@ -349,7 +349,13 @@ int replot(const BenchRequest& r) {
 }  // namespace
 
 int run_bench(const BenchRequest& r) {
-  if (!r.replot.empty()) return replot(r);
+  if (!r.replot.empty()) {
+    try {
+      return replot(r);
+    } catch (const json::exception& e) {  // parse errors and missing keys: name the file
+      throw std::runtime_error(fmt::format("{}: not a bench.json this build can replot: {}", r.replot, e.what()));
+    }
+  }
 #ifndef STEPGRAPH_HAVE_CUDA
   (void)r;
   throw std::runtime_error("bench needs a build with CUDA");

@@ -119,6 +119,7 @@ std::string cuda_graph_dump(const TrainConfig& config) {
 std::string run_inspect(const TrainConfig& config, const InspectRequest& request) {
   std::string out;
   const auto& f = request.format;
+  if (!request.out.empty()) io::check_writable_file(request.out, "inspect -o");  // before any work
   if (f == "cuda-graph") {
     out = cuda_graph_dump(config);
   } else {

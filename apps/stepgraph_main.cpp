@@ -10,15 +10,26 @@
 
 #include "apps/bench_command.hpp"
 #include "apps/inspect_command.hpp"
+#include "apps/profile_command.hpp"
 #include "apps/training_run.hpp"
 
 namespace {
 
 std::atomic<bool> g_stop_requested{false};
+volatile std::sig_atomic_t g_stop_signal = SIGINT;
 
-extern "C" void on_sigint(int) {
-  // A second Ctrl-C kills the process the usual way.
-  if (g_stop_requested.exchange(true)) std::_Exit(130);
+// SIGINT (Ctrl-C) and SIGTERM (schedulers, timeout) stop training after the
+// current launch and write a checkpoint; exit 128 + signal (130 / 143). A
+// second signal exits at once, without a checkpoint.
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_requested.exchange(true)) {
+    static const char msg[] = "\nstepgraph: second interrupt: exiting now, without a checkpoint\n";
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    std::_Exit(128 + sig);
+  }
+  g_stop_signal = sig;
+  static const char msg[] = "\nstepgraph: stopping after the current launch to write a checkpoint (again to exit now)\n";
+  [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
 }
 
 struct ConfigArgs {
@@ -32,10 +43,11 @@ struct ConfigArgs {
 };
 
 int train(const ConfigArgs& args) {
-  std::signal(SIGINT, on_sigint);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   const auto config = args.load();
   const auto summary = sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0});
-  if (summary.interrupted) return 130;
+  if (summary.interrupted) return 128 + g_stop_signal;
   std::printf("test accuracy %.2f%%  (test loss %.4f, final train loss %.4f, %lld steps, %.2f s, %s)\n",
               100 * summary.final_eval.accuracy, summary.final_eval.loss, summary.final_train_loss,
               static_cast<long long>(summary.steps), summary.seconds, summary.backend.c_str());
@@ -47,6 +59,7 @@ int train(const ConfigArgs& args) {
 int main(int argc, char** argv) {
   CLI::App app{"stepgraph: one captured CUDA graph per MLP training step"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "stepgraph " STEPGRAPH_VERSION);
 
   ConfigArgs train_args;
   auto* train_cmd = app.add_subcommand("train", "train on MNIST-style IDX data as configured");
@@ -66,6 +79,24 @@ int main(int argc, char** argv) {
   auto* bench_cmd = app.add_subcommand("bench", "time graph replay vs stream launches (and merge PyTorch numbers)");
   sg::app::add_bench_options(*bench_cmd, bench_request);
 
+  ConfigArgs profile_args;
+  sg::app::ProfileRequest profile_request;
+  auto* profile_cmd = app.add_subcommand("profile", "where a step's time goes: per-launch table, CSV/JSON/SVG, Perfetto trace");
+  profile_args.add_to(*profile_cmd);
+  sg::app::add_profile_options(*profile_cmd, profile_request);
+
+  if (argc > 1 && argv[1][0] != '-') {  // CLI11 would only say "A subcommand is required"
+    std::string known;
+    bool found = false;
+    for (const auto* sub : app.get_subcommands({})) {
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+      found = found || sub->get_name() == argv[1];
+    }
+    if (!found) {
+      std::fprintf(stderr, "stepgraph: unknown subcommand '%s' (known: %s; see --help)\n", argv[1], known.c_str());
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
+  }
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train_cmd) return train(train_args);
@@ -76,6 +107,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench_cmd) return sg::app::run_bench(bench_request);
+    if (*profile_cmd) return sg::app::run_profile(profile_args.load(), profile_request);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+
+#include <fmt/ranges.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -32,31 +35,89 @@ std::int64_t next_multiple(std::int64_t step, std::int64_t every, std::int64_t t
 class TrainingLoop {
  public:
   TrainingLoop(const TrainConfig& config, const RunControls& controls)
-      : config_(config), controls_(controls), out_dir_(config.run.out_dir) {}
+      : config_(config),
+        controls_(controls),
+        out_dir_(config.run.out_dir),
+        launch_steps_(std::max<std::int64_t>(1, config.backend.steps_per_launch)) {}
 
   TrainSummary run() {
+    check_outputs();  // before any work: a bad output path must not cost a whole run
+    std::optional<io::Checkpoint> resume_from;
+    if (!config_.run.resume.empty()) resume_from = load_resume_checkpoint();
     const std::string resolved = to_yaml(config_);
     spdlog::info("resolved config ({}):\n{}", config_.source, resolved);
     io::write_file_atomically(out_dir_ / "config.yaml", resolved);
 
+    auto phase_start = Clock::now();
     Dataset data{data::load_split(config_.data.dir, "train", config_.data.train_limit),
                  data::load_split(config_.data.dir, "t10k", config_.data.test_limit)};
     check_data(data);
     spdlog::info("data: {} training and {} test images of {}x{} from {}", data.train.images.count,
                  data.test.images.count, data.train.images.rows, data.train.images.cols, config_.data.dir);
     std::string note;
+    summary_.timing.add("data load (read + inflate IDX files)", seconds_since(phase_start));
+    phase_start = Clock::now();
     trainer_ = make_trainer(config_, data, note);
+    summary_.timing.add("backend construction (CUDA context, upload, lowering, autotune, capture)", seconds_since(phase_start));
     if (!note.empty()) spdlog::warn("{}", note);
     summary_.backend = trainer_->description();
     spdlog::info("backend: {}", summary_.backend);
     total_ = total_steps(config_, data.train.images.count);
-    if (!config_.run.resume.empty()) resume();
+    if (resume_from) resume(*resume_from);
+    phase_start = Clock::now();
     train_until_done();
+    summary_.timing.add("training steps (incl. logging, periodic checkpoints)", seconds_since(phase_start) - eval_seconds_);
+    const double eval_in_loop = eval_seconds_;
+    phase_start = Clock::now();
     finish();
+    summary_.timing.add("evaluation (test set)", eval_seconds_);
+    summary_.timing.add("writing outputs (checkpoint, metrics, loss.svg)", seconds_since(phase_start) - (eval_seconds_ - eval_in_loop));
+    spdlog::info("{}", summary_.timing.format("where the run's time went"));
     return summary_;
   }
 
  private:
+  void check_outputs() const {
+    io::check_writable_dir(out_dir_, "run.out_dir");
+    io::check_writable_file(checkpoint_path(), config_.run.checkpoint.empty() ? "the checkpoint in run.out_dir" : "run.checkpoint");
+  }
+
+  // The checkpoint to resume from, refused when this config would train it
+  // differently from the run that wrote it.
+  io::Checkpoint load_resume_checkpoint() const {
+    auto ckpt = io::load_checkpoint(config_.run.resume);
+    TrainConfig saved;
+    try {
+      saved = parse_config(ckpt.config_yaml, config_.run.resume + " (its saved config)");
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("run.resume {}: cannot read the config saved in the checkpoint: {}", config_.run.resume, e.what()));
+    }
+    auto differs = [&](const char* key, auto a, auto b) {
+      if (a != b)
+        throw ConfigError(fmt::format("{}: run.resume {}: {} is {} here but {} in the checkpoint's run; resuming would "
+                                      "change the training trajectory (use the checkpoint's value or start a fresh run)",
+                                      config_.source, config_.run.resume, key, fmt::format("{}", b), fmt::format("{}", a)));
+    };
+    differs("model.layers", fmt::format("{}", fmt::join(saved.model.layers, ",")), fmt::format("{}", fmt::join(config_.model.layers, ",")));
+    differs("data.batch_size", saved.data.batch_size, config_.data.batch_size);
+    differs("data.shuffle_seed", saved.data.shuffle_seed, config_.data.shuffle_seed);
+    differs("data.train_limit", saved.data.train_limit, config_.data.train_limit);
+    differs("data.normalize", saved.data.normalize, config_.data.normalize);
+    differs("data.mean", saved.data.mean, config_.data.mean);
+    differs("data.std", saved.data.std, config_.data.std);
+    differs("optim.lr", saved.optim.lr, config_.optim.lr);
+    differs("optim.momentum", saved.optim.momentum, config_.optim.momentum);
+    differs("optim.weight_decay", saved.optim.weight_decay, config_.optim.weight_decay);
+    differs("optim.schedule.kind", saved.optim.schedule.kind, config_.optim.schedule.kind);
+    differs("optim.schedule.warmup_steps", saved.optim.schedule.warmup_steps, config_.optim.schedule.warmup_steps);
+    differs("optim.schedule.step_size", saved.optim.schedule.step_size, config_.optim.schedule.step_size);
+    differs("optim.schedule.gamma", saved.optim.schedule.gamma, config_.optim.schedule.gamma);
+    differs("optim.schedule.min_lr", saved.optim.schedule.min_lr, config_.optim.schedule.min_lr);
+    differs("precision.weights", saved.precision.weights, config_.precision.weights);
+    differs("precision.accumulate", saved.precision.accumulate, config_.precision.accumulate);
+    return ckpt;
+  }
+
   void check_data(const Dataset& data) const {
     const auto in = config_.model.layers.front();
     if (data.train.images.pixels_per_image() != in)
@@ -66,15 +127,33 @@ class TrainingLoop {
     if (data.train.classes > config_.model.layers.back())
       throw ConfigError(fmt::format("{}: the model has {} outputs but the labels in {} go up to {}", config_.source,
                                     config_.model.layers.back(), config_.data.dir, data.train.classes - 1));
+    if (data.test.images.rows != data.train.images.rows || data.test.images.cols != data.train.images.cols)
+      throw ConfigError(fmt::format("{}: the test images in {} are {}x{} but the training images are {}x{}", config_.source,
+                                    config_.data.dir, data.test.images.rows, data.test.images.cols,
+                                    data.train.images.rows, data.train.images.cols));
+    if (data.test.classes > config_.model.layers.back())
+      throw ConfigError(fmt::format("{}: the model has {} outputs but the test labels in {} go up to {}", config_.source,
+                                    config_.model.layers.back(), config_.data.dir, data.test.classes - 1));
     if (config_.data.batch_size > data.train.images.count)
       throw ConfigError(fmt::format("{}: data.batch_size {} exceeds the {} training images", config_.source,
                                     config_.data.batch_size, data.train.images.count));
   }
 
-  void resume() {
-    const auto ckpt = io::load_checkpoint(config_.run.resume);
+  void resume(const io::Checkpoint& ckpt) {
     trainer_->load_state(ckpt.tensors);
-    spdlog::info("resumed from {} at step {}", config_.run.resume, trainer_->step());
+    first_step_ = last_finite_step_ = trainer_->step();
+    // Continue the metrics of the interrupted run in the same out_dir: its rows
+    // up to the checkpoint, and its elapsed time.
+    const auto csv = out_dir_ / "metrics.csv";
+    if (std::filesystem::exists(csv)) {
+      for (const auto& row : report::MetricsLog::read_csv(csv)) {
+        if (row.step > first_step_) continue;
+        metrics_.add(row);
+        if (std::isfinite(row.elapsed_s)) elapsed_before_ = std::max(elapsed_before_, row.elapsed_s);
+      }
+    }
+    spdlog::info("resumed from {} at step {}{}", config_.run.resume, trainer_->step(),
+                 metrics_.rows().empty() ? "" : fmt::format(" (appending to {})", csv.string()));
   }
 
   void train_until_done() {
@@ -92,8 +171,15 @@ class TrainingLoop {
         until = step + 1;  // a new learning rate every step
         trainer_->set_learning_rate(learning_rate_at(config_.optim, step, total_));
       }
-      trainer_->train(until - step);
+      // One launch's worth of steps at a time, so a stop request takes effect
+      // within one graph launch (the CPU backend runs them synchronously).
+      for (auto s = step; s < until && !stop_requested();) {
+        const auto n = std::min(until - s, launch_steps_);
+        trainer_->train(n);
+        s += n;
+      }
       const auto now_step = trainer_->step();
+      if (now_step < until) break;  // stopped
       const bool log_due = now_step % config_.run.log_every == 0 || now_step == total_;
       if (log_due) {
         const double loss = checked_loss(now_step);
@@ -101,13 +187,13 @@ class TrainingLoop {
         const double us_per_step = 1e6 * window_s / double(std::max<std::int64_t>(1, now_step - window_first));
         progress.update({now_step, total_, loss, config_.data.batch_size * 1e6 / us_per_step, us_per_step,
                          us_per_step * 1e-6 * double(total_ - now_step)});
-        metrics_.add({now_step, loss, NAN, NAN, current_lr(now_step), seconds_since(start)});
+        metrics_.add({now_step, loss, NAN, NAN, current_lr(now_step), elapsed_before_ + seconds_since(start)});
         window_start = Clock::now();
         window_first = now_step;
       }
       if (config_.run.eval_every > 0 && now_step % config_.run.eval_every == 0 && now_step < total_) {
         progress.finish();
-        evaluate(now_step, seconds_since(start));
+        evaluate(now_step, elapsed_before_ + seconds_since(start));
         window_start = Clock::now();  // keep evaluation out of the step timing
       }
       if (config_.run.checkpoint_every > 0 && now_step % config_.run.checkpoint_every == 0) save_checkpoint(checkpoint_path());
@@ -124,17 +210,20 @@ class TrainingLoop {
 
   double checked_loss(std::int64_t step) {
     const double loss = trainer_->last_loss();
-    if (!std::isfinite(loss))
-      throw TrainingError(fmt::format("training loss is {} at step {} (last finite loss at step {}): stopping; "
-                                      "try a lower optim.lr or precision.weights: fp32",
-                                      loss, step, last_finite_step_));
+    const std::int64_t first_bad = trainer_->first_nonfinite_step();
+    if (first_bad >= 0 || !std::isfinite(loss))
+      throw TrainingError(fmt::format("training loss is {} at step {}: the first non-finite loss was at step {} "
+                                      "(checked every step); stopping; try a lower optim.lr or precision.weights: fp32",
+                                      loss, step, first_bad >= 0 ? first_bad : step));
     last_finite_step_ = step;
     summary_.final_train_loss = loss;
     return loss;
   }
 
   EvalResult evaluate(std::int64_t step, double elapsed) {
+    const auto eval_start = Clock::now();
     const EvalResult r = trainer_->evaluate();
+    eval_seconds_ += seconds_since(eval_start);
     spdlog::info("eval at step {}: test loss {:.4f}, test accuracy {:.2f}% ({} images)", step, r.loss, 100 * r.accuracy,
                  r.examples);
     metrics_.add({step, NAN, r.loss, r.accuracy, current_lr(step), elapsed});
@@ -157,16 +246,25 @@ class TrainingLoop {
       spdlog::warn("interrupted at step {} of {}", summary_.steps, total_);
       save_checkpoint(checkpoint_path());
     } else {
-      summary_.final_eval = evaluate(summary_.steps, summary_.seconds);
+      if (summary_.steps == first_step_ && first_step_ > 0)
+        spdlog::warn("nothing to train: {} is already at step {} of {}", config_.run.resume, first_step_, total_);
+      summary_.final_eval = evaluate(summary_.steps, elapsed_before_ + summary_.seconds);
       if (!config_.run.checkpoint.empty()) save_checkpoint(config_.run.checkpoint);
     }
+    const auto steps_here = summary_.steps - first_step_;  // this run's steps, not the resumed ones
     summary_.samples_per_second =
-        summary_.seconds > 0 ? double(summary_.steps) * double(config_.data.batch_size) / summary_.seconds : 0;
+        summary_.seconds > 0 && steps_here > 0 ? double(steps_here) * double(config_.data.batch_size) / summary_.seconds : 0;
     metrics_.write(out_dir_);
     metrics_.write_loss_plot(out_dir_, fmt::format("{} ({})", config_.source, summary_.backend));
-    spdlog::info("done: {} steps in {:.2f} s ({:.0f} samples/s); final train loss {:.4f}; test accuracy {:.2f}%, "
-                 "test loss {:.4f}; metrics and loss.svg in {}",
-                 summary_.steps, summary_.seconds, summary_.samples_per_second, summary_.final_train_loss,
+    if (summary_.interrupted) {
+      spdlog::info("stopped: {} steps ({} in this run, {:.2f} s); not evaluated; resume with --set run.resume={}; "
+                   "metrics and loss.svg in {}",
+                   summary_.steps, steps_here, summary_.seconds, checkpoint_path().string(), out_dir_.string());
+      return;
+    }
+    spdlog::info("done: {} steps ({} in this run, {:.2f} s, {:.0f} samples/s); final train loss {:.4f}; test accuracy "
+                 "{:.2f}%, test loss {:.4f}; metrics and loss.svg in {}",
+                 summary_.steps, steps_here, summary_.seconds, summary_.samples_per_second, summary_.final_train_loss,
                  100 * summary_.final_eval.accuracy, summary_.final_eval.loss, out_dir_.string());
   }
 
@@ -178,6 +276,10 @@ class TrainingLoop {
   TrainSummary summary_;
   std::int64_t total_ = 0;
   std::int64_t last_finite_step_ = 0;
+  double eval_seconds_ = 0;  // time in trainer_->evaluate() (summary_.timing)
+  std::int64_t first_step_ = 0;      // the step resumed from (0 for a fresh run)
+  double elapsed_before_ = 0;        // elapsed_s of the resumed run's last metrics row
+  std::int64_t launch_steps_ = 1;    // steps per trainer_->train call: one graph launch
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "apps/config/train_config.hpp"
+#include "apps/report/run_timing.hpp"
 #include "runtime/trainer.hpp"
 
 namespace sg::app {
@@ -24,6 +25,7 @@ struct TrainSummary {
   double seconds = 0;               // training time (no data loading, no eval)
   double samples_per_second = 0;
   bool interrupted = false;
+  report::RunTiming timing;         // wall time per phase of the whole run (printed at the end)
 };
 
 struct RunControls {

@@ -48,6 +48,11 @@ class Trainer {
   virtual std::vector<io::TensorBlob> save_state() = 0;
   virtual void load_state(const std::vector<io::TensorBlob>& blobs) = 0;
   virtual std::int64_t step() const = 0;
+  // The global step (the step count just after it) of the first training
+  // step whose loss was NaN or infinite, or -1 if none was. Every step is
+  // checked (the CUDA backend checks on the device after every launch); the
+  // value is read when the host next asks, which may synchronize.
+  virtual std::int64_t first_nonfinite_step() = 0;
 };
 
 // Throws std::invalid_argument when spec.program does not fit `data`.

@@ -2,7 +2,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -19,11 +22,15 @@ std::string join_path(const std::string& parent, const std::string& key) { retur
 // Reads typed values out of the YAML tree; every error names file, line, key.
 class ConfigReader {
  public:
-  explicit ConfigReader(std::string source) : source_(std::move(source)) {}
+  // `overrides`: the --set texts by key, which messages about those keys name instead of a line.
+  ConfigReader(std::string source, std::map<std::string, std::string> overrides = {})
+      : source_(std::move(source)), overrides_(std::move(overrides)) {}
 
   [[noreturn]] void fail(const YAML::Node& node, const std::string& key, const std::string& problem) const {
     const int line = node.Mark().line;
-    const std::string where = line >= 0 ? fmt::format("{}:{}", source_, line + 1) : fmt::format("{} (--set)", source_);
+    std::string where = line >= 0 ? fmt::format("{}:{}", source_, line + 1) : fmt::format("{} (--set)", source_);
+    for (const auto& [k, text] : overrides_)
+      if (key == k || key.rfind(k + ".", 0) == 0) where = fmt::format("--set '{}' (over {})", text, source_);
     throw ConfigError(fmt::format("{}: {}: {}", where, key, problem));
   }
 
@@ -31,9 +38,13 @@ class ConfigReader {
   void check_keys(const YAML::Node& map, const std::string& path) const {
     const ConfigSection* section = find_section(path);
     if (!map.IsMap()) fail(map, path.empty() ? "(top level)" : path, "must be a mapping of keys");
+    std::set<std::string> seen;
     for (const auto& kv : map) {
+      if (!kv.first.IsScalar())  // "? [a]: 1", "?  layers: ..." (a complex key)
+        fail(kv.first, path.empty() ? "(top level)" : path, "keys must be plain names, not a list or mapping");
       const auto key = kv.first.as<std::string>();
       const auto full = join_path(path, key);
+      if (!seen.insert(key).second) fail(kv.first, full, "duplicate key (each key may appear once)");
       const bool is_sub = std::find(section->subsections.begin(), section->subsections.end(), key) != section->subsections.end();
       const bool is_key = std::find(section->keys.begin(), section->keys.end(), key) != section->keys.end();
       if (is_sub) check_keys(kv.second, full);
@@ -85,6 +96,7 @@ class ConfigReader {
   }
 
   std::string source_;
+  std::map<std::string, std::string> overrides_;
 };
 
 YAML::Node section_of(const YAML::Node& root, const char* name) { return root.IsMap() ? root[name] : YAML::Node(); }
@@ -191,9 +203,15 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   m.classes = m.layers.back();
   one_of(m.activation, {"relu"}, "model.activation");
 
+  for (const auto& [key, value] : {std::pair{"data.mean", c.data.mean}, {"data.std", c.data.std}, {"optim.lr", c.optim.lr},
+                                   {"optim.momentum", c.optim.momentum}, {"optim.weight_decay", c.optim.weight_decay},
+                                   {"optim.schedule.gamma", c.optim.schedule.gamma},
+                                   {"optim.schedule.min_lr", c.optim.schedule.min_lr}})
+    require(std::isfinite(value), key, fmt::format("must be a finite number (got {})", value));
   require(c.data.batch_size > 0, "data.batch_size", fmt::format("must be > 0 (got {})", c.data.batch_size));
   require(c.data.eval_batch_size > 0, "data.eval_batch_size", "must be > 0");
   require(c.data.std > 0, "data.std", "must be > 0");
+
   require(c.data.train_limit >= 0, "data.train_limit", "must be >= 0");
   require(c.data.test_limit >= 0, "data.test_limit", "must be >= 0");
   require(!c.data.dir.empty(), "data.dir", "must not be empty");
@@ -268,13 +286,24 @@ TrainConfig parse_config(const std::string& yaml_text, const std::string& source
     throw ConfigError(fmt::format("{}:{}: invalid YAML: {}", source, e.mark.line + 1, e.msg));
   }
   if (!root || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  for (const auto& o : overrides) apply_override(root, source, o);
-  ConfigReader reader(source);
-  reader.check_keys(root, "");
+  if (!root.IsMap())
+    throw ConfigError(fmt::format("{}:{}: the top level must be a mapping of sections (model:, data:, optim:, ...), not {}",
+                                  source, root.Mark().line + 1, root.IsSequence() ? "a list" : "a single value"));
+  std::map<std::string, std::string> by_key;
+  for (const auto& o : overrides) {
+    apply_override(root, source, o);
+    by_key[o.substr(0, o.find('='))] = o;
+  }
+  ConfigReader reader(source, by_key);
   TrainConfig c;
   c.source = source;
-  read_all(reader, root, c);
-  validate(reader, root, c);
+  try {
+    reader.check_keys(root, "");
+    read_all(reader, root, c);
+    validate(reader, root, c);
+  } catch (const YAML::Exception& e) {  // anything the checks above did not foresee: still a ConfigError
+    throw ConfigError(fmt::format("{}:{}: {}", source, e.mark.line + 1, e.msg));
+  }
   return c;
 }
 
@@ -286,9 +315,16 @@ TrainConfig load_config(const std::filesystem::path& path, const std::vector<std
   return parse_config(ss.str(), path.string(), overrides);
 }
 
+// The shortest decimal that parses back to the same double (0.05, not 0.050000000000000003).
+static std::string num(double v) {
+  std::string text = fmt::format("{}", v);
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";  // keep it a float to the eye
+  return text;
+}
+
 std::string to_yaml(const TrainConfig& c) {
   YAML::Emitter e;
-  e.SetDoublePrecision(17);
+  e.SetDoublePrecision(17);  // unused below: doubles go through num(), the shortest text that reads back exactly
   e << YAML::BeginMap;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "layers" << YAML::Value << YAML::Flow << c.model.layers;
@@ -298,22 +334,22 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "batch_size" << YAML::Value << c.data.batch_size;
   e << YAML::Key << "shuffle_seed" << YAML::Value << c.data.shuffle_seed;
   e << YAML::Key << "normalize" << YAML::Value << c.data.normalize;
-  e << YAML::Key << "mean" << YAML::Value << c.data.mean;
-  e << YAML::Key << "std" << YAML::Value << c.data.std;
+  e << YAML::Key << "mean" << YAML::Value << num(c.data.mean);
+  e << YAML::Key << "std" << YAML::Value << num(c.data.std);
   e << YAML::Key << "train_limit" << YAML::Value << c.data.train_limit;
   e << YAML::Key << "test_limit" << YAML::Value << c.data.test_limit;
   e << YAML::Key << "eval_batch_size" << YAML::Value << c.data.eval_batch_size << YAML::EndMap;
   e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "name" << YAML::Value << c.optim.name;
-  e << YAML::Key << "lr" << YAML::Value << c.optim.lr;
-  e << YAML::Key << "momentum" << YAML::Value << c.optim.momentum;
-  e << YAML::Key << "weight_decay" << YAML::Value << c.optim.weight_decay;
+  e << YAML::Key << "lr" << YAML::Value << num(c.optim.lr);
+  e << YAML::Key << "momentum" << YAML::Value << num(c.optim.momentum);
+  e << YAML::Key << "weight_decay" << YAML::Value << num(c.optim.weight_decay);
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.optim.schedule.kind;
   e << YAML::Key << "warmup_steps" << YAML::Value << c.optim.schedule.warmup_steps;
   e << YAML::Key << "step_size" << YAML::Value << c.optim.schedule.step_size;
-  e << YAML::Key << "gamma" << YAML::Value << c.optim.schedule.gamma;
-  e << YAML::Key << "min_lr" << YAML::Value << c.optim.schedule.min_lr << YAML::EndMap << YAML::EndMap;
+  e << YAML::Key << "gamma" << YAML::Value << num(c.optim.schedule.gamma);
+  e << YAML::Key << "min_lr" << YAML::Value << num(c.optim.schedule.min_lr) << YAML::EndMap << YAML::EndMap;
   e << YAML::Key << "precision" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "weights" << YAML::Value << c.precision.weights;
   e << YAML::Key << "accumulate" << YAML::Value << c.precision.accumulate << YAML::EndMap;

@@ -4,6 +4,9 @@
 
 #include <fmt/format.h>
 
+#include <sstream>
+#include <stdexcept>
+
 #include "apps/report/svg_plot.hpp"
 #include "runtime/io/atomic_file.hpp"
 
@@ -13,7 +16,37 @@ namespace {
 std::string csv_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : ""; }
 nlohmann::json json_number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
+double csv_field(const std::string& text) {
+  if (text.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::size_t used = 0;
+  const double v = std::stod(text, &used);
+  if (used != text.size()) throw std::invalid_argument(text);
+  return v;
+}
+
 }  // namespace
+
+std::vector<MetricsRow> MetricsLog::read_csv(const std::filesystem::path& csv) {
+  std::istringstream in(io::read_file(csv));
+  std::string line;
+  std::vector<MetricsRow> rows;
+  std::getline(in, line);  // header
+  for (int number = 2; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    std::vector<std::string> f;
+    std::stringstream ss(line);
+    for (std::string field; std::getline(ss, field, ',');) f.push_back(field);
+    if (!line.empty() && line.back() == ',') f.emplace_back();
+    try {
+      if (f.size() != 6) throw std::invalid_argument("field count");
+      rows.push_back({std::stoll(f[0]), csv_field(f[1]), csv_field(f[2]), csv_field(f[3]), csv_field(f[4]), csv_field(f[5])});
+    } catch (const std::exception&) {
+      throw io::IoError(fmt::format("{}:{}: not a metrics row (step,train_loss,test_loss,test_accuracy,lr,elapsed_s): '{}'",
+                                    csv.string(), number, line));
+    }
+  }
+  return rows;
+}
 
 void MetricsLog::write(const std::filesystem::path& dir) const {
   std::string csv = "step,train_loss,test_loss,test_accuracy,lr,elapsed_s\n";

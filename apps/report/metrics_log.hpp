@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace sg::report {
@@ -21,6 +22,9 @@ struct MetricsRow {
 class MetricsLog {
  public:
   void add(const MetricsRow& row) { rows_.push_back(row); }
+  // The rows of a metrics.csv that write() produced (empty fields -> NaN).
+  // Throws io::IoError naming the file on a malformed one.
+  static std::vector<MetricsRow> read_csv(const std::filesystem::path& csv);
   const std::vector<MetricsRow>& rows() const { return rows_; }
   // Writes <dir>/metrics.csv and <dir>/metrics.json (NaN -> empty / null).
   void write(const std::filesystem::path& dir) const;

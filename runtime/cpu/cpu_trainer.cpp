@@ -48,6 +48,7 @@ class CpuTrainer final : public Trainer {
       if (auto perm = schedule_.permutation_if_changed(step_)) train_.tensor(train_data_.perm).i32 = std::move(*perm);
       train_.run();
       ++step_;
+      if (first_nonfinite_ < 0 && !std::isfinite(train_.tensor(train_data_.loss).real[0])) first_nonfinite_ = step_;
     }
   }
 
@@ -98,6 +99,7 @@ class CpuTrainer final : public Trainer {
   }
 
   std::int64_t step() const override { return step_; }
+  std::int64_t first_nonfinite_step() override { return first_nonfinite_; }
 
  private:
   // Parameters and optimizer state; the step counter comes from kStepEntry.
@@ -113,6 +115,7 @@ class CpuTrainer final : public Trainer {
   EpochSchedule schedule_;
   std::int64_t eval_batches_;
   std::int64_t step_ = 0;
+  std::int64_t first_nonfinite_ = -1;
 };
 
 }  // namespace

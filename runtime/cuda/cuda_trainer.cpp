@@ -9,6 +9,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/floors.hpp"
+#include "runtime/cuda/loss_watch.hpp"
 #include "runtime/epoch_schedule.hpp"
 #include "runtime/tensor_blob.hpp"
 
@@ -74,6 +75,7 @@ struct CudaTrainer::Impl {
   CapturedSteps one_step, many_steps, eval_step;
   EpochSchedule epochs;
   std::int64_t eval_batches = 0;
+  DeviceBuffer first_nonfinite;  // loss_watch.hpp: -1 until a loss is not finite
 
   Impl(const TrainerSpec& s, const Dataset& data)
       : spec(s),
@@ -90,6 +92,7 @@ struct CudaTrainer::Impl {
     upload_split(*train, train_data, data.train);
     upload_split(*eval, eval_data, data.test);
     eval_batches = data.test.images.count / eval_data.batch;
+    reset_loss_watch();
     std::vector<std::int32_t> identity(static_cast<std::size_t>(data.test.images.count));
     std::iota(identity.begin(), identity.end(), 0);
     owned(*eval, eval_data.perm).upload(identity.data(), identity.size() * sizeof(std::int32_t));
@@ -106,19 +109,37 @@ struct CudaTrainer::Impl {
     }
   }
 
-  void run_train_steps(std::int64_t steps) {
+  // `watch_from` >= 0: the global step before these; a loss watch follows every launch.
+  void run_train_steps(std::int64_t steps, std::int64_t watch_from = -1) {
     while (steps > 0) {
       if (many_steps.steps > 1 && steps >= many_steps.steps) {
         many_steps.exec.launch(stream.get());
         steps -= many_steps.steps;
+        watch_from = watch(watch_from, many_steps.steps);
       } else if (one_step.steps == 1) {
         one_step.exec.launch(stream.get());
         --steps;
+        watch_from = watch(watch_from, 1);
       } else {
         train->record(stream.get());
         --steps;
+        watch_from = watch(watch_from, 1);
       }
     }
+  }
+
+  std::int64_t watch(std::int64_t before, std::int64_t steps) {
+    if (before < 0) return before;
+    enqueue_loss_watch(static_cast<const float*>(train->device_ptr(train_data.loss)), first_nonfinite.as<long long>(),
+                       before + steps, stream.get());
+    return before + steps;
+  }
+
+  void reset_loss_watch() {
+    const long long none = -1;
+    if (!first_nonfinite.data()) first_nonfinite = DeviceBuffer(sizeof none);
+    stream.synchronize();
+    first_nonfinite.upload(&none, sizeof none);
   }
 
   void set_device_step(CudaProgram& program, const DataBindings& d, std::int64_t step) {
@@ -159,10 +180,17 @@ void CudaTrainer::train(std::int64_t steps) {
   while (steps > 0) {
     impl_->upload_permutation_if_needed(step_);
     const auto chunk = std::min(steps, impl_->epochs.steps_left_in_epoch(step_));
-    impl_->run_train_steps(chunk);
+    impl_->run_train_steps(chunk, step_);
     step_ += chunk;
     steps -= chunk;
   }
+}
+
+std::int64_t CudaTrainer::first_nonfinite_step() {
+  impl_->stream.synchronize();
+  long long first = -1;
+  impl_->first_nonfinite.download(&first, sizeof first);
+  return first;
 }
 
 double CudaTrainer::last_loss() {
@@ -228,6 +256,7 @@ void CudaTrainer::load_state(const std::vector<io::TensorBlob>& blobs) {
   }
   step_ = step_from_blobs(blobs);
   impl_->set_device_step(*impl_->train, impl_->train_data, step_);
+  impl_->reset_loss_watch();
 }
 
 void CudaTrainer::replay_steps(std::int64_t steps) {
@@ -274,6 +303,62 @@ std::vector<LaunchTiming> CudaTrainer::profile_step(int repeats) {
     out.push_back({program.launch_label(i), us[i][us[i].size() / 2] / 1e3});
   }
   return out;
+}
+
+StepProfile CudaTrainer::profile_launches(int repeats) {
+  if (repeats < 1) throw CudaError("profile_launches: repeats must be >= 1");
+  auto& program = *impl_->train;
+  const auto count = program.schedule().launches.size();
+  cudaStream_t s = impl_->stream.get();
+  const double wait_us = 5000.0 + 20.0 * double(count);  // longer than the host needs to enqueue one step
+  StepProfile p;
+  p.launches.resize(count);
+  for (int r = 0; r < repeats; ++r) {  // every launch between its own two events
+    std::vector<Event> starts(count), ends(count);
+    enqueue_busy_wait(s, wait_us);
+    for (std::size_t i = 0; i < count; ++i) {
+      starts[i].record(s);
+      program.record_launch(i, s);
+      ends[i].record(s);
+    }
+    ends[count - 1].synchronize();
+    ++step_;
+    for (std::size_t i = 0; i < count; ++i) {
+      p.launches[i].start_us.push_back(1e3 * Event::elapsed_ms(starts[0], starts[i]));
+      p.launches[i].dur_us.push_back(1e3 * Event::elapsed_ms(starts[i], ends[i]));
+    }
+  }
+  for (int r = 0; r < repeats; ++r) {  // the same launches with no events between them
+    Event a, b;
+    enqueue_busy_wait(s, wait_us);
+    a.record(s);
+    program.record(s);
+    b.record(s);
+    b.synchronize();
+    ++step_;
+    p.stream_step_us.push_back(1e3 * Event::elapsed_ms(a, b));
+  }
+  if (impl_->one_step.steps == 1) {
+    for (int r = 0; r < repeats; ++r) {  // one graph replay per event pair
+      Event a, b;
+      enqueue_busy_wait(s, wait_us);
+      a.record(s);
+      impl_->one_step.exec.launch(s);
+      b.record(s);
+      b.synchronize();
+      ++step_;
+      p.replay_step_us.push_back(1e3 * Event::elapsed_ms(a, b));
+    }
+    Event a, b;  // replays back to back, as training runs them
+    enqueue_busy_wait(s, 5000.0 + 10.0 * repeats);
+    a.record(s);
+    for (int r = 0; r < repeats; ++r) impl_->one_step.exec.launch(s);
+    b.record(s);
+    b.synchronize();
+    step_ += repeats;
+    p.replay_back_to_back_us = 1e3 * Event::elapsed_ms(a, b) / repeats;
+  }
+  return p;
 }
 
 std::size_t CudaTrainer::cuda_graph_nodes() const {

@@ -20,6 +20,20 @@ struct LaunchTiming {
   double ms = 0;
 };
 
+// What `stepgraph profile` reads (profile_launches): per repeat, every launch
+// of the step timed by its own pair of CUDA events, and the same step timed
+// whole by stream launches and by graph replay.
+struct LaunchSamples {
+  std::vector<double> start_us;  // from the first launch's start event of the same repeat
+  std::vector<double> dur_us;    // start event -> end event around this launch alone
+};
+struct StepProfile {
+  std::vector<LaunchSamples> launches;  // schedule order
+  std::vector<double> stream_step_us;   // all launches on the stream, events only before the first and after the last
+  std::vector<double> replay_step_us;   // one-step graph replay, an event pair per replay (empty without CUDA graphs)
+  double replay_back_to_back_us = 0;    // `repeats` replays back to back / repeats (0 without CUDA graphs)
+};
+
 class CudaTrainer final : public Trainer {
  public:
   CudaTrainer(const TrainerSpec& spec, const Dataset& data);
@@ -33,6 +47,7 @@ class CudaTrainer final : public Trainer {
   std::vector<io::TensorBlob> save_state() override;
   void load_state(const std::vector<io::TensorBlob>& blobs) override;
   std::int64_t step() const override { return step_; }
+  std::int64_t first_nonfinite_step() override;
 
   // Runs `steps` steps by graph replay or by stream launches regardless of
   // the spec's choice (for benchmarks), without epoch reshuffles.
@@ -45,6 +60,10 @@ class CudaTrainer final : public Trainer {
   // the median over `repeats` steps. A whole-step kernel reports its phases
   // (GPU clock at each grid barrier) instead.
   std::vector<LaunchTiming> profile_step(int repeats = 5);
+  // `repeats` steps timed launch by launch, then `repeats` by stream launches
+  // and (with CUDA graphs) by replay, every step queued behind a busy-wait so
+  // host enqueue gaps do not count. Runs 4 * repeats steps (no reshuffles).
+  StepProfile profile_launches(int repeats);
   // cudaGraphDebugDotPrint of the one-step graph; returns its node count.
   std::size_t dump_cuda_graph(const std::string& path) const;
   std::size_t cuda_graph_nodes() const;

@@ -45,6 +45,37 @@ class IdxFile {
     }
   }
 
+  // Reads `bytes` into `out`, growing it chunk by chunk, so that a header
+  // claiming more data than the file holds ends as "truncated", never as a
+  // huge allocation.
+  void read_into(std::vector<std::uint8_t>& out, std::size_t bytes, const char* what) {
+    constexpr std::size_t kChunk = std::size_t{1} << 24;
+    out.clear();
+    while (out.size() < bytes) {
+      const std::size_t done = out.size();
+      const std::size_t n = std::min(kChunk, bytes - done);
+      out.resize(done + n);
+      try {
+        read_exact(out.data() + done, n, what);
+      } catch (const IdxError& e) {
+        if (std::string(e.what()).find(": truncated ") == std::string::npos) throw;
+        throw IdxError(fmt::format("{}: truncated {}: the header promises {} bytes, the file ends before that",
+                                   path_.string(), what, bytes));
+      }
+    }
+  }
+
+  // Compressed input may hold anything; a plain file's size bounds what the
+  // header may claim.
+  void check_size(std::uint64_t header_bytes, std::uint64_t payload, const char* what) {
+    if (gzdirect(file_.get()) != 1) return;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path_, ec);
+    if (!ec && size < header_bytes + payload)
+      throw IdxError(fmt::format("{}: truncated {}: the header promises {} bytes but the file holds {} after the header",
+                                 path_.string(), what, payload, size - std::min<std::uint64_t>(size, header_bytes)));
+  }
+
   void expect_end() {
     char extra;
     if (gzread(file_.get(), &extra, 1) > 0)
@@ -87,8 +118,14 @@ ImageSet read_idx_images(const std::filesystem::path& file) {
   set.cols = f.read_u32("header");
   if (set.count == 0 || set.rows == 0 || set.cols == 0)
     throw IdxError(fmt::format("{}: empty image set ({} x {} x {})", file.string(), set.count, set.rows, set.cols));
-  set.pixels.resize(static_cast<std::size_t>(set.count * set.rows * set.cols));
-  f.read_exact(set.pixels.data(), set.pixels.size(), "pixel data");
+  // u32 x u32 x u32 may overflow 64 bits: refuse more than 2^62 bytes before multiplying it out.
+  const auto per_image = static_cast<std::uint64_t>(set.rows) * static_cast<std::uint64_t>(set.cols);
+  if (per_image > (std::uint64_t{1} << 62) / static_cast<std::uint64_t>(set.count))
+    throw IdxError(fmt::format("{}: implausible image set header ({} images of {}x{})", file.string(), set.count,
+                               set.rows, set.cols));
+  const auto bytes = static_cast<std::uint64_t>(set.count * set.rows * set.cols);
+  f.check_size(16, bytes, "pixel data");
+  f.read_into(set.pixels, static_cast<std::size_t>(bytes), "pixel data");
   f.expect_end();
   return set;
 }
@@ -97,9 +134,10 @@ LabelSet read_idx_labels(const std::filesystem::path& file) {
   IdxFile f(file);
   f.expect_magic(kLabelMagic, "labels");
   LabelSet set;
-  set.labels.resize(f.read_u32("header"));
-  if (set.labels.empty()) throw IdxError(fmt::format("{}: empty label set", file.string()));
-  f.read_exact(set.labels.data(), set.labels.size(), "label data");
+  const std::uint32_t count = f.read_u32("header");
+  if (count == 0) throw IdxError(fmt::format("{}: empty label set", file.string()));
+  f.check_size(8, count, "label data");
+  f.read_into(set.labels, count, "label data");
   f.expect_end();
   return set;
 }

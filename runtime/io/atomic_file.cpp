@@ -17,10 +17,18 @@ namespace {
   throw IoError(fmt::format("{}: {}: {}", path.string(), what, std::strerror(errno)));
 }
 
+void create_parent(const std::filesystem::path& dir, const std::filesystem::path& for_path) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw IoError(fmt::format("{}: cannot create the folder {}: {}", for_path.string(), dir.string(),
+                              ec ? ec.message() : "a file of that name is in the way"));
+}
+
 }  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  if (path.has_parent_path()) create_parent(path.parent_path(), path);
   const auto tmp = std::filesystem::path(fmt::format("{}.tmp.{}", path.string(), ::getpid()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(tmp, "cannot create");
@@ -38,7 +46,33 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view b
     std::filesystem::remove(tmp);
     fail(tmp, "flush failed");
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw IoError(fmt::format("{}: cannot replace: {}", path.string(), ec.message()));
+  }
+}
+
+void check_writable_dir(const std::filesystem::path& dir, const std::string& what) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw IoError(fmt::format("{} {}: cannot create the folder: {}", what, dir.string(),
+                              ec ? ec.message() : "a file of that name is in the way"));
+  const auto probe = dir / fmt::format(".stepgraph-probe.{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw IoError(fmt::format("{} {}: cannot write into the folder: {}", what, dir.string(), std::strerror(errno)));
+  ::close(fd);
+  std::filesystem::remove(probe, ec);
+}
+
+void check_writable_file(const std::filesystem::path& path, const std::string& what) {
+  if (path.empty()) throw IoError(fmt::format("{}: empty path", what));
+  if (std::filesystem::is_directory(path))
+    throw IoError(fmt::format("{} {}: is a folder, expected a file path", what, path.string()));
+  check_writable_dir(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."), what);
 }
 
 std::string read_file(const std::filesystem::path& path) {

@@ -3,6 +3,7 @@
 // renamed over the target. Parent folders are created.
 #include <filesystem>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 namespace sg::io {
@@ -11,7 +12,15 @@ struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Throws IoError naming the file on any failure, and leaves no temp file behind.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+// Checks up front that write_file_atomically(path) can succeed: the parent
+// folder exists or can be created and takes a new file, and `path` is not a
+// folder. Creates the parent folder; leaves no other trace. Throws IoError
+// naming `what` (e.g. "run.checkpoint") and the path.
+void check_writable_file(const std::filesystem::path& path, const std::string& what);
+// Same for a folder that files will be written into (created if missing).
+void check_writable_dir(const std::filesystem::path& dir, const std::string& what);
 std::string read_file(const std::filesystem::path& path);  // throws IoError naming the file
 
 }  // namespace sg::io

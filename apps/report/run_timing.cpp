@@ -1,0 +1,44 @@
+#include "apps/report/run_timing.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace sg::report {
+namespace {
+const RunTiming::Clock::time_point g_program_start = RunTiming::Clock::now();
+}
+
+double seconds_since_program_start() {
+  return std::chrono::duration<double>(RunTiming::Clock::now() - g_program_start).count();
+}
+
+void RunTiming::add(const std::string& phase, double seconds) {
+  auto it = std::find_if(phases_.begin(), phases_.end(), [&](const auto& p) { return p.first == phase; });
+  if (it == phases_.end()) phases_.emplace_back(phase, seconds);
+  else it->second += seconds;
+}
+
+double RunTiming::sum() const {
+  double s = 0;
+  for (const auto& [_, v] : phases_) s += v;
+  return s;
+}
+
+std::string RunTiming::format(const std::string& title) const {
+  const double wall = seconds_since_program_start();
+  std::string out = title + " (wall time, std::chrono::steady_clock):\n";
+  for (const auto& [name, s] : phases_)
+    out += fmt::format("  {:<72} {:>8.3f} s {:>6.1f}%\n", name, s, wall > 0 ? 100 * s / wall : 0.0);
+  out += fmt::format("  {:<72} {:>8.3f} s {:>6.1f}%\n", "sum of the phases above", sum(), wall > 0 ? 100 * sum() / wall : 0.0);
+  out += fmt::format("  {:<72} {:>8.3f} s\n", "since program start (the rest: start-up, config, logging)", wall);
+  return out;
+}
+
+nlohmann::json RunTiming::to_json() const {
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& [name, s] : phases_) phases.push_back({{"phase", name}, {"seconds", s}});
+  return {{"phases", phases}, {"sum_seconds", sum()}, {"since_program_start_seconds", seconds_since_program_start()}};
+}
+
+}  // namespace sg::report

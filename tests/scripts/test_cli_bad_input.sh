@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The stepgraph binary on bad command lines and signals (issue 24):
+# unknown subcommand, --version, bench --replot of a bad file, SIGTERM
+# (checkpoint, exit 143), a second Ctrl-C (immediate exit 130 with a message).
+# Usage: test_cli_bad_input.sh <stepgraph binary> <source dir>
+set -uo pipefail
+bin=$1
+src=$2
+mnist=${SG_MNIST_DIR:-${SG_TEST_MNIST_DIR:-}}
+[[ -f $mnist/train-images-idx3-ubyte.gz ]] || { echo "SKIPPED: no MNIST in '$mnist'"; exit 77; }
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+check() {  # check <description> <command...>
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
+}
+
+"$bin" frobnicate >"$tmp/out" 2>&1; rc=$?
+check "unknown subcommand is named (rc $rc)" grep -q "unknown subcommand 'frobnicate'" "$tmp/out"
+check "unknown subcommand exits non-zero" test "$rc" -ne 0
+check "--version prints the version" bash -c "'$bin' --version | grep -q '^stepgraph [0-9]'"
+echo '{bad' >"$tmp/bad.json"
+"$bin" bench --replot "$tmp/bad.json" --out-dir "$tmp/replot" >"$tmp/out" 2>&1; rc=$?
+check "bench --replot of a bad file names the file (rc $rc)" grep -q "$tmp/bad.json: not a bench.json" "$tmp/out"
+check "bench --replot of a bad file exits 1" test "$rc" -eq 1
+
+# A long CPU run, stopped by a signal once it is training.
+start_run() {  # start_run <out dir> [--set key=value ...]
+  local out=$1; shift
+  "$bin" train -c "$src/configs/ci_small.yaml" --set "data.dir=$mnist" --set "run.out_dir=$out" \
+    --set run.steps=10000000 --set run.log_every=10000000 --set run.eval_every=0 "$@" >"$out.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do [[ -f $out/config.yaml ]] && break; sleep 0.05; done
+  sleep 1
+}
+
+# Waits for the run; one that has not stopped 20 s after the signal is killed (rc 137).
+stop_wait() {
+  (sleep 20; kill -KILL "$pid" 2>/dev/null) &
+  local watchdog=$!
+  wait "$pid"; rc=$?
+  kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+}
+
+start_run "$tmp/term"
+kill -TERM "$pid"; stop_wait
+check "SIGTERM exits 143 (got $rc)" test "$rc" -eq 143
+check "SIGTERM writes a checkpoint" test -f "$tmp/term/checkpoint.sgck"
+check "the interrupted summary shows no test accuracy" bash -c "! grep -q 'test accuracy 0.00%' '$tmp/term.log'"
+
+start_run "$tmp/int"
+kill -INT "$pid"; stop_wait
+check "Ctrl-C exits 130 (got $rc)" test "$rc" -eq 130
+check "Ctrl-C writes a checkpoint" test -f "$tmp/int/checkpoint.sgck"
+
+# Steps of a wide model take long enough (~1 s on the CPU backend) that the
+# second signal, 0.2 s after the first, comes while the first still waits for the step.
+start_run "$tmp/twice" --set "model.layers=[784, 4096, 4096, 10]"
+kill -INT "$pid"; sleep 0.2; kill -INT "$pid"; stop_wait
+check "a second Ctrl-C exits 130 (got $rc)" test "$rc" -eq 130
+check "a second Ctrl-C says so" grep -q "second interrupt" "$tmp/twice.log"
+
+exit $((fails > 0))
