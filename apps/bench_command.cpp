@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "apps/report/sm_clock.hpp"
 #include "apps/report/svg_plot.hpp"
 #include "models/mlp_program.hpp"
 #include "runtime/data/idx_reader.hpp"
@@ -162,16 +163,6 @@ double median(std::vector<double> v) {
   return v.empty() ? NAN : v[v.size() / 2];
 }
 
-// The SM clock as nvidia-smi reports it now (NaN when unavailable).
-double sm_clock_mhz() {
-  std::FILE* p = ::popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null", "r");
-  if (!p) return NAN;
-  double mhz = NAN;
-  if (std::fscanf(p, "%lf", &mhz) != 1) mhz = NAN;
-  ::pclose(p);
-  return mhz;
-}
-
 std::string today() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -240,7 +231,7 @@ Record time_mode(const std::string& mode, cuda::CudaTrainer& t, const BenchReque
   const auto stream = static_cast<cudaStream_t>(t.stream_handle());
   run(r.warmup);
   t.synchronize();
-  rec.clock_before = sm_clock_mhz();
+  rec.clock_before = report::sm_clock_mhz();
   cuda::Event start, stop;
   for (int i = 0; i < r.repeats; ++i) {
     start.record(stream);
@@ -249,7 +240,7 @@ Record time_mode(const std::string& mode, cuda::CudaTrainer& t, const BenchReque
     stop.synchronize();
     rec.all_us.push_back(1e3 * double(cuda::Event::elapsed_ms(start, stop)) / double(r.steps));
   }
-  rec.clock_after = sm_clock_mhz();
+  rec.clock_after = report::sm_clock_mhz();
   rec.us_per_step = median(rec.all_us);
   rec.final_loss = t.last_loss();
   return rec;

@@ -13,6 +13,7 @@
 
 #include "apps/backend_choice.hpp"
 #include "apps/profile_cost.hpp"
+#include "apps/report/sm_clock.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/epoch_schedule.hpp"
@@ -195,15 +196,6 @@ ProfileResult profile_cpu(const TrainConfig& config, const ProfileRequest& req, 
 // ---- CUDA: per-launch events, stream step, graph replay -------------------------
 
 #ifdef STEPGRAPH_HAVE_CUDA
-double sm_clock_mhz() {
-  std::FILE* p = ::popen("nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null", "r");
-  if (!p) return NAN;
-  double mhz = NAN;
-  if (std::fscanf(p, "%lf", &mhz) != 1) mhz = NAN;
-  ::pclose(p);
-  return mhz;
-}
-
 json clock_json(double mhz) { return std::isfinite(mhz) ? json(mhz) : json(nullptr); }
 
 ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req, const Dataset& data,
@@ -219,9 +211,9 @@ ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req,
   });
   cuda::Floors floors;
   if (req.floors) floors = timing.time("bench floors (empty launch, graph node, copy, matmul)", [] { return cuda::measure_floors(); });
-  const double clock_before = sm_clock_mhz();
+  const double clock_before = report::sm_clock_mhz();
   const auto p = timing.time("profiled steps", [&] { return trainer->profile_launches(req.steps); });
-  const double clock_after = sm_clock_mhz();
+  const double clock_after = report::sm_clock_mhz();
   json phases = json::array();
   if (program.uses_whole_step())
     for (const auto& t : trainer->profile_step(std::min(req.steps, 9))) phases.push_back({{"phase", t.label}, {"us", 1e3 * t.ms}});

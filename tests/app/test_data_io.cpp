@@ -10,6 +10,7 @@
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/io/checkpoint.hpp"
+#include "tests/support/temp_files.hpp"
 #include "tests/support/test_data.hpp"
 
 using namespace sg;
@@ -17,23 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const auto dir = fs::temp_directory_path() / ("stepgraph-test-" + name + "-" + std::to_string(std::random_device{}()));
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string gunzip(const fs::path& gz) {
-  gzFile f = gzopen(gz.c_str(), "rb");
-  REQUIRE(f != nullptr);
-  std::string out;
-  char buf[1 << 16];
-  for (int n; (n = gzread(f, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
-  gzclose(f);
-  return out;
-}
-
-void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+using test::fresh_dir;
+using test::gunzip;
+void write(const fs::path& p, const std::string& bytes) { test::write_file(p, bytes); }
 
 // A raw copy of the t10k split in `dir`, optionally edited.
 void copy_t10k(const fs::path& dir, const std::function<void(std::string&, std::string&)>& edit = {}) {

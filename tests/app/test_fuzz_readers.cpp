@@ -19,6 +19,7 @@
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/io/checkpoint.hpp"
+#include "tests/support/temp_files.hpp"
 #include "tests/support/test_data.hpp"
 
 using namespace sg;
@@ -158,7 +159,7 @@ fs::path scratch(const std::string& name) {
   return dir / name;
 }
 
-void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+void write(const fs::path& p, const std::string& bytes) { test::write_file(p, bytes); }
 
 }  // namespace
 
