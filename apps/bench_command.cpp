@@ -40,8 +40,28 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--data", r.data_dir, "MNIST IDX folder")->capture_default_str();
   cmd.add_option("--out-dir", r.out_dir, "where bench.json/.csv/.md and the plots go")->capture_default_str();
   cmd.add_option("--torch-json", r.torch_json, "PyTorch results from bench/torch_bench.py to merge (comma-separated files)");
-  cmd.add_option("--weights", r.weights, "fp16 | fp32 master weights")->capture_default_str();
+  cmd.add_option("--weights", r.weights, "fp16 | bf16 (the --compute dtype) | fp32 master weights")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   cmd.add_option("--accumulate", r.accumulate, "fp16 | fp32 matmul accumulation")->capture_default_str();
+  cmd.add_option("--compute", r.compute,
+                 "fp16 | bf16 matmul inputs and activations (bf16 runs cuBLASLt and the generic kernels: the fast "
+                 "kernels are fp16 only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp16", "bf16"}));
+  cmd.add_option("--optim", r.optim,
+                 "sgd | adam | adamw (lr 0.01 for sgd, 1e-3 for adam/adamw; betas 0.9/0.999, eps 1e-8, "
+                 "weight decay 0.01 for adamw)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  cmd.add_option("--activation", r.activation,
+                 "activation between hidden layers (model.activation): relu | gelu | gelu_tanh | silu | tanh | "
+                 "sigmoid | identity (gelu_tanh fuses into cuBLASLt's GELU epilogues; the fast kernels are ReLU only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "identity"}));
+  cmd.add_option("--depth", r.depth, "hidden layers (784-H-...-H-10; 2 for the issue's 784-1024-1024-10)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   BackendOptions& b = r.backend;
   cmd.add_option("--steps-per-launch", b.steps_per_launch, "training steps captured per CUDA graph")
       ->capture_default_str()
@@ -124,7 +144,13 @@ double flops_per_step(const std::vector<std::int64_t>& layers, std::int64_t batc
   return f;
 }
 
-std::vector<std::int64_t> mlp_layers(std::int64_t width) { return {784, width, width, width, 10}; }
+// 784-H x depth-10 (--depth, 3 by default).
+std::vector<std::int64_t> mlp_layers(std::int64_t width, int depth) {
+  std::vector<std::int64_t> layers{784};
+  for (int i = 0; i < depth; ++i) layers.push_back(width);
+  layers.push_back(10);
+  return layers;
+}
 
 std::vector<Record> read_torch_file(const std::string& path) {
   std::vector<Record> out;
@@ -209,10 +235,15 @@ DeviceInfo device_info() {
 
 TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t batch, const Dataset& data) {
   MlpTraining model;
-  model.mlp.layers = mlp_layers(width);
+  model.mlp.layers = mlp_layers(width, r.depth);
   model.mlp.batch = batch;
-  model.mlp.weight_dtype = r.weights == "fp32" ? DType::f32 : DType::f16;
+  model.mlp.activation = activation_from_name(r.activation);
+  model.mlp.compute_dtype = r.compute == "bf16" ? DType::bf16 : DType::f16;
+  model.mlp.weight_dtype = r.weights == "fp32" ? DType::f32 : model.mlp.compute_dtype;
   model.sgd = {0.01, 0.0, 0.0};
+  model.sgd.kind = optimizer_from_name(r.optim);
+  if (model.sgd.kind != OptimizerKind::sgd) model.sgd.lr = 1e-3;
+  if (model.sgd.kind == OptimizerKind::adamw) model.sgd.weight_decay = 0.01;
   TrainerSpec s;
   s.program = build_mlp_program(model, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
   s.backend = r.backend;
@@ -326,9 +357,10 @@ int replot(const BenchRequest& r) {
   const double bandwidth = doc.at("floors").at("copy_bandwidth_gbs").get<double>();
   const std::size_t elem = doc.at("settings").at("weights").get<std::string>() == "fp32" ? 4 : 2;
   std::map<std::tuple<std::int64_t, std::int64_t>, std::pair<double, double>> floor_and_flops;
+  const int depth = doc.at("settings").value("depth", 3);  // bench.json files before --depth: 3
   for (const auto& [key, modes] : table.us)
-    floor_and_flops[key] = {weight_bytes_per_step(mlp_layers(std::get<0>(key)), elem) / (bandwidth * 1e3),
-                            flops_per_step(mlp_layers(std::get<0>(key)), std::get<1>(key))};
+    floor_and_flops[key] = {weight_bytes_per_step(mlp_layers(std::get<0>(key), depth), elem) / (bandwidth * 1e3),
+                            flops_per_step(mlp_layers(std::get<0>(key), depth), std::get<1>(key))};
   const std::filesystem::path dir = r.out_dir;
   const std::string md = markdown_table(table, floor_and_flops);
   io::write_file_atomically(dir / "bench.md", md);
@@ -347,6 +379,12 @@ int run_bench(const BenchRequest& r) {
       throw std::runtime_error(fmt::format("{}: not a bench.json this build can replot: {}", r.replot, e.what()));
     }
   }
+  if (r.weights != "fp32" && r.weights != r.compute)
+    throw std::invalid_argument(fmt::format("bench: --weights {} with --compute {}: low-precision weights are stored in "
+                                            "the compute dtype (use --weights {} or fp32)",
+                                            r.weights, r.compute, r.compute));
+  if (r.accumulate == "fp16" && r.compute == "bf16")
+    throw std::invalid_argument("bench: --accumulate fp16 with --compute bf16: cuBLASLt accumulates bf16 in fp32 only");
 #ifndef STEPGRAPH_HAVE_CUDA
   (void)r;
   throw std::runtime_error("bench needs a build with CUDA");
@@ -391,8 +429,8 @@ int run_bench(const BenchRequest& r) {
         cuda::CudaTrainer lt(spec, data);
         records.push_back(time_mode("lt_schedule_replay", lt, r, w, b, [&](std::int64_t n) { lt.replay_steps(n); }));
       }
-      floor_and_flops[{w, b}] = {weight_bytes_per_step(mlp_layers(w), elem) / (floors.copy_bandwidth_gbs * 1e3),
-                                 flops_per_step(mlp_layers(w), b)};
+      floor_and_flops[{w, b}] = {weight_bytes_per_step(mlp_layers(w, r.depth), elem) / (floors.copy_bandwidth_gbs * 1e3),
+                                 flops_per_step(mlp_layers(w, r.depth), b)};
       spdlog::info("H={} B={}: {}", w, b, t.description());
       for (std::size_t i = records.size(); i-- > 0 && records[i].width == w && records[i].batch == b;)
         spdlog::info("  {:<20} {:>9.1f} us/step", records[i].mode, records[i].us_per_step);
@@ -416,7 +454,8 @@ int run_bench(const BenchRequest& r) {
               {"floors", {{"empty_launch_us", floors.empty_launch_us}, {"graph_node_us", floors.graph_node_us},
                           {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
               {"settings", {{"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
-                            {"accumulate", r.accumulate}, {"steps_per_launch", r.backend.steps_per_launch},
+                            {"accumulate", r.accumulate}, {"compute", r.compute},
+                            {"optim", r.optim}, {"activation", r.activation}, {"depth", r.depth}, {"steps_per_launch", r.backend.steps_per_launch},
                             {"multi_step", r.multi_step}, {"autotune", r.backend.autotune},
                             {"whole_step", r.backend.whole_step}, {"one_pass_backward", r.backend.one_pass_backward},
                             {"whole_step_mode", whole_step_mode_name(r.backend.whole_step_mode)},

@@ -23,8 +23,12 @@ struct BenchRequest {
   std::string data_dir = "data/mnist";
   std::string out_dir = "runs/bench";
   std::string torch_json;  // output of bench/torch_bench.py to merge
-  std::string weights = "fp16";
+  std::string weights = "fp16";     // fp16 | bf16 (the compute dtype) | fp32 master weights
   std::string accumulate = "fp32";
+  std::string compute = "fp16";     // fp16 | bf16 matmul inputs and activations
+  std::string optim = "sgd";        // sgd | adam | adamw (issue 21), PyTorch's default betas/eps
+  int depth = 3;                    // hidden layers: 784-H x depth-10
+  std::string activation = "relu";  // model.activation between hidden layers (issue 21)
   int multi_step = 0;      // > 1: also time graph replay with this many steps per launch (mode graph_replay_xK)
   bool profile = true;     // per-launch profile of one step at batch 32
   // Lowerings and kernel knobs (steps_per_launch, whole_step, ...); accumulate_f16 comes from

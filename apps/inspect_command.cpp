@@ -8,10 +8,10 @@
 #include <fmt/ranges.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/load_dataset.hpp"
 #include "apps/config/backend_options_from_config.hpp"
 #include "graph/dump.hpp"
 #include "models/mlp_program.hpp"
-#include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/schedule.hpp"
@@ -28,10 +28,17 @@ namespace {
 // The graphs need only the dataset's row counts; dumps use the full split
 // sizes. They are the CUDA backend's (what -f schedule/memory lower).
 Graph stage_graph(const TrainConfig& config, const std::string& stage) {
-  const std::int64_t train_rows = config.data.train_limit > 0 ? config.data.train_limit : 60000;
-  const MlpTraining training = mlp_training(config);
+  std::int64_t train_rows = config.data.train_limit > 0 ? config.data.train_limit : 60000;
+  std::int64_t test_rows = config.data.test_limit > 0 ? config.data.test_limit : 10000;
+  DType features = DType::u8;
+  if (!config.data.train_x.empty()) {  // own data (issue 23): its rows and feature dtype shape the graphs
+    const Dataset data = load_dataset(config);
+    train_rows = data.train.images.count;
+    test_rows = data.test.images.count;
+    features = data.train.images.dtype;
+  }
+  const MlpTraining training = mlp_training(config, features);
   if (stage == "eval") {
-    const std::int64_t test_rows = config.data.test_limit > 0 ? config.data.test_limit : 10000;
     return build_mlp_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
   }
   MlpSpec mlp = mlp_for_target(training.mlp, ProgramTarget::cuda);
@@ -97,9 +104,9 @@ std::string memory_dump(const TrainConfig& config, const Graph& g) {
 std::string cuda_graph_dump(const TrainConfig& config) {
 #ifdef STEPGRAPH_HAVE_CUDA
   if (!cuda_backend_usable()) throw ConfigError("inspect --format cuda-graph needs a CUDA GPU; none is available");
-  Dataset data{data::load_split(config.data.dir, "train", config.data.train_limit),
-               data::load_split(config.data.dir, "t10k", config.data.test_limit)};
-  TrainerSpec spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+  const Dataset data = load_dataset(config);
+  TrainerSpec spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda,
+                                 data.train.images.dtype);
   spec.cuda_graph = true;
   cuda::CudaTrainer trainer(spec, data);
   const auto tmp = std::filesystem::temp_directory_path() / fmt::format("stepgraph-cuda-graph-{}.dot", ::getpid());

@@ -12,10 +12,10 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/load_dataset.hpp"
 #include "apps/profile_cost.hpp"
 #include "apps/report/sm_clock.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
-#include "runtime/data/idx_reader.hpp"
 #include "runtime/epoch_schedule.hpp"
 #include "runtime/io/atomic_file.hpp"
 #ifdef STEPGRAPH_HAVE_CUDA
@@ -79,7 +79,8 @@ void fill_shares(report::ProfileReport& r) {
 
 ProfileResult profile_cpu(const TrainConfig& config, const ProfileRequest& req, const Dataset& data,
                           report::RunTiming& timing, const std::string& note) {
-  const auto spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cpu);
+  const auto spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cpu,
+                                 data.train.images.dtype);
   check_training_program(spec.program, data.train.images.count, data.test.images.count);
   const auto& d = spec.program.train_data;
   auto exec = timing.time("backend construction (CPU executor, parameters)", [&] {
@@ -200,9 +201,11 @@ json clock_json(double mhz) { return std::isfinite(mhz) ? json(mhz) : json(nullp
 
 ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req, const Dataset& data,
                            report::RunTiming& timing) {
-  const auto spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
-  auto trainer = timing.time("backend construction (CUDA context, upload, lowering, autotune, capture)",
-                             [&] { return std::make_unique<cuda::CudaTrainer>(spec, data); });
+  const auto spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda,
+                                 data.train.images.dtype);
+  const std::string construction = "backend construction (upload, lowering, autotune, capture)";
+  auto trainer = timing.time(construction, [&] { return std::make_unique<cuda::CudaTrainer>(spec, data); });
+  for (const auto& [part, seconds] : trainer->setup_phases()) timing.add_part(construction, part, seconds);
   const auto& program = trainer->training_program();
   const Graph& g = program.graph();
   timing.time("warm-up steps", [&] {
@@ -321,10 +324,11 @@ ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req,
 
 ProfileResult profile_config(const TrainConfig& config, const ProfileRequest& request, report::RunTiming& timing) {
   if (request.steps < 1) throw ConfigError("profile: --steps must be >= 1");
-  Dataset data = timing.time("data load (read + inflate IDX files)", [&] {
-    return Dataset{data::load_split(config.data.dir, "train", config.data.train_limit),
-                   data::load_split(config.data.dir, "t10k", config.data.test_limit)};
-  });
+  auto device_ready = start_device_warmup(config);
+  const std::string data_load = "data load (read + inflate; CUDA context starting meanwhile)";
+  Dataset data = timing.time(data_load, [&] { return load_dataset(config); });
+  const auto warmup = timing.time("CUDA context start-up left after the data load", [&] { return device_ready.get(); });
+  for (const auto& [part, seconds] : warmup.parts) timing.add_part(data_load, part, seconds);
   std::string note;
   const std::string& kind = config.backend.kind;
   if (kind != "cpu" && cuda_backend_usable()) {

@@ -1,6 +1,7 @@
 // stepgraph: train an MLP from a YAML config, inspect its graphs, benchmark
 // graph replay against stream launches and PyTorch.
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <unistd.h>
@@ -9,6 +10,8 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/bench_command.hpp"
+#include "apps/export_command.hpp"
+#include "apps/predict_command.hpp"
 #include "apps/inspect_command.hpp"
 #include "apps/profile_command.hpp"
 #include "apps/training_run.hpp"
@@ -48,9 +51,14 @@ int train(const ConfigArgs& args) {
   const auto config = args.load();
   const auto summary = sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0});
   if (summary.interrupted) return 128 + g_stop_signal;
-  std::printf("test accuracy %.2f%%  (test loss %.4f, final train loss %.4f, %lld steps, %.2f s, %s)\n",
-              100 * summary.final_eval.accuracy, summary.final_eval.loss, summary.final_train_loss,
-              static_cast<long long>(summary.steps), summary.seconds, summary.backend.c_str());
+  if (std::isnan(summary.final_eval.accuracy))  // a regression run (model.loss mse/l1): test loss only
+    std::printf("test loss %.4f  (final train loss %.4f, %lld steps, %.2f s, %s)\n", summary.final_eval.loss,
+                summary.final_train_loss, static_cast<long long>(summary.steps), summary.seconds,
+                summary.backend.c_str());
+  else
+    std::printf("test accuracy %.2f%%  (test loss %.4f, final train loss %.4f, %lld steps, %.2f s, %s)\n",
+                100 * summary.final_eval.accuracy, summary.final_eval.loss, summary.final_train_loss,
+                static_cast<long long>(summary.steps), summary.seconds, summary.backend.c_str());
   return 0;
 }
 
@@ -62,7 +70,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "stepgraph " STEPGRAPH_VERSION);
 
   ConfigArgs train_args;
-  auto* train_cmd = app.add_subcommand("train", "train on MNIST-style IDX data as configured");
+  auto* train_cmd = app.add_subcommand("train", "train as configured (IDX, .npy/.npz or CSV data)");
   train_args.add_to(*train_cmd);
 
   ConfigArgs inspect_args;
@@ -84,6 +92,14 @@ int main(int argc, char** argv) {
   auto* profile_cmd = app.add_subcommand("profile", "where a step's time goes: per-launch table, CSV/JSON/SVG, Perfetto trace");
   profile_args.add_to(*profile_cmd);
   sg::app::add_profile_options(*profile_cmd, profile_request);
+
+  sg::app::ExportRequest export_request;
+  auto* export_cmd = app.add_subcommand("export", "write a checkpoint's model as safetensors (PyTorch) or ONNX");
+  sg::app::add_export_options(*export_cmd, export_request);
+
+  sg::app::PredictRequest predict_request;
+  auto* predict_cmd = app.add_subcommand("predict", "run a checkpoint's model over an .npy file; write predictions as .npy");
+  sg::app::add_predict_options(*predict_cmd, predict_request);
 
   if (argc > 1 && argv[1][0] != '-') {  // CLI11 would only say "A subcommand is required"
     std::string known;
@@ -108,6 +124,8 @@ int main(int argc, char** argv) {
     }
     if (*bench_cmd) return sg::app::run_bench(bench_request);
     if (*profile_cmd) return sg::app::run_profile(profile_args.load(), profile_request);
+    if (*export_cmd) return sg::app::run_export(export_request);
+    if (*predict_cmd) return sg::app::run_predict(predict_request);
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <optional>
 
 #include <fmt/ranges.h>
@@ -12,10 +13,11 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/load_dataset.hpp"
 #include "apps/lr_schedule.hpp"
+#include "apps/saved_model.hpp"
 #include "apps/report/metrics_log.hpp"
 #include "apps/report/progress.hpp"
-#include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/io/checkpoint.hpp"
 
@@ -48,17 +50,28 @@ class TrainingLoop {
     spdlog::info("resolved config ({}):\n{}", config_.source, resolved);
     io::write_file_atomically(out_dir_ / "config.yaml", resolved);
 
+    // The CUDA context comes up on a worker thread while the data loads.
+    auto device_ready = start_device_warmup(config_);
     auto phase_start = Clock::now();
-    Dataset data{data::load_split(config_.data.dir, "train", config_.data.train_limit),
-                 data::load_split(config_.data.dir, "t10k", config_.data.test_limit)};
+    Dataset data = load_dataset(config_);
     check_data(data);
-    spdlog::info("data: {} training and {} test images of {}x{} from {}", data.train.images.count,
-                 data.test.images.count, data.train.images.rows, data.train.images.cols, config_.data.dir);
+    feature_dtype_ = data.train.images.dtype;
+    spdlog::info("data: {} training and {} test {} of {}x{} {} from {}", data.train.images.count,
+                 data.test.images.count, data.train.images.dtype == DType::u8 ? "images" : "rows",
+                 data.train.images.rows, data.train.images.cols, dtype_name(data.train.images.dtype),
+                 data_source(false));
     std::string note;
-    summary_.timing.add("data load (read + inflate IDX files)", seconds_since(phase_start));
+    const std::string data_load = "data load (read + inflate; CUDA context starting meanwhile)";
+    summary_.timing.add(data_load, seconds_since(phase_start));
+    phase_start = Clock::now();
+    const DeviceWarmup warmup = device_ready.get();
+    summary_.timing.add("CUDA context start-up left after the data load", seconds_since(phase_start));
+    for (const auto& [part, seconds] : warmup.parts) summary_.timing.add_part(data_load, part, seconds);
     phase_start = Clock::now();
     trainer_ = make_trainer(config_, data, note);
-    summary_.timing.add("backend construction (CUDA context, upload, lowering, autotune, capture)", seconds_since(phase_start));
+    const std::string construction = "backend construction (upload, lowering, autotune, capture)";
+    summary_.timing.add(construction, seconds_since(phase_start));
+    for (const auto& [part, seconds] : trainer_->setup_phases()) summary_.timing.add_part(construction, part, seconds);
     if (!note.empty()) spdlog::warn("{}", note);
     summary_.backend = trainer_->description();
     spdlog::info("backend: {}", summary_.backend);
@@ -99,15 +112,31 @@ class TrainingLoop {
                                       config_.source, config_.run.resume, key, fmt::format("{}", b), fmt::format("{}", a)));
     };
     differs("model.layers", fmt::format("{}", fmt::join(saved.model.layers, ",")), fmt::format("{}", fmt::join(config_.model.layers, ",")));
+    differs("model.activation", saved.model.activation, config_.model.activation);
+    differs("model.loss", saved.model.loss, config_.model.loss);
+    differs("model.label_smoothing", saved.model.label_smoothing, config_.model.label_smoothing);
+    differs("model.dropout", saved.model.dropout, config_.model.dropout);
     differs("data.batch_size", saved.data.batch_size, config_.data.batch_size);
     differs("data.shuffle_seed", saved.data.shuffle_seed, config_.data.shuffle_seed);
     differs("data.train_limit", saved.data.train_limit, config_.data.train_limit);
     differs("data.normalize", saved.data.normalize, config_.data.normalize);
     differs("data.mean", saved.data.mean, config_.data.mean);
     differs("data.std", saved.data.std, config_.data.std);
+    differs("data.format", saved.data.format, config_.data.format);
+    differs("data.train_x", saved.data.train_x, config_.data.train_x);
+    differs("data.train_y", saved.data.train_y, config_.data.train_y);
+    differs("data.label_column", saved.data.label_column, config_.data.label_column);
+    differs("data.test_fraction", saved.data.test_fraction, config_.data.test_fraction);
+    differs("data.split_seed", saved.data.split_seed, config_.data.split_seed);
     differs("optim.lr", saved.optim.lr, config_.optim.lr);
     differs("optim.momentum", saved.optim.momentum, config_.optim.momentum);
     differs("optim.weight_decay", saved.optim.weight_decay, config_.optim.weight_decay);
+    differs("optim.name", saved.optim.name, config_.optim.name);
+    differs("optim.nesterov", saved.optim.nesterov, config_.optim.nesterov);
+    differs("optim.betas[0]", saved.optim.beta1, config_.optim.beta1);
+    differs("optim.betas[1]", saved.optim.beta2, config_.optim.beta2);
+    differs("optim.eps", saved.optim.eps, config_.optim.eps);
+    differs("optim.clip_grad_norm", saved.optim.clip_grad_norm, config_.optim.clip_grad_norm);
     differs("optim.schedule.kind", saved.optim.schedule.kind, config_.optim.schedule.kind);
     differs("optim.schedule.warmup_steps", saved.optim.schedule.warmup_steps, config_.optim.schedule.warmup_steps);
     differs("optim.schedule.step_size", saved.optim.schedule.step_size, config_.optim.schedule.step_size);
@@ -115,32 +144,49 @@ class TrainingLoop {
     differs("optim.schedule.min_lr", saved.optim.schedule.min_lr, config_.optim.schedule.min_lr);
     differs("precision.weights", saved.precision.weights, config_.precision.weights);
     differs("precision.accumulate", saved.precision.accumulate, config_.precision.accumulate);
+    differs("precision.compute", saved.precision.compute, config_.precision.compute);
     return ckpt;
   }
 
+  // Where the training (or test) data came from, for messages: data.dir's IDX
+  // files, or the configured file (own data).
+  std::string data_source(bool test, bool labels = false) const {
+    const auto& d = config_.data;
+    if (d.train_x.empty()) return d.dir;
+    if (labels && test && !d.test_y.empty()) return "data.test_y " + d.test_y;
+    const bool test_file = test && !d.test_x.empty();  // else the test rows come from the training files
+    if (labels && !test_file && !d.train_y.empty()) return "data.train_y " + d.train_y;
+    if (test && !d.test_x.empty()) return "data.test_x " + d.test_x;
+    return "data.train_x " + d.train_x;
+  }
+
   void check_data(const Dataset& data) const {
+    if (data.train.labels.target_width != target_width(config_))
+      throw ConfigError(fmt::format("{}: model.loss {} needs {}, but {} holds {}", config_.source, config_.model.loss,
+                                    target_width(config_) > 0 ? "float targets" : "class labels", data_source(false, true),
+                                    data.train.labels.target_width > 0 ? "float targets" : "class labels"));
     const auto in = config_.model.layers.front();
     if (data.train.images.pixels_per_image() != in)
       throw ConfigError(fmt::format("{}: model.layers[0] is {} but the images in {} have {}x{} = {} pixels",
-                                    config_.source, in, config_.data.dir, data.train.images.rows,
+                                    config_.source, in, data_source(false), data.train.images.rows,
                                     data.train.images.cols, data.train.images.pixels_per_image()));
     if (data.train.classes > config_.model.layers.back())
       throw ConfigError(fmt::format("{}: the model has {} outputs but the labels in {} go up to {}", config_.source,
-                                    config_.model.layers.back(), config_.data.dir, data.train.classes - 1));
+                                    config_.model.layers.back(), data_source(false, true), data.train.classes - 1));
     if (data.test.images.rows != data.train.images.rows || data.test.images.cols != data.train.images.cols)
       throw ConfigError(fmt::format("{}: the test images in {} are {}x{} but the training images are {}x{}", config_.source,
-                                    config_.data.dir, data.test.images.rows, data.test.images.cols,
+                                    data_source(true), data.test.images.rows, data.test.images.cols,
                                     data.train.images.rows, data.train.images.cols));
     if (data.test.classes > config_.model.layers.back())
       throw ConfigError(fmt::format("{}: the model has {} outputs but the test labels in {} go up to {}", config_.source,
-                                    config_.model.layers.back(), config_.data.dir, data.test.classes - 1));
+                                    config_.model.layers.back(), data_source(true, true), data.test.classes - 1));
     if (config_.data.batch_size > data.train.images.count)
       throw ConfigError(fmt::format("{}: data.batch_size {} exceeds the {} training images", config_.source,
                                     config_.data.batch_size, data.train.images.count));
   }
 
   void resume(const io::Checkpoint& ckpt) {
-    trainer_->load_state(ckpt.tensors);
+    trainer_->load_state(without_feature_dtype(ckpt.tensors));
     first_step_ = last_finite_step_ = trainer_->step();
     // Continue the metrics of the interrupted run in the same out_dir: its rows
     // up to the checkpoint, and its elapsed time.
@@ -224,8 +270,12 @@ class TrainingLoop {
     const auto eval_start = Clock::now();
     const EvalResult r = trainer_->evaluate();
     eval_seconds_ += seconds_since(eval_start);
-    spdlog::info("eval at step {}: test loss {:.4f}, test accuracy {:.2f}% ({} images)", step, r.loss, 100 * r.accuracy,
-                 r.examples);
+    // A regression run (model.loss mse/l1) measures no accuracy (NaN): its eval is the test loss alone.
+    if (std::isnan(r.accuracy))
+      spdlog::info("eval at step {}: test loss {:.4f} ({} examples)", step, r.loss, r.examples);
+    else
+      spdlog::info("eval at step {}: test loss {:.4f}, test accuracy {:.2f}% ({} images)", step, r.loss,
+                   100 * r.accuracy, r.examples);
     metrics_.add({step, NAN, r.loss, r.accuracy, current_lr(step), elapsed});
     return r;
   }
@@ -237,6 +287,8 @@ class TrainingLoop {
 
   void save_checkpoint(const std::filesystem::path& path) {
     io::Checkpoint ckpt{trainer_->step(), config_.data.shuffle_seed, to_yaml(config_), trainer_->save_state()};
+    // What predict/export need besides the config: the dtype of the features trained on (apps/saved_model.hpp).
+    ckpt.tensors.push_back(feature_dtype_blob(feature_dtype_));
     io::save_checkpoint(path, ckpt);
     spdlog::info("checkpoint at step {} written to {}", ckpt.step, path.string());
   }
@@ -262,10 +314,13 @@ class TrainingLoop {
                    summary_.steps, steps_here, summary_.seconds, checkpoint_path().string(), out_dir_.string());
       return;
     }
-    spdlog::info("done: {} steps ({} in this run, {:.2f} s, {:.0f} samples/s); final train loss {:.4f}; test accuracy "
-                 "{:.2f}%, test loss {:.4f}; metrics and loss.svg in {}",
+    const std::string accuracy = std::isnan(summary_.final_eval.accuracy)
+                                     ? std::string()
+                                     : fmt::format("test accuracy {:.2f}%, ", 100 * summary_.final_eval.accuracy);
+    spdlog::info("done: {} steps ({} in this run, {:.2f} s, {:.0f} samples/s); final train loss {:.4f}; {}test loss "
+                 "{:.4f}; metrics and loss.svg in {}",
                  summary_.steps, steps_here, summary_.seconds, summary_.samples_per_second, summary_.final_train_loss,
-                 100 * summary_.final_eval.accuracy, summary_.final_eval.loss, out_dir_.string());
+                 accuracy, summary_.final_eval.loss, out_dir_.string());
   }
 
   const TrainConfig& config_;
@@ -279,6 +334,7 @@ class TrainingLoop {
   double eval_seconds_ = 0;  // time in trainer_->evaluate() (summary_.timing)
   std::int64_t first_step_ = 0;      // the step resumed from (0 for a fresh run)
   double elapsed_before_ = 0;        // elapsed_s of the resumed run's last metrics row
+  DType feature_dtype_ = DType::u8;  // of the training data: saved in checkpoints for predict/export
   std::int64_t launch_steps_ = 1;    // steps per trainer_->train call: one graph launch
 };
 

@@ -2,34 +2,68 @@
 # The reference setup twice: stepgraph (configs/parity_reference.yaml) and
 # PyTorch (bench/torch_parity.py: fp16 autocast, same initial weights, same
 # batches). Passes when the test losses agree within 2% and the test
-# accuracies within 0.5 points. Usage: bench/parity_check.sh [OUT=runs/parity]
+# accuracies within 0.5 points.
+# Usage: [LR=...] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw]
+# (bf16: precision.compute: bf16 against PyTorch's bf16 autocast; gelu,
+# gelu_tanh: that model.activation against nn.GELU / GELU(approximate='tanh');
+# mse: model.loss: mse regressing MNIST's one-hot class vectors (an .npz copy
+# written by bench/mnist_onehot_npz.py) against F.mse_loss, lr 0.05, where
+# only the test losses are compared: a regression run measures no accuracy;
+# adamw: optim.name: adamw, lr 1e-3, weight decay 0.01 against torch.optim.AdamW
+# with the same betas/eps/weight decay)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/parity}"
+compute="${2:-fp16}"
+case "$compute" in fp16|bf16) ;; *) echo "parity_check.sh: COMPUTE must be fp16 or bf16, not '$compute'" >&2; exit 2;; esac
+variant="${3:-relu}"
+case "$variant" in relu|gelu|gelu_tanh|mse|adamw) ;;
+  *) echo "parity_check.sh: VARIANT must be relu, gelu, gelu_tanh, mse or adamw, not '$variant'" >&2; exit 2;; esac
 data="${DATA:-data/mnist}"
 mkdir -p "$out"
 data_abs="$(realpath -m "$data")"
 out_abs="$(realpath -m "$out")"
+ours_extra=() torch_extra=() lr=0.003
+case "$variant" in
+  gelu|gelu_tanh) ours_extra=(--set model.activation="$variant"); torch_extra=(--activation "$variant");;
+  mse)
+    (cd bench && python3 mnist_onehot_npz.py "$data_abs" "$out_abs/mnist_onehot.npz")
+    lr=0.05
+    ours_extra=(--set model.loss=mse --set data.format=npy --set data.train_x="$out/mnist_onehot.npz")
+    torch_extra=(--loss mse);;
+  adamw)
+    lr=0.001
+    ours_extra=(--set optim.name=adamw --set optim.weight_decay=0.01 --set "optim.betas=[0.9, 0.999]" --set optim.eps=1e-8)
+    torch_extra=(--optim adamw --weight-decay 0.01 --betas 0.9,0.999 --eps 1e-8);;
+esac
+lr="${LR:-$lr}"  # LR=...: another learning rate for both sides
 build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" \
+  --set precision.compute="$compute" --set optim.lr="$lr" "${ours_extra[@]}" \
   --set run.out_dir="$out/stepgraph" | tee "$out/stepgraph.log"
 (cd bench && PYTHONUNBUFFERED=1 python3 torch_parity.py --data "$data_abs" --steps 5000 \
-  --batch 32 --lr 0.003 --layers 784,128,128,128,10 --out "$out_abs/torch.json")
-python3 - "$out" <<'PY'
+  --batch 32 --lr "$lr" --layers 784,128,128,128,10 --compute "$compute" "${torch_extra[@]}" \
+  --out "$out_abs/torch.json")
+python3 - "$out" "$variant" <<'PY'
 import json, re, sys
-out = sys.argv[1]
+out, variant = sys.argv[1], sys.argv[2]
+regression = variant == "mse"
 torch = json.load(open(f"{out}/torch.json"))
-line = [l for l in open(f"{out}/stepgraph.log") if l.startswith("test accuracy")][-1]
-ours_acc = float(re.search(r"test accuracy ([\d.]+)%", line).group(1)) / 100
+line = [l for l in open(f"{out}/stepgraph.log") if l.startswith("test loss" if regression else "test accuracy")][-1]
 ours_loss = float(re.search(r"test loss ([\d.]+)", line).group(1))
 loss_gap = abs(ours_loss - torch["test_loss"]) / torch["test_loss"]
-acc_gap = abs(ours_acc - torch["test_accuracy"]) * 100
+if regression:  # no accuracy to compare (stepgraph reports the test loss of a regression run only)
+    ours_acc, acc_gap = float("nan"), 0.0
+else:
+    ours_acc = float(re.search(r"test accuracy ([\d.]+)%", line).group(1)) / 100
+    acc_gap = abs(ours_acc - torch["test_accuracy"]) * 100
 ok = loss_gap <= 0.02 and acc_gap <= 0.5
-result = {"stepgraph": {"test_loss": ours_loss, "test_accuracy": ours_acc},
+result = {"compute": torch.get("compute", "fp16"), "variant": variant,
+          "stepgraph": {"test_loss": ours_loss, "test_accuracy": ours_acc},
           "torch": {"test_loss": torch["test_loss"], "test_accuracy": torch["test_accuracy"],
                     "train_loss_mean_last_100": torch["final_train_loss_mean_last_100"]},
           "test_loss_rel_gap": loss_gap, "test_accuracy_gap_points": acc_gap, "pass": ok}
 json.dump(result, open(f"{out}/parity.json", "w"), indent=2)
-print(f"parity: stepgraph test loss {ours_loss:.4f} acc {100*ours_acc:.2f}% | torch test loss "
+print(f"parity ({result['compute']}, {variant}): stepgraph test loss {ours_loss:.4f} acc {100*ours_acc:.2f}% | torch test loss "
       f"{torch['test_loss']:.4f} acc {100*torch['test_accuracy']:.2f}% | loss gap {100*loss_gap:.2f}% "
       f"(<= 2%), accuracy gap {acc_gap:.2f} points (<= 0.5): {'PASS' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)

@@ -1,5 +1,6 @@
 """PyTorch baselines for `stepgraph bench`: the MLP 784-H-H-H-10 trained with
-SGD (lr 0.01) under fp16 autocast with fp32 master weights, on MNIST
+SGD (lr 0.01) under fp16 autocast (--compute bf16: bf16 autocast, the
+counterpart of `stepgraph bench --compute bf16`) with fp32 master weights, on MNIST
 preloaded on the GPU, batches in the runtime's order. Modes:
   torch_eager      plain eager loop (fused SGD when available)
   torch_compile    torch.compile(mode="max-autotune", fullgraph=True) of
@@ -11,6 +12,10 @@ preloaded on the GPU, batches in the runtime's order. Modes:
   torch_cudagraph_xK  the same with K steps captured per graph (the
                    counterpart of `stepgraph bench --multi-step K`); a
                    remainder of fewer than K steps replays a one-step graph
+--optim adamw (or adam) swaps SGD for torch.optim.AdamW(fused=True) (lr 1e-3,
+weight decay 0.01, betas 0.9/0.999, eps 1e-8: `stepgraph bench --optim adamw`);
+the captured modes use AdamW(fused=True, capturable=True). --depth sets the
+hidden layers (2 for the issue's 784-1024-1024-10).
 Each point: --warmup untimed steps, then --repeats timings of --steps steps
 with CUDA events; the median is reported with the SM clock before/after.
 """
@@ -37,10 +42,27 @@ def sm_clock():
         return float("nan")
 
 
+# The hidden depth of every model (--depth; 3: 784-H-H-H-10).
+DEPTH = [3]
+# The activation between hidden layers (--activation: stepgraph's model.activation).
+ACTIVATION = ["relu"]
+ACTIVATIONS = {
+    "relu": torch.nn.ReLU,
+    "gelu": torch.nn.GELU,
+    "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
+    "silu": torch.nn.SiLU,
+    "tanh": torch.nn.Tanh,
+    "sigmoid": torch.nn.Sigmoid,
+    "identity": torch.nn.Identity,
+}
+
+
 def make_model(width):
-    return torch.nn.Sequential(
-        torch.nn.Linear(784, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
-        torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 10)).cuda()
+    mods, fan_in = [], 784
+    for _ in range(DEPTH[0]):
+        mods += [torch.nn.Linear(fan_in, width), ACTIVATIONS[ACTIVATION[0]]()]
+        fan_in = width
+    return torch.nn.Sequential(*mods, torch.nn.Linear(fan_in, 10)).cuda()
 
 
 def make_sgd(model, lr):
@@ -48,6 +70,16 @@ def make_sgd(model, lr):
         return torch.optim.SGD(model.parameters(), lr=lr, fused=True)
     except (TypeError, RuntimeError):
         return torch.optim.SGD(model.parameters(), lr=lr, foreach=True)
+
+
+def make_optimizer(model, optim, lr, captured):
+    """SGD as before, or Adam/AdamW fused (capturable inside a CUDA graph)."""
+    if optim == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=lr, foreach=True) if captured else make_sgd(model, lr)
+    kind = torch.optim.AdamW if optim == "adamw" else torch.optim.Adam
+    wd = 0.01 if optim == "adamw" else 0.0
+    return kind(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd, fused=True,
+                capturable=captured)
 
 
 class Data:
@@ -75,12 +107,12 @@ def time_loop(run, steps, repeats):
     return times
 
 
-def eager_runner(width, data, lr, compiled):
+def eager_runner(width, data, lr, compiled, amp_dtype=torch.float16, optim="sgd"):
     model = make_model(width)
-    opt = make_sgd(model, lr)
+    opt = make_optimizer(model, optim, lr, captured=False)
 
     def forward_loss(x, y):
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=amp_dtype):
             return F.cross_entropy(model(x), y)
 
     fl = torch.compile(forward_loss, mode="max-autotune", fullgraph=True) if compiled else forward_loss
@@ -105,9 +137,9 @@ def eager_runner(width, data, lr, compiled):
     return run, state
 
 
-def cudagraph_runner(width, data, lr, steps_per_graph=1):
+def cudagraph_runner(width, data, lr, steps_per_graph=1, amp_dtype=torch.float16, optim="sgd"):
     model = make_model(width)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, foreach=True)
+    opt = make_optimizer(model, optim, lr, captured=True)
     counter = torch.zeros(1, dtype=torch.int64, device="cuda")
     steps = data.order.shape[0]
     static = {}
@@ -115,7 +147,7 @@ def cudagraph_runner(width, data, lr, steps_per_graph=1):
     def step():
         idx = data.order.index_select(0, counter).squeeze(0)
         x, y = data.batch(idx)
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=amp_dtype):
             loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
@@ -158,13 +190,17 @@ def cudagraph_runner(width, data, lr, steps_per_graph=1):
 
 
 def measure(mode, width, batch, args, data):
-    record = {"mode": mode, "width": width, "batch": batch, "steps": args.steps, "repeats": args.repeats}
+    record = {"mode": mode, "width": width, "batch": batch, "steps": args.steps, "repeats": args.repeats,
+              "compute": args.compute, "optim": args.optim, "depth": DEPTH[0],
+              "activation": ACTIVATION[0]}
+    amp_dtype = torch.bfloat16 if args.compute == "bf16" else torch.float16
     try:
         if mode.startswith("torch_cudagraph"):
             per_graph = int(mode.split("_x")[1]) if "_x" in mode else 1
-            run, state = cudagraph_runner(width, data, args.lr, per_graph)
+            run, state = cudagraph_runner(width, data, args.lr, per_graph, amp_dtype, args.optim)
         else:
-            run, state = eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"))
+            run, state = eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"), amp_dtype=amp_dtype,
+                                      optim=args.optim)
         run(args.warmup)
         torch.cuda.synchronize()
         record["sm_clock_mhz_before"] = sm_clock()
@@ -192,12 +228,21 @@ def main():
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--lr", type=float, default=None, help="default: 0.01 for sgd, 1e-3 for adam/adamw")
+    p.add_argument("--optim", choices=["sgd", "adam", "adamw"], default="sgd")
+    p.add_argument("--depth", type=int, default=3, help="hidden layers (784-H x depth-10)")
+    p.add_argument("--compute", choices=["fp16", "bf16"], default="fp16", help="autocast dtype")
+    p.add_argument("--activation", choices=sorted(ACTIVATIONS), default="relu",
+                   help="between hidden layers (stepgraph bench --activation)")
     p.add_argument("--quick", action="store_true", help="widths 128,1024, batch 32, 500 steps, 3 repeats")
     p.add_argument("--out", default="")
     a = p.parse_args()
     if a.quick:
         a.widths, a.batches, a.steps, a.repeats = "128,1024", "32", 500, 3
+    if a.lr is None:
+        a.lr = 0.01 if a.optim == "sgd" else 1e-3
+    DEPTH[0] = a.depth
+    ACTIVATION[0] = a.activation
     widths = [int(w) for w in a.widths.split(",")]
     batches = [int(b) for b in a.batches.split(",")]
     compile_batches = {int(b) for b in a.compile_batches.split(",")} if a.compile_batches else set(batches)

@@ -51,7 +51,20 @@ void fuse_batch_fetch(const Graph& g, GroupCollector& c) {
   }
 }
 
-// matmul -> bias_add [-> relu]
+// The gelu_tanh node reading the pre-activation `z`, if every other reader of
+// `z` is a gelu_tanh_backward taking it as the forward input (cuBLASLt's
+// GELU_AUX epilogue writes z for them beside the activation).
+std::optional<NodeId> fusable_gelu_tanh(const Graph& g, const GroupCollector& c, ValueId z) {
+  std::optional<NodeId> gelu;
+  for (NodeId r : g.consumers(z)) {
+    const Node& reader = g.node(r);
+    if (reader.op == OpKind::gelu_tanh && !gelu && c.free(r)) gelu = r;
+    else if (reader.op != OpKind::gelu_tanh_backward || reader.inputs[1] != z || reader.inputs[0] == z) return std::nullopt;
+  }
+  return gelu;
+}
+
+// matmul -> bias_add [-> relu | gelu_tanh]
 void fuse_linear_forward(const Graph& g, GroupCollector& c) {
   for (const Node& n : g.nodes()) {
     if (n.op != OpKind::bias_add || !c.free(n.id)) continue;
@@ -59,7 +72,23 @@ void fuse_linear_forward(const Graph& g, GroupCollector& c) {
     if (!mm || g.node(*mm).op != OpKind::matmul) continue;
     std::vector<NodeId> members{*mm, n.id};
     if (auto r = c.sole_reader(n.outputs[0]); r && g.node(*r).op == OpKind::relu) members.push_back(*r);
+    else if (auto gelu = fusable_gelu_tanh(g, c, n.outputs[0])) members.push_back(*gelu);
     c.add(FusionKind::linear_forward, members);
+  }
+}
+
+// matmul -> gelu_tanh_backward(dY, z), where z is the pre-activation of a
+// linear_forward group ending in gelu_tanh (cuBLASLt's DGELU reads it as aux).
+void fuse_dgrad_dgelu(const Graph& g, GroupCollector& c) {
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::gelu_tanh_backward || !c.free(n.id)) continue;
+    const auto mm = c.sole_feeder(n.inputs[0], n.id);
+    if (!mm || g.node(*mm).op != OpKind::matmul) continue;
+    const NodeId z_producer = g.value(n.inputs[1]).producer;
+    if (z_producer < 0 || g.node(z_producer).op != OpKind::bias_add || g.node(z_producer).fusion_group < 0) continue;
+    const FusionGroup& forward = g.fusion_groups()[static_cast<std::size_t>(g.node(z_producer).fusion_group)];
+    if (forward.kind == FusionKind::linear_forward && g.node(forward.nodes.back()).op == OpKind::gelu_tanh)
+      c.add(FusionKind::dgrad_dgelu, {*mm, n.id});
   }
 }
 
@@ -82,7 +111,8 @@ void fuse_dgrad_drelu(const Graph& g, GroupCollector& c) {
 // producer [-> cast] -> sgd_update(grad): the gradient never needs a buffer.
 void fuse_sgd(const Graph& g, GroupCollector& c, OpKind producer_op, FusionKind kind) {
   for (const Node& n : g.nodes()) {
-    if (n.op != OpKind::sgd_update || !c.free(n.id)) continue;
+    // Nesterov needs the gradient after the velocity update: no fused matmul form.
+    if (n.op != OpKind::sgd_update || !c.free(n.id) || n.attr<SgdUpdateAttrs>().nesterov) continue;
     std::vector<NodeId> members{n.id};
     auto feeder = c.sole_feeder(n.inputs[1], n.id);
     if (feeder && g.node(*feeder).op == OpKind::cast) {
@@ -117,7 +147,7 @@ void fuse(Graph& g, const FusionOptions& options) {
     fuse_sgd(g, c, OpKind::reduce_rows, FusionKind::bgrad_sgd);
   }
   if (options.fused_loss) fuse_loss(g, c);
-  // dgrad_drelu needs to know which relus were fused, so it runs on the
+  // dgrad_drelu / dgrad_dgelu need to know which activations were fused, so they run on the
   // groups collected so far.
   auto groups = c.take();
   g.set_fusion_groups(groups);
@@ -125,6 +155,7 @@ void fuse(Graph& g, const FusionOptions& options) {
     GroupCollector more(g);
     for (const auto& group : groups) more.add(group.kind, group.nodes);
     fuse_dgrad_drelu(g, more);
+    fuse_dgrad_dgelu(g, more);
     g.set_fusion_groups(more.take());
   }
 }

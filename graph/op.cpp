@@ -19,13 +19,17 @@ constexpr std::array kFusionNames = {
     std::pair{FusionKind::wgrad_sgd, "wgrad_sgd"},
     std::pair{FusionKind::bgrad_sgd, "bgrad_sgd"},
     std::pair{FusionKind::xent_fused, "xent_fused"},
+    std::pair{FusionKind::dgrad_dgelu, "dgrad_dgelu"},
 };
 
 constexpr std::array<const char*, std::variant_size_v<OpAttrs>> kAttrsKindNames = {
-    "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update"};
+    "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update", "label_smoothing", "dropout", "adam_update",
+    "clip_grad"};
 static_assert(attrs_index<NoAttrs>() == 0 && attrs_index<BatchIndicesAttrs>() == 1 &&
               attrs_index<GatherRowsAttrs>() == 2 && attrs_index<MatmulAttrs>() == 3 &&
-              attrs_index<CastAttrs>() == 4 && attrs_index<SgdUpdateAttrs>() == 5);
+              attrs_index<CastAttrs>() == 4 && attrs_index<SgdUpdateAttrs>() == 5 &&
+              attrs_index<LabelSmoothingAttrs>() == 6 && attrs_index<DropoutAttrs>() == 7 &&
+              attrs_index<AdamUpdateAttrs>() == 8 && attrs_index<ClipGradAttrs>() == 9);
 
 }  // namespace
 

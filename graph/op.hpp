@@ -37,6 +37,27 @@ enum class OpKind : std::uint8_t {
   gelu,                   // X -> X * Phi(X) (exact, erf-based)
   gelu_backward,          // (dY, X) -> dY * gelu'(X)
   bias_add_relu,          // (X [M,N], b [N]) -> (Z = X + b, relu(Z)): two outputs
+  // ---- activations, regression losses, label smoothing, dropout (issue 21)
+  gelu_tanh,              // X -> 0.5 X (1 + tanh(sqrt(2/pi) (X + 0.044715 X^3)))
+  gelu_tanh_backward,     // (dY, X) -> dY * gelu_tanh'(X)
+  silu,                   // X -> X * sigmoid(X)
+  silu_backward,          // (dY, X) -> dY * silu'(X)
+  tanh,                   // X -> tanh(X)
+  tanh_backward,          // (dY, Y) -> dY * (1 - Y^2)
+  sigmoid,                // X -> 1 / (1 + exp(-X))
+  sigmoid_backward,       // (dY, Y) -> dY * Y * (1 - Y)
+  mse_loss,               // (pred [B,K], target [B,K]) -> mean (pred - target)^2 f32[1]
+  mse_loss_backward,      // (pred, target) -> 2 (pred - target) / (B K)
+  l1_loss,                // (pred [B,K], target [B,K]) -> mean |pred - target| f32[1]
+  l1_loss_backward,       // (pred, target) -> sign(pred - target) / (B K)
+  softmax_xent_smoothed,           // (logits, labels) -> label-smoothed mean cross-entropy f32[1]
+  softmax_xent_smoothed_backward,  // (logits, labels) -> (softmax - smoothed target) / B
+  dropout,                // (X, step i32[1]) -> X * keep / (1 - p), keep from Philox(seed, step, element)
+  dropout_backward,       // (dY, step i32[1]) -> dY * keep / (1 - p), the same mask recomputed
+  // ---- optimizers and gradient clipping (issue 21)
+  adam_update,            // (param, grad, m, v, step i32[1][, clip scale f32[1]]) -> nothing; Adam/AdamW in place
+  grad_clip_scale,        // (grad, grad, ...) -> f32[1] min(1, max_norm / (global L2 norm + 1e-6))
+  scale_grad,             // (grad, scale f32[1]) -> grad * scale
 };
 
 std::string_view op_name(OpKind op);
@@ -74,10 +95,46 @@ struct CastAttrs {
 struct SgdUpdateAttrs {
   double momentum = 0.0;
   double weight_decay = 0.0;
+  bool nesterov = false;  // PyTorch's SGD(nesterov=True): needs momentum > 0
   bool operator==(const SgdUpdateAttrs&) const = default;
 };
 
-using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs>;
+// PyTorch CrossEntropyLoss(label_smoothing=eps): the target is
+// (1 - eps) * onehot + eps / classes.
+struct LabelSmoothingAttrs {
+  double eps = 0.0;
+  bool operator==(const LabelSmoothingAttrs&) const = default;
+};
+// Inverted dropout (PyTorch's): an element is kept with probability 1 - p and
+// scaled by 1 / (1 - p). The keep bit of element i at step s is drawn from
+// Philox4x32-10 keyed by `seed` with a counter made of i / 4, stream and s
+// (ops/philox.hpp); `stream` tells the dropout sites of one graph apart.
+struct DropoutAttrs {
+  double p = 0.0;
+  std::uint64_t seed = 0;
+  std::int64_t stream = 0;
+  bool operator==(const DropoutAttrs&) const = default;
+};
+
+// PyTorch's Adam (decoupled = false: weight decay added to the gradient) and
+// AdamW (decoupled = true: w *= 1 - lr*wd before the step). Bias correction
+// uses t = step + 1 read from the graph's step counter; lr is run state.
+struct AdamUpdateAttrs {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = false;
+  bool operator==(const AdamUpdateAttrs&) const = default;
+};
+// torch.nn.utils.clip_grad_norm_(max_norm): the scale every update applies.
+struct ClipGradAttrs {
+  double max_norm = 1.0;
+  bool operator==(const ClipGradAttrs&) const = default;
+};
+
+using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
+                             LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -86,7 +143,8 @@ constexpr std::size_t attrs_index() {
   if constexpr (std::is_same_v<A, std::variant_alternative_t<I, OpAttrs>>) return I;
   else return attrs_index<A, I + 1>();
 }
-// "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update".
+// "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
+// "label_smoothing", "dropout", "adam_update", "clip_grad".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 
@@ -94,11 +152,12 @@ inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kin
 // kernel (or one cuBLASLt call plus at most one element-wise kernel).
 enum class FusionKind : std::uint8_t {
   batch_fetch,     // batch_indices + gather_rows...
-  linear_forward,  // matmul + bias_add [+ relu]
+  linear_forward,  // matmul + bias_add [+ relu | gelu_tanh]
   dgrad_drelu,     // matmul producing dY + relu_backward
   wgrad_sgd,       // matmul producing a weight gradient [+ cast] + sgd_update
   bgrad_sgd,       // reduce_rows producing a bias gradient [+ cast] + sgd_update
   xent_fused,      // softmax_xent + softmax_xent_backward
+  dgrad_dgelu,     // matmul producing dY + gelu_tanh_backward reading a fused forward's pre-activation
 };
 
 std::string_view fusion_name(FusionKind kind);

@@ -10,15 +10,23 @@ namespace sg {
 namespace {
 
 // Every op's entry, in OpKind order (checked on first use).
-const std::array<const OpDef*, 17>& table() {
-  static const std::array<const OpDef*, 17> entries = [] {
-    std::array<const OpDef*, 17> t = {
+const std::array<const OpDef*, 36>& table() {
+  static const std::array<const OpDef*, 36> entries = [] {
+    std::array<const OpDef*, 36> t = {
         &ops::batch_indices_def(), &ops::gather_rows_def(),  &ops::matmul_def(),
         &ops::bias_add_def(),      &ops::relu_def(),         &ops::relu_backward_def(),
         &ops::softmax_xent_def(),  &ops::softmax_xent_backward_def(), &ops::reduce_rows_def(),
         &ops::add_def(),           &ops::cast_def(),         &ops::sgd_update_def(),
         &ops::advance_step_def(),  &ops::count_correct_def(), &ops::gelu_def(),
         &ops::gelu_backward_def(), &ops::bias_add_relu_def(),
+        // issue 21: activations, regression losses, label smoothing, dropout
+        &ops::gelu_tanh_def(), &ops::gelu_tanh_backward_def(), &ops::silu_def(), &ops::silu_backward_def(),
+        &ops::tanh_def(), &ops::tanh_backward_def(), &ops::sigmoid_def(), &ops::sigmoid_backward_def(),
+        &ops::mse_loss_def(), &ops::mse_loss_backward_def(), &ops::l1_loss_def(), &ops::l1_loss_backward_def(),
+        &ops::softmax_xent_smoothed_def(), &ops::softmax_xent_smoothed_backward_def(), &ops::dropout_def(),
+        &ops::dropout_backward_def(),
+        // issue 21: optimizers and gradient clipping
+        &ops::adam_update_def(), &ops::grad_clip_scale_def(), &ops::scale_grad_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

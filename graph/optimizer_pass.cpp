@@ -1,28 +1,89 @@
 #include "graph/optimizer_pass.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
 
 namespace sg {
 namespace {
 
-// First position after every node that produces `grad` or reads `param`.
-std::size_t earliest_update_position(const Graph& g, ValueId param, ValueId grad) {
-  std::size_t pos = static_cast<std::size_t>(g.value(grad).producer) + 1;
+// First position after every node that produces one of `inputs` or reads `param`.
+std::size_t earliest_update_position(const Graph& g, ValueId param, const std::vector<ValueId>& inputs) {
+  std::size_t pos = 0;
+  for (ValueId v : inputs)
+    if (g.value(v).producer >= 0) pos = std::max(pos, static_cast<std::size_t>(g.value(v).producer) + 1);
   for (NodeId reader : g.consumers(param)) pos = std::max(pos, static_cast<std::size_t>(reader) + 1);
   return pos;
 }
 
+std::size_t after_last_gradient(const Graph& g, const GradientMap& grads) {
+  std::size_t pos = 0;
+  for (const auto& [param, grad] : grads.of_param)
+    pos = std::max(pos, static_cast<std::size_t>(g.value(grad).producer) + 1);
+  return pos;
+}
+
+// The clip scale over every gradient, right after the last of them is produced.
+ValueId append_clip_scale(Graph& g, const GradientMap& grads, double max_norm) {
+  std::vector<ValueId> all;
+  for (const auto& [param, grad] : grads.of_param) all.push_back(grad);
+  return g.insert_node(after_last_gradient(g, grads), OpKind::grad_clip_scale, all, ClipGradAttrs{max_norm},
+                       Role::grad, "grad_clip_scale")
+      .front();
+}
+
 }  // namespace
 
-void append_sgd(Graph& g, const GradientMap& grads, const SgdSpec& sgd) {
-  const SgdUpdateAttrs attrs{sgd.momentum, sgd.weight_decay};  // sgd.lr is the executors' run state
-  for (const auto& [param, grad] : grads.of_param) {
-    std::vector<ValueId> inputs{param, grad};
-    if (sgd.momentum > 0.0) {
-      const Value& p = g.value(param);
-      inputs.push_back(g.state("vel_" + p.name, p.shape, p.dtype));
+std::string_view optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::adam: return "adam";
+    case OptimizerKind::adamw: return "adamw";
+  }
+  return "?";
+}
+
+OptimizerKind optimizer_from_name(std::string_view name) {
+  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw})
+    if (optimizer_name(k) == name) return k;
+  throw std::invalid_argument(fmt::format("unknown optimizer '{}' (sgd, adam, adamw)", name));
+}
+
+void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step) {
+  const bool adam = spec.kind != OptimizerKind::sgd;
+  if (adam && !step) throw GraphError(fmt::format("{} needs the graph's step counter (bias correction)", optimizer_name(spec.kind)));
+  if (spec.kind == OptimizerKind::sgd && spec.nesterov && !(spec.momentum > 0.0))
+    throw GraphError("sgd: nesterov needs momentum > 0");
+  if (grads.of_param.empty()) return;
+  std::optional<ValueId> scale;
+  if (spec.clip_grad_norm > 0.0) scale = append_clip_scale(g, grads, spec.clip_grad_norm);
+
+  for (const auto& [param, raw_grad] : grads.of_param) {
+    const Value p = g.value(param);
+    if (adam) {
+      std::vector<ValueId> inputs{param, raw_grad, g.state("adam_m_" + p.name, p.shape, DType::f32),
+                                  g.state("adam_v_" + p.name, p.shape, DType::f32), *step};
+      if (scale) inputs.push_back(*scale);
+      const AdamUpdateAttrs attrs{spec.beta1, spec.beta2, spec.eps, spec.weight_decay,
+                                  spec.kind == OptimizerKind::adamw};
+      // After the last gradient, so a backend can run every Adam update in one launch.
+      const std::size_t pos = std::max(earliest_update_position(g, param, inputs), after_last_gradient(g, grads));
+      g.insert_node(pos, OpKind::adam_update, inputs, attrs, Role::activation, {});
+      continue;
     }
-    g.insert_node(earliest_update_position(g, param, grad), OpKind::sgd_update, inputs, attrs, Role::activation, {});
+    ValueId grad = raw_grad;
+    if (scale) {
+      const std::vector<ValueId> in{raw_grad, *scale};
+      grad = g.insert_node(earliest_update_position(g, param, in), OpKind::scale_grad, in, NoAttrs{}, Role::grad,
+                           "clipped_" + g.value(raw_grad).name)
+                 .front();
+    }
+    std::vector<ValueId> inputs{param, grad};
+    if (spec.momentum > 0.0) inputs.push_back(g.state("vel_" + p.name, p.shape, p.dtype));
+    const SgdUpdateAttrs attrs{spec.momentum, spec.weight_decay, spec.nesterov};  // spec.lr is the executors' run state
+    g.insert_node(earliest_update_position(g, param, inputs), OpKind::sgd_update, inputs, attrs, Role::activation, {});
   }
 }
 

@@ -1,20 +1,46 @@
 #pragma once
-// Appends the optimizer: one sgd_update per parameter, placed as early as it
-// is legal (after its gradient is produced and after the last read of the
-// parameter) so gradients die young. The step advance is the pipeline's
-// (graph/training_graph.hpp): the optimizer knows no step counter.
+// Appends the optimizer: one update per parameter. sgd_update is placed as
+// early as it is legal (after its gradient is produced and after the last read
+// of the parameter) so gradients die young (and fuse with their matmul);
+// adam_update after the last gradient, so a backend can run all of them in one
+// multi-tensor launch (a bias's update still fuses with its column sum).
+// With gradient clipping, one grad_clip_scale node reads every gradient and
+// each update reads its scale (Adam directly, SGD through a scale_grad node).
+// The step advance is the pipeline's (graph/training_graph.hpp); Adam reads
+// the step counter it is given for its bias correction.
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
 #include "graph/autodiff.hpp"
 
 namespace sg {
 
-struct SgdSpec {
+enum class OptimizerKind : std::uint8_t { sgd, adam, adamw };
+
+std::string_view optimizer_name(OptimizerKind kind);            // "sgd", "adam", "adamw"
+OptimizerKind optimizer_from_name(std::string_view name);       // throws std::invalid_argument
+
+struct OptimizerSpec {
   // The initial learning rate, for trainers (CpuExecutor::set_learning_rate,
   // the CUDA program's scalar table): the graph does not hold it.
   double lr = 0.01;
-  double momentum = 0.0;      // > 0 adds a velocity state per parameter ("vel_<param>")
-  double weight_decay = 0.0;
+  double momentum = 0.0;      // sgd: > 0 adds a velocity state per parameter ("vel_<param>")
+  double weight_decay = 0.0;  // sgd, adam: added to the gradient; adamw: decoupled
+  OptimizerKind kind = OptimizerKind::sgd;
+  bool nesterov = false;      // sgd: needs momentum > 0
+  double beta1 = 0.9;         // adam, adamw: state "adam_m_<param>", "adam_v_<param>" (f32)
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double clip_grad_norm = 0.0;  // > 0: scale every gradient by min(1, c / (global L2 norm + 1e-6))
 };
+// The name the SGD-only pipeline used.
+using SgdSpec = OptimizerSpec;
 
-void append_sgd(Graph& graph, const GradientMap& grads, const SgdSpec& sgd);
+// `step` is the graph's step counter (i32 [1] state, advanced after the
+// updates); Adam needs it, SGD ignores it. Throws GraphError when the spec is
+// unusable (nesterov without momentum, Adam without a step counter).
+void append_optimizer(Graph& graph, const GradientMap& grads, const OptimizerSpec& spec,
+                      std::optional<ValueId> step = std::nullopt);
 
 }  // namespace sg

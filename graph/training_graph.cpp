@@ -13,7 +13,7 @@ TrainingGraphStages build_training_stages(Graph forward, ValueId loss, const Sgd
   const auto grads = append_backward(s.backward, loss);
   verify_graph(s.backward);
   s.optimized = s.backward;
-  append_sgd(s.optimized, grads, sgd);
+  append_optimizer(s.optimized, grads, sgd, step);
   if (step) s.optimized.advance_step(*step);
   verify_graph(s.optimized);
   s.fused = s.optimized;

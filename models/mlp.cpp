@@ -1,5 +1,9 @@
 #include "models/mlp.hpp"
 
+#include <array>
+#include <stdexcept>
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "models/param_init.hpp"
@@ -9,6 +13,38 @@ namespace sg {
 std::string names::weight(std::size_t layer) { return fmt::format("w{}", layer); }
 std::string names::bias(std::size_t layer) { return fmt::format("b{}", layer); }
 
+namespace {
+constexpr std::array kActivationNames = {
+    std::pair{MlpActivation::relu, "relu"},     std::pair{MlpActivation::gelu, "gelu"},
+    std::pair{MlpActivation::gelu_tanh, "gelu_tanh"}, std::pair{MlpActivation::silu, "silu"},
+    std::pair{MlpActivation::tanh, "tanh"},     std::pair{MlpActivation::sigmoid, "sigmoid"},
+    std::pair{MlpActivation::identity, "identity"},
+};
+constexpr std::array kLossNames = {
+    std::pair{MlpLoss::softmax_xent, "softmax_xent"}, std::pair{MlpLoss::mse, "mse"}, std::pair{MlpLoss::l1, "l1"}};
+}  // namespace
+
+std::string_view activation_name(MlpActivation a) {
+  for (const auto& [k, n] : kActivationNames)
+    if (k == a) return n;
+  return "?";
+}
+std::string_view loss_name(MlpLoss l) {
+  for (const auto& [k, n] : kLossNames)
+    if (k == l) return n;
+  return "?";
+}
+MlpActivation activation_from_name(std::string_view name) {
+  for (const auto& [k, n] : kActivationNames)
+    if (name == n) return k;
+  throw std::invalid_argument(fmt::format("unknown activation '{}'", name));
+}
+MlpLoss loss_from_name(std::string_view name) {
+  for (const auto& [k, n] : kLossNames)
+    if (name == n) return k;
+  throw std::invalid_argument(fmt::format("unknown loss '{}'", name));
+}
+
 void validate_mlp_spec(const MlpSpec& spec) {
   if (spec.layers.size() < 2) throw GraphError("mlp: needs at least an input and an output size");
   for (auto s : spec.layers)
@@ -16,7 +52,22 @@ void validate_mlp_spec(const MlpSpec& spec) {
   if (spec.batch <= 0 || spec.batch > spec.dataset_rows)
     throw GraphError(fmt::format("mlp: batch {} must be in 1..{} (dataset rows)", spec.batch, spec.dataset_rows));
   if (!is_floating(spec.weight_dtype) || !is_floating(spec.compute_dtype))
-    throw GraphError("mlp: weight and compute dtypes must be f32 or f16");
+    throw GraphError("mlp: weight and compute dtypes must be f32, f16 or bf16");
+  if (!(spec.dropout >= 0.0 && spec.dropout < 1.0))
+    throw GraphError(fmt::format("mlp: dropout {} must be in [0, 1)", spec.dropout));
+  if (!(spec.label_smoothing >= 0.0 && spec.label_smoothing <= 1.0))
+    throw GraphError(fmt::format("mlp: label smoothing {} must be in [0, 1]", spec.label_smoothing));
+  if (spec.label_smoothing > 0.0 && spec.loss != MlpLoss::softmax_xent)
+    throw GraphError(fmt::format("mlp: label smoothing applies to softmax_xent, not to loss {}", loss_name(spec.loss)));
+  if (spec.feature_dtype != DType::u8 && spec.feature_dtype != DType::f16 && spec.feature_dtype != DType::f32)
+    throw GraphError(fmt::format("mlp: feature dtype {} must be u8, f16 or f32", dtype_name(spec.feature_dtype)));
+  if (spec.target_width < 0) throw GraphError(fmt::format("mlp: target width {} must be >= 0", spec.target_width));
+  if (spec.target_width > 0 && spec.target_width != spec.layers.back())
+    throw GraphError(fmt::format("mlp: {} float targets per example but {} outputs", spec.target_width,
+                                 spec.layers.back()));
+  if ((spec.target_width > 0) != is_regression(spec.loss))
+    throw GraphError(fmt::format("mlp: loss {} needs {}", loss_name(spec.loss),
+                                 is_regression(spec.loss) ? "float targets (target width > 0)" : "class labels"));
 }
 
 namespace {
@@ -27,13 +78,15 @@ struct FetchedBatch {
 
 FetchedBatch add_batch_fetch(Graph& g, const MlpSpec& spec) {
   const auto rows = spec.dataset_rows;
-  const ValueId images = g.input(names::images, {rows, spec.layers.front()}, DType::u8);
-  const ValueId labels = g.label(names::labels, {rows}, DType::u8);
+  const ValueId images = g.input(names::images, {rows, spec.layers.front()}, spec.feature_dtype);
+  const bool targets = spec.target_width > 0;
+  const ValueId labels = targets ? g.label(names::labels, {rows, spec.target_width}, DType::f32)
+                                 : g.label(names::labels, {rows}, DType::u8);
   const ValueId perm = g.input(names::perm, {rows}, DType::i32);
   const ValueId step = g.state(names::step, {1}, DType::i32);
   const ValueId idx = g.batch_indices(perm, step, spec.batch);
   const ValueId x = g.gather_rows(images, idx, spec.compute_dtype, spec.input_scale, spec.input_shift, "x");
-  const ValueId y = g.gather_rows(labels, idx, DType::i32, 1.0, 0.0, "y");
+  const ValueId y = g.gather_rows(labels, idx, targets ? DType::f32 : DType::i32, 1.0, 0.0, "y");
   return {x, y};
 }
 
@@ -43,7 +96,23 @@ ValueId as_compute(Graph& g, ValueId param, DType compute) {
   return g.value(param).dtype == compute ? param : g.cast(param, compute);
 }
 
-ValueId add_layers(Graph& g, const MlpSpec& spec, ValueId x) {
+ValueId add_activation(Graph& g, MlpActivation a, ValueId h) {
+  const auto unary = [&](OpKind op) { return g.append_node(op, {h}, NoAttrs{}, Role::activation).front(); };
+  switch (a) {
+    case MlpActivation::relu: return g.relu(h);
+    case MlpActivation::gelu: return g.gelu(h);
+    case MlpActivation::gelu_tanh: return unary(OpKind::gelu_tanh);
+    case MlpActivation::silu: return unary(OpKind::silu);
+    case MlpActivation::tanh: return unary(OpKind::tanh);
+    case MlpActivation::sigmoid: return unary(OpKind::sigmoid);
+    case MlpActivation::identity: return h;
+  }
+  throw GraphError("mlp: unknown activation");
+}
+
+// `training`: the training graph's forward (dropout applies); the eval graph
+// has none.
+ValueId add_layers(Graph& g, const MlpSpec& spec, ValueId x, bool training) {
   ValueId h = x;
   const std::size_t count = spec.layers.size() - 1;
   for (std::size_t l = 1; l <= count; ++l) {
@@ -52,9 +121,29 @@ ValueId add_layers(Graph& g, const MlpSpec& spec, ValueId x) {
     const ValueId w = g.param(names::weight(l), {out, in}, spec.weight_dtype);
     const ValueId b = g.param(names::bias(l), {out}, spec.weight_dtype);
     h = g.linear(h, as_compute(g, w, spec.compute_dtype), as_compute(g, b, spec.compute_dtype));
-    if (l < count) h = g.relu(h);
+    if (l == count) break;
+    h = add_activation(g, spec.activation, h);
+    if (training && spec.dropout > 0.0) {
+      const DropoutAttrs attrs{spec.dropout, spec.dropout_seed, static_cast<std::int64_t>(l)};
+      h = g.append_node(OpKind::dropout, {h, g.value_named(names::step)}, attrs, Role::activation).front();
+    }
   }
   return h;
+}
+
+ValueId add_loss(Graph& g, const MlpSpec& spec, ValueId out, ValueId y) {
+  switch (spec.loss) {
+    case MlpLoss::softmax_xent:
+      if (spec.label_smoothing == 0.0) return g.softmax_xent(out, y);
+      return g.append_node(OpKind::softmax_xent_smoothed, {out, y}, LabelSmoothingAttrs{spec.label_smoothing},
+                           Role::activation, names::loss)
+          .front();
+    case MlpLoss::mse:
+      return g.append_node(OpKind::mse_loss, {out, y}, NoAttrs{}, Role::activation, names::loss).front();
+    case MlpLoss::l1:
+      return g.append_node(OpKind::l1_loss, {out, y}, NoAttrs{}, Role::activation, names::loss).front();
+  }
+  throw GraphError("mlp: unknown loss");
 }
 
 }  // namespace
@@ -63,9 +152,8 @@ Graph build_mlp_forward(const MlpSpec& spec) {
   validate_mlp_spec(spec);
   Graph g;
   const auto batch = add_batch_fetch(g, spec);
-  const ValueId logits = add_layers(g, spec, batch.x);
-  const ValueId loss = g.softmax_xent(logits, batch.y);
-  g.mark_output(loss);
+  const ValueId logits = add_layers(g, spec, batch.x, /*training=*/true);
+  g.mark_output(add_loss(g, spec, logits, batch.y));
   return g;
 }
 
@@ -73,10 +161,26 @@ Graph build_mlp_eval(const MlpSpec& spec) {
   validate_mlp_spec(spec);
   Graph g;
   const auto batch = add_batch_fetch(g, spec);
-  const ValueId logits = add_layers(g, spec, batch.x);
-  g.mark_output(g.softmax_xent(logits, batch.y));
-  g.mark_output(g.count_correct(logits, batch.y));
+  const ValueId logits = add_layers(g, spec, batch.x, /*training=*/false);
+  g.mark_output(add_loss(g, spec, logits, batch.y));
+  // A regression run reports its test loss only (DataBindings.correct unset).
+  if (!is_regression(spec.loss)) g.mark_output(g.count_correct(logits, batch.y));
   g.advance_step(g.value_named(names::step));
+  return g;
+}
+
+Graph build_mlp_predict(const MlpSpec& spec) {
+  validate_mlp_spec(spec);
+  Graph g;
+  const auto rows = spec.dataset_rows;
+  const ValueId features = g.input(names::images, {rows, spec.layers.front()}, spec.feature_dtype);
+  const ValueId perm = g.input(names::perm, {rows}, DType::i32);
+  const ValueId step = g.state(names::step, {1}, DType::i32);
+  const ValueId idx = g.batch_indices(perm, step, spec.batch);
+  const ValueId x = g.gather_rows(features, idx, spec.compute_dtype, spec.input_scale, spec.input_shift, "x");
+  const ValueId out = add_layers(g, spec, x, /*training=*/false);
+  g.mark_output(out);
+  g.advance_step(step);
   return g;
 }
 

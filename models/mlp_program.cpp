@@ -11,7 +11,7 @@ std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted) {
 }
 
 MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target) {
-  if (target == ProgramTarget::cuda) mlp.compute_dtype = DType::f16;
+  if (target == ProgramTarget::cuda && !is_half_width_float(mlp.compute_dtype)) mlp.compute_dtype = DType::f16;
   return mlp;
 }
 

@@ -28,7 +28,8 @@ enum class ProgramTarget : std::uint8_t { cpu, cuda };
 // Largest divisor of `rows` not above `wanted` (eval batches cover the test set exactly).
 std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted);
 
-// The MLP with `target`'s compute dtype (the spec itself for the CPU).
+// The MLP with `target`'s compute dtype (the spec itself for the CPU; the
+// CUDA backend computes in f16 or bf16, so f32 compute becomes f16 there).
 MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target);
 
 // Training graph over `train_rows` rows, eval graph (fused too) over

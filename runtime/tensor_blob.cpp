@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/half_width_floats.hpp"
+
 namespace sg {
 
 std::uint16_t float_to_half_bits(float value) {
@@ -27,6 +29,10 @@ io::TensorBlob blob_from_floats(std::string name, Shape shape, DType dtype, cons
     std::vector<std::uint16_t> halves(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) halves[i] = float_to_half_bits(values[i]);
     blob.bytes.assign(reinterpret_cast<const char*>(halves.data()), halves.size() * sizeof(std::uint16_t));
+  } else if (dtype == DType::bf16) {
+    std::vector<std::uint16_t> bf16s(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) bf16s[i] = float_to_bf16_bits(values[i]);
+    blob.bytes.assign(reinterpret_cast<const char*>(bf16s.data()), bf16s.size() * sizeof(std::uint16_t));
   } else {
     throw std::invalid_argument(fmt::format("blob '{}': {} is not a floating dtype", blob.name, dtype_name(dtype)));
   }
@@ -47,6 +53,12 @@ std::vector<float> floats_from_blob(const io::TensorBlob& blob) {
       std::uint16_t bits;
       std::memcpy(&bits, blob.bytes.data() + 2 * i, 2);
       out[i] = half_bits_to_float(bits);
+    }
+  } else if (blob.dtype == DType::bf16) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t bits;
+      std::memcpy(&bits, blob.bytes.data() + 2 * i, 2);
+      out[i] = bf16_bits_to_float(bits);
     }
   } else {
     throw std::invalid_argument(fmt::format("blob '{}' is {}, not floating", blob.name, dtype_name(blob.dtype)));

@@ -1,6 +1,7 @@
 #pragma once
 // Conversions between host float arrays and checkpoint blobs of any floating
-// dtype (f16 blobs keep fp16 weights bit-exact across save and resume).
+// dtype (f16 and bf16 blobs keep 16-bit weights bit-exact across save and
+// resume).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,7 +15,7 @@ namespace sg {
 inline constexpr const char* kStepEntry = "step";
 
 io::TensorBlob blob_from_floats(std::string name, Shape shape, DType dtype, const std::vector<float>& values);
-std::vector<float> floats_from_blob(const io::TensorBlob& blob);  // f32 or f16 blobs
+std::vector<float> floats_from_blob(const io::TensorBlob& blob);  // f32, f16 or bf16 blobs
 io::TensorBlob step_blob(std::int64_t step);                       // kStepEntry, i32 [1]
 std::int64_t step_from_blobs(const std::vector<io::TensorBlob>& blobs);  // throws if absent
 

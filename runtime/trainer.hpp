@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/backend_options.hpp"
@@ -53,6 +54,9 @@ class Trainer {
   // checked (the CUDA backend checks on the device after every launch); the
   // value is read when the host next asks, which may synchronize.
   virtual std::int64_t first_nonfinite_step() = 0;
+  // Wall seconds of the parts of the trainer's construction (e.g. lowering,
+  // upload, capture), for the run's time breakdown; empty if not timed.
+  virtual std::vector<std::pair<std::string, double>> setup_phases() const { return {}; }
 };
 
 // Throws std::invalid_argument when spec.program does not fit `data`.

@@ -32,12 +32,21 @@ bool is_output(const Graph& g, ValueId id) {
 
 void check_bindings(std::string_view graph, const Graph& g, const DataBindings& d, std::int64_t rows,
                     bool needs_correct) {
-  const Value& images = bound(graph, g, d.images, "images", Role::input, DType::u8);
+  // The feature table: u8 images, or f16/f32 features (own data, issue 23).
+  const DType feature_dtype = d.images >= 0 && static_cast<std::size_t>(d.images) < g.values().size()
+                                  ? g.value(d.images).dtype
+                                  : DType::u8;
+  if (feature_dtype != DType::u8 && feature_dtype != DType::f16 && feature_dtype != DType::f32)
+    fail(graph, fmt::format("the image table is {}, expected u8, f16 or f32", dtype_name(feature_dtype)));
+  const Value& images = bound(graph, g, d.images, "images", Role::input, feature_dtype);
   if (images.shape.size() != 2 || images.shape[0] != rows)
     fail(graph, fmt::format("the image table '{}' is {} but the split has {} rows", images.name,
                             shape_string(images.shape), rows));
-  const Value& labels = bound(graph, g, d.labels, "labels", Role::label, DType::u8);
-  if (labels.shape != Shape{rows})
+  // Class labels u8 [rows], or float targets f32 [rows, K].
+  const bool targets = d.labels >= 0 && static_cast<std::size_t>(d.labels) < g.values().size() &&
+                       g.value(d.labels).dtype == DType::f32;
+  const Value& labels = bound(graph, g, d.labels, "labels", Role::label, targets ? DType::f32 : DType::u8);
+  if (targets ? labels.shape.size() != 2 || labels.shape[0] != rows : labels.shape != Shape{rows})
     fail(graph, fmt::format("the label table '{}' is {} but the split has {} rows", labels.name,
                             shape_string(labels.shape), rows));
   const Value& perm = bound(graph, g, d.perm, "perm", Role::input, DType::i32);
@@ -55,8 +64,8 @@ void check_bindings(std::string_view graph, const Graph& g, const DataBindings& 
     if (c < 0 || static_cast<std::size_t>(c) >= g.values().size() || !is_output(g, c) ||
         g.value(c).dtype != DType::i32 || element_count(g.value(c).shape) != 1)
       fail(graph, "the correct-count binding is not an i32 scalar output of the graph");
-  } else if (needs_correct) {
-    fail(graph, "no correct-count binding");
+  } else if (needs_correct && !targets) {
+    fail(graph, "no correct-count binding (a classifier's eval graph counts correct predictions)");
   }
   if (d.batch <= 0 || d.batch > rows)
     fail(graph, fmt::format("batch {} is not in 1..{} (the split's rows)", d.batch, rows));

@@ -16,12 +16,12 @@ namespace sg {
 
 // The values of one graph the runtime binds to host data or reads back.
 struct DataBindings {
-  ValueId images = -1;  // input u8 [rows, features]: the split's whole image table
-  ValueId labels = -1;  // label u8 [rows]: its labels
+  ValueId images = -1;  // input u8/f16/f32 [rows, features]: the split's whole feature table
+  ValueId labels = -1;  // label u8 [rows]: its class labels, or f32 [rows, K]: its float targets
   ValueId perm = -1;    // input i32 [rows]: row order (the epoch permutation; identity for eval)
   ValueId step = -1;    // state i32 [1]: the counter the batch fetch reads; the graph advances it
   ValueId loss = -1;    // output f32: mean loss of the batch
-  std::optional<ValueId> correct;  // output i32: correct predictions of the batch (eval)
+  std::optional<ValueId> correct;  // output i32: correct predictions of the batch (a classifier's eval)
   std::int64_t batch = 0;          // rows one run of the graph consumes
 };
 

@@ -7,11 +7,13 @@ namespace sg::app {
 const std::vector<ConfigSection>& config_schema() {
   static const std::vector<ConfigSection> schema = {
       {"", {}, {"model", "data", "optim", "precision", "run", "backend"}},
-      {"model", {"layers", "input", "hidden_width", "hidden_depth", "classes", "activation"}, {}},
-      {"data", {"dir", "batch_size", "shuffle_seed", "normalize", "mean", "std", "train_limit", "test_limit", "eval_batch_size"}, {}},
-      {"optim", {"name", "lr", "momentum", "weight_decay"}, {"schedule"}},
+      {"model", {"layers", "input", "hidden_width", "hidden_depth", "classes", "activation", "loss",
+                 "label_smoothing", "dropout"}, {}},
+      {"data", {"dir", "batch_size", "shuffle_seed", "normalize", "mean", "std", "train_limit", "test_limit", "eval_batch_size",
+        "format", "train_x", "train_y", "test_x", "test_y", "label_column", "test_fraction", "split_seed"}, {}},
+      {"optim", {"name", "lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "clip_grad_norm"}, {"schedule"}},
       {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
-      {"precision", {"weights", "accumulate"}, {}},
+      {"precision", {"weights", "accumulate", "compute"}, {}},
       {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume"}, {}},
       {"backend",
        {"kind", "cuda_graph", "autotune", "whole_step", "one_pass_backward", "steps_per_launch", "whole_step_mode",

@@ -70,6 +70,21 @@ class ConfigReader {
     }
   }
 
+  // `key: [a, b]`: exactly two numbers (optim.betas).
+  void read_pair(const YAML::Node& section, const std::string& path, const char* key, double& first, double& second) const {
+    if (!section || !section.IsMap()) return;
+    const YAML::Node node = section[key];
+    if (!node) return;
+    const auto full = join_path(path, key);
+    if (!node.IsSequence() || node.size() != 2) fail(node, full, "expected a list of two numbers, e.g. [0.9, 0.999]");
+    try {
+      first = node[0].as<double>();
+      second = node[1].as<double>();
+    } catch (const YAML::Exception&) {
+      fail(node, full, "expected a list of two numbers, e.g. [0.9, 0.999]");
+    }
+  }
+
   void read_list(const YAML::Node& section, const std::string& path, const char* key, std::vector<std::int64_t>& out) const {
     if (!section || !section.IsMap()) return;
     const YAML::Node node = section[key];
@@ -109,6 +124,9 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(model, "model", "hidden_depth", c.model.hidden_depth);
   r.read(model, "model", "classes", c.model.classes);
   r.read(model, "model", "activation", c.model.activation);
+  r.read(model, "model", "loss", c.model.loss);
+  r.read(model, "model", "label_smoothing", c.model.label_smoothing);
+  r.read(model, "model", "dropout", c.model.dropout);
 
   const auto data = section_of(root, "data");
   r.read(data, "data", "dir", c.data.dir);
@@ -120,12 +138,24 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(data, "data", "train_limit", c.data.train_limit);
   r.read(data, "data", "test_limit", c.data.test_limit);
   r.read(data, "data", "eval_batch_size", c.data.eval_batch_size);
+  r.read(data, "data", "format", c.data.format);
+  r.read(data, "data", "train_x", c.data.train_x);
+  r.read(data, "data", "train_y", c.data.train_y);
+  r.read(data, "data", "test_x", c.data.test_x);
+  r.read(data, "data", "test_y", c.data.test_y);
+  r.read(data, "data", "label_column", c.data.label_column);
+  r.read(data, "data", "test_fraction", c.data.test_fraction);
+  r.read(data, "data", "split_seed", c.data.split_seed);
 
   const auto optim = section_of(root, "optim");
   r.read(optim, "optim", "name", c.optim.name);
   r.read(optim, "optim", "lr", c.optim.lr);
   r.read(optim, "optim", "momentum", c.optim.momentum);
   r.read(optim, "optim", "weight_decay", c.optim.weight_decay);
+  r.read(optim, "optim", "nesterov", c.optim.nesterov);
+  r.read_pair(optim, "optim", "betas", c.optim.beta1, c.optim.beta2);
+  r.read(optim, "optim", "eps", c.optim.eps);
+  r.read(optim, "optim", "clip_grad_norm", c.optim.clip_grad_norm);
   const auto sched = optim && optim.IsMap() ? optim["schedule"] : YAML::Node();
   r.read(sched, "optim.schedule", "kind", c.optim.schedule.kind);
   r.read(sched, "optim.schedule", "warmup_steps", c.optim.schedule.warmup_steps);
@@ -136,6 +166,7 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   const auto prec = section_of(root, "precision");
   r.read(prec, "precision", "weights", c.precision.weights);
   r.read(prec, "precision", "accumulate", c.precision.accumulate);
+  r.read(prec, "precision", "compute", c.precision.compute);
 
   const auto run = section_of(root, "run");
   r.read(run, "run", "steps", c.run.steps);
@@ -191,7 +222,7 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
     require(m.hidden_width > 0, "model.hidden_width", "must be > 0");
     require(m.hidden_depth > 0, "model.hidden_depth", "must be > 0");
     require(m.input > 0, "model.input", "must be > 0");
-    require(m.classes > 1, "model.classes", "must be > 1");
+    require(m.classes > 1 || m.loss != "softmax_xent", "model.classes", "must be > 1");
     m.layers = {m.input};
     for (std::int64_t i = 0; i < m.hidden_depth; ++i) m.layers.push_back(m.hidden_width);
     m.layers.push_back(m.classes);
@@ -201,12 +232,19 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   for (auto s : m.layers) require(s > 0, "model.layers", fmt::format("size {} must be > 0", s));
   m.input = m.layers.front();
   m.classes = m.layers.back();
-  one_of(m.activation, {"relu"}, "model.activation");
+  one_of(m.activation, {"relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "identity"}, "model.activation");
+  one_of(m.loss, {"softmax_xent", "mse", "l1"}, "model.loss");
+  require(m.label_smoothing >= 0.0 && m.label_smoothing <= 1.0, "model.label_smoothing", "must be in [0, 1]");
+  require(m.label_smoothing == 0.0 || m.loss == "softmax_xent", "model.label_smoothing",
+          fmt::format("applies to model.loss softmax_xent, not {}", m.loss));
+  require(m.dropout >= 0.0 && m.dropout < 1.0, "model.dropout", "must be in [0, 1)");
 
   for (const auto& [key, value] : {std::pair{"data.mean", c.data.mean}, {"data.std", c.data.std}, {"optim.lr", c.optim.lr},
                                    {"optim.momentum", c.optim.momentum}, {"optim.weight_decay", c.optim.weight_decay},
                                    {"optim.schedule.gamma", c.optim.schedule.gamma},
-                                   {"optim.schedule.min_lr", c.optim.schedule.min_lr}})
+                                   {"optim.schedule.min_lr", c.optim.schedule.min_lr}, {"optim.betas", c.optim.beta1},
+                                   {"optim.betas", c.optim.beta2}, {"optim.eps", c.optim.eps},
+                                   {"optim.clip_grad_norm", c.optim.clip_grad_norm}})
     require(std::isfinite(value), key, fmt::format("must be a finite number (got {})", value));
   require(c.data.batch_size > 0, "data.batch_size", fmt::format("must be > 0 (got {})", c.data.batch_size));
   require(c.data.eval_batch_size > 0, "data.eval_batch_size", "must be > 0");
@@ -215,21 +253,42 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   require(c.data.train_limit >= 0, "data.train_limit", "must be >= 0");
   require(c.data.test_limit >= 0, "data.test_limit", "must be >= 0");
   require(!c.data.dir.empty(), "data.dir", "must not be empty");
+  if (!c.data.format.empty()) one_of(c.data.format, {"idx", "npy", "csv"}, "data.format");
+  require(c.data.format != "idx" || c.data.train_x.empty(), "data.train_x",
+          "is for data.format npy or csv (idx reads the four files in data.dir)");
+  require((c.data.format != "npy" && c.data.format != "csv") || !c.data.train_x.empty(), "data.train_x",
+          fmt::format("data.format {} needs data.train_x (the training file)", c.data.format));
+  require(std::isfinite(c.data.test_fraction) && c.data.test_fraction >= 0 && c.data.test_fraction < 1,
+          "data.test_fraction", fmt::format("must be in (0, 1), or 0 for test files (got {})", c.data.test_fraction));
 
-  one_of(c.optim.name, {"sgd"}, "optim.name");
+  one_of(c.optim.name, {"sgd", "adam", "adamw"}, "optim.name");
   require(c.optim.lr > 0, "optim.lr", fmt::format("must be > 0 (got {})", c.optim.lr));
   require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", fmt::format("must be in [0, 1) (got {})", c.optim.momentum));
   require(c.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
+  require(!c.optim.nesterov || c.optim.name == "sgd", "optim.nesterov", "applies to optim.name: sgd only");
+  require(!c.optim.nesterov || c.optim.momentum > 0, "optim.nesterov", "needs optim.momentum > 0 (as in PyTorch)");
+  require(c.optim.momentum == 0 || c.optim.name == "sgd", "optim.momentum",
+          fmt::format("applies to optim.name: sgd only ({} uses optim.betas)", c.optim.name));
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.betas",
+          fmt::format("both must be in [0, 1) (got [{}, {}])", c.optim.beta1, c.optim.beta2));
+  require(c.optim.eps > 0, "optim.eps", fmt::format("must be > 0 (got {})", c.optim.eps));
+  require(c.optim.clip_grad_norm >= 0, "optim.clip_grad_norm", "must be >= 0 (0 = off)");
   one_of(c.optim.schedule.kind, {"constant", "step", "cosine"}, "optim.schedule.kind");
   require(c.optim.schedule.warmup_steps >= 0, "optim.schedule.warmup_steps", "must be >= 0");
   require(c.optim.schedule.step_size > 0, "optim.schedule.step_size", "must be > 0");
   require(c.optim.schedule.gamma > 0 && c.optim.schedule.gamma <= 1, "optim.schedule.gamma", "must be in (0, 1]");
   require(c.optim.schedule.min_lr >= 0 && c.optim.schedule.min_lr <= c.optim.lr, "optim.schedule.min_lr", "must be in [0, optim.lr]");
 
-  one_of(c.precision.weights, {"fp16", "fp32"}, "precision.weights");
+  one_of(c.precision.weights, {"fp16", "bf16", "fp32"}, "precision.weights");
   one_of(c.precision.accumulate, {"fp16", "fp32"}, "precision.accumulate");
+  one_of(c.precision.compute, {"fp16", "bf16"}, "precision.compute");
+  require(c.precision.weights == "fp32" || c.precision.weights == c.precision.compute, "precision.weights",
+          "low-precision weights are stored in the compute dtype (precision.compute: " + c.precision.compute +
+              "): use weights: " + c.precision.compute + " or fp32");
   require(!(c.precision.accumulate == "fp16" && c.precision.weights == "fp32"), "precision.accumulate",
           "cuBLASLt has no fp16 accumulation into fp32 master weights: use accumulate: fp32 or weights: fp16");
+  require(!(c.precision.accumulate == "fp16" && c.precision.compute == "bf16"), "precision.accumulate",
+          "cuBLASLt accumulates bf16 matmuls in fp32 only: use accumulate: fp32 with compute: bf16");
 
   require((c.run.steps > 0) != (c.run.epochs > 0), "run.steps", "set exactly one of run.steps and run.epochs to a positive number");
   require(c.run.steps >= 0, "run.steps", "must be >= 0");
@@ -328,7 +387,10 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::BeginMap;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "layers" << YAML::Value << YAML::Flow << c.model.layers;
-  e << YAML::Key << "activation" << YAML::Value << c.model.activation << YAML::EndMap;
+  e << YAML::Key << "activation" << YAML::Value << c.model.activation;
+  e << YAML::Key << "loss" << YAML::Value << c.model.loss;
+  e << YAML::Key << "label_smoothing" << YAML::Value << c.model.label_smoothing;
+  e << YAML::Key << "dropout" << YAML::Value << c.model.dropout << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dir" << YAML::Value << c.data.dir;
   e << YAML::Key << "batch_size" << YAML::Value << c.data.batch_size;
@@ -338,12 +400,25 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "std" << YAML::Value << num(c.data.std);
   e << YAML::Key << "train_limit" << YAML::Value << c.data.train_limit;
   e << YAML::Key << "test_limit" << YAML::Value << c.data.test_limit;
-  e << YAML::Key << "eval_batch_size" << YAML::Value << c.data.eval_batch_size << YAML::EndMap;
+  e << YAML::Key << "eval_batch_size" << YAML::Value << c.data.eval_batch_size;
+  e << YAML::Key << "format" << YAML::Value << c.data.format;
+  e << YAML::Key << "train_x" << YAML::Value << c.data.train_x;
+  e << YAML::Key << "train_y" << YAML::Value << c.data.train_y;
+  e << YAML::Key << "test_x" << YAML::Value << c.data.test_x;
+  e << YAML::Key << "test_y" << YAML::Value << c.data.test_y;
+  e << YAML::Key << "label_column" << YAML::Value << c.data.label_column;
+  e << YAML::Key << "test_fraction" << YAML::Value << num(c.data.test_fraction);
+  e << YAML::Key << "split_seed" << YAML::Value << c.data.split_seed << YAML::EndMap;
   e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "name" << YAML::Value << c.optim.name;
   e << YAML::Key << "lr" << YAML::Value << num(c.optim.lr);
   e << YAML::Key << "momentum" << YAML::Value << num(c.optim.momentum);
   e << YAML::Key << "weight_decay" << YAML::Value << num(c.optim.weight_decay);
+  e << YAML::Key << "nesterov" << YAML::Value << c.optim.nesterov;
+  e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << num(c.optim.beta1) << num(c.optim.beta2)
+    << YAML::EndSeq;
+  e << YAML::Key << "eps" << YAML::Value << num(c.optim.eps);
+  e << YAML::Key << "clip_grad_norm" << YAML::Value << num(c.optim.clip_grad_norm);
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.optim.schedule.kind;
   e << YAML::Key << "warmup_steps" << YAML::Value << c.optim.schedule.warmup_steps;
@@ -352,7 +427,8 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "min_lr" << YAML::Value << num(c.optim.schedule.min_lr) << YAML::EndMap << YAML::EndMap;
   e << YAML::Key << "precision" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "weights" << YAML::Value << c.precision.weights;
-  e << YAML::Key << "accumulate" << YAML::Value << c.precision.accumulate << YAML::EndMap;
+  e << YAML::Key << "accumulate" << YAML::Value << c.precision.accumulate;
+  e << YAML::Key << "compute" << YAML::Value << c.precision.compute << YAML::EndMap;
   e << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.run.steps;
   e << YAML::Key << "epochs" << YAML::Value << c.run.epochs;

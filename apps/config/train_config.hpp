@@ -23,7 +23,11 @@ struct ModelConfig {
   std::int64_t hidden_width = 0;
   std::int64_t hidden_depth = 0;
   std::int64_t classes = 10;
-  std::string activation = "relu";  // only relu is supported
+  // Between hidden layers: relu | gelu | gelu_tanh | silu | tanh | sigmoid | identity.
+  std::string activation = "relu";
+  std::string loss = "softmax_xent";  // softmax_xent | mse | l1 (mse/l1 regress float targets)
+  double label_smoothing = 0.0;       // softmax_xent only: PyTorch CrossEntropyLoss(label_smoothing)
+  double dropout = 0.0;               // after each hidden activation (training only), in [0, 1)
 };
 
 struct DataConfig {
@@ -36,6 +40,15 @@ struct DataConfig {
   std::int64_t train_limit = 0;    // use the first N training images (0 = all)
   std::int64_t test_limit = 0;     // use the first N test images (0 = all)
   std::int64_t eval_batch_size = 1000;
+  // Your own data (runtime/data/dataset_files.hpp, docs/own_data.md).
+  std::string format;              // idx | npy | csv; "" = guess (idx without train_x, else train_x's extension)
+  std::string train_x;             // npy: x.npy, data.npz or data.npz:array; csv: the table
+  std::string train_y;             // npy: y.npy or data.npz:array ("" with an .npz train_x: its y_train)
+  std::string test_x;              // "" : the .npz's x_test if it has one, else data.test_fraction
+  std::string test_y;
+  std::string label_column;        // csv: the label (or comma-separated target) column(s)
+  double test_fraction = 0.0;      // without test files: this fraction of the training rows (0 < f < 1)
+  std::uint64_t split_seed = 0;    // which rows test_fraction picks
 };
 
 struct LrScheduleConfig {
@@ -47,16 +60,22 @@ struct LrScheduleConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";        // only sgd
+  std::string name = "sgd";        // sgd | adam | adamw
   double lr = 0.01;
-  double momentum = 0.0;
-  double weight_decay = 0.0;
+  double momentum = 0.0;           // sgd
+  double weight_decay = 0.0;       // sgd, adam: L2 added to the gradient; adamw: decoupled (PyTorch)
+  bool nesterov = false;           // sgd: Nesterov momentum (needs momentum > 0)
+  double beta1 = 0.9;              // adam, adamw: `betas: [beta1, beta2]`
+  double beta2 = 0.999;
+  double eps = 1e-8;               // adam, adamw
+  double clip_grad_norm = 0.0;     // > 0: clip the global gradient L2 norm to this (0 = off)
   LrScheduleConfig schedule;
 };
 
 struct PrecisionConfig {
-  std::string weights = "fp16";     // fp16 | fp32 (fp32 master weights, fp16 matmul inputs)
+  std::string weights = "fp16";     // fp16 | bf16 | fp32 (fp32 master weights; fp16 / bf16: the compute dtype)
   std::string accumulate = "fp32";  // fp16 | fp32 (cuBLASLt compute type)
+  std::string compute = "fp16";     // fp16 | bf16: matmul inputs and activations
 };
 
 struct RunConfig {

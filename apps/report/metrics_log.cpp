@@ -72,6 +72,8 @@ void MetricsLog::write_loss_plot(const std::filesystem::path& dir, const std::st
     if (std::isfinite(r.test_loss)) {
       test.x.push_back(double(r.step));
       test.y.push_back(r.test_loss);
+    }
+    if (std::isfinite(r.test_accuracy)) {  // a regression run measures none
       acc.x.push_back(double(r.step));
       acc.y.push_back(1.0 - r.test_accuracy);
     }

@@ -28,7 +28,12 @@ class RunTiming {
     } stop{*this, phase};
     return f();
   }
+  // A named part of `phase` (already added), shown indented under it and not
+  // counted again in sum().
+  void add_part(const std::string& phase, const std::string& part, double seconds);
   const std::vector<std::pair<std::string, double>>& phases() const { return phases_; }
+  // The parts of `phase`, in the order added.
+  std::vector<std::pair<std::string, double>> parts_of(const std::string& phase) const;
   double sum() const;
   // Lines "  phase  1.234 s  56.7%", then the phases' sum and the wall time
   // since the program started (the rest: process start-up, config, logging).
@@ -36,7 +41,12 @@ class RunTiming {
   nlohmann::json to_json() const;
 
  private:
+  struct Part {
+    std::string phase, part;
+    double seconds = 0;
+  };
   std::vector<std::pair<std::string, double>> phases_;
+  std::vector<Part> parts_;
 };
 
 double seconds_since_program_start();

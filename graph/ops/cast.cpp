@@ -1,4 +1,4 @@
-// cast: X -> X in CastAttrs::out_dtype (f32 <-> f16).
+// cast: X -> X in CastAttrs::out_dtype (between f32, f16 and bf16).
 #include <algorithm>
 
 #include "graph/ops/op_common.hpp"
@@ -12,7 +12,7 @@ std::vector<OutputSpec> infer(const Inputs& in, const OpAttrs& attrs) {
   const auto& a = std::get<CastAttrs>(attrs);
   expect_arity(kOp, in, 1, 1);
   expect_floating(kOp, *in[0]);
-  if (!is_floating(a.out_dtype)) fail(kOp, "cast target must be f32 or f16");
+  if (!is_floating(a.out_dtype)) fail(kOp, "cast target must be f32, f16 or bf16");
   return {{in[0]->shape, a.out_dtype}};
 }
 

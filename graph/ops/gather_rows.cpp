@@ -18,7 +18,7 @@ std::vector<OutputSpec> infer(const Inputs& in, const OpAttrs& attrs) {
     fail(kOp, fmt::format("table {} must have rank 1 or 2", describe(table)));
   expect_rank(kOp, idx, 1);
   if (idx.dtype != DType::i32) fail(kOp, fmt::format("indices {} must be i32", describe(idx)));
-  if (!is_floating(a.out_dtype) && a.out_dtype != DType::i32) fail(kOp, "out dtype must be f32, f16 or i32");
+  if (!is_floating(a.out_dtype) && a.out_dtype != DType::i32) fail(kOp, "out dtype must be f32, f16, bf16 or i32");
   if (a.out_dtype == DType::i32 && is_floating(table.dtype))
     fail(kOp, fmt::format("cannot gather floating table {} into i32", describe(table)));
   Shape out = table.shape;

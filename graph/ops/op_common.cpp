@@ -21,7 +21,7 @@ void expect_rank(OpKind op, const Value& v, std::size_t rank) {
 }
 
 void expect_floating(OpKind op, const Value& v) {
-  if (!is_floating(v.dtype)) fail(op, fmt::format("{} must be f32 or f16", describe(v)));
+  if (!is_floating(v.dtype)) fail(op, fmt::format("{} must be f32, f16 or bf16", describe(v)));
 }
 
 void expect_same_dtype(OpKind op, const Value& a, const Value& b) {
@@ -88,13 +88,54 @@ json write_attrs(const CastAttrs& a) { return {{"out_dtype", dtype_name(a.out_dt
 void read_attrs(const json& j, CastAttrs& a) { a.out_dtype = dtype_from_name(j.at("out_dtype").get<std::string>()); }
 std::string attrs_text(const CastAttrs&) { return ""; }  // out_dtype is the output's type
 
-json write_attrs(const SgdUpdateAttrs& a) { return {{"momentum", a.momentum}, {"weight_decay", a.weight_decay}}; }
+// nesterov is written only when set, so graphs without it dump as before.
+json write_attrs(const SgdUpdateAttrs& a) {
+  json j = {{"momentum", a.momentum}, {"weight_decay", a.weight_decay}};
+  if (a.nesterov) j["nesterov"] = true;
+  return j;
+}
 void read_attrs(const json& j, SgdUpdateAttrs& a) {
   a.momentum = j.at("momentum").get<double>();
   a.weight_decay = j.at("weight_decay").get<double>();
+  a.nesterov = j.value("nesterov", false);
 }
 std::string attrs_text(const SgdUpdateAttrs& a) {
-  return fmt::format(" {{momentum={:.6g},weight_decay={:.6g}}}", a.momentum, a.weight_decay);
+  return fmt::format(" {{momentum={:.6g},weight_decay={:.6g}{}}}", a.momentum, a.weight_decay,
+                     a.nesterov ? ",nesterov" : "");
 }
+
+json write_attrs(const LabelSmoothingAttrs& a) { return {{"eps", a.eps}}; }
+void read_attrs(const json& j, LabelSmoothingAttrs& a) { a.eps = j.at("eps").get<double>(); }
+std::string attrs_text(const LabelSmoothingAttrs& a) { return fmt::format(" {{eps={:.6g}}}", a.eps); }
+
+json write_attrs(const DropoutAttrs& a) { return {{"p", a.p}, {"seed", a.seed}, {"stream", a.stream}}; }
+void read_attrs(const json& j, DropoutAttrs& a) {
+  a.p = j.at("p").get<double>();
+  a.seed = j.at("seed").get<std::uint64_t>();
+  a.stream = j.at("stream").get<std::int64_t>();
+}
+std::string attrs_text(const DropoutAttrs& a) {
+  return fmt::format(" {{p={:.6g},seed={},stream={}}}", a.p, a.seed, a.stream);
+}
+
+json write_attrs(const AdamUpdateAttrs& a) {
+  return {{"beta1", a.beta1}, {"beta2", a.beta2}, {"eps", a.eps}, {"weight_decay", a.weight_decay},
+          {"decoupled", a.decoupled}};
+}
+void read_attrs(const json& j, AdamUpdateAttrs& a) {
+  a.beta1 = j.at("beta1").get<double>();
+  a.beta2 = j.at("beta2").get<double>();
+  a.eps = j.at("eps").get<double>();
+  a.weight_decay = j.at("weight_decay").get<double>();
+  a.decoupled = j.at("decoupled").get<bool>();
+}
+std::string attrs_text(const AdamUpdateAttrs& a) {
+  return fmt::format(" {{beta1={:.6g},beta2={:.6g},eps={:.6g},weight_decay={:.6g}{}}}", a.beta1, a.beta2, a.eps,
+                     a.weight_decay, a.decoupled ? ",decoupled" : "");
+}
+
+json write_attrs(const ClipGradAttrs& a) { return {{"max_norm", a.max_norm}}; }
+void read_attrs(const json& j, ClipGradAttrs& a) { a.max_norm = j.at("max_norm").get<double>(); }
+std::string attrs_text(const ClipGradAttrs& a) { return fmt::format(" {{max_norm={:.6g}}}", a.max_norm); }
 
 }  // namespace sg::ops

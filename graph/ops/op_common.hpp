@@ -41,6 +41,10 @@ SG_ATTR_CODEC(GatherRowsAttrs)
 SG_ATTR_CODEC(MatmulAttrs)
 SG_ATTR_CODEC(CastAttrs)
 SG_ATTR_CODEC(SgdUpdateAttrs)
+SG_ATTR_CODEC(LabelSmoothingAttrs)
+SG_ATTR_CODEC(DropoutAttrs)
+SG_ATTR_CODEC(AdamUpdateAttrs)
+SG_ATTR_CODEC(ClipGradAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -75,5 +79,26 @@ const OpDef& count_correct_def();
 const OpDef& gelu_def();
 const OpDef& gelu_backward_def();
 const OpDef& bias_add_relu_def();
+// issue 21: activations, regression losses, label smoothing, dropout
+const OpDef& gelu_tanh_def();
+const OpDef& gelu_tanh_backward_def();
+const OpDef& silu_def();
+const OpDef& silu_backward_def();
+const OpDef& tanh_def();
+const OpDef& tanh_backward_def();
+const OpDef& sigmoid_def();
+const OpDef& sigmoid_backward_def();
+const OpDef& mse_loss_def();
+const OpDef& mse_loss_backward_def();
+const OpDef& l1_loss_def();
+const OpDef& l1_loss_backward_def();
+const OpDef& softmax_xent_smoothed_def();
+const OpDef& softmax_xent_smoothed_backward_def();
+const OpDef& dropout_def();
+const OpDef& dropout_backward_def();
+// issue 21: optimizers and gradient clipping
+const OpDef& adam_update_def();
+const OpDef& grad_clip_scale_def();
+const OpDef& scale_grad_def();
 
 }  // namespace sg::ops

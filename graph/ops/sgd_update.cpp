@@ -1,5 +1,5 @@
 // sgd_update: (param, grad[, velocity]) -> nothing; PyTorch's SGD in place.
-// momentum and weight decay are attributes; the learning rate is the
+// momentum, weight decay and nesterov are attributes; the learning rate is the
 // executor's optimizer scalar (run state, changed by a schedule).
 #include <fmt/format.h>
 
@@ -24,6 +24,7 @@ std::vector<OutputSpec> infer(const Inputs& in, const OpAttrs& attrs) {
   } else if (a.momentum != 0.0) {
     fail(kOp, "momentum > 0 needs a velocity input");
   }
+  if (a.nesterov && a.momentum == 0.0) fail(kOp, "nesterov needs momentum > 0");
   return {};
 }
 
@@ -35,6 +36,11 @@ void cpu(const CpuCall<T>& c) {
     throw GraphError(fmt::format("sgd_update (node {}): the executor has no learning rate (set_learning_rate)", c.node.id));
   const auto& a = c.node.template attr<SgdUpdateAttrs>();
   T* velocity = c.in.size() == 3 ? c.in[2].real : nullptr;
+  if (a.nesterov) {
+    ref::sgd_nesterov_update(c.in[0].real, c.in[1].real, velocity, c.in[0].size, T(*c.learning_rate),
+                             T(a.momentum), T(a.weight_decay));
+    return;
+  }
   ref::sgd_update(c.in[0].real, c.in[1].real, velocity, c.in[0].size, T(*c.learning_rate), T(a.momentum),
                   T(a.weight_decay));
 }

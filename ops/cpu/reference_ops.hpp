@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "ops/philox.hpp"
+
 namespace sg::ref {
 
 // idx[i] = perm[(step mod (n / batch)) * batch + i]: epoch-local batch `step`
@@ -177,6 +179,200 @@ void sgd_update(T* w, const T* g, T* velocity, std::int64_t n, T lr, T momentum,
       w[i] -= lr * grad;
     }
   }
+}
+
+// ---- issue 21: activations, regression losses, label smoothing, dropout
+
+// GELU, tanh approximation (PyTorch's gelu(approximate='tanh'), cuBLASLt's
+// GELU epilogue): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <typename T>
+void gelu_tanh(const T* x, std::int64_t n, T* y) {
+  const T k = T(0.79788456080286535588), c = T(0.044715);
+  for (std::int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + std::tanh(k * (x[i] + c * x[i] * x[i] * x[i])));
+}
+
+// dx = dy * d/dx gelu_tanh(x), x the forward INPUT:
+// 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3)).
+template <typename T>
+void gelu_tanh_backward(const T* dy, const T* x, std::int64_t n, T* dx) {
+  const T k = T(0.79788456080286535588), c = T(0.044715);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T t = std::tanh(k * (x[i] + c * x[i] * x[i] * x[i]));
+    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * k * (T(1) + T(3) * c * x[i] * x[i]));
+  }
+}
+
+template <typename T>
+T sigmoid_of(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// SiLU (swish): y = x * sigmoid(x).
+template <typename T>
+void silu(const T* x, std::int64_t n, T* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_of(x[i]);
+}
+
+// dx = dy * s (1 + x (1 - s)), s = sigmoid(x), x the forward INPUT.
+template <typename T>
+void silu_backward(const T* dy, const T* x, std::int64_t n, T* dx) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T s = sigmoid_of(x[i]);
+    dx[i] = dy[i] * s * (T(1) + x[i] * (T(1) - s));
+  }
+}
+
+template <typename T>
+void tanh(const T* x, std::int64_t n, T* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
+// dx = dy * (1 - y^2), y the forward OUTPUT.
+template <typename T>
+void tanh_backward(const T* dy, const T* y, std::int64_t n, T* dx) {
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - y[i] * y[i]);
+}
+
+template <typename T>
+void sigmoid(const T* x, std::int64_t n, T* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = sigmoid_of(x[i]);
+}
+
+// dx = dy * y (1 - y), y the forward OUTPUT.
+template <typename T>
+void sigmoid_backward(const T* dy, const T* y, std::int64_t n, T* dx) {
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (T(1) - y[i]);
+}
+
+// PyTorch MSELoss() (mean over all n elements): mean (pred - target)^2.
+template <typename T, typename Target>
+T mse_loss(const T* pred, const Target* target, std::int64_t n) {
+  T total = T(0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T d = pred[i] - static_cast<T>(target[i]);
+    total += d * d;
+  }
+  return total / static_cast<T>(n);
+}
+
+// dpred = 2 (pred - target) / n
+template <typename T, typename Target>
+void mse_loss_backward(const T* pred, const Target* target, std::int64_t n, T* dpred) {
+  for (std::int64_t i = 0; i < n; ++i) dpred[i] = T(2) * (pred[i] - static_cast<T>(target[i])) / static_cast<T>(n);
+}
+
+// PyTorch L1Loss() (mean over all n elements): mean |pred - target|.
+template <typename T, typename Target>
+T l1_loss(const T* pred, const Target* target, std::int64_t n) {
+  T total = T(0);
+  for (std::int64_t i = 0; i < n; ++i) total += std::abs(pred[i] - static_cast<T>(target[i]));
+  return total / static_cast<T>(n);
+}
+
+// dpred = sign(pred - target) / n, sign(0) = 0 (PyTorch's L1Loss gradient).
+template <typename T, typename Target>
+void l1_loss_backward(const T* pred, const Target* target, std::int64_t n, T* dpred) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T d = pred[i] - static_cast<T>(target[i]);
+    dpred[i] = (d > T(0) ? T(1) : d < T(0) ? T(-1) : T(0)) / static_cast<T>(n);
+  }
+}
+
+// PyTorch CrossEntropyLoss(label_smoothing=eps), mean over rows: the target
+// row is (1 - eps) onehot(label) + eps / cols, so a row's loss is
+// (1 - eps) (lse - x_label) + eps (lse - mean_c x_c), lse = log sum exp x.
+template <typename T>
+T softmax_xent_smoothed(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols, T eps) {
+  T total = T(0);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const T* row = logits + i * cols;
+    T mx = row[0];
+    for (std::int64_t c = 1; c < cols; ++c) mx = std::max(mx, row[c]);
+    T sum = T(0), row_sum = T(0);
+    for (std::int64_t c = 0; c < cols; ++c) {
+      sum += std::exp(row[c] - mx);
+      row_sum += row[c];
+    }
+    const T lse = std::log(sum) + mx;
+    total += (T(1) - eps) * (lse - row[labels[i]]) + eps * (lse - row_sum / static_cast<T>(cols));
+  }
+  return total / static_cast<T>(rows);
+}
+
+// dlogits[i, j] = (softmax(logits[i])[j] - (1 - eps) [j == labels[i]] - eps / cols) / rows
+template <typename T>
+void softmax_xent_smoothed_backward(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
+                                    T eps, T* dlogits) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j)
+      dlogits[i * cols + j] = (softmax_prob(logits + i * cols, cols, j) -
+                               (labels[i] == j ? T(1) - eps : T(0)) - eps / static_cast<T>(cols)) /
+                              static_cast<T>(rows);
+}
+
+// Inverted dropout (PyTorch's): y[i] = x[i] / (1 - p) where element i is kept
+// at this step, else 0; the keep bits come from philox::dropout_keep, so the
+// backward (same call with dy) recomputes the forward's mask.
+template <typename T>
+void dropout(const T* x, std::int64_t n, double p, std::uint64_t seed, std::int64_t stream, std::int32_t step, T* y) {
+  const std::uint32_t threshold = philox::dropout_threshold(p);
+  const T scale = p < 1.0 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = philox::dropout_keep(seed, stream, step, i, threshold) ? x[i] * scale : T(0);
+}
+
+// ---- issue 21: optimizers and gradient clipping (PyTorch's formulas)
+
+// SGD(nesterov=True), dampening 0: g' = g + wd * w; v = momentum * v + g';
+// w -= lr * (g' + momentum * v).
+template <typename T>
+void sgd_nesterov_update(T* w, const T* g, T* velocity, std::int64_t n, T lr, T momentum, T weight_decay) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T grad = g[i] + weight_decay * w[i];
+    velocity[i] = momentum * velocity[i] + grad;
+    w[i] -= lr * (grad + momentum * velocity[i]);
+  }
+}
+
+// One Adam / AdamW step at step number t (1-based), the gradient scaled by
+// `grad_scale` first (gradient clipping; 1 without it). Adam adds wd * w to
+// the gradient; AdamW (decoupled) multiplies w by 1 - lr * wd. Then
+// m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+// w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+template <typename T>
+void adam_update(T* w, const T* g, T* m, T* v, std::int64_t n, T lr, T beta1, T beta2, T eps, T weight_decay,
+                 bool decoupled, std::int64_t t, T grad_scale) {
+  const T bias1 = T(1) - std::pow(beta1, static_cast<T>(t));
+  const T bias2_sqrt = std::sqrt(T(1) - std::pow(beta2, static_cast<T>(t)));
+  const T step_size = lr / bias1;
+  for (std::int64_t i = 0; i < n; ++i) {
+    T grad = g[i] * grad_scale;
+    if (decoupled) w[i] *= T(1) - lr * weight_decay;
+    else grad += weight_decay * w[i];
+    m[i] = beta1 * m[i] + (T(1) - beta1) * grad;
+    v[i] = beta2 * v[i] + (T(1) - beta2) * grad * grad;
+    w[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps);
+  }
+}
+
+// torch.nn.utils.clip_grad_norm_'s factor from the sum of squares of every
+// gradient element: min(1, max_norm / (sqrt(sum) + 1e-6)).
+template <typename T>
+T clip_scale_from_sum_of_squares(T sum_of_squares, T max_norm) {
+  return std::min(T(1), max_norm / (std::sqrt(sum_of_squares) + T(1e-6)));
+}
+
+template <typename T>
+T sum_of_squares(const T* x, std::int64_t n) {
+  T acc = T(0);
+  for (std::int64_t i = 0; i < n; ++i) acc += x[i] * x[i];
+  return acc;
+}
+
+// y = x * scale
+template <typename T>
+void scale_grad(const T* x, std::int64_t n, T scale, T* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * scale;
 }
 
 }  // namespace sg::ref

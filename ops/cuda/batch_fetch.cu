@@ -62,13 +62,20 @@ void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int
   fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream);
 }
 
+void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
+                        const std::uint8_t* images, std::int64_t cols, float scale, float shift,
+                        __nv_bfloat16* x_out, const std::uint8_t* labels, std::int32_t* labels_out,
+                        cudaStream_t stream) {
+  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream);
+}
+
 void launch_advance_step(std::int32_t* step, cudaStream_t stream) {
   advance_step_kernel<<<1, 1, 0, stream>>>(step);
   SG_LAUNCH_CHECK("advance_step_kernel");
 }
 
 void launch_poison(void* data, std::size_t bytes, cudaStream_t stream) {
-  // 0xFF bytes are NaN in both f16 (0xFFFF) and f32 (0xFFFFFFFF).
+  // 0xFF bytes are NaN in f16 and bf16 (0xFFFF) and in f32 (0xFFFFFFFF).
   SG_CUDA_CHECK(cudaMemsetAsync(data, 0xFF, bytes, stream));
 }
 

@@ -18,8 +18,15 @@ namespace {
 constexpr std::size_t kWorkspaceBytes = std::size_t(32) << 20;  // cuBLASLt's advice for Hopper
 constexpr int kCandidates = 8;
 
-cudaDataType_t cuda_type(ElemType t) { return t == ElemType::f16 ? CUDA_R_16F : CUDA_R_32F; }
-std::size_t elem_bytes(ElemType t) { return t == ElemType::f16 ? 2 : 4; }
+cudaDataType_t cuda_type(ElemType t) {
+  switch (t) {
+    case ElemType::f16: return CUDA_R_16F;
+    case ElemType::bf16: return CUDA_R_16BF;
+    case ElemType::f32: return CUDA_R_32F;
+  }
+  return CUDA_R_32F;
+}
+std::size_t elem_bytes(ElemType t) { return t == ElemType::f32 ? 4 : 2; }
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 cublasLtEpilogue_t lt_epilogue(Epilogue e) {
@@ -29,12 +36,20 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
     case Epilogue::relu_bias: return CUBLASLT_EPILOGUE_RELU_BIAS;
     case Epilogue::relu_aux_bias: return CUBLASLT_EPILOGUE_RELU_AUX_BIAS;
     case Epilogue::drelu: return CUBLASLT_EPILOGUE_DRELU;
+    case Epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case Epilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-bool has_bias(Epilogue e) { return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::relu_aux_bias; }
-bool has_aux(Epilogue e) { return e == Epilogue::relu_aux_bias || e == Epilogue::drelu; }
+bool has_bias(Epilogue e) {
+  return e == Epilogue::bias || e == Epilogue::relu_bias || e == Epilogue::relu_aux_bias || e == Epilogue::gelu_bias ||
+         e == Epilogue::gelu_aux_bias;
+}
+bool has_relu_aux(Epilogue e) { return e == Epilogue::relu_aux_bias || e == Epilogue::drelu; }
+bool has_gelu_aux(Epilogue e) { return e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu; }
+bool has_aux(Epilogue e) { return has_relu_aux(e) || has_gelu_aux(e); }
 
 template <typename T>
 void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
@@ -77,7 +92,7 @@ struct TimingScratch {
         b(std::size_t(s.k * s.n) * elem_bytes(s.ab_type)),
         d(std::size_t(s.m * s.n) * elem_bytes(s.cd_type)),
         bias(std::size_t(s.n) * elem_bytes(s.cd_type)),
-        aux(relu_aux_bytes(s.m, s.n)),
+        aux(has_gelu_aux(s.epilogue) ? std::size_t(s.m * s.n) * elem_bytes(s.cd_type) : relu_aux_bytes(s.m, s.n)),
         scalars(16) {
     fill(a, s.ab_type, 1, stream);
     fill(b, s.ab_type, 2, stream);
@@ -99,6 +114,7 @@ struct TimingScratch {
   static void fill(DeviceBuffer& buf, ElemType t, std::uint64_t seed, cudaStream_t stream) {
     const auto n = static_cast<std::int64_t>(buf.bytes() / elem_bytes(t));
     if (t == ElemType::f16) launch_fill_uniform(buf.as<__half>(), n, seed, -1.f, 1.f, stream);
+    else if (t == ElemType::bf16) launch_fill_uniform(buf.as<__nv_bfloat16>(), n, seed, -1.f, 1.f, stream);
     else launch_fill_uniform(buf.as<float>(), n, seed, -1.f, 1.f, stream);
   }
 };
@@ -177,11 +193,21 @@ cublasLtMatmulAlgo_t fastest(const std::vector<cublasLtMatmulAlgo_t>& candidates
 
 }  // namespace
 
+const char* elem_type_name(ElemType t) {
+  switch (t) {
+    case ElemType::f16: return "f16";
+    case ElemType::bf16: return "bf16";
+    case ElemType::f32: return "f32";
+  }
+  return "?";
+}
+
 std::string MatmulShape::describe() const {
-  static constexpr const char* kEpilogues[] = {"none", "bias", "relu_bias", "relu_aux_bias", "drelu"};
+  static constexpr const char* kEpilogues[] = {"none",      "bias",          "relu_bias", "relu_aux_bias",
+                                               "drelu",     "gelu_bias",     "gelu_aux_bias", "dgelu"};
   return fmt::format("[{}x{}x{}] {}{} ab={} cd={} acc={} epilogue={}{}", m, n, k, trans_a ? "T" : "N",
-                     trans_b ? "T" : "N", ab_type == ElemType::f16 ? "f16" : "f32",
-                     cd_type == ElemType::f16 ? "f16" : "f32", accumulate == Accumulate::f16 ? "f16" : "f32",
+                     trans_b ? "T" : "N", elem_type_name(ab_type), elem_type_name(cd_type),
+                     accumulate == Accumulate::f16 ? "f16" : "f32",
                      kEpilogues[static_cast<int>(epilogue)], reads_c ? " reads C" : "");
 }
 
@@ -194,12 +220,15 @@ std::int64_t relu_aux_ld(std::int64_t n_cols) { return round_up(n_cols, 128); }
 std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols) {
   return static_cast<std::size_t>(relu_aux_ld(n_cols) / 8 * m_rows);
 }
+bool gelu_aux_fits(std::int64_t n_cols) { return n_cols % 8 == 0; }
 
 LtMatmul::LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream,
                    double autotune_min_macs)
     : handle_(handle), shape_(shape), autotune_min_macs_(autotune_min_macs) {
   if (shape_.accumulate == Accumulate::f16 && shape_.cd_type != ElemType::f16)
     throw CudaError("cuBLASLt has no fp16 accumulation into fp32 outputs: " + shape_.describe());
+  if (shape_.accumulate == Accumulate::f16 && shape_.ab_type == ElemType::bf16)
+    throw CudaError("cuBLASLt accumulates bf16 operands in fp32 only: " + shape_.describe());
   create_descriptors();
   choose_algorithm(autotune, stream);
 }
@@ -224,7 +253,11 @@ void LtMatmul::create_descriptors() {
   set_attr(desc_.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_DEVICE);
   set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE, lt_epilogue(s.epilogue));
   if (has_bias(s.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(s.cd_type));
-  if (has_aux(s.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, relu_aux_ld(s.n));
+  if (has_relu_aux(s.epilogue)) set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, relu_aux_ld(s.n));
+  if (has_gelu_aux(s.epilogue)) {
+    if (!gelu_aux_fits(s.n)) throw CudaError("cuBLASLt GELU aux needs n a multiple of 8: " + s.describe());
+    set_attr(desc_.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, s.n);  // the pre-activation [m,n], row-major
+  }
 
   const auto ab = cuda_type(s.ab_type);
   // first operand: our B, column-major [n,k] (no trans) or [k,n] (trans)

@@ -21,7 +21,8 @@
 
 namespace sg::cuda {
 
-enum class ElemType : std::uint8_t { f16, f32 };
+enum class ElemType : std::uint8_t { f16, f32, bf16 };
+const char* elem_type_name(ElemType t);
 enum class Accumulate : std::uint8_t { f16, f32 };  // cuBLAS compute type 16F or 32F
 
 enum class Epilogue : std::uint8_t {
@@ -30,6 +31,10 @@ enum class Epilogue : std::uint8_t {
   relu_bias,      // D = relu(AB + bias), no aux
   relu_aux_bias,  // D = relu(AB + bias), writes the ReLU bit-mask to aux
   drelu,          // D = AB * relu'(aux)  (aux from a relu_aux_bias of the same [m,n] shape)
+  // cuBLASLt's GELU is the tanh approximation (ref::gelu_tanh, the gelu_tanh op).
+  gelu_bias,      // D = gelu_tanh(AB + bias), no aux
+  gelu_aux_bias,  // D = gelu_tanh(AB + bias), writes the pre-activation AB + bias to aux
+  dgelu,          // D = AB * gelu_tanh'(aux)  (aux: a gelu_aux_bias's pre-activation, [m,n] like D)
 };
 
 struct MatmulShape {
@@ -50,7 +55,8 @@ struct MatmulShape {
 
 // Scale type follows the compute type: alpha/beta point to __half for
 // Accumulate::f16 and to float for Accumulate::f32. f16 accumulate requires
-// cd_type == f16 (cuBLASLt has no 16F compute with 32F output).
+// cd_type == f16 (cuBLASLt has no 16F compute with 32F output); bf16 operands
+// accumulate in f32 only.
 class LtHandle {
  public:
   LtHandle();
@@ -72,6 +78,9 @@ class LtHandle {
 // dimension in elements (cuBLASLt wants it a multiple of 128).
 std::int64_t relu_aux_ld(std::int64_t n_cols);
 std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols);
+// The GELU epilogues' aux is the pre-activation itself, row-major [m,n] of
+// cd_type with leading dimension n, which cuBLASLt wants a multiple of 8.
+bool gelu_aux_fits(std::int64_t n_cols);
 
 // Autotuning searches shapes of at least this many multiply-adds (4096 x
 // 4096 x 256, above ~15 us a run). Below it the ranking measured in
@@ -93,8 +102,9 @@ class LtMatmul {
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
 
-  // bias: epilogues bias/relu_bias/relu_aux_bias (length n, type cd_type).
-  // aux: relu_aux_bias (written) and drelu (read), relu_aux_bytes(m, n) bytes.
+  // bias: epilogues bias/relu_bias/relu_aux_bias/gelu_bias/gelu_aux_bias (length n, type cd_type).
+  // aux: relu_aux_bias (written) and drelu (read), relu_aux_bytes(m, n) bytes;
+  // gelu_aux_bias (written) and dgelu (read), the [m,n] pre-activation of cd_type.
   void run(const void* a, const void* b, const void* c, void* d, const void* alpha_dev,
            const void* beta_dev, const void* bias, void* aux, cudaStream_t stream) const;
 

@@ -28,6 +28,43 @@ struct GeluBackwardOp {  // (dy, x): dy * (Phi(x) + x * phi(x))
   }
 };
 
+// Issue 21's activations (ref::gelu_tanh, silu, tanh, sigmoid and their
+// backwards; the backwards of tanh and sigmoid read the forward OUTPUT).
+struct GeluTanhOp {
+  __device__ float operator()(float x, float) const {
+    return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+  }
+};
+struct GeluTanhBackwardOp {  // (dy, x)
+  __device__ float operator()(float dy, float x) const {
+    const float k = 0.79788456080286536f, c = 0.044715f;
+    const float t = tanhf(k * (x + c * x * x * x));
+    return dy * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 3.f * c * x * x));
+  }
+};
+__device__ inline float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+struct SiluOp {
+  __device__ float operator()(float x, float) const { return x * sigmoidf(x); }
+};
+struct SiluBackwardOp {  // (dy, x): dy * s (1 + x (1 - s))
+  __device__ float operator()(float dy, float x) const {
+    const float s = sigmoidf(x);
+    return dy * s * (1.f + x * (1.f - s));
+  }
+};
+struct TanhOp {
+  __device__ float operator()(float x, float) const { return tanhf(x); }
+};
+struct TanhBackwardOp {  // (dy, y): dy * (1 - y^2)
+  __device__ float operator()(float dy, float y) const { return dy * (1.f - y * y); }
+};
+struct SigmoidOp {
+  __device__ float operator()(float x, float) const { return sigmoidf(x); }
+};
+struct SigmoidBackwardOp {  // (dy, y): dy * y (1 - y)
+  __device__ float operator()(float dy, float y) const { return dy * y * (1.f - y); }
+};
+
 // y[i] = op(a[i], b[i]) (b may be null for unary ops: it then reads a).
 template <typename T, typename Op>
 __global__ void map_vec_kernel(const T* a, const T* b, T* y, std::int64_t vectors, Op op) {
@@ -97,6 +134,20 @@ template <typename T>
 void launch_gelu_backward(const T* dy, const T* x, std::int64_t n, T* dx, cudaStream_t stream) {
   map(dy, x, dx, n, GeluBackwardOp{}, stream, "gelu_backward_kernel");
 }
+#define SG_MAP_LAUNCHERS(fname, Fwd, Bwd)                                                     \
+  template <typename T>                                                                        \
+  void launch_##fname(const T* x, std::int64_t n, T* y, cudaStream_t stream) {                  \
+    map(x, x, y, n, Fwd{}, stream, #fname "_kernel");                                          \
+  }                                                                                            \
+  template <typename T>                                                                        \
+  void launch_##fname##_backward(const T* dy, const T* v, std::int64_t n, T* dx, cudaStream_t stream) { \
+    map(dy, v, dx, n, Bwd{}, stream, #fname "_backward_kernel");                               \
+  }
+SG_MAP_LAUNCHERS(gelu_tanh, GeluTanhOp, GeluTanhBackwardOp)
+SG_MAP_LAUNCHERS(silu, SiluOp, SiluBackwardOp)
+SG_MAP_LAUNCHERS(tanh, TanhOp, TanhBackwardOp)
+SG_MAP_LAUNCHERS(sigmoid, SigmoidOp, SigmoidBackwardOp)
+#undef SG_MAP_LAUNCHERS
 template <typename T>
 void launch_add(const T* a, const T* b, std::int64_t n, T* y, cudaStream_t stream) {
   map(a, b, y, n, AddOp{}, stream, "add");
@@ -115,6 +166,14 @@ void launch_cast(const __half* x, std::int64_t n, float* y, cudaStream_t stream)
   cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
   SG_LAUNCH_CHECK("cast_kernel f16->f32");
 }
+void launch_cast(const float* x, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream) {
+  cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
+  SG_LAUNCH_CHECK("cast_kernel f32->bf16");
+}
+void launch_cast(const __nv_bfloat16* x, std::int64_t n, float* y, cudaStream_t stream) {
+  cast_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, y);
+  SG_LAUNCH_CHECK("cast_kernel bf16->f32");
+}
 
 #define SG_INSTANTIATE(T)                                                                              \
   template void launch_relu<T>(const T*, std::int64_t, T*, cudaStream_t);                              \
@@ -122,9 +181,18 @@ void launch_cast(const __half* x, std::int64_t n, float* y, cudaStream_t stream)
   template void launch_add<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);                     \
   template void launch_gelu<T>(const T*, std::int64_t, T*, cudaStream_t);                              \
   template void launch_gelu_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);           \
+  template void launch_gelu_tanh<T>(const T*, std::int64_t, T*, cudaStream_t);                         \
+  template void launch_gelu_tanh_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);      \
+  template void launch_silu<T>(const T*, std::int64_t, T*, cudaStream_t);                              \
+  template void launch_silu_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);           \
+  template void launch_tanh<T>(const T*, std::int64_t, T*, cudaStream_t);                              \
+  template void launch_tanh_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);           \
+  template void launch_sigmoid<T>(const T*, std::int64_t, T*, cudaStream_t);                           \
+  template void launch_sigmoid_backward<T>(const T*, const T*, std::int64_t, T*, cudaStream_t);        \
   template void launch_bias_add<T>(const T*, const T*, std::int64_t, std::int64_t, T*, cudaStream_t);
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(__half)
+SG_INSTANTIATE(__nv_bfloat16)
 #undef SG_INSTANTIATE
 
 }  // namespace sg::cuda
@@ -151,6 +219,10 @@ void launch_fill_uniform(__half* data, std::int64_t n, std::uint64_t seed, float
   SG_LAUNCH_CHECK("fill_uniform_kernel");
 }
 void launch_fill_uniform(float* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream) {
+  fill_uniform_kernel<<<blocks_for(n), kThreads, 0, stream>>>(data, n, seed, lo, hi);
+  SG_LAUNCH_CHECK("fill_uniform_kernel");
+}
+void launch_fill_uniform(__nv_bfloat16* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream) {
   fill_uniform_kernel<<<blocks_for(n), kThreads, 0, stream>>>(data, n, seed, lo, hi);
   SG_LAUNCH_CHECK("fill_uniform_kernel");
 }

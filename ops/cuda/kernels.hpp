@@ -7,6 +7,7 @@
 // A launcher with a `dependent` parameter launches its kernel as a
 // programmatic dependent of the stream's previous kernel when it is set and
 // the GPU supports it (dependent_launch.cuh; BackendOptions::dependent_launch).
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -29,7 +30,7 @@ struct SgdScalars {
 SgdScalars make_sgd_scalars(float lr, float momentum, float weight_decay);
 
 // ---- batch fetch: idx = perm[(step mod (n/batch))*batch + i], then rows of
-// the u8 image table scaled (x*scale+shift) into half/float, and u8 labels into i32.
+// the u8 image table scaled (x*scale+shift) into half/bfloat16/float, and u8 labels into i32.
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
                         std::int64_t batch, const std::uint8_t* images, std::int64_t cols,
                         float scale, float shift, __half* x_out, const std::uint8_t* labels,
@@ -38,6 +39,10 @@ void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int
                         std::int64_t batch, const std::uint8_t* images, std::int64_t cols,
                         float scale, float shift, float* x_out, const std::uint8_t* labels,
                         std::int32_t* labels_out, cudaStream_t stream);
+void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
+                        std::int64_t batch, const std::uint8_t* images, std::int64_t cols,
+                        float scale, float shift, __nv_bfloat16* x_out, const std::uint8_t* labels,
+                        std::int32_t* labels_out, cudaStream_t stream);
 void launch_advance_step(std::int32_t* step, cudaStream_t stream);
 
 // ---- element-wise (n elements, 16-byte vectorised where alignment allows)
@@ -45,10 +50,21 @@ template <typename T> void launch_relu(const T* x, std::int64_t n, T* y, cudaStr
 template <typename T> void launch_relu_backward(const T* dy, const T* y, std::int64_t n, T* dx, cudaStream_t stream);
 template <typename T> void launch_gelu(const T* x, std::int64_t n, T* y, cudaStream_t stream);
 template <typename T> void launch_gelu_backward(const T* dy, const T* x, std::int64_t n, T* dx, cudaStream_t stream);
+// gelu_tanh / silu backwards read the forward input x, tanh / sigmoid backwards its output y.
+template <typename T> void launch_gelu_tanh(const T* x, std::int64_t n, T* y, cudaStream_t stream);
+template <typename T> void launch_gelu_tanh_backward(const T* dy, const T* x, std::int64_t n, T* dx, cudaStream_t stream);
+template <typename T> void launch_silu(const T* x, std::int64_t n, T* y, cudaStream_t stream);
+template <typename T> void launch_silu_backward(const T* dy, const T* x, std::int64_t n, T* dx, cudaStream_t stream);
+template <typename T> void launch_tanh(const T* x, std::int64_t n, T* y, cudaStream_t stream);
+template <typename T> void launch_tanh_backward(const T* dy, const T* y, std::int64_t n, T* dx, cudaStream_t stream);
+template <typename T> void launch_sigmoid(const T* x, std::int64_t n, T* y, cudaStream_t stream);
+template <typename T> void launch_sigmoid_backward(const T* dy, const T* y, std::int64_t n, T* dx, cudaStream_t stream);
 template <typename T> void launch_add(const T* a, const T* b, std::int64_t n, T* y, cudaStream_t stream);
 template <typename T> void launch_bias_add(const T* x, const T* bias, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream);
 void launch_cast(const float* x, std::int64_t n, __half* y, cudaStream_t stream);
 void launch_cast(const __half* x, std::int64_t n, float* y, cudaStream_t stream);
+void launch_cast(const float* x, std::int64_t n, __nv_bfloat16* y, cudaStream_t stream);
+void launch_cast(const __nv_bfloat16* x, std::int64_t n, float* y, cudaStream_t stream);
 
 // ---- loss: one kernel computes the mean cross-entropy (f32, deterministic:
 // no atomics) and, when dlogits != nullptr, (softmax - onehot)/rows.
@@ -82,6 +98,7 @@ void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const SgdScalars*
 // of (seed, index): never zeros, for scratch operands and tests.
 void launch_fill_uniform(__half* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream);
 void launch_fill_uniform(float* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream);
+void launch_fill_uniform(__nv_bfloat16* data, std::int64_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream);
 
 // Fills n elements with a NaN bit pattern (tests poison outputs with it).
 void launch_poison(void* data, std::size_t bytes, cudaStream_t stream);

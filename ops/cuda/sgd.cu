@@ -127,5 +127,12 @@ template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std
 template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
 template void launch_momentum_finish<__half>(__half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
 template void launch_momentum_finish<float>(float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
+// bf16 compute: bf16 weights, or fp32 master weights with bf16 gradients.
+template void launch_reduce_rows<__nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, __nv_bfloat16*, cudaStream_t, bool);
+template void launch_sgd_update<__nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, std::int64_t, const SgdScalars*, cudaStream_t);
+template void launch_sgd_update<float, __nv_bfloat16>(float*, const __nv_bfloat16*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
+template void launch_bias_grad_sgd<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, __nv_bfloat16*, __nv_bfloat16*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_bias_grad_sgd<float, __nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_momentum_finish<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, std::int64_t, const SgdScalars*, cudaStream_t);
 
 }  // namespace sg::cuda

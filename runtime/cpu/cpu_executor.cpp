@@ -1,13 +1,21 @@
 #include "runtime/cpu/cpu_executor.hpp"
 
 #include <cmath>
+#include <type_traits>
 
 #include <fmt/format.h>
+
+#include "runtime/half_width_floats.hpp"
 
 namespace sg {
 
 template <typename T>
-CpuExecutor<T>::CpuExecutor(Graph graph) : graph_(std::move(graph)) {
+CpuExecutor<T>::CpuExecutor(Graph graph)
+    : CpuExecutor(std::move(graph), std::is_same_v<T, float> ? HalfWidthValues::rounded : HalfWidthValues::exact) {}
+
+template <typename T>
+CpuExecutor<T>::CpuExecutor(Graph graph, HalfWidthValues half_width)
+    : graph_(std::move(graph)), half_width_(half_width) {
   tensors_.reserve(graph_.values().size());
   for (const Value& v : graph_.values()) {
     HostTensor<T> t;
@@ -54,6 +62,18 @@ void CpuExecutor<T>::run_node(const Node& n) {
   for (ValueId id : n.inputs) in_views_.push_back(view(id));
   for (ValueId id : n.outputs) out_views_.push_back(view(id));
   kernel(CpuCall<T>{n, in_views_, out_views_, learning_rate_});
+  if (half_width_ != HalfWidthValues::rounded) return;
+  for (ValueId id : n.outputs) round_to_dtype(id);
+  for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+    round_to_dtype(n.inputs[static_cast<std::size_t>(slot)]);
+}
+
+template <typename T>
+void CpuExecutor<T>::round_to_dtype(ValueId id) {
+  if (half_width_ != HalfWidthValues::rounded) return;
+  HostTensor<T>& t = tensor(id);
+  if (!is_half_width_float(t.dtype)) return;
+  for (T& x : t.real) x = sg::round_to_dtype(x, t.dtype);
 }
 
 template class CpuExecutor<float>;

@@ -2,6 +2,7 @@
 // no GPU exists and the oracle the CUDA trainer is compared with. Runs the
 // program's graphs as given; values are bound through its DataBindings.
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -14,9 +15,24 @@
 namespace sg {
 namespace {
 
+// u8 images as bytes; f16/f32 features (own data) as the executor's floats;
+// class labels as bytes, float targets as floats.
 void load_split(CpuExecutor<float>& exec, const DataBindings& d, const data::Split& split) {
-  exec.tensor(d.images).u8 = split.images.pixels;
-  exec.tensor(d.labels).u8 = split.labels.labels;
+  auto& images = exec.tensor(d.images);
+  const auto& pixels = split.images.pixels;
+  if (split.images.dtype == DType::u8) {
+    images.u8 = pixels;
+  } else if (split.images.dtype == DType::f32) {
+    images.real.resize(pixels.size() / sizeof(float));
+    std::memcpy(images.real.data(), pixels.data(), images.real.size() * sizeof(float));
+  } else {
+    std::vector<std::uint16_t> halves(pixels.size() / sizeof(std::uint16_t));
+    std::memcpy(halves.data(), pixels.data(), halves.size() * sizeof(std::uint16_t));
+    images.real.resize(halves.size());
+    for (std::size_t i = 0; i < halves.size(); ++i) images.real[i] = half_bits_to_float(halves[i]);
+  }
+  if (split.labels.target_width > 0) exec.tensor(d.labels).real = split.labels.targets;
+  else exec.tensor(d.labels).u8 = split.labels.labels;
 }
 
 const TrainingProgram& checked(const TrainerSpec& spec, const Dataset& data) {
@@ -37,7 +53,10 @@ class CpuTrainer final : public Trainer {
     load_split(eval_, eval_data_, data.test);
     auto& eval_perm = eval_.tensor(eval_data_.perm).i32;
     std::iota(eval_perm.begin(), eval_perm.end(), 0);
-    for (const auto& p : spec.program.init) train_.tensor(p.name).real = p.values;
+    for (const auto& p : spec.program.init) {
+      train_.tensor(p.name).real = p.values;
+      train_.round_to_dtype(train_.graph().value_named(p.name));  // as a low-precision weight holds it
+    }
     set_learning_rate(spec.program.learning_rate);
   }
 
@@ -65,10 +84,11 @@ class CpuTrainer final : public Trainer {
     for (std::int64_t b = 0; b < eval_batches_; ++b) {
       eval_.run();
       loss_sum += eval_.tensor(eval_data_.loss).real[0] * static_cast<double>(batch);
-      correct += eval_.tensor(*eval_data_.correct).i32[0];
+      if (eval_data_.correct) correct += eval_.tensor(*eval_data_.correct).i32[0];
     }
     const double n = static_cast<double>(eval_batches_ * batch);
-    return {loss_sum / n, correct / n, eval_batches_ * batch};
+    // A regression eval counts nothing correct: its accuracy is NaN (not measured).
+    return {loss_sum / n, eval_data_.correct ? correct / n : NAN, eval_batches_ * batch};
   }
 
   void set_learning_rate(double lr) override { train_.set_learning_rate(lr); }
@@ -93,6 +113,7 @@ class CpuTrainer final : public Trainer {
         throw std::invalid_argument(fmt::format("state entry '{}' {} does not match the model", blob.name,
                                                 shape_string(blob.shape)));
       train_.tensor(*id).real = floats_from_blob(blob);
+      train_.round_to_dtype(*id);
     }
     step_ = step_from_blobs(blobs);
     train_.tensor(train_data_.step).i32[0] = static_cast<std::int32_t>(step_);

@@ -48,7 +48,7 @@ class CudaProgram::Binding final : public BindContext {
   const SgdScalars* sgd_scalars(NodeId sgd_update) const override {
     for (std::size_t i = 0; i < p_.sgd_nodes_.size(); ++i)
       if (p_.sgd_nodes_[i] == sgd_update) return p_.sgd_scalars_.as<SgdScalars>() + i;
-    throw CudaError(fmt::format("node {} is not an sgd_update", sgd_update));
+    throw CudaError(fmt::format("node {} is not an sgd_update or adam_update", sgd_update));
   }
   const void* one(bool half) const override {
     const auto* k = p_.constants_.as<MatmulConstants>();
@@ -75,7 +75,7 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   if (whole_step_note_.empty() && !runs_whole_step(schedule_)) whole_step_note_ = "not chosen by the cover";
   bind_values();
   for (const Node& n : graph_.nodes())
-    if (n.op == OpKind::sgd_update) sgd_nodes_.push_back(n.id);
+    if (n.op == OpKind::sgd_update || n.op == OpKind::adam_update) sgd_nodes_.push_back(n.id);
   const std::size_t scalar_bytes = std::max<std::size_t>(1, sgd_nodes_.size()) * sizeof(SgdScalars);
   sgd_scalars_ = DeviceBuffer(scalar_bytes);
   uploader_ = std::make_unique<ScalarUploader>(scalar_bytes);
@@ -122,7 +122,12 @@ void CudaProgram::bind_values() {
 void CudaProgram::upload_scalars(double lr, cudaStream_t stream, bool synchronous) {
   std::vector<SgdScalars> scalars;
   for (NodeId id : sgd_nodes_) {
-    const auto& a = graph_.node(id).attr<SgdUpdateAttrs>();
+    const Node& n = graph_.node(id);
+    if (n.op == OpKind::adam_update) {  // Adam's kernels read lr; the rest are constant attributes
+      scalars.push_back(make_sgd_scalars(float(lr), 0.f, float(n.attr<AdamUpdateAttrs>().weight_decay)));
+      continue;
+    }
+    const auto& a = n.attr<SgdUpdateAttrs>();
     scalars.push_back(make_sgd_scalars(float(lr), float(a.momentum), float(a.weight_decay)));
   }
   if (scalars.empty()) return;

@@ -1,6 +1,8 @@
 #include "runtime/cuda/cuda_trainer.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -35,16 +37,16 @@ CapturedSteps capture(const CudaProgram& program, std::int64_t steps, cudaStream
 }
 
 // The program, checked against the data and against what this backend runs:
-// f16 activations, so whatever reads the image table must produce f16 (a
-// model builder targets the CUDA backend for that).
+// f16 or bf16 activations, so whatever reads the image table must produce
+// one of those (a model builder targets the CUDA backend for that).
 const TrainingProgram& checked(const TrainingProgram& p, const Dataset& data) {
   check_training_program(p, data.train.images.count, data.test.images.count);
   for (const auto& [g, d] : {std::pair{&p.train, &p.train_data}, std::pair{&p.eval, &p.eval_data}})
     for (NodeId n : g->consumers(d->images))
       for (ValueId out : g->node(n).outputs)
-        if (g->value(out).dtype != DType::f16)
+        if (!is_half_width_float(g->value(out).dtype))
           throw std::invalid_argument(fmt::format(
-              "the CUDA backend runs f16 activations, but '{}' (read from the image table '{}') is {}: build the "
+              "the CUDA backend runs f16 or bf16 activations, but '{}' (read from the image table '{}') is {}: build the "
               "program for the CUDA backend",
               g->value(out).name, g->value(d->images).name, dtype_name(g->value(out).dtype)));
   return p;
@@ -55,7 +57,11 @@ DeviceBuffer& owned(CudaProgram& program, ValueId id) { return program.owned(pro
 
 void upload_split(CudaProgram& program, const DataBindings& d, const data::Split& split) {
   owned(program, d.images).upload(split.images.pixels.data(), split.images.pixels.size());
-  owned(program, d.labels).upload(split.labels.labels.data(), split.labels.labels.size());
+  // Class labels (u8) or float targets (f32 [rows, K], own data).
+  if (split.labels.target_width > 0)
+    owned(program, d.labels).upload(split.labels.targets.data(), split.labels.targets.size() * sizeof(float));
+  else
+    owned(program, d.labels).upload(split.labels.labels.data(), split.labels.labels.size());
 }
 
 std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
@@ -75,6 +81,7 @@ struct CudaTrainer::Impl {
   CapturedSteps one_step, many_steps, eval_step;
   EpochSchedule epochs;
   std::int64_t eval_batches = 0;
+  std::vector<std::pair<std::string, double>> setup_phases;  // Trainer::setup_phases
   DeviceBuffer first_nonfinite;  // loss_watch.hpp: -1 until a loss is not finite
 
   Impl(const TrainerSpec& s, const Dataset& data)
@@ -83,12 +90,20 @@ struct CudaTrainer::Impl {
         eval_data(s.program.eval_data),
         epochs(data.train.images.count, train_data.batch, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
+    auto part_start = std::chrono::steady_clock::now();
+    const auto end_part = [&](const char* part) {
+      const auto now = std::chrono::steady_clock::now();
+      setup_phases.emplace_back(part, std::chrono::duration<double>(now - part_start).count());
+      part_start = now;
+    };
     ProgramOptions options;
     options.backend = s.backend;
     if (!s.cuda_graph) options.backend.steps_per_launch = 1;  // stream launches: one step per record
     options.learning_rate = s.program.learning_rate;
     train = std::make_unique<CudaProgram>(s.program.train, params, lt, options, stream.get());
+    end_part("lowering the training step (cover, memory plan, cuBLASLt plans and autotune)");
     eval = std::make_unique<CudaProgram>(s.program.eval, params, lt, options, stream.get());
+    end_part("lowering the eval step");
     upload_split(*train, train_data, data.train);
     upload_split(*eval, eval_data, data.test);
     eval_batches = data.test.images.count / eval_data.batch;
@@ -102,10 +117,13 @@ struct CudaTrainer::Impl {
       params.at(p.name).upload(bytes.data(), bytes.size());
     }
     train->set_learning_rate(s.program.learning_rate, stream.get());
+    stream.synchronize();
+    end_part("uploading the dataset and initial parameters");
     if (s.cuda_graph) {
       one_step = capture(*train, 1, stream.get());
       if (s.backend.steps_per_launch > 1) many_steps = capture(*train, s.backend.steps_per_launch, stream.get());
       eval_step = capture(*eval, 1, stream.get());
+      end_part("capturing and instantiating the CUDA graphs");
     }
   }
 
@@ -158,6 +176,8 @@ struct CudaTrainer::Impl {
 
 CudaTrainer::CudaTrainer(const TrainerSpec& spec, const Dataset& data) : impl_(std::make_unique<Impl>(spec, data)) {}
 CudaTrainer::~CudaTrainer() = default;
+
+std::vector<std::pair<std::string, double>> CudaTrainer::setup_phases() const { return impl_->setup_phases; }
 
 std::string CudaTrainer::description() const {
   cudaDeviceProp prop{};
@@ -213,12 +233,13 @@ EvalResult CudaTrainer::evaluate() {
     float loss = 0;
     std::int32_t hits = 0;
     SG_CUDA_CHECK(cudaMemcpy(&loss, im.eval->device_ptr(im.eval_data.loss), sizeof loss, cudaMemcpyDeviceToHost));
-    SG_CUDA_CHECK(cudaMemcpy(&hits, im.eval->device_ptr(*im.eval_data.correct), sizeof hits, cudaMemcpyDeviceToHost));
+    if (im.eval_data.correct)  // a regression eval has no correct count
+      SG_CUDA_CHECK(cudaMemcpy(&hits, im.eval->device_ptr(*im.eval_data.correct), sizeof hits, cudaMemcpyDeviceToHost));
     loss_sum += double(loss) * double(batch);
     correct += hits;
   }
   const double n = double(im.eval_batches * batch);
-  return {loss_sum / n, correct / n, im.eval_batches * batch};
+  return {loss_sum / n, im.eval_data.correct ? correct / n : NAN, im.eval_batches * batch};
 }
 
 void CudaTrainer::set_learning_rate(double lr) { impl_->train->set_learning_rate(lr, impl_->stream.get()); }

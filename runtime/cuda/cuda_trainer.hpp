@@ -2,7 +2,7 @@
 // The CUDA backend behind the Trainer interface: the program's fused
 // training-step graph lowered once, captured into a CUDA graph (K steps per
 // graph) and replayed; plain stream launches of the same schedule on request.
-// The program must be built for this backend (f16 activations; models/ builds
+// The program must be built for this backend (f16 or bf16 activations; models/ builds
 // it with ProgramTarget::cuda). Beyond Trainer it exposes what the bench and
 // inspect commands need.
 #include <memory>
@@ -48,6 +48,7 @@ class CudaTrainer final : public Trainer {
   void load_state(const std::vector<io::TensorBlob>& blobs) override;
   std::int64_t step() const override { return step_; }
   std::int64_t first_nonfinite_step() override;
+  std::vector<std::pair<std::string, double>> setup_phases() const override;
 
   // Runs `steps` steps by graph replay or by stream launches regardless of
   // the spec's choice (for benchmarks), without epoch reshuffles.

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
+
+#include "runtime/data/gzip_whole.hpp"
 
 namespace sg::data {
 namespace {
@@ -19,10 +22,14 @@ struct GzCloser {
 };
 using GzHandle = std::unique_ptr<std::remove_pointer_t<gzFile>, GzCloser>;
 
-// gzopen/gzread read gzip files and plain files alike.
+// gzopen/gzread read gzip files and plain files alike. A gzip file that
+// libdeflate inflates whole (gzip_whole.hpp) is read from memory instead;
+// anything it declines goes through the stream, errors included.
 class IdxFile {
  public:
-  explicit IdxFile(const std::filesystem::path& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
+  explicit IdxFile(const std::filesystem::path& path) : path_(path), inflated_(inflate_whole_gzip(path)) {
+    if (inflated_) return;
+    file_.reset(gzopen(path.c_str(), "rb"));
     if (!file_) throw IdxError(fmt::format("{}: cannot open", path.string()));
   }
 
@@ -33,6 +40,16 @@ class IdxFile {
   }
 
   void read_exact(void* dst, std::size_t bytes, const char* what) {
+    if (inflated_) {
+      const std::size_t left = inflated_->size() - position_;
+      const std::size_t n = std::min(bytes, left);
+      std::copy_n(inflated_->data() + position_, n, static_cast<std::uint8_t*>(dst));
+      position_ += n;
+      if (n < bytes)
+        throw IdxError(fmt::format("{}: truncated {}: expected {} bytes, file ends after {}", path_.string(), what,
+                                   bytes, n));
+      return;
+    }
     std::size_t done = 0;
     while (done < bytes) {
       const auto chunk = static_cast<unsigned>(std::min<std::size_t>(bytes - done, 1u << 30));
@@ -49,6 +66,12 @@ class IdxFile {
   // claiming more data than the file holds ends as "truncated", never as a
   // huge allocation.
   void read_into(std::vector<std::uint8_t>& out, std::size_t bytes, const char* what) {
+    if (inflated_ && bytes <= inflated_->size() - position_) {  // in memory: one copy
+      out.assign(inflated_->begin() + static_cast<std::ptrdiff_t>(position_),
+                 inflated_->begin() + static_cast<std::ptrdiff_t>(position_ + bytes));
+      position_ += bytes;
+      return;
+    }
     constexpr std::size_t kChunk = std::size_t{1} << 24;
     out.clear();
     while (out.size() < bytes) {
@@ -68,7 +91,7 @@ class IdxFile {
   // Compressed input may hold anything; a plain file's size bounds what the
   // header may claim.
   void check_size(std::uint64_t header_bytes, std::uint64_t payload, const char* what) {
-    if (gzdirect(file_.get()) != 1) return;
+    if (inflated_ || gzdirect(file_.get()) != 1) return;
     std::error_code ec;
     const auto size = std::filesystem::file_size(path_, ec);
     if (!ec && size < header_bytes + payload)
@@ -77,6 +100,11 @@ class IdxFile {
   }
 
   void expect_end() {
+    if (inflated_) {
+      if (position_ < inflated_->size())
+        throw IdxError(fmt::format("{}: unexpected data after the last item", path_.string()));
+      return;
+    }
     char extra;
     if (gzread(file_.get(), &extra, 1) > 0)
       throw IdxError(fmt::format("{}: unexpected data after the last item", path_.string()));
@@ -97,6 +125,8 @@ class IdxFile {
   }
 
   std::filesystem::path path_;
+  std::optional<std::vector<std::uint8_t>> inflated_;  // the whole file, when libdeflate took it
+  std::size_t position_ = 0;                          // read position in inflated_
   GzHandle file_;
 };
 

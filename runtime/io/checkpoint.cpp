@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -118,10 +119,10 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   for (std::uint32_t i = 0; i < count; ++i) {
     TensorBlob t;
     t.name = r.get_bytes("tensor name");
-    const auto dtype = r.get<std::uint8_t>("dtype");
-    if (dtype > static_cast<std::uint8_t>(DType::u8))
-      throw IoError(fmt::format("{}: tensor '{}' has unknown dtype code {}", path.string(), t.name, dtype));
-    t.dtype = static_cast<DType>(dtype);
+    const auto code = r.get<std::uint8_t>("dtype");
+    const std::optional<DType> dtype = dtype_from_code(code);
+    if (!dtype) throw IoError(fmt::format("{}: tensor '{}' has unknown dtype code {}", path.string(), t.name, code));
+    t.dtype = *dtype;
     const auto rank = r.get<std::uint32_t>("rank");
     for (std::uint32_t d = 0; d < rank; ++d) t.shape.push_back(r.get<std::int64_t>("shape"));
     t.bytes = r.get_bytes("tensor data");

@@ -30,6 +30,9 @@ class StepWalker {
     if (!group({indices->id, images->id, labels->id}, FusionKind::batch_fetch)) return std::nullopt;
     plan.images = images->inputs[0];
     plan.labels = labels->inputs[0];
+    // The whole-step kernels fetch u8 images and u8 labels; f16/f32 feature
+    // tables (own data) take the generic lowerings.
+    if (g_.value(plan.images).dtype != DType::u8 || g_.value(plan.labels).dtype != DType::u8) return std::nullopt;
     plan.input_scale = images->attr<GatherRowsAttrs>().scale;
     plan.input_shift = images->attr<GatherRowsAttrs>().shift;
     const ValueId y = labels->outputs[0];

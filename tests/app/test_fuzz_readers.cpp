@@ -1,5 +1,6 @@
 // Bounded random-mutation fuzzing of the readers that take outside input:
-// the IDX reader, the checkpoint reader and the YAML config loader. Seeds are
+// the IDX reader, the checkpoint reader, the YAML config loader and the own
+// data readers (npy, npz, csv). Seeds are
 // the committed corpus in tests/fuzz_corpus/; the mutator is seeded, so every
 // run tries the same inputs (SG_FUZZ_ITERATIONS=N runs longer, SG_FUZZ_SEED
 // another sequence). A reader may only reject an input with its own error
@@ -16,7 +17,10 @@
 #include <typeinfo>
 
 #include "apps/config/train_config.hpp"
+#include "runtime/data/csv_table.hpp"
 #include "runtime/data/idx_reader.hpp"
+#include "runtime/data/npy_array.hpp"
+#include "runtime/data/npz_archive.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "tests/support/temp_files.hpp"
@@ -222,4 +226,26 @@ TEST_CASE("fuzz: --set overrides reject mutants only with ConfigError") {
       FAIL_CHECK(std::string("--set '" + o + "' threw " + typeid(e).name() + ": " + e.what()));
     }
   }
+}
+
+// Own data (issue 23): corpus files written by NumPy (np.save, np.savez,
+// np.savez_compressed, which writes Zip64 extras) and a CSV table.
+TEST_CASE("fuzz: the npy, npz and csv readers reject mutants only with DataFileError") {
+  fuzz<data::DataFileError>("npy", {"\x93NUMPY", "'descr': '<f4'", "'shape': (", "True", ",)", "<i8", "|u1"}, 5,
+      [&](const std::string& bytes) {
+        const auto a = data::parse_npy(bytes, "fuzz.npy");
+        for (std::int64_t i = 0; i < std::min<std::int64_t>(a.element_count(), 64); ++i) (void)data::npy_element(a, i);
+      },
+      env_or("SG_FUZZ_ITERATIONS", 3000));
+  const auto path = scratch("in.npz");
+  fuzz<data::DataFileError>("npz", {std::string("PK\x03\x04", 4), std::string("PK\x01\x02", 4),
+                                    std::string("PK\x05\x06", 4), std::string("\xff\xff\xff\xff", 4)}, 6,
+      [&](const std::string& bytes) {
+        write(path, bytes);
+        const data::NpzArchive archive(path);
+        for (const auto& name : archive.names()) (void)archive.array(name);
+      },
+      env_or("SG_FUZZ_ITERATIONS", 3000));
+  fuzz<data::DataFileError>("csv", {",", "\n", "\"", "nan", "1e999", "label", " "}, 7,
+      [&](const std::string& text) { (void)data::parse_csv(text, "fuzz.csv"); }, env_or("SG_FUZZ_ITERATIONS", 3000));
 }

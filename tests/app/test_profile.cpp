@@ -91,6 +91,24 @@ TEST_CASE("run timing: phases add up in order and time what they wrap") {
   CHECK(timing.format("t").find("since program start") != std::string::npos);
 }
 
+TEST_CASE("run timing: parts show under their phase and are not counted twice") {
+  report::RunTiming timing;
+  timing.add("build", 1.0);
+  timing.add_part("build", "capture", 0.25);
+  timing.add_part("build", "upload", 0.5);
+  timing.add("train", 2.0);
+  CHECK(timing.sum() == doctest::Approx(3.0));
+  const auto parts = timing.parts_of("build");
+  REQUIRE(parts.size() == 2);
+  CHECK(parts[1].first == "upload");
+  CHECK(timing.parts_of("train").empty());
+  const std::string text = timing.format("t");
+  const auto build = text.find("build"), capture = text.find("capture"), train = text.find("train");
+  CHECK(build < capture);
+  CHECK(capture < train);
+  CHECK(timing.to_json()["phases"][0]["parts"].size() == 2);
+}
+
 // Tolerance: the rows (each the sum of its nodes' std::chrono intervals) sum
 // to within 25% of the step timed whole by CpuExecutor::run; both are the
 // minimum over the profiled steps (the minimum is what noise on a shared

@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::bias_add_relu) + 1;
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::scale_grad) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -24,7 +24,11 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<GatherRowsAttrs>(): return GatherRowsAttrs{DType::f16, 0.5, -0.25};
     case attrs_index<MatmulAttrs>(): return MatmulAttrs{true, false};
     case attrs_index<CastAttrs>(): return CastAttrs{DType::f16};
-    case attrs_index<SgdUpdateAttrs>(): return SgdUpdateAttrs{0.9, 1e-4};
+    case attrs_index<SgdUpdateAttrs>(): return SgdUpdateAttrs{0.9, 1e-4, true};
+    case attrs_index<LabelSmoothingAttrs>(): return LabelSmoothingAttrs{0.1};
+    case attrs_index<DropoutAttrs>(): return DropoutAttrs{0.25, 0x123456789abcull, 2};
+    case attrs_index<AdamUpdateAttrs>(): return AdamUpdateAttrs{0.8, 0.95, 1e-6, 0.01, true};
+    case attrs_index<ClipGradAttrs>(): return ClipGradAttrs{2.5};
     default: return NoAttrs{};
   }
 }
@@ -179,7 +183,7 @@ TEST_CASE("gelu: shape rule, gradient rule gelu_backward(dy, x), dumps") {
   const auto y = g.gelu(h);
   CHECK(g.value(y).shape == Shape{4, 6});
   CHECK(g.value(y).dtype == DType::f32);
-  CHECK_THROWS_WITH_AS(g.gelu(g.label("y", {4}, DType::i32)), doctest::Contains("gelu: 'y' [4] i32 must be f32 or f16"),
+  CHECK_THROWS_WITH_AS(g.gelu(g.label("y", {4}, DType::i32)), doctest::Contains("gelu: 'y' [4] i32 must be f32, f16 or bf16"),
                        GraphError);
   CHECK_THROWS_WITH_AS(g.gelu_backward(y, x), doctest::Contains("gelu_backward: shape mismatch"), GraphError);
   const auto labels = g.label("labels", {4}, DType::i32);

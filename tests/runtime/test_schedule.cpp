@@ -7,6 +7,7 @@
 
 #include "models/mlp.hpp"
 #include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/lowerings/whole_step_support.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/schedule.hpp"
 
@@ -317,4 +318,195 @@ TEST_CASE("a launch is placed where its first unit runs only if what it reads ex
   int ours = 0;
   for (const Launch& l : lowered.schedule.launches) ours += name_of(l) == "small_batch_forward";
   CHECK(ours == 1);  // the first forward is still ours, without the fetch
+}
+
+TEST_CASE("bf16 graphs take only the generic lowerings: the fp16-only fast ones refuse them") {
+  // Each fast lowering's match checks fp16 (kernels written for __half); a
+  // bf16 step must fall through to cuBLASLt and the dtype-generic kernels.
+  const std::vector<std::string> generic = {"batch_fetch", "cublaslt_matmul", "softmax_xent", "bias_grad_sgd",
+                                            "elementwise"};
+  for (const DType weights : {DType::bf16, DType::f32})
+    for (const double momentum : {0.0, 0.9})
+      for (const std::int64_t batch : {32, 128}) {
+        MlpSpec spec;
+        spec.layers = {784, 128, 128, 128, 10};
+        spec.batch = batch;
+        spec.weight_dtype = weights;
+        spec.compute_dtype = DType::bf16;
+        const Graph g = build_training_stages(spec, {0.003, momentum, 0.0}).fused;
+        CAPTURE(dtype_name(weights));
+        CAPTURE(momentum);
+        CAPTURE(batch);
+        const auto lowered = lower(g, BackendOptions{});
+        CHECK_NOTHROW(check_schedule_order(g, lowered.schedule));
+        for (const Launch& l : lowered.schedule.launches) {
+          CAPTURE(name_of(l));
+          CHECK(std::find(generic.begin(), generic.end(), name_of(l)) != generic.end());
+        }
+        // The whole-step kernels (left out above: they ask the device) refuse it too:
+        // bf16 weights by dtype, fp32 master weights (casts) by the step's shape.
+        for (const bool resident : {false, true}) {
+          const std::string why = cuda::whole_step_blocker(g, BackendOptions{}, resident);
+          if (weights == DType::bf16) CHECK(why == "parameters or activations are not fp16");
+          else CHECK_FALSE(why.empty());
+        }
+        // The same network in fp16 does take fast lowerings (so the check above can fail).
+        spec.compute_dtype = DType::f16;
+        spec.weight_dtype = weights == DType::bf16 ? DType::f16 : DType::f32;
+        const Graph fp16 = build_training_stages(spec, {0.003, momentum, 0.0}).fused;
+        const auto fast = lower(fp16, BackendOptions{});
+        CHECK(std::any_of(fast.schedule.launches.begin(), fast.schedule.launches.end(), [&](const Launch& l) {
+          return std::find(generic.begin(), generic.end(), name_of(l)) == generic.end();
+        }));
+      }
+}
+
+namespace {
+
+// Issue 21's model variants on the reference network (fp16, plain SGD).
+struct Variant {
+  std::string what;
+  MlpSpec spec;
+};
+
+std::vector<Variant> issue21_variants(std::int64_t batch) {
+  MlpSpec base;
+  base.layers = {784, 128, 128, 128, 10};
+  base.batch = batch;
+  std::vector<Variant> out;
+  for (const auto a : {MlpActivation::gelu, MlpActivation::gelu_tanh, MlpActivation::silu, MlpActivation::tanh,
+                       MlpActivation::sigmoid, MlpActivation::identity}) {
+    MlpSpec s = base;
+    s.activation = a;
+    out.push_back({"activation " + std::string(activation_name(a)), s});
+  }
+  MlpSpec dropout = base;
+  dropout.dropout = 0.2;
+  out.push_back({"relu + dropout", dropout});
+  MlpSpec smoothed = base;
+  smoothed.label_smoothing = 0.1;
+  out.push_back({"label smoothing", smoothed});
+  for (const auto loss : {MlpLoss::mse, MlpLoss::l1}) {
+    MlpSpec s = base;
+    s.loss = loss;
+    s.target_width = 10;
+    out.push_back({"loss " + std::string(loss_name(loss)), s});
+  }
+  MlpSpec all = base;
+  all.activation = MlpActivation::gelu_tanh;
+  all.dropout = 0.1;
+  all.loss = MlpLoss::mse;
+  all.target_width = 10;
+  out.push_back({"gelu_tanh + dropout + mse", all});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("gelu/silu/tanh/sigmoid/identity, dropout, label smoothing and mse/l1 graphs take only generic lowerings") {
+  // The fused output layer and the whole-step kernels (written for ReLU +
+  // softmax-xent + plain SGD) must refuse every one of these graphs; the
+  // kernels that fuse a ReLU's derivative into a dgrad (one-pass dgrad+SGD,
+  // the small-K masked dgrad) must refuse every graph whose dgrad is not
+  // followed directly by a ReLU backward (other activations; dropout between
+  // them). The plain-linear kernels (small_batch_forward without its ReLU,
+  // small_n_forward, small_m_wgrad_sgd) compute what the graph says and may
+  // take its layers.
+  const std::vector<std::string> loss_specific = {"output_layer_backward", "whole_step", "resident_step"};
+  const std::vector<std::string> relu_specific = {"one_pass_wgmma", "one_pass_row_ranges", "one_pass_strips",
+                                                  "small_k_dgrad_relu"};
+  for (const std::int64_t batch : {32, 128}) {
+    for (const Variant& v : issue21_variants(batch)) {
+      CAPTURE(v.what);
+      CAPTURE(batch);
+      const Graph g = build_training_stages(v.spec, {0.003, 0.0, 0.0}).fused;
+      const auto lowered = lower(g, BackendOptions{});
+      CHECK_NOTHROW(check_schedule_order(g, lowered.schedule));
+      const bool plain_relu = v.spec.activation == MlpActivation::relu && v.spec.dropout == 0.0;
+      std::vector<std::string> refused = loss_specific;
+      if (!plain_relu) refused.insert(refused.end(), relu_specific.begin(), relu_specific.end());
+      std::map<std::string, int> by_lowering;
+      for (const Launch& l : lowered.schedule.launches) {
+        CAPTURE(name_of(l));
+        CHECK(std::find(refused.begin(), refused.end(), name_of(l)) == refused.end());
+        ++by_lowering[name_of(l)];
+        // No launch that fuses a ReLU takes a non-ReLU network's layer.
+        if (v.spec.activation != MlpActivation::relu) {
+          const std::string note = l.lowering->describe(g, l);
+          CHECK(note.find("relu") == std::string::npos);
+        }
+      }
+      if (v.spec.dropout > 0) CHECK(by_lowering["dropout"] == 2 * 3);  // forward + backward per hidden layer
+      if (v.spec.label_smoothing > 0) CHECK(by_lowering["softmax_xent_smoothed"] == 2);
+      if (is_regression(v.spec.loss)) CHECK(by_lowering["regression_loss"] == 2);
+      // The whole-step kernels (left out above: they ask the device) refuse it by structure.
+      for (const bool resident : {false, true})
+        CHECK(cuda::whole_step_blocker(g, BackendOptions{}, resident) == "the graph is not a plain MLP training step");
+      // The eval graph (no dropout; loss only for regression) is covered too.
+      MlpSpec eval_spec = v.spec;
+      eval_spec.batch = 100;
+      Graph eval = build_mlp_eval(eval_spec);
+      fuse(eval);
+      CHECK_NOTHROW(check_schedule_order(eval, lower(eval, BackendOptions{}).schedule));
+      for (const auto& n : eval.nodes()) CHECK(n.op != OpKind::dropout);
+    }
+  }
+  // The same network with ReLU and softmax-xent is a whole-step match, and at
+  // batch 32 takes both kinds of fast lowerings (so the checks above can fail).
+  for (const std::int64_t batch : {32, 128}) {
+    MlpSpec spec;
+    spec.layers = {784, 128, 128, 128, 10};
+    spec.batch = batch;
+    const Graph g = build_training_stages(spec, {0.003, 0.0, 0.0}).fused;
+    const auto lowered = lower(g, BackendOptions{});
+    for (const auto* kind : {&loss_specific, &relu_specific})
+      if (batch == 32) CHECK(std::any_of(lowered.schedule.launches.begin(), lowered.schedule.launches.end(), [&](const Launch& l) {
+        return std::find(kind->begin(), kind->end(), name_of(l)) != kind->end();
+      }));
+    CHECK(match_whole_step(g).has_value());
+  }
+}
+
+TEST_CASE("gelu_tanh fuses into cuBLASLt's GELU_AUX_BIAS forward and DGELU dgrad (GELU_BIAS in the eval graph)") {
+  for (const std::int64_t batch : {32, 128}) {
+    CAPTURE(batch);
+    MlpSpec spec;
+    spec.layers = {784, 128, 128, 128, 10};
+    spec.batch = batch;
+    spec.activation = MlpActivation::gelu_tanh;
+    const Graph g = build_training_stages(spec, {0.003, 0.0, 0.0}).fused;
+    const auto lowered = lower(g, BackendOptions{});
+    CHECK_NOTHROW(check_schedule_order(g, lowered.schedule));
+    const auto counts = launch_counts(g, lowered.schedule);
+    CHECK(counts.count("cublaslt_matmul[epilogue=gelu_aux_bias]") == 1);
+    CHECK(counts.at("cublaslt_matmul[epilogue=gelu_aux_bias]") == 3);  // every hidden layer's forward
+    CHECK(counts.at("cublaslt_matmul[epilogue=dgelu]") == 3);          // every dgrad into a hidden layer
+    CHECK(counts.count("gelu_tanh") == 0);                             // no element-wise GELU left
+    CHECK(counts.count("gelu_tanh_backward") == 0);
+    MlpSpec eval_spec = spec;
+    eval_spec.batch = 100;
+    Graph eval = build_mlp_eval(eval_spec);
+    fuse(eval);
+    const auto eval_counts = launch_counts(eval, lower(eval, BackendOptions{}).schedule);
+    CHECK(eval_counts.at("cublaslt_matmul[epilogue=gelu_bias]") == 3);  // nothing reads the pre-activation
+  }
+  // A width that is not a multiple of 8 cannot be cuBLASLt's aux: the same
+  // launch runs the bias epilogue and then the gelu map kernels.
+  MlpSpec odd;
+  odd.layers = {784, 100, 10};
+  odd.activation = MlpActivation::gelu_tanh;
+  const Graph g = build_training_stages(odd, {0.003, 0.0, 0.0}).fused;
+  const auto lowered = lower(g, BackendOptions{});
+  CHECK_NOTHROW(check_schedule_order(g, lowered.schedule));
+  const auto counts = launch_counts(g, lowered.schedule);
+  CHECK(counts.at("cublaslt_matmul[epilogue=bias+gelu_tanh kernel]") == 1);
+  CHECK(counts.at("cublaslt_matmul[epilogue=none+gelu_tanh_backward kernel]") == 1);
+  // Exact GELU (erf) is not cuBLASLt's: it stays element-wise.
+  MlpSpec exact = odd;
+  exact.layers = {784, 128, 10};
+  exact.activation = MlpActivation::gelu;
+  const Graph ge = build_training_stages(exact, {0.003, 0.0, 0.0}).fused;
+  const auto exact_counts = launch_counts(ge, lower(ge, BackendOptions{}).schedule);
+  CHECK(exact_counts.at("gelu") == 1);
+  CHECK(exact_counts.at("gelu_backward") == 1);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The stepgraph binary on bad command lines and signals (issue 24):
-# unknown subcommand, --version, bench --replot of a bad file, SIGTERM
+# unknown subcommand, --version, bench --replot of a bad file, export and
+# predict on a missing checkpoint or a bad option, SIGTERM
 # (checkpoint, exit 143), a second Ctrl-C (immediate exit 130 with a message).
 # Usage: test_cli_bad_input.sh <stepgraph binary> <source dir>
 set -uo pipefail
@@ -24,6 +25,15 @@ echo '{bad' >"$tmp/bad.json"
 "$bin" bench --replot "$tmp/bad.json" --out-dir "$tmp/replot" >"$tmp/out" 2>&1; rc=$?
 check "bench --replot of a bad file names the file (rc $rc)" grep -q "$tmp/bad.json: not a bench.json" "$tmp/out"
 check "bench --replot of a bad file exits 1" test "$rc" -eq 1
+
+# export / predict (issue 23) on a missing checkpoint or a bad option: one error line, exit 1.
+"$bin" export --checkpoint "$tmp/none.sgck" --format safetensors -o "$tmp/m.safetensors" >"$tmp/out" 2>&1; rc=$?
+check "export of a missing checkpoint names it (rc $rc)" grep -q "$tmp/none.sgck" "$tmp/out"
+check "export of a missing checkpoint exits 1 with one error line" bash -c "test $rc -eq 1 && test \$(grep -c error '$tmp/out') -eq 1"
+"$bin" export --checkpoint "$tmp/none.sgck" --format tflite -o "$tmp/m.x" >"$tmp/out" 2>&1; rc=$?
+check "export --format tflite is refused (rc $rc)" grep -q "format 'tflite' is not one of safetensors, onnx" "$tmp/out"
+"$bin" predict --checkpoint "$tmp/none.sgck" --input "$tmp/x.npy" -o "$tmp/p.npy" --backend tpu >"$tmp/out" 2>&1; rc=$?
+check "predict --backend tpu is refused (rc $rc)" bash -c "test $rc -eq 1 && grep -q \"backend 'tpu' is not one of auto, cuda, cpu\" '$tmp/out'"
 
 # A long CPU run, stopped by a signal once it is training.
 start_run() {  # start_run <out dir> [--set key=value ...]

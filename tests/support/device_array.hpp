@@ -1,6 +1,7 @@
 #pragma once
 // Test helper: a device array filled from / read back to host floats, in
-// either f16 or f32 storage, poisoned (NaN) on request.
+// f16, bf16 or f32 storage, poisoned (NaN) on request.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>

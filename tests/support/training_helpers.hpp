@@ -72,7 +72,7 @@ inline std::vector<float> losses(Trainer& t, int steps) {
 inline std::vector<float> all_parameters(Trainer& t) {
   std::vector<float> out;
   for (const auto& blob : t.save_state())
-    if (blob.dtype == DType::f16 || blob.dtype == DType::f32) {
+    if (is_floating(blob.dtype)) {
       const auto v = floats_from_blob(blob);
       out.insert(out.end(), v.begin(), v.end());
     }

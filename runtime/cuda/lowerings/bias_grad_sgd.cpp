@@ -21,8 +21,8 @@ class BiasGradSgdLowering final : public CudaLowering {
     BiasNodes nodes{node_of(g, unit, OpKind::reduce_rows), node_of(g, unit, OpKind::sgd_update)};
     const DType dy = g.value(g.node(nodes.reduce).inputs[0]).dtype;
     const DType bias = g.value(g.node(nodes.sgd).inputs[0]).dtype;
-    const bool supported = (bias == DType::f16 && dy == DType::f16) || (bias == DType::f32 && dy == DType::f16) ||
-                           (bias == DType::f32 && dy == DType::f32);
+    // The bias in the gradient's dtype, or fp32 master biases with f16 / bf16 gradients.
+    const bool supported = (bias == dy && is_floating(dy)) || (bias == DType::f32 && is_half_width_float(dy));
     if (!supported) return std::nullopt;
     Match m = single_unit(unit);
     m.detail = nodes;
@@ -49,21 +49,19 @@ class BiasGradSgdLowering final : public CudaLowering {
     const auto rows = dy.shape[0], cols = dy.shape[1];
     const bool dependent = c.options().dependent_launch;
     std::function<void(cudaStream_t)> run;
-    if (bias.dtype == DType::f16)
-      run = [=](cudaStream_t s) {
-        launch_bias_grad_sgd(static_cast<const __half*>(dy_p), rows, cols, static_cast<__half*>(b),
-                             static_cast<__half*>(velocity), scalars, s, dependent, advance);
-      };
-    else if (dy.dtype == DType::f16)
-      run = [=](cudaStream_t s) {
-        launch_bias_grad_sgd(static_cast<const __half*>(dy_p), rows, cols, static_cast<float*>(b),
-                             static_cast<float*>(velocity), scalars, s, dependent, advance);
-      };
-    else
-      run = [=](cudaStream_t s) {
-        launch_bias_grad_sgd(static_cast<const float*>(dy_p), rows, cols, static_cast<float*>(b),
-                             static_cast<float*>(velocity), scalars, s, dependent, advance);
-      };
+    with_float_type(dy.dtype, [&](auto tag) {
+      using G = decltype(tag);
+      if (bias.dtype == dy.dtype)
+        run = [=](cudaStream_t s) {
+          launch_bias_grad_sgd(static_cast<const G*>(dy_p), rows, cols, static_cast<G*>(b), static_cast<G*>(velocity),
+                               scalars, s, dependent, advance);
+        };
+      else  // fp32 master bias
+        run = [=](cudaStream_t s) {
+          launch_bias_grad_sgd(static_cast<const G*>(dy_p), rows, cols, static_cast<float*>(b),
+                               static_cast<float*>(velocity), scalars, s, dependent, advance);
+        };
+    });
     return std::make_unique<BoundLaunch>(std::move(run));
   }
 };

@@ -3,6 +3,8 @@
 // own table (ops/cuda/map_kernels.hpp), so a new element-wise op needs its
 // kernel and registry entry, not an edit here. The step advance may ride on
 // a later launch that takes it (bias_grad_sgd, output_layer_backward).
+#include <type_traits>
+
 #include "ops/cuda/map_kernels.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -28,10 +30,16 @@ class ElementwiseLowering final : public CudaLowering {
         m.may_ride = true;
         return m;
       }
-      case OpKind::cast: takes = floating(g, n.inputs[0]) && floating(g, n.outputs[0]); break;
+      case OpKind::cast: {
+        // Same dtype (a copy), or between f32 and f16 / bf16.
+        const DType from = g.value(n.inputs[0]).dtype, to = g.value(n.outputs[0]).dtype;
+        takes = is_floating(from) && is_floating(to) && (from == to || from == DType::f32 || to == DType::f32);
+        break;
+      }
       case OpKind::sgd_update: {
+        if (n.attr<SgdUpdateAttrs>().nesterov) return std::nullopt;  // sgd_nesterov's
         const DType w = g.value(n.inputs[0]).dtype, grad = g.value(n.inputs[1]).dtype;
-        takes = (w == grad && is_floating(w)) || (w == DType::f32 && grad == DType::f16);
+        takes = (w == grad && is_floating(w)) || (w == DType::f32 && is_half_width_float(grad));
         break;
       }
       case OpKind::bias_add:
@@ -40,6 +48,11 @@ class ElementwiseLowering final : public CudaLowering {
         const MapKernels* k = find_map_kernels(op_name(n.op));
         takes = k && n.outputs.size() == 1 && static_cast<int>(n.inputs.size()) == k->arity;
         for (ValueId v : n.inputs) takes = takes && g.value(v).dtype == g.value(n.outputs[0]).dtype && floating(g, v);
+        // A map may have no kernel for this dtype (a null entry in its table row).
+        if (takes) {
+          const DType d = g.value(n.outputs[0]).dtype;
+          takes = (d == DType::f32 && k->f32) || (d == DType::f16 && k->f16) || (d == DType::bf16 && k->bf16);
+        }
       }
     }
     if (!takes) return std::nullopt;
@@ -66,30 +79,35 @@ class ElementwiseLowering final : public CudaLowering {
         if (x.dtype == y.dtype)
           run = [=](cudaStream_t s) { SG_CUDA_CHECK(cudaMemcpyAsync(out, in[0], bytes, cudaMemcpyDeviceToDevice, s)); };
         else if (x.dtype == DType::f32)
-          run = [=](cudaStream_t s) { launch_cast(static_cast<const float*>(in[0]), count, static_cast<__half*>(out), s); };
+          with_float_type(y.dtype, [&](auto tag) {
+            using T = decltype(tag);
+            if constexpr (!std::is_same_v<T, float>)
+              run = [=](cudaStream_t s) { launch_cast(static_cast<const float*>(in[0]), count, static_cast<T*>(out), s); };
+          });
         else
-          run = [=](cudaStream_t s) { launch_cast(static_cast<const __half*>(in[0]), count, static_cast<float*>(out), s); };
+          with_float_type(x.dtype, [&](auto tag) {
+            using T = decltype(tag);
+            if constexpr (!std::is_same_v<T, float>)
+              run = [=](cudaStream_t s) { launch_cast(static_cast<const T*>(in[0]), count, static_cast<float*>(out), s); };
+          });
         break;
       }
       case OpKind::sgd_update: {
         const Value& grad = g.value(n.inputs[1]);
         void* v = n.inputs.size() == 3 ? in[2] : nullptr;
         const SgdScalars* sc = c.sgd_scalars(n.id);
-        if (x.dtype == DType::f16 && grad.dtype == DType::f16)
-          run = [=](cudaStream_t s) {
-            launch_sgd_update(static_cast<__half*>(in[0]), static_cast<const __half*>(in[1]), static_cast<__half*>(v),
-                              count, sc, s);
-          };
-        else if (x.dtype == DType::f32 && grad.dtype == DType::f32)
-          run = [=](cudaStream_t s) {
-            launch_sgd_update(static_cast<float*>(in[0]), static_cast<const float*>(in[1]), static_cast<float*>(v),
-                              count, sc, s);
-          };
-        else
-          run = [=](cudaStream_t s) {
-            launch_sgd_update(static_cast<float*>(in[0]), static_cast<const __half*>(in[1]), static_cast<float*>(v),
-                              count, sc, s);
-          };
+        with_float_type(grad.dtype, [&](auto tag) {
+          using G = decltype(tag);
+          if (x.dtype == grad.dtype)
+            run = [=](cudaStream_t s) {
+              launch_sgd_update(static_cast<G*>(in[0]), static_cast<const G*>(in[1]), static_cast<G*>(v), count, sc, s);
+            };
+          else  // fp32 master weights, f16 / bf16 gradient
+            run = [=](cudaStream_t s) {
+              launch_sgd_update(static_cast<float*>(in[0]), static_cast<const G*>(in[1]), static_cast<float*>(v), count,
+                                sc, s);
+            };
+        });
         break;
       }
       default:
@@ -118,6 +136,7 @@ class ElementwiseLowering final : public CudaLowering {
     const T* a = static_cast<const T*>(in[0]);
     const T* b = in.size() > 1 ? static_cast<const T*>(in[1]) : nullptr;
     if constexpr (std::is_same_v<T, float>) return [=, f = k.f32](cudaStream_t s) { f(a, b, n, out, s); };
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>) return [=, f = k.bf16](cudaStream_t s) { f(a, b, n, out, s); };
     else return [=, f = k.f16](cudaStream_t s) { f(a, b, n, out, s); };
   }
 };

@@ -4,6 +4,7 @@ namespace sg::cuda {
 
 std::optional<ElemType> elem_type(DType dtype) {
   if (dtype == DType::f16) return ElemType::f16;
+  if (dtype == DType::bf16) return ElemType::bf16;
   if (dtype == DType::f32) return ElemType::f32;
   return std::nullopt;
 }
@@ -26,7 +27,7 @@ MatmulShape operand_shape(const sg::Graph& g, const Node& mm) {
 
 MatmulShape forward_shape(const sg::Graph& g, NodeId matmul, Epilogue epilogue, DType out) {
   MatmulShape s = operand_shape(g, g.node(matmul));
-  s.cd_type = out == DType::f16 ? ElemType::f16 : ElemType::f32;
+  s.cd_type = elem_type(out).value_or(ElemType::f32);
   s.accumulate = Accumulate::f32;
   s.epilogue = epilogue;
   return s;

@@ -1,6 +1,7 @@
 #pragma once
 // Small pieces the lowerings share: dtype dispatch, matmul operand shapes,
 // unit queries, and a recorded launch made of a bound closure.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <fmt/format.h>
@@ -29,9 +30,12 @@ class BoundLaunch final : public RecordedLaunch {
   std::string label_;
 };
 
+// Calls f with a value of the element type of `dtype` (__half, __nv_bfloat16
+// or float): every kernel it reaches is instantiated for all three.
 template <typename F>
 void with_float_type(DType dtype, F&& f) {
   if (dtype == DType::f16) f(__half{});
+  else if (dtype == DType::bf16) f(__nv_bfloat16{});
   else if (dtype == DType::f32) f(float{});
   else throw CudaError(fmt::format("cuda backend: {} is not a floating dtype", dtype_name(dtype)));
 }

@@ -27,8 +27,17 @@ std::unique_ptr<CudaLowering> make_small_m_wgrad_sgd_lowering(const BackendOptio
 std::unique_ptr<CudaLowering> make_cublaslt_matmul_lowering();
 std::unique_ptr<CudaLowering> make_softmax_xent_lowering();
 std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
+std::unique_ptr<CudaLowering> make_bias_grad_adam_lowering();
+std::unique_ptr<CudaLowering> make_adam_multi_tensor_lowering();
+std::unique_ptr<CudaLowering> make_grad_clip_scale_lowering();
+std::unique_ptr<CudaLowering> make_scale_grad_lowering();
+std::unique_ptr<CudaLowering> make_sgd_nesterov_lowering();
 std::unique_ptr<CudaLowering> make_batch_fetch_lowering();
+std::unique_ptr<CudaLowering> make_table_fetch_lowering();
 std::unique_ptr<CudaLowering> make_elementwise_lowering();
+std::unique_ptr<CudaLowering> make_regression_loss_lowering();
+std::unique_ptr<CudaLowering> make_softmax_xent_smoothed_lowering();
+std::unique_ptr<CudaLowering> make_dropout_lowering();
 
 std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& o, bool device_present) {
   // Our fused kernels accumulate in fp32, as cuBLASLt does by default.
@@ -51,7 +60,18 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_cublaslt_matmul_lowering());
   l.push_back(make_softmax_xent_lowering());
   l.push_back(make_bias_grad_sgd_lowering());
+  // Adam/AdamW, clipping, Nesterov (issue 21): the bias updates fused with
+  // their column sums first, then every other Adam update in one launch.
+  l.push_back(make_bias_grad_adam_lowering());
+  l.push_back(make_adam_multi_tensor_lowering());
+  l.push_back(make_grad_clip_scale_lowering());
+  l.push_back(make_scale_grad_lowering());
+  l.push_back(make_sgd_nesterov_lowering());
   l.push_back(make_batch_fetch_lowering());
+  l.push_back(make_table_fetch_lowering());  // float features/targets, features-only fetches (issue 23)
+  l.push_back(make_regression_loss_lowering());
+  l.push_back(make_softmax_xent_smoothed_lowering());
+  l.push_back(make_dropout_lowering());
   l.push_back(make_elementwise_lowering());
   if (!device_present)
     l.erase(std::remove_if(l.begin(), l.end(), [](const auto& x) { return x->asks_device(); }), l.end());

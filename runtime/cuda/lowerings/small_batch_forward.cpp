@@ -32,6 +32,8 @@ class SmallBatchForwardLowering final : public CudaLowering {
     const sg::Graph& g = cover.graph();
     if (!cover.is_group(unit, FusionKind::linear_forward)) return std::nullopt;
     const Node& last = g.node(unit.nodes.back());
+    // The kernel's epilogue is bias [+ ReLU]: a group ending in another activation is cuBLASLt's.
+    if (last.op != OpKind::bias_add && last.op != OpKind::relu) return std::nullopt;
     ForwardNodes f;
     f.matmul = node_of(g, unit, OpKind::matmul);
     f.bias = g.node(node_of(g, unit, OpKind::bias_add)).inputs[1];

@@ -1,0 +1,78 @@
+#include "apps/saved_model.hpp"
+
+#include <tuple>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "apps/backend_choice.hpp"
+#include "runtime/io/atomic_file.hpp"
+#include "runtime/tensor_blob.hpp"
+
+namespace sg::app {
+
+io::TensorBlob feature_dtype_blob(DType dtype) {
+  const std::string name(dtype_name(dtype));
+  return {kFeatureDtypeEntry, DType::u8, {static_cast<std::int64_t>(name.size())}, name};
+}
+
+std::vector<io::TensorBlob> without_feature_dtype(std::vector<io::TensorBlob> tensors) {
+  std::erase_if(tensors, [](const io::TensorBlob& b) { return b.name == kFeatureDtypeEntry; });
+  return tensors;
+}
+
+SavedModel load_saved_model(const std::filesystem::path& path) {
+  const io::Checkpoint ckpt = io::load_checkpoint(path);
+  SavedModel m;
+  try {
+    m.config = parse_config(ckpt.config_yaml, path.string() + " (its saved config)");
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: cannot read the config saved in the checkpoint: {}", path.string(), e.what()));
+  }
+  DType features = DType::u8;
+  for (const auto& b : ckpt.tensors)
+    if (b.name == kFeatureDtypeEntry) {
+      try {
+        features = dtype_from_name(b.bytes);
+      } catch (const std::exception&) {
+        throw io::IoError(fmt::format("{}: entry {} holds '{}', not a dtype name", path.string(), kFeatureDtypeEntry,
+                                      b.bytes));
+      }
+    }
+  m.mlp = mlp_training(m.config, features).mlp;
+  const auto& sizes = m.mlp.layers;
+  for (std::size_t l = 1; l < sizes.size(); ++l) {
+    exporting::DenseLayer layer;
+    layer.in = sizes[l - 1];
+    layer.out = sizes[l];
+    for (const auto& [name, shape, dst] : {std::tuple{names::weight(l), Shape{layer.out, layer.in}, &layer.weight},
+                                           std::tuple{names::bias(l), Shape{layer.out}, &layer.bias}}) {
+      const io::TensorBlob* blob = nullptr;
+      for (const auto& b : ckpt.tensors)
+        if (b.name == name) blob = &b;
+      if (!blob)
+        throw io::IoError(fmt::format("{}: no parameter '{}' (model.layers {} in its config)", path.string(), name,
+                                      fmt::format("{}", fmt::join(sizes, ","))));
+      if (blob->shape != shape)
+        throw io::IoError(fmt::format("{}: parameter '{}' is {} but the config's model.layers make it {}",
+                                      path.string(), name, shape_string(blob->shape), shape_string(shape)));
+      *dst = floats_from_blob(*blob);
+      m.params.push_back(*blob);
+    }
+    m.layers.push_back(std::move(layer));
+  }
+  return m;
+}
+
+exporting::ExportedMlp exported_mlp(const SavedModel& model) {
+  exporting::ExportedMlp e;
+  e.layers = model.layers;
+  e.activation = std::string(activation_name(model.mlp.activation));
+  e.dropout = model.mlp.dropout;
+  e.regression = model.regression();
+  e.input_scale = model.mlp.input_scale;
+  e.input_shift = model.mlp.input_shift;
+  return e;
+}
+
+}  // namespace sg::app

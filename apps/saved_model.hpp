@@ -1,0 +1,44 @@
+#pragma once
+// A trained model as `stepgraph predict` and `stepgraph export` read it from
+// a checkpoint: the saved config (layers, activation, dropout, loss, input
+// scaling), the feature dtype it was trained on and the parameters as f32.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "apps/config/train_config.hpp"
+#include "graph/dtype.hpp"
+#include "models/mlp.hpp"
+#include "runtime/export/exported_mlp.hpp"
+#include "runtime/io/checkpoint.hpp"
+
+namespace sg::app {
+
+// Checkpoint entry holding the dtype name ("u8", "f16", "f32") of the feature
+// table the model was trained on (u8 [len], the name's bytes). Its dot keeps
+// it apart from any graph value name. Checkpoints without it (written before
+// issue 23, IDX data only) mean u8.
+inline constexpr const char* kFeatureDtypeEntry = "data.feature_dtype";
+io::TensorBlob feature_dtype_blob(DType dtype);
+// The checkpoint's tensors without kFeatureDtypeEntry (what a trainer restores).
+std::vector<io::TensorBlob> without_feature_dtype(std::vector<io::TensorBlob> tensors);
+
+struct SavedModel {
+  TrainConfig config;         // the run's resolved config
+  MlpSpec mlp;                // model, input scaling and feature dtype as trained (batch/rows unset)
+  std::vector<exporting::DenseLayer> layers;
+  std::vector<io::TensorBlob> params;  // w1, b1, ... as stored
+  bool regression() const { return mlp.target_width > 0; }
+  std::int64_t inputs() const { return mlp.layers.front(); }
+  std::int64_t outputs() const { return mlp.layers.back(); }
+};
+
+// Throws (ConfigError / io::IoError) naming the file when it is not a
+// readable checkpoint or its parameters do not match its config.
+SavedModel load_saved_model(const std::filesystem::path& checkpoint);
+
+// What the exporters take (runtime/export/exported_mlp.hpp).
+exporting::ExportedMlp exported_mlp(const SavedModel& model);
+
+}  // namespace sg::app

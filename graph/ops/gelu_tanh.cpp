@@ -1,0 +1,45 @@
+// gelu_tanh: X -> 0.5 X (1 + tanh(sqrt(2/pi) (X + 0.044715 X^3))), the tanh
+// approximation (PyTorch gelu(approximate='tanh'); what cuBLASLt's GELU
+// epilogues compute); gelu_tanh_backward: (dY, X) -> dY * gelu_tanh'(X),
+// reading the forward INPUT X.
+#include "graph/ops/op_common.hpp"
+
+namespace sg::ops {
+namespace {
+
+std::vector<OutputSpec> infer_forward(const Inputs& in, const OpAttrs&) { return infer_unary_same(OpKind::gelu_tanh, in); }
+std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs&) {
+  return infer_binary_same(OpKind::gelu_tanh_backward, in);
+}
+
+void gradient(const GradientContext& c) {
+  if (!c.needs_grad(0)) return;
+  c.contribute(0, c.emit(OpKind::gelu_tanh_backward, {*c.output_grad(0), c.input(0)}, NoAttrs{}, c.input(0)).front());
+}
+
+template <typename T>
+void forward_cpu(const CpuCall<T>& c) {
+  ref::gelu_tanh(c.in[0].real, c.in[0].size, c.out[0].real);
+}
+template <typename T>
+void backward_cpu(const CpuCall<T>& c) {
+  ref::gelu_tanh_backward(c.in[0].real, c.in[1].real, c.in[0].size, c.out[0].real);
+}
+
+}  // namespace
+
+const OpDef& gelu_tanh_def() {
+  static const OpDef def = with_attrs<NoAttrs>({.kind = OpKind::gelu_tanh, .name = "gelu_tanh", .infer = &infer_forward,
+                                                .gradient = &gradient, .cpu_f32 = &forward_cpu<float>,
+                                                .cpu_f64 = &forward_cpu<double>});
+  return def;
+}
+
+const OpDef& gelu_tanh_backward_def() {
+  static const OpDef def = with_attrs<NoAttrs>({.kind = OpKind::gelu_tanh_backward, .name = "gelu_tanh_backward",
+                                                .infer = &infer_backward, .cpu_f32 = &backward_cpu<float>,
+                                                .cpu_f64 = &backward_cpu<double>});
+  return def;
+}
+
+}  // namespace sg::ops

@@ -1,0 +1,73 @@
+// Lowering: a bias gradient (column sums of dY, a lone reduce_rows) fused
+// with its Adam/AdamW update, one kernel and no gradient buffer
+// (ops/cuda/optimizer_kernels.hpp). Not with clipping: the clip scale exists
+// only after every gradient, so those biases go through adam_multi_tensor.
+#include "ops/cuda/optimizer_kernels.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/optimizer_support.hpp"
+
+namespace sg::cuda {
+namespace {
+
+struct BiasAdamNodes {
+  NodeId reduce = -1, update = -1;
+};
+
+class BiasGradAdamLowering final : public CudaLowering {
+ public:
+  std::string_view name() const override { return "bias_grad_adam"; }
+
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    const sg::Graph& g = cover.graph();
+    if (unit.fusion_group >= 0) return std::nullopt;
+    const Node& reduce = g.node(unit.nodes.front());
+    if (reduce.op != OpKind::reduce_rows) return std::nullopt;
+    const auto readers = g.consumers(reduce.outputs[0]);
+    if (readers.size() != 1 || std::find(g.outputs().begin(), g.outputs().end(), reduce.outputs[0]) != g.outputs().end())
+      return std::nullopt;
+    const Node& update = g.node(readers[0]);
+    if (update.op != OpKind::adam_update || update.inputs.size() != 5 || update.inputs[1] != reduce.outputs[0])
+      return std::nullopt;
+    const CoverUnit& update_unit = cover.unit_of(update.id);
+    if (cover.taken(update_unit.id) || update_unit.fusion_group >= 0) return std::nullopt;
+    if (!update_types_supported(g.value(update.inputs[0]).dtype, g.value(reduce.inputs[0]).dtype)) return std::nullopt;
+    Match m;
+    m.units = {unit.id, update_unit.id};
+    m.detail = BiasAdamNodes{reduce.id, update.id};
+    return m;
+  }
+
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const sg::Graph& g = c.graph();
+    const auto& nodes = detail_of<BiasAdamNodes>(l);
+    const Node& reduce = g.node(nodes.reduce);
+    const Node& update = g.node(nodes.update);
+    const Value& dy = g.value(reduce.inputs[0]);
+    const auto rows = dy.shape[0], cols = dy.shape[1];
+    const void* dy_p = c.ptr(dy.id);
+    void* bias = c.ptr(update.inputs[0]);
+    auto* m = static_cast<float*>(c.ptr(update.inputs[2]));
+    auto* v = static_cast<float*>(c.ptr(update.inputs[3]));
+    const auto* step = static_cast<const std::int32_t*>(c.ptr(update.inputs[4]));
+    const SgdScalars* scalars = c.sgd_scalars(update.id);
+    const auto& a = update.attr<AdamUpdateAttrs>();
+    const AdamHyper hyper{float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
+    const bool dependent = c.options().dependent_launch;
+    std::function<void(cudaStream_t)> run;
+    with_update_types(g.value(update.inputs[0]).dtype, dy.dtype, [&](auto wt, auto gt) {
+      using W = decltype(wt);
+      using G = decltype(gt);
+      run = [=](cudaStream_t s) {
+        launch_bias_grad_adam(static_cast<const G*>(dy_p), rows, cols, static_cast<W*>(bias), m, v, scalars, step,
+                              hyper, s, dependent);
+      };
+    });
+    return std::make_unique<BoundLaunch>(std::move(run));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLowering> make_bias_grad_adam_lowering() { return std::make_unique<BiasGradAdamLowering>(); }
+
+}  // namespace sg::cuda

@@ -1,0 +1,55 @@
+// Lowering: a dropout or dropout_backward node by our Philox kernel
+// (ops/cuda/dropout.cu), reading the step from the device step counter so
+// the captured graph draws a new mask each replay; the backward recomputes
+// the forward's mask from the same (seed, stream, step).
+#include "ops/cuda/dropout.hpp"
+#include "ops/philox.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+
+namespace sg::cuda {
+namespace {
+
+class DropoutLowering final : public CudaLowering {
+ public:
+  std::string_view name() const override { return "dropout"; }
+
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    if (unit.fusion_group >= 0) return std::nullopt;
+    const sg::Graph& g = cover.graph();
+    const Node& n = g.node(unit.nodes.front());
+    if (n.op != OpKind::dropout && n.op != OpKind::dropout_backward) return std::nullopt;
+    const DType x = g.value(n.inputs[0]).dtype;
+    if (!is_floating(x) || g.value(n.outputs[0]).dtype != x || g.value(n.inputs[1]).dtype != DType::i32)
+      return std::nullopt;
+    return single_unit(unit);
+  }
+
+  std::string describe(const sg::Graph& g, const Launch& l) const override {
+    const auto& a = g.node(l.nodes.front()).attr<DropoutAttrs>();
+    return fmt::format("p={:.3g},stream={}", a.p, a.stream);
+  }
+
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const sg::Graph& g = c.graph();
+    const Node& n = g.node(l.nodes.front());
+    const auto& a = n.attr<DropoutAttrs>();
+    const DropoutParams params{a.seed, a.stream, philox::dropout_threshold(a.p), static_cast<float>(1.0 / (1.0 - a.p))};
+    const Value& x = g.value(n.inputs[0]);
+    const auto count = element_count(x.shape);
+    const void* in = c.ptr(x.id);
+    const auto* step = static_cast<const std::int32_t*>(c.ptr(n.inputs[1]));
+    void* out = c.ptr(n.outputs[0]);
+    std::function<void(cudaStream_t)> run;
+    with_float_type(x.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      run = [=](cudaStream_t s) { launch_dropout(static_cast<const T*>(in), step, count, params, static_cast<T*>(out), s); };
+    });
+    return std::make_unique<BoundLaunch>(std::move(run), std::string(op_name(n.op)));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLowering> make_dropout_lowering() { return std::make_unique<DropoutLowering>(); }
+
+}  // namespace sg::cuda

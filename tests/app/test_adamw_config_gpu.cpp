@@ -1,0 +1,23 @@
+// On the GPU: configs/mnist_adamw.yaml reaches >= 98.3% MNIST test accuracy.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "apps/config/train_config.hpp"
+#include "apps/training_run.hpp"
+#include "tests/support/test_data.hpp"
+
+using namespace sg;
+
+TEST_CASE("configs/mnist_adamw.yaml reaches at least 98.3% test accuracy") {
+  const auto out = std::filesystem::temp_directory_path() / ("stepgraph-adamw-" + std::to_string(std::random_device{}()));
+  const auto config = app::load_config(sg::test::source_dir() / "configs/mnist_adamw.yaml",
+                                       {"data.dir=" + sg::test::mnist_dir().string(), "run.out_dir=" + out.string(),
+                                        "run.checkpoint=" + (out / "c.sgck").string(), "backend.kind=cuda"});
+  const auto summary = app::run_training(config);
+  MESSAGE("adamw config: " << summary.steps << " steps in " << summary.seconds << " s, test accuracy "
+                           << 100 * summary.final_eval.accuracy << "% on " << summary.backend);
+  CHECK(summary.final_eval.examples == 10000);
+  CHECK(summary.final_eval.accuracy >= 0.983);
+  std::filesystem::remove_all(out);
+}

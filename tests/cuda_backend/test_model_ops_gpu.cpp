@@ -1,0 +1,273 @@
+// Issue 21's activations, losses and dropout on the GPU against the CPU
+// reference: each op through the generic cover on random shapes (outputs
+// poisoned first, so an unwritten element shows as NaN), dropout's mask bits
+// equal on both backends, and whole training runs (GPU vs CPU loss curves;
+// graph replay, stream launches, K steps per graph and resume giving the
+// same bits with dropout).
+#include <doctest/doctest.h>
+
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "runtime/cpu/cpu_executor.hpp"
+#include "runtime/cuda/cuda_program.hpp"
+#include "runtime/cuda/cuda_trainer.hpp"
+#include "runtime/tensor_blob.hpp"
+#include "tests/cuda_backend/launch_paths_check.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/training_helpers.hpp"
+
+using namespace sg;
+using sg::test::all_parameters;
+using sg::test::cpu_spec;
+using sg::test::cuda_spec;
+using sg::test::losses;
+using sg::test::MlpTrainerSpec;
+using sg::test::random_dataset;
+
+namespace {
+
+std::vector<float> download(const cuda::CudaProgram& p, const Value& v) {
+  io::TensorBlob blob{v.name, v.dtype, v.shape,
+                      std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
+  SG_CUDA_CHECK(cudaDeviceSynchronize());
+  SG_CUDA_CHECK(cudaMemcpy(blob.bytes.data(), p.device_ptr(v.id), blob.bytes.size(), cudaMemcpyDeviceToHost));
+  return floats_from_blob(blob);
+}
+
+// Runs `g` once on the GPU and on the CPU (f64) with the same random inputs
+// (floating inputs and labels U(lo, hi) rounded to their dtype; integer
+// labels in [0, classes); the step counter = `step`), then compares every
+// marked output by relative error.
+void check_gpu_matches_cpu(const Graph& g, std::mt19937_64& rng, double tolerance, double lo, double hi,
+                           std::int64_t classes = 2, std::int32_t step = 0) {
+  cuda::Stream stream;
+  cuda::LtHandle lt;
+  cuda::DeviceValues params;
+  cuda::CudaProgram program(g, params, lt, {}, stream.get());
+  CpuExecutor<double> cpu(g);
+  for (const auto& v : g.values()) {
+    if (v.role != Role::input && v.role != Role::label && v.role != Role::state) continue;
+    if (v.dtype == DType::i32) {
+      std::vector<std::int32_t> ints(static_cast<std::size_t>(element_count(v.shape)));
+      for (auto& x : ints) x = v.role == Role::state ? step : static_cast<std::int32_t>(rng() % classes);
+      cpu.tensor(v.id).i32 = ints;
+      program.owned(v.name).upload(ints.data(), ints.size() * sizeof(std::int32_t));
+      continue;
+    }
+    std::vector<float> host(static_cast<std::size_t>(element_count(v.shape)));
+    sg::test::fill_uniform(host, rng, lo, hi);
+    auto blob = blob_from_floats(v.name, v.shape, v.dtype, host);
+    host = floats_from_blob(blob);  // what the GPU sees (rounded to its dtype)
+    program.owned(v.name).upload(blob.bytes.data(), blob.bytes.size());
+    cpu.tensor(v.id).real.assign(host.begin(), host.end());
+  }
+  program.poison_arena(stream.get());
+  program.record(stream.get());
+  stream.synchronize();
+  cpu.run();
+  for (ValueId out : g.outputs()) {
+    INFO("output " << g.value(out).name);
+    CHECK(sg::test::relative_error(download(program, g.value(out)), cpu.tensor(out).real) < tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gelu_tanh, silu, tanh, sigmoid and their gradients match the CPU reference on the GPU") {
+  auto rng = sg::test::fresh_rng();
+  for (const OpKind op : {OpKind::gelu_tanh, OpKind::silu, OpKind::tanh, OpKind::sigmoid})
+    for (const DType dtype : {DType::f32, DType::f16}) {
+      const std::int64_t rows = 1 + std::int64_t(rng() % 37), cols = 1 + std::int64_t(rng() % 301);
+      INFO(op_name(op) << " " << dtype_name(dtype) << " [" << rows << "," << cols << "], seed " << sg::test::last_seed());
+      Graph g;
+      const ValueId x = g.input("x", {rows, cols}, dtype);
+      const ValueId dy = g.input("dy", {rows, cols}, dtype);
+      const ValueId y = g.append_node(op, {x}, NoAttrs{}).front();
+      // tanh and sigmoid's backwards read the forward output, the others the input.
+      const bool reads_output = op == OpKind::tanh || op == OpKind::sigmoid;
+      const auto backward = static_cast<OpKind>(static_cast<int>(op) + 1);
+      const ValueId dx = g.append_node(backward, {dy, reads_output ? y : x}, NoAttrs{}).front();
+      g.mark_output(y);
+      g.mark_output(dx);
+      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -4.0, 4.0);
+    }
+}
+
+TEST_CASE("mse and l1 losses and their gradients match the CPU reference on the GPU") {
+  auto rng = sg::test::fresh_rng();
+  for (const OpKind op : {OpKind::mse_loss, OpKind::l1_loss})
+    for (const DType dtype : {DType::f32, DType::f16}) {
+      const std::int64_t rows = 1 + std::int64_t(rng() % 300), cols = 1 + std::int64_t(rng() % 17);
+      INFO(op_name(op) << " " << dtype_name(dtype) << " [" << rows << "," << cols << "], seed " << sg::test::last_seed());
+      Graph g;
+      const ValueId pred = g.input("pred", {rows, cols}, dtype);
+      const ValueId target = g.label("target", {rows, cols}, DType::f32);
+      g.mark_output(g.append_node(op, {pred, target}, NoAttrs{}).front());
+      g.mark_output(g.append_node(static_cast<OpKind>(static_cast<int>(op) + 1), {pred, target}, NoAttrs{}).front());
+      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -2.0, 2.0);
+    }
+}
+
+TEST_CASE("label-smoothed cross-entropy and its gradient match the CPU reference on the GPU") {
+  auto rng = sg::test::fresh_rng();
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
+    INFO(dtype_name(dtype) << " [" << rows << "," << cols << "], seed " << sg::test::last_seed());
+    Graph g;
+    const ValueId logits = g.input("logits", {rows, cols}, dtype);
+    const ValueId labels = g.label("labels", {rows}, DType::i32);
+    g.mark_output(g.append_node(OpKind::softmax_xent_smoothed, {logits, labels}, LabelSmoothingAttrs{0.1}).front());
+    g.mark_output(
+        g.append_node(OpKind::softmax_xent_smoothed_backward, {logits, labels}, LabelSmoothingAttrs{0.1}).front());
+    check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
+  }
+}
+
+TEST_CASE("dropout on the GPU keeps exactly the CPU reference's elements, step after step") {
+  auto rng = sg::test::fresh_rng();
+  for (const DType dtype : {DType::f32, DType::f16})
+    for (const std::int32_t step : {0, 1, 977}) {
+      const std::int64_t n = 1 + std::int64_t(rng() % 5000);
+      INFO(dtype_name(dtype) << " n " << n << " step " << step << ", seed " << sg::test::last_seed());
+      Graph g;
+      const ValueId x = g.input("x", {n}, dtype);
+      const ValueId dy = g.input("dy", {n}, dtype);
+      const ValueId s = g.state("step", {1}, DType::i32);
+      const DropoutAttrs attrs{0.3, 0x1234567890abcdefull, 2};
+      g.mark_output(g.append_node(OpKind::dropout, {x, s}, attrs).front());
+      g.mark_output(g.append_node(OpKind::dropout_backward, {dy, s}, attrs).front());
+      // Inputs in [0.5, 1.5]: never zero, so the relative error also sees
+      // every mask bit that differs (a kept element is >= 0.7).
+      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 1e-3 : 1e-6, 0.5, 1.5, 2, step);
+    }
+}
+
+namespace {
+
+MlpTrainerSpec small_spec() {
+  MlpTrainerSpec spec;
+  spec.mlp.layers = {37, 129, 65, 11};
+  spec.mlp.batch = 33;
+  spec.mlp.weight_dtype = DType::f32;
+  spec.sgd = {0.05, 0.9, 0.0};
+  spec.eval_batch = 100;
+  spec.init_seed = 3;
+  spec.shuffle_seed = 5;
+  return spec;
+}
+
+// The first `steps` losses of a CPU and a GPU trainer follow each other
+// (and, with `must_learn`, the last 10 average below the first 10).
+void check_loss_curves(const MlpTrainerSpec& spec, const Dataset& data, int steps, bool must_learn) {
+  auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
+  cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
+  gpu.poison_activations();
+  const auto gpu_losses = losses(gpu, steps);
+  const auto cpu_losses = losses(*cpu, steps);
+  MESSAGE("loss step 1 gpu " << gpu_losses[0] << " cpu " << cpu_losses[0] << ", step " << steps << " gpu "
+                             << gpu_losses.back() << " cpu " << cpu_losses.back());
+  CHECK(sg::test::relative_error(gpu_losses, cpu_losses) < 1e-2);
+  if (must_learn)
+    CHECK(std::accumulate(gpu_losses.end() - 10, gpu_losses.end(), 0.0) <
+          std::accumulate(gpu_losses.begin(), gpu_losses.begin() + 10, 0.0));
+  const EvalResult ge = gpu.evaluate(), ce = cpu->evaluate();
+  CHECK(std::abs(ge.loss - ce.loss) / ce.loss < 1e-2);
+  CHECK(std::isnan(ge.accuracy) == is_regression(spec.mlp.loss));
+}
+
+// A regression dataset: the targets are a fixed smooth function of the inputs.
+Dataset regression_dataset(std::int64_t rows, std::int64_t cols, std::int64_t width, std::mt19937_64& rng) {
+  Dataset d = random_dataset(rows, cols, 2, rng);
+  for (data::Split* s : {&d.train, &d.test}) {
+    s->classes = 0;
+    s->labels.labels.clear();
+    s->labels.target_width = width;
+    s->labels.targets.resize(static_cast<std::size_t>(s->images.count * width));
+    for (std::int64_t i = 0; i < s->images.count; ++i)
+      for (std::int64_t k = 0; k < width; ++k) {
+        double acc = 0;
+        for (std::int64_t j = k; j < cols; j += width) acc += s->images.pixels[i * cols + j] / 255.0;
+        s->labels.targets[i * width + k] = static_cast<float>(std::sin(acc));
+      }
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("gelu_tanh + dropout + label smoothing: 60 CUDA steps follow the CPU backend's loss curve") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const Dataset data = random_dataset(400, 37, 11, rng);
+  MlpTrainerSpec spec = small_spec();
+  spec.mlp.activation = MlpActivation::gelu_tanh;
+  spec.mlp.dropout = 0.2;
+  spec.mlp.dropout_seed = 17;
+  spec.mlp.label_smoothing = 0.1;
+  check_loss_curves(spec, data, 60, true);
+  for (const auto a : {MlpActivation::gelu, MlpActivation::silu, MlpActivation::tanh, MlpActivation::sigmoid,
+                       MlpActivation::identity}) {
+    INFO("activation " << activation_name(a));
+    MlpTrainerSpec s = small_spec();
+    s.mlp.activation = a;
+    check_loss_curves(s, data, 30, false);
+  }
+}
+
+TEST_CASE("gelu_tanh through cuBLASLt's GELU_AUX_BIAS / DGELU epilogues follows the CPU backend") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const Dataset data = random_dataset(400, 37, 11, rng);
+  MlpTrainerSpec spec = small_spec();
+  spec.mlp.layers = {37, 128, 64, 11};  // hidden widths multiples of 8: the epilogues take the GELU
+  spec.mlp.activation = MlpActivation::gelu_tanh;
+  {
+    cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
+    const auto& program = gpu.training_program();
+    int aux = 0, dgelu = 0;
+    for (const Launch& l : program.schedule().launches) {
+      const std::string note = l.lowering->describe(program.graph(), l);
+      aux += note.find("epilogue=gelu_aux_bias") != std::string::npos;
+      dgelu += note.find("epilogue=dgelu") != std::string::npos;
+    }
+    CHECK(aux == 2);
+    CHECK(dgelu == 2);  // the dgrads into both hidden layers
+  }
+  check_loss_curves(spec, data, 60, true);
+}
+
+TEST_CASE("mse and l1 regression: CUDA steps follow the CPU backend; the eval reports loss only") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const Dataset data = regression_dataset(400, 37, 3, rng);
+  for (const auto loss : {MlpLoss::mse, MlpLoss::l1}) {
+    INFO("loss " << loss_name(loss));
+    MlpTrainerSpec spec = small_spec();
+    spec.mlp.layers = {37, 64, 3};
+    spec.mlp.loss = loss;
+    spec.mlp.target_width = 3;
+    spec.mlp.activation = MlpActivation::silu;
+    check_loss_curves(spec, data, 60, true);
+  }
+}
+
+TEST_CASE("with dropout, graph replay, stream launches, K steps per graph and resume give the same bits") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(400, 37, 11, rng);
+  MlpTrainerSpec spec = small_spec();
+  spec.mlp.weight_dtype = DType::f16;
+  spec.mlp.dropout = 0.3;
+  spec.mlp.dropout_seed = 99;
+  sg::test::check_launch_paths_agree(spec, data, 41, 4, [](cuda::CudaTrainer&) {});
+  const TrainerSpec gpu_spec = cuda_spec(spec, data);
+  cuda::CudaTrainer straight(gpu_spec, data), first(gpu_spec, data), second(gpu_spec, data);
+  straight.train(50);
+  first.train(25);
+  second.load_state(first.save_state());
+  second.train(25);
+  sg::test::check_same_state(straight, second);
+}

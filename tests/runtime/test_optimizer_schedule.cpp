@@ -1,0 +1,92 @@
+// Adam/AdamW, clipping and Nesterov graphs covered by the CUDA lowerings (no
+// GPU needed): the new lowerings take their updates, the fp16 SGD fast
+// lowerings take none of them, and the SGD schedule is what it was.
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "models/mlp.hpp"
+#include "runtime/cuda/lowering.hpp"
+#include "runtime/plan/schedule.hpp"
+
+using namespace sg;
+
+namespace {
+
+// Launches per lowering; `last` gets the last launch's lowering name and rider count.
+std::map<std::string, int> lowered_counts(const MlpSpec& spec, const OptimizerSpec& opt,
+                                          std::pair<std::string, std::size_t>* last = nullptr) {
+  const Graph g = build_training_stages(spec, opt).fused;
+  BackendOptions options;
+  const auto lowerings = cuda::cuda_lowerings(options, /*device_present=*/false);
+  const Schedule s = build_schedule(g, cuda::as_lowerings(lowerings));
+  check_schedule_order(g, s);
+  std::map<std::string, int> counts;
+  for (const auto& l : s.launches) ++counts[std::string(l.lowering->name())];
+  if (last) *last = {std::string(s.launches.back().lowering->name()), s.launches.back().riders.size()};
+  return counts;
+}
+
+MlpSpec bench_mlp(std::int64_t batch) {
+  MlpSpec spec;
+  spec.layers = {784, 1024, 1024, 10};
+  spec.batch = batch;
+  return spec;
+}
+
+const char* const kSgdOnly[] = {"whole_step", "resident_step", "output_layer_backward", "one_pass_wgmma",
+                                "one_pass_row_ranges", "one_pass_strips", "small_m_wgrad_sgd", "bias_grad_sgd"};
+
+}  // namespace
+
+TEST_CASE("AdamW: bias updates fused with their column sums, the weights' updates in one launch with the step advance") {
+  for (std::int64_t batch : {32, 128}) {
+    INFO("batch " << batch);
+    OptimizerSpec adamw;
+    adamw.kind = OptimizerKind::adamw;
+    adamw.weight_decay = 0.01;
+    std::pair<std::string, std::size_t> last;
+    const auto counts = lowered_counts(bench_mlp(batch), adamw, &last);
+    CHECK(counts.at("bias_grad_adam") == 3);
+    CHECK(counts.at("adam_multi_tensor") == 1);
+    for (const char* name : kSgdOnly) CHECK(counts.count(name) == 0);
+    CHECK(counts.count("elementwise") == 0);  // the step advance rode on the Adam launch
+    CHECK(last.first == "adam_multi_tensor");
+    CHECK(last.second == 1);
+  }
+}
+
+TEST_CASE("clipping: one global-norm launch; Adam reads the scale, SGD through scale_grad; no fused SGD") {
+  OptimizerSpec adam;
+  adam.kind = OptimizerKind::adam;
+  adam.clip_grad_norm = 1.0;
+  auto counts = lowered_counts(bench_mlp(128), adam);
+  CHECK(counts.at("grad_clip_scale") == 1);
+  CHECK(counts.at("adam_multi_tensor") == 1);  // biases too: the scale exists only after every gradient
+  CHECK(counts.count("bias_grad_adam") == 0);
+
+  OptimizerSpec sgd;
+  sgd.clip_grad_norm = 1.0;
+  for (std::int64_t batch : {32, 128}) {
+    counts = lowered_counts(bench_mlp(batch), sgd);
+    CHECK(counts.at("grad_clip_scale") == 1);
+    CHECK(counts.at("scale_grad") == 6);
+    for (const char* name : kSgdOnly) CHECK(counts.count(name) == 0);
+  }
+}
+
+TEST_CASE("Nesterov SGD: its own lowering, never the fused momentum matmul") {
+  OptimizerSpec nesterov;
+  nesterov.momentum = 0.9;
+  nesterov.nesterov = true;
+  const auto counts = lowered_counts(bench_mlp(32), nesterov);
+  CHECK(counts.at("sgd_nesterov") == 6);
+  for (const char* name : kSgdOnly) CHECK(counts.count(name) == 0);
+}
+
+TEST_CASE("plain SGD still lowers to the fast fused path (no optimizer lowering of issue 21 in it)") {
+  const auto counts = lowered_counts(bench_mlp(128), OptimizerSpec{0.01, 0.0, 0.0});
+  for (const char* name : {"bias_grad_adam", "adam_multi_tensor", "grad_clip_scale", "scale_grad", "sgd_nesterov"})
+    CHECK(counts.count(name) == 0);
+  CHECK(counts.at("bias_grad_sgd") == 3);
+}
