@@ -3,14 +3,16 @@
 # PyTorch (bench/torch_parity.py: fp16 autocast, same initial weights, same
 # batches). Passes when the test losses agree within 2% and the test
 # accuracies within 0.5 points.
-# Usage: [LR=...] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw]
+# Usage: [LR=...] [SCHEDULE=constant|cosine] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw]
 # (bf16: precision.compute: bf16 against PyTorch's bf16 autocast; gelu,
 # gelu_tanh: that model.activation against nn.GELU / GELU(approximate='tanh');
 # mse: model.loss: mse regressing MNIST's one-hot class vectors (an .npz copy
 # written by bench/mnist_onehot_npz.py) against F.mse_loss, lr 0.05, where
 # only the test losses are compared: a regression run measures no accuracy;
 # adamw: optim.name: adamw, lr 1e-3, weight decay 0.01 against torch.optim.AdamW
-# with the same betas/eps/weight decay)
+# with the same betas/eps/weight decay; SCHEDULE=cosine: both sides decay the
+# lr to 0 over the 5000 steps, optim.schedule.kind: cosine, which makes the
+# final weights, and so the test loss, far less sensitive to rounding)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/parity}"
@@ -37,11 +39,13 @@ case "$variant" in
     torch_extra=(--optim adamw --weight-decay 0.01 --betas 0.9,0.999 --eps 1e-8);;
 esac
 lr="${LR:-$lr}"  # LR=...: another learning rate for both sides
+schedule="${SCHEDULE:-constant}"
+case "$schedule" in constant|cosine) ;; *) echo "parity_check.sh: SCHEDULE must be constant or cosine, not '$schedule'" >&2; exit 2;; esac
 build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" \
-  --set precision.compute="$compute" --set optim.lr="$lr" "${ours_extra[@]}" \
+  --set precision.compute="$compute" --set optim.lr="$lr" --set optim.schedule.kind="$schedule" "${ours_extra[@]}" \
   --set run.out_dir="$out/stepgraph" | tee "$out/stepgraph.log"
 (cd bench && PYTHONUNBUFFERED=1 python3 torch_parity.py --data "$data_abs" --steps 5000 \
-  --batch 32 --lr "$lr" --layers 784,128,128,128,10 --compute "$compute" "${torch_extra[@]}" \
+  --batch 32 --lr "$lr" --layers 784,128,128,128,10 --compute "$compute" --schedule "$schedule" "${torch_extra[@]}" \
   --out "$out_abs/torch.json")
 python3 - "$out" "$variant" <<'PY'
 import json, re, sys

@@ -9,6 +9,7 @@ of MNIST) cover issue 21's activations and regression loss;
 --clip-grad-norm cover its optimizers."""
 import argparse
 import json
+import math
 import time
 
 import numpy as np
@@ -67,6 +68,8 @@ def main():
     p.add_argument("--eps", type=float, default=1e-8, help="optim.eps (adam, adamw)")
     p.add_argument("--nesterov", action="store_true", help="optim.nesterov (sgd)")
     p.add_argument("--clip-grad-norm", type=float, default=0.0, help="optim.clip_grad_norm (0: off)")
+    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
+                   help="optim.schedule.kind (no warm-up, min_lr 0): step s of S runs at lr * (1 + cos(pi s / S)) / 2")
     p.add_argument("--out", default="")
     a = p.parse_args()
 
@@ -100,6 +103,9 @@ def main():
     losses = []
     start = time.time()
     for s in range(a.steps):
+        if a.schedule == "cosine":  # apps/lr_schedule.cpp's learning_rate_at, set before step s as the trainer does
+            for group in opt.param_groups:
+                group["lr"] = 0.5 * a.lr * (1.0 + math.cos(math.pi * s / a.steps))
         idx = order[s]
         x = gx[idx].float() * scale + shift
         with torch.autocast("cuda", dtype=amp_dtype):
@@ -129,6 +135,7 @@ def main():
         "activation": a.activation,
         "loss": a.loss,
         "optim": a.optim,
+        "schedule": a.schedule,
         "losses_every_100": [float(v) for v in losses[::100]],
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
