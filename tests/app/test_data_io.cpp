@@ -5,8 +5,10 @@
 
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 
+#include "runtime/data/gzip_whole.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/io/checkpoint.hpp"
@@ -57,6 +59,31 @@ TEST_CASE("raw (uncompressed) IDX files read the same as gzipped ones") {
   const auto gz = data::load_split(sg::test::mnist_dir(), "t10k");
   CHECK(raw.images.pixels == gz.images.pixels);
   CHECK(raw.labels.labels == gz.labels.labels);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a gzip file inflates whole (libdeflate) to zlib's bytes; anything else is left to zlib's stream") {
+  const auto gz = sg::test::mnist_dir() / "t10k-labels-idx1-ubyte.gz";
+  const auto whole = data::inflate_whole_gzip(gz);
+  if (!data::have_fast_inflate()) {
+    MESSAGE("this build has no libdeflate (libdeflate-dev): IDX files go through zlib's stream only");
+    CHECK(!whole);
+    return;
+  }
+  REQUIRE(whole);
+  const std::string expected = gunzip(gz);
+  CHECK(std::string(whole->begin(), whole->end()) == expected);
+
+  const auto dir = fresh_dir("gzip_whole");
+  std::ifstream in(gz, std::ios::binary);
+  const std::string packed((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write(dir / "plain", expected);
+  write(dir / "cut.gz", packed.substr(0, packed.size() / 2));
+  write(dir / "two_members.gz", packed + packed);
+  CHECK(!data::inflate_whole_gzip(dir / "plain"));
+  CHECK(!data::inflate_whole_gzip(dir / "cut.gz"));
+  CHECK(!data::inflate_whole_gzip(dir / "two_members.gz"));
+  CHECK(!data::inflate_whole_gzip(dir / "missing.gz"));
   fs::remove_all(dir);
 }
 
