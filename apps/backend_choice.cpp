@@ -1,6 +1,9 @@
 #include "apps/backend_choice.hpp"
 
+#include <fmt/format.h>
+
 #include "apps/config/backend_options_from_config.hpp"
+#include "apps/config/sequential_layers.hpp"
 #include "graph/dtype.hpp"
 #ifdef STEPGRAPH_HAVE_CUDA
 #include "ops/cuda/cuda_check.hpp"
@@ -11,10 +14,14 @@
 namespace sg::app {
 
 std::int64_t target_width(const TrainConfig& c) {
-  return is_regression(loss_from_name(c.model.loss)) ? c.model.layers.back() : 0;
+  return is_regression(loss_from_name(c.model.loss)) ? c.model.classes : 0;
 }
 
 MlpTraining mlp_training(const TrainConfig& c, DType feature_dtype) {
+  if (c.model.is_sequential())
+    throw ConfigError(fmt::format("{}: model.sequential: this command works on model.layers MLPs only so far (training "
+                                  "runs model.sequential; issue 22)",
+                                  c.source));
   MlpTraining t;
   t.mlp.feature_dtype = feature_dtype;
   t.mlp.target_width = target_width(c);
@@ -48,14 +55,52 @@ MlpTraining mlp_training(const TrainConfig& c, DType feature_dtype) {
   return t;
 }
 
+SequentialTraining sequential_training(const TrainConfig& c, DType feature_dtype) {
+  // The data, loss, precision and optimizer settings exactly as the MLP's.
+  TrainConfig as_mlp = c;
+  as_mlp.model.sequential.clear();
+  as_mlp.model.layers = {c.model.input, c.model.classes};
+  const MlpTraining m = mlp_training(as_mlp, feature_dtype);
+  SequentialTraining t;
+  t.model.input_shape = c.model.input_shape;
+  t.model.layers = layer_specs(c.model.sequential);
+  t.model.batch = m.mlp.batch;
+  t.model.weight_dtype = m.mlp.weight_dtype;
+  t.model.compute_dtype = m.mlp.compute_dtype;
+  t.model.input_scale = m.mlp.input_scale;
+  t.model.input_shift = m.mlp.input_shift;
+  t.model.feature_dtype = m.mlp.feature_dtype;
+  t.model.target_width = m.mlp.target_width;
+  t.model.loss = m.mlp.loss;
+  t.model.label_smoothing = m.mlp.label_smoothing;
+  t.model.dropout_seed = m.mlp.dropout_seed;
+  t.sgd = m.sgd;
+  t.fusion = m.fusion;
+  t.eval_batch = m.eval_batch;
+  t.init_seed = m.init_seed;
+  return t;
+}
+
 TrainerSpec trainer_spec(const TrainConfig& c, std::int64_t train_rows, std::int64_t test_rows,
                          ProgramTarget target, DType feature_dtype) {
   TrainerSpec s;
-  s.program = build_mlp_program(mlp_training(c, feature_dtype), train_rows, test_rows, target);
+  if (c.model.is_sequential())
+    s.program = build_sequential_program(sequential_training(c, feature_dtype), train_rows, test_rows, target);
+  else
+    s.program = build_mlp_program(mlp_training(c, feature_dtype), train_rows, test_rows, target);
   s.shuffle_seed = c.data.shuffle_seed;
   s.cuda_graph = c.backend.cuda_graph;
   s.backend = backend_options_from_config(c);
   return s;
+}
+
+void check_cuda_can_run(const TrainConfig& c) {
+  if (c.model.is_sequential() && needs_cnn_lowerings(c.model.input_shape, layer_specs(c.model.sequential)))
+    throw ConfigError(fmt::format(
+        "{}: model.sequential: CNN layers (conv2d, max_pool2d, flatten, dropout2d, a [C, H, W] input) need the cuDNN "
+        "lowerings of issue 22, which the CUDA backend does not have yet: train on the CPU with backend.kind: cpu "
+        "(--set backend.kind=cpu)",
+        c.source));
 }
 
 bool cuda_backend_usable() {
@@ -89,7 +134,9 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& config, const Dataset& 
   };
   const std::string& kind = config.backend.kind;
   if (kind == "cpu") return make_cpu_trainer(spec(ProgramTarget::cpu), data);
+  if (kind == "cuda") check_cuda_can_run(config);  // with or without a GPU here: the config cannot run there
   if (cuda_backend_usable()) {
+    check_cuda_can_run(config);
 #ifdef STEPGRAPH_HAVE_CUDA
     return cuda::make_cuda_trainer(spec(ProgramTarget::cuda), data);
 #endif

@@ -12,13 +12,21 @@
 
 #include "apps/config/train_config.hpp"
 #include "models/mlp_program.hpp"
+#include "models/sequential_program.hpp"
 #include "runtime/trainer.hpp"
 
 namespace sg::app {
 
 // `feature_dtype`: the dataset's feature table (u8 pixels are scaled by
 // 1/255 before data.normalize's mean/std; f16/f32 features are not).
+// Throws ConfigError for a model.sequential config.
 MlpTraining mlp_training(const TrainConfig& config, DType feature_dtype = DType::u8);
+// The Sequential form (model.sequential) with the same data, loss, precision
+// and optimizer settings as mlp_training.
+SequentialTraining sequential_training(const TrainConfig& config, DType feature_dtype = DType::u8);
+// Throws ConfigError when the CUDA backend cannot run the config's model
+// (CNN layers have no CUDA lowerings yet, issue 22).
+void check_cuda_can_run(const TrainConfig& config);
 // Float targets per example (model.layers' last entry) for a regression loss
 // (model.loss mse or l1); 0 for class labels.
 std::int64_t target_width(const TrainConfig& config);

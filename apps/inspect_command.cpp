@@ -37,6 +37,18 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage) {
     test_rows = data.test.images.count;
     features = data.train.images.dtype;
   }
+  if (config.model.is_sequential()) {  // issue 22's model.sequential: the same stages from the Sequential builder
+    const SequentialTraining training = sequential_training(config, features);
+    if (stage == "eval") return build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
+    SequentialSpec spec = sequential_for_target(training.model, ProgramTarget::cuda);
+    spec.dataset_rows = train_rows;
+    auto stages = build_sequential_training_stages(spec, training.sgd, training.fusion);
+    if (stage == "forward") return stages.forward;
+    if (stage == "backward") return stages.backward;
+    if (stage == "optimized") return stages.optimized;
+    if (stage == "fused") return stages.fused;
+    throw ConfigError(fmt::format("inspect: unknown stage '{}' (forward, backward, optimized, fused, eval)", stage));
+  }
   const MlpTraining training = mlp_training(config, features);
   if (stage == "eval") {
     return build_mlp_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;

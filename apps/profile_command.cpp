@@ -201,6 +201,7 @@ json clock_json(double mhz) { return std::isfinite(mhz) ? json(mhz) : json(nullp
 
 ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req, const Dataset& data,
                            report::RunTiming& timing) {
+  check_cuda_can_run(config);  // CNN layers: one clear line, not a scheduler error
   const auto spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda,
                                  data.train.images.dtype);
   const std::string construction = "backend construction (upload, lowering, autotune, capture)";

@@ -112,6 +112,14 @@ class TrainingLoop {
                                       config_.source, config_.run.resume, key, fmt::format("{}", b), fmt::format("{}", a)));
     };
     differs("model.layers", fmt::format("{}", fmt::join(saved.model.layers, ",")), fmt::format("{}", fmt::join(config_.model.layers, ",")));
+    differs("model.input", fmt::format("[{}]", fmt::join(saved.model.input_shape, ",")),
+            fmt::format("[{}]", fmt::join(config_.model.input_shape, ",")));
+    const auto layer_list = [](const ModelConfig& m) {
+      std::vector<std::string> texts;
+      for (const auto& l : m.sequential) texts.push_back(layer_text(l));
+      return fmt::format("[{}]", fmt::join(texts, ", "));
+    };
+    differs("model.sequential", layer_list(saved.model), layer_list(config_.model));
     differs("model.activation", saved.model.activation, config_.model.activation);
     differs("model.loss", saved.model.loss, config_.model.loss);
     differs("model.label_smoothing", saved.model.label_smoothing, config_.model.label_smoothing);
@@ -165,21 +173,24 @@ class TrainingLoop {
       throw ConfigError(fmt::format("{}: model.loss {} needs {}, but {} holds {}", config_.source, config_.model.loss,
                                     target_width(config_) > 0 ? "float targets" : "class labels", data_source(false, true),
                                     data.train.labels.target_width > 0 ? "float targets" : "class labels"));
-    const auto in = config_.model.layers.front();
+    const auto in = config_.model.input;
     if (data.train.images.pixels_per_image() != in)
-      throw ConfigError(fmt::format("{}: model.layers[0] is {} but the images in {} have {}x{} = {} pixels",
-                                    config_.source, in, data_source(false), data.train.images.rows,
-                                    data.train.images.cols, data.train.images.pixels_per_image()));
-    if (data.train.classes > config_.model.layers.back())
+      throw ConfigError(fmt::format("{}: {} is {} but the images in {} have {}x{} = {} pixels", config_.source,
+                                    config_.model.is_sequential()
+                                        ? fmt::format("model.input [{}] (element count)", fmt::join(config_.model.input_shape, ", "))
+                                        : std::string("model.layers[0]"),
+                                    in, data_source(false), data.train.images.rows, data.train.images.cols,
+                                    data.train.images.pixels_per_image()));
+    if (data.train.classes > config_.model.classes)
       throw ConfigError(fmt::format("{}: the model has {} outputs but the labels in {} go up to {}", config_.source,
-                                    config_.model.layers.back(), data_source(false, true), data.train.classes - 1));
+                                    config_.model.classes, data_source(false, true), data.train.classes - 1));
     if (data.test.images.rows != data.train.images.rows || data.test.images.cols != data.train.images.cols)
       throw ConfigError(fmt::format("{}: the test images in {} are {}x{} but the training images are {}x{}", config_.source,
                                     data_source(true), data.test.images.rows, data.test.images.cols,
                                     data.train.images.rows, data.train.images.cols));
-    if (data.test.classes > config_.model.layers.back())
+    if (data.test.classes > config_.model.classes)
       throw ConfigError(fmt::format("{}: the model has {} outputs but the test labels in {} go up to {}", config_.source,
-                                    config_.model.layers.back(), data_source(true, true), data.test.classes - 1));
+                                    config_.model.classes, data_source(true, true), data.test.classes - 1));
     if (config_.data.batch_size > data.train.images.count)
       throw ConfigError(fmt::format("{}: data.batch_size {} exceeds the {} training images", config_.source,
                                     config_.data.batch_size, data.train.images.count));

@@ -78,6 +78,22 @@ void Graph::sgd_update(ValueId param, ValueId grad, double momentum, double weig
 
 void Graph::advance_step(ValueId step) { append_node(OpKind::advance_step, {step}, NoAttrs{}); }
 
+ValueId Graph::conv2d(ValueId x, ValueId w, std::optional<ValueId> bias, int stride, int padding) {
+  std::vector<ValueId> in{x, w};
+  if (bias) in.push_back(*bias);
+  return append_node(OpKind::conv2d, std::move(in), Conv2dAttrs{stride, padding}).front();
+}
+ValueId Graph::max_pool2d(ValueId x, int kernel, int stride) {
+  return append_node(OpKind::max_pool2d, {x}, Pool2dAttrs{kernel, stride}).front();
+}
+ValueId Graph::flatten(ValueId x) { return append_node(OpKind::flatten, {x}, NoAttrs{}).front(); }
+ValueId Graph::reshape(ValueId x, Shape shape) {
+  return append_node(OpKind::reshape, {x}, ReshapeAttrs{std::move(shape)}).front();
+}
+ValueId Graph::dropout2d(ValueId x, double p, ValueId step, std::uint64_t seed, std::int64_t stream) {
+  return append_node(OpKind::dropout2d, {x, step}, DropoutAttrs{p, seed, stream}).front();
+}
+
 std::vector<ValueId> Graph::append_node(OpKind op, std::vector<ValueId> inputs, OpAttrs attrs,
                                         Role output_role, std::string name) {
   return insert_node(nodes_.size(), op, std::move(inputs), attrs, output_role, std::move(name));

@@ -44,6 +44,16 @@ class Graph {
                   std::optional<ValueId> velocity = std::nullopt);
   void advance_step(ValueId step);
 
+  // ---- convolutional networks (issue 22); values are NCHW (see Conv2dAttrs)
+  // x [N,C,H,W], w [O,C,KH,KW], bias [O] -> [N,O,(H+2p-KH)/s+1,(W+2p-KW)/s+1].
+  ValueId conv2d(ValueId x, ValueId w, std::optional<ValueId> bias, int stride, int padding);
+  ValueId max_pool2d(ValueId x, int kernel, int stride);  // -> [N,C,(H-k)/s+1,(W-k)/s+1]
+  ValueId flatten(ValueId x);                             // [N, ...] -> [N, prod(...)]
+  ValueId reshape(ValueId x, Shape shape);
+  // PyTorch's Dropout2d: whole channels, dropout's Philox bits keyed on
+  // (seed, stream, the step counter `step` i32[1], n * C + c).
+  ValueId dropout2d(ValueId x, double p, ValueId step, std::uint64_t seed, std::int64_t stream);
+
   // Generic append / insert used by the builders and the passes. Output
   // shapes come from shape inference; `output_role` and `name` label them.
   std::vector<ValueId> append_node(OpKind op, std::vector<ValueId> inputs, OpAttrs attrs,

@@ -24,12 +24,14 @@ constexpr std::array kFusionNames = {
 
 constexpr std::array<const char*, std::variant_size_v<OpAttrs>> kAttrsKindNames = {
     "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update", "label_smoothing", "dropout", "adam_update",
-    "clip_grad"};
+    "clip_grad", "conv2d", "pool2d", "reshape"};
 static_assert(attrs_index<NoAttrs>() == 0 && attrs_index<BatchIndicesAttrs>() == 1 &&
               attrs_index<GatherRowsAttrs>() == 2 && attrs_index<MatmulAttrs>() == 3 &&
               attrs_index<CastAttrs>() == 4 && attrs_index<SgdUpdateAttrs>() == 5 &&
               attrs_index<LabelSmoothingAttrs>() == 6 && attrs_index<DropoutAttrs>() == 7 &&
-              attrs_index<AdamUpdateAttrs>() == 8 && attrs_index<ClipGradAttrs>() == 9);
+              attrs_index<AdamUpdateAttrs>() == 8 && attrs_index<ClipGradAttrs>() == 9 &&
+              attrs_index<Conv2dAttrs>() == 10 && attrs_index<Pool2dAttrs>() == 11 &&
+              attrs_index<ReshapeAttrs>() == 12);
 
 }  // namespace
 

@@ -58,6 +58,17 @@ enum class OpKind : std::uint8_t {
   adam_update,            // (param, grad, m, v, step i32[1][, clip scale f32[1]]) -> nothing; Adam/AdamW in place
   grad_clip_scale,        // (grad, grad, ...) -> f32[1] min(1, max_norm / (global L2 norm + 1e-6))
   scale_grad,             // (grad, scale f32[1]) -> grad * scale
+  // ---- convolutional networks (issue 22); NCHW, see Conv2dAttrs
+  conv2d,                 // (X [N,C,H,W], W [O,C,KH,KW][, b [O]]) -> Y [N,O,H',W']
+  conv2d_backward_data,   // (dY [N,O,H',W'], W) -> dX [N,C,H,W]
+  conv2d_backward_filter, // (dY [N,O,H',W'], X) -> dW [O,C,KH,KW]
+  channel_sum,            // X [N,C,H,W] -> [C] sums over N, H, W (conv bias gradients)
+  max_pool2d,             // X [N,C,H,W] -> [N,C,H',W'] window maxima (no padding, floor)
+  max_pool2d_backward,    // (dY, X) -> dX: dY routed to the first maximum of each window
+  flatten,                // X [N, ...] -> [N, prod(...)]
+  reshape,                // X -> the same elements in ReshapeAttrs::shape (flatten's gradient)
+  dropout2d,              // (X [N,C,H,W], step i32[1]) -> whole channels dropped, Philox(seed, step, n*C+c)
+  dropout2d_backward,     // (dY, step i32[1]) -> dY times the forward's channel mask recomputed
 };
 
 std::string_view op_name(OpKind op);
@@ -133,8 +144,36 @@ struct ClipGradAttrs {
   bool operator==(const ClipGradAttrs&) const = default;
 };
 
+// 2-D convolution over NCHW values: NCHW is cuDNN's default (fully packed)
+// layout and PyTorch's, so the later cuDNN lowering maps these values with
+// no transposes and PyTorch parity needs no weight permutation. stride and
+// padding apply to H and W alike; padding is zeros. On the backward ops,
+// grad_h x grad_w is the spatial size of the gradient they produce (dX's H x W
+// for conv2d_backward_data, the kernel's KH x KW for conv2d_backward_filter):
+// the floor in the output size leaves it ambiguous from dY alone. 0 on conv2d.
+struct Conv2dAttrs {
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t grad_h = 0;
+  std::int64_t grad_w = 0;
+  bool operator==(const Conv2dAttrs&) const = default;
+};
+// Square window pooling with no padding (output size floored), as
+// PyTorch's MaxPool2d(kernel, stride).
+struct Pool2dAttrs {
+  std::int64_t kernel = 2;
+  std::int64_t stride = 2;
+  bool operator==(const Pool2dAttrs&) const = default;
+};
+// The output shape of a reshape (same element count as the input).
+struct ReshapeAttrs {
+  Shape shape;
+  bool operator==(const ReshapeAttrs&) const = default;
+};
+
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
-                             LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs>;
+                             LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
+                             Pool2dAttrs, ReshapeAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -144,7 +183,8 @@ constexpr std::size_t attrs_index() {
   else return attrs_index<A, I + 1>();
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
-// "label_smoothing", "dropout", "adam_update", "clip_grad".
+// "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
+// "reshape".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 

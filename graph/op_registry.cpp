@@ -10,9 +10,9 @@ namespace sg {
 namespace {
 
 // Every op's entry, in OpKind order (checked on first use).
-const std::array<const OpDef*, 36>& table() {
-  static const std::array<const OpDef*, 36> entries = [] {
-    std::array<const OpDef*, 36> t = {
+const std::array<const OpDef*, 46>& table() {
+  static const std::array<const OpDef*, 46> entries = [] {
+    std::array<const OpDef*, 46> t = {
         &ops::batch_indices_def(), &ops::gather_rows_def(),  &ops::matmul_def(),
         &ops::bias_add_def(),      &ops::relu_def(),         &ops::relu_backward_def(),
         &ops::softmax_xent_def(),  &ops::softmax_xent_backward_def(), &ops::reduce_rows_def(),
@@ -27,6 +27,10 @@ const std::array<const OpDef*, 36>& table() {
         &ops::dropout_backward_def(),
         // issue 21: optimizers and gradient clipping
         &ops::adam_update_def(), &ops::grad_clip_scale_def(), &ops::scale_grad_def(),
+        // issue 22: convolutional networks
+        &ops::conv2d_def(), &ops::conv2d_backward_data_def(), &ops::conv2d_backward_filter_def(),
+        &ops::channel_sum_def(), &ops::max_pool2d_def(), &ops::max_pool2d_backward_def(), &ops::flatten_def(),
+        &ops::reshape_def(), &ops::dropout2d_def(), &ops::dropout2d_backward_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

@@ -73,6 +73,7 @@ struct CpuTensor {
   T* real = nullptr;
   std::int32_t* i32 = nullptr;
   std::uint8_t* u8 = nullptr;
+  std::span<const std::int64_t> shape;  // the value's full shape (conv and pooling need H, W)
 };
 
 template <typename T>

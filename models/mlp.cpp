@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "models/model_pieces.hpp"
 #include "models/param_init.hpp"
 
 namespace sg {
@@ -72,43 +73,8 @@ void validate_mlp_spec(const MlpSpec& spec) {
 
 namespace {
 
-struct FetchedBatch {
-  ValueId x, y;
-};
-
-FetchedBatch add_batch_fetch(Graph& g, const MlpSpec& spec) {
-  const auto rows = spec.dataset_rows;
-  const ValueId images = g.input(names::images, {rows, spec.layers.front()}, spec.feature_dtype);
-  const bool targets = spec.target_width > 0;
-  const ValueId labels = targets ? g.label(names::labels, {rows, spec.target_width}, DType::f32)
-                                 : g.label(names::labels, {rows}, DType::u8);
-  const ValueId perm = g.input(names::perm, {rows}, DType::i32);
-  const ValueId step = g.state(names::step, {1}, DType::i32);
-  const ValueId idx = g.batch_indices(perm, step, spec.batch);
-  const ValueId x = g.gather_rows(images, idx, spec.compute_dtype, spec.input_scale, spec.input_shift, "x");
-  const ValueId y = g.gather_rows(labels, idx, targets ? DType::f32 : DType::i32, 1.0, 0.0, "y");
-  return {x, y};
-}
-
-// A parameter as the matmuls see it: cast to the compute dtype when the
-// stored (master) dtype differs.
-ValueId as_compute(Graph& g, ValueId param, DType compute) {
-  return g.value(param).dtype == compute ? param : g.cast(param, compute);
-}
-
-ValueId add_activation(Graph& g, MlpActivation a, ValueId h) {
-  const auto unary = [&](OpKind op) { return g.append_node(op, {h}, NoAttrs{}, Role::activation).front(); };
-  switch (a) {
-    case MlpActivation::relu: return g.relu(h);
-    case MlpActivation::gelu: return g.gelu(h);
-    case MlpActivation::gelu_tanh: return unary(OpKind::gelu_tanh);
-    case MlpActivation::silu: return unary(OpKind::silu);
-    case MlpActivation::tanh: return unary(OpKind::tanh);
-    case MlpActivation::sigmoid: return unary(OpKind::sigmoid);
-    case MlpActivation::identity: return h;
-  }
-  throw GraphError("mlp: unknown activation");
-}
+using model_pieces::add_activation;
+using model_pieces::as_compute;
 
 // `training`: the training graph's forward (dropout applies); the eval graph
 // has none.
@@ -132,18 +98,11 @@ ValueId add_layers(Graph& g, const MlpSpec& spec, ValueId x, bool training) {
 }
 
 ValueId add_loss(Graph& g, const MlpSpec& spec, ValueId out, ValueId y) {
-  switch (spec.loss) {
-    case MlpLoss::softmax_xent:
-      if (spec.label_smoothing == 0.0) return g.softmax_xent(out, y);
-      return g.append_node(OpKind::softmax_xent_smoothed, {out, y}, LabelSmoothingAttrs{spec.label_smoothing},
-                           Role::activation, names::loss)
-          .front();
-    case MlpLoss::mse:
-      return g.append_node(OpKind::mse_loss, {out, y}, NoAttrs{}, Role::activation, names::loss).front();
-    case MlpLoss::l1:
-      return g.append_node(OpKind::l1_loss, {out, y}, NoAttrs{}, Role::activation, names::loss).front();
-  }
-  throw GraphError("mlp: unknown loss");
+  return model_pieces::add_loss(g, spec.loss, spec.label_smoothing, out, y);
+}
+
+model_pieces::FetchedBatch add_batch_fetch(Graph& g, const MlpSpec& spec) {
+  return model_pieces::add_batch_fetch(g, model_pieces::batch_source(spec));
 }
 
 }  // namespace
@@ -172,15 +131,10 @@ Graph build_mlp_eval(const MlpSpec& spec) {
 Graph build_mlp_predict(const MlpSpec& spec) {
   validate_mlp_spec(spec);
   Graph g;
-  const auto rows = spec.dataset_rows;
-  const ValueId features = g.input(names::images, {rows, spec.layers.front()}, spec.feature_dtype);
-  const ValueId perm = g.input(names::perm, {rows}, DType::i32);
-  const ValueId step = g.state(names::step, {1}, DType::i32);
-  const ValueId idx = g.batch_indices(perm, step, spec.batch);
-  const ValueId x = g.gather_rows(features, idx, spec.compute_dtype, spec.input_scale, spec.input_shift, "x");
+  const ValueId x = model_pieces::add_feature_fetch(g, model_pieces::batch_source(spec));
   const ValueId out = add_layers(g, spec, x, /*training=*/false);
   g.mark_output(out);
-  g.advance_step(step);
+  g.advance_step(g.value_named(names::step));
   return g;
 }
 

@@ -8,7 +8,7 @@ const std::vector<ConfigSection>& config_schema() {
   static const std::vector<ConfigSection> schema = {
       {"", {}, {"model", "data", "optim", "precision", "run", "backend"}},
       {"model", {"layers", "input", "hidden_width", "hidden_depth", "classes", "activation", "loss",
-                 "label_smoothing", "dropout"}, {}},
+                 "label_smoothing", "dropout", "sequential"}, {}},
       {"data", {"dir", "batch_size", "shuffle_seed", "normalize", "mean", "std", "train_limit", "test_limit", "eval_batch_size",
         "format", "train_x", "train_y", "test_x", "test_y", "label_column", "test_fraction", "split_seed"}, {}},
       {"optim", {"name", "lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "clip_grad_norm"}, {"schedule"}},

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "apps/config/config_schema.hpp"
+#include "apps/config/sequential_layers.hpp"
 #include "runtime/backend_options.hpp"
 
 namespace sg::app {
@@ -116,10 +117,87 @@ class ConfigReader {
 
 YAML::Node section_of(const YAML::Node& root, const char* name) { return root.IsMap() ? root[name] : YAML::Node(); }
 
+// The option keys each model.sequential layer kind takes ("" kinds: none).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kinds = {
+      {"linear", {"out"}},
+      {"conv2d", {"out", "kernel", "stride", "padding"}},
+      {"max_pool2d", {"kernel", "stride"}},
+      {"flatten", {}},
+      {"dropout", {"p"}},
+      {"dropout2d", {"p"}},
+      {"relu", {}}, {"gelu", {}}, {"gelu_tanh", {}}, {"silu", {}}, {"tanh", {}}, {"sigmoid", {}}, {"identity", {}},
+  };
+  return kinds;
+}
+
+// model.sequential: a list of `- kind: {options}` (or `- kind`) entries.
+void read_layers(const ConfigReader& r, const YAML::Node& model, std::vector<LayerConfig>& out) {
+  if (!model || !model.IsMap()) return;
+  const YAML::Node list = model["sequential"];
+  if (!list || list.IsNull()) return;
+  if (!list.IsSequence())
+    r.fail(list, "model.sequential", "expected a list of layers, e.g. [{linear: {out: 10}}] (one `- kind: {...}` per line)");
+  out.clear();
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    const std::string at = fmt::format("model.sequential[{}]", i);
+    YAML::Node options;
+    LayerConfig layer;
+    if (item.IsScalar()) {
+      layer.kind = item.Scalar();
+    } else if (item.IsMap() && item.size() == 1 && item.begin()->first.IsScalar()) {
+      layer.kind = item.begin()->first.Scalar();
+      options = item.begin()->second;
+    } else {
+      r.fail(item, at, "expected one layer as `kind: {options}` (e.g. `conv2d: {out: 10, kernel: 5}`) or `kind`");
+    }
+    const auto kind = std::find_if(layer_kinds().begin(), layer_kinds().end(), [&](const auto& k) { return k.first == layer.kind; });
+    if (kind == layer_kinds().end()) {
+      std::vector<std::string> names;
+      for (const auto& k : layer_kinds()) names.push_back(k.first);
+      r.fail(item, at, fmt::format("unknown layer '{}' (known: {})", layer.kind, fmt::join(names, ", ")));
+    }
+    const std::string path = at + "." + layer.kind;
+    if (options && !options.IsNull()) {
+      if (!options.IsMap()) r.fail(options, path, "expected a mapping of options, e.g. {out: 10} ({} for none)");
+      for (const auto& kv : options) {
+        const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+        if (std::find(kind->second.begin(), kind->second.end(), key) == kind->second.end())
+          r.fail(kv.first, path + "." + key,
+                 kind->second.empty() ? fmt::format("unknown option ({} takes none)", layer.kind)
+                                      : fmt::format("unknown option (known here: {})", fmt::join(kind->second, ", ")));
+      }
+      r.read(options, path, "out", layer.out);
+      r.read(options, path, "kernel", layer.kernel);
+      r.read(options, path, "stride", layer.stride);
+      r.read(options, path, "padding", layer.padding);
+      r.read(options, path, "p", layer.p);
+    }
+    const auto has = [&](const char* key) { return options && options.IsMap() && options[key]; };
+    for (const auto& key : kind->second)
+      if ((key == "out" || key == "kernel") && !has(key.c_str()))
+        r.fail(options ? options : item, path + "." + key, fmt::format("is required for {}", layer.kind));
+    if (has("stride") && layer.stride <= 0) r.fail(options["stride"], path + ".stride", "must be > 0");
+    if (layer.kind == "conv2d" && layer.stride == 0) layer.stride = 1;
+    if (layer.kind == "max_pool2d" && layer.stride == 0) layer.stride = layer.kernel;
+    if (layer.kind != "dropout" && layer.kind != "dropout2d") layer.p = LayerConfig{}.p;
+    if (has("out") && layer.out <= 0) r.fail(options["out"], path + ".out", "must be > 0");
+    if (has("kernel") && layer.kernel <= 0) r.fail(options["kernel"], path + ".kernel", "must be > 0");
+    if (layer.padding < 0) r.fail(options["padding"], path + ".padding", "must be >= 0");
+    if (has("p") && !(layer.p >= 0.0 && layer.p < 1.0)) r.fail(options["p"], path + ".p", "must be in [0, 1)");
+    out.push_back(layer);
+  }
+}
+
 void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   const auto model = section_of(root, "model");
   r.read_list(model, "model", "layers", c.model.layers);
-  r.read(model, "model", "input", c.model.input);
+  if (model && model.IsMap() && model["input"] && model["input"].IsSequence())
+    r.read_list(model, "model", "input", c.model.input_shape);
+  else
+    r.read(model, "model", "input", c.model.input);
+  read_layers(r, model, c.model.sequential);
   r.read(model, "model", "hidden_width", c.model.hidden_width);
   r.read(model, "model", "hidden_depth", c.model.hidden_depth);
   r.read(model, "model", "classes", c.model.classes);
@@ -217,21 +295,49 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   };
   auto& m = c.model;
   const bool width_form = m.hidden_width > 0 || m.hidden_depth > 0;
-  require(!(width_form && !m.layers.empty()), "model.layers", "give either model.layers or model.hidden_width/hidden_depth, not both");
-  if (width_form) {
-    require(m.hidden_width > 0, "model.hidden_width", "must be > 0");
-    require(m.hidden_depth > 0, "model.hidden_depth", "must be > 0");
-    require(m.input > 0, "model.input", "must be > 0");
-    require(m.classes > 1 || m.loss != "softmax_xent", "model.classes", "must be > 1");
-    m.layers = {m.input};
-    for (std::int64_t i = 0; i < m.hidden_depth; ++i) m.layers.push_back(m.hidden_width);
-    m.layers.push_back(m.classes);
-    m.hidden_width = m.hidden_depth = 0;
+  const YAML::Node model_node = section_of(root, "model");
+  const auto given = [&](const char* key) { return model_node && model_node.IsMap() && model_node[key]; };
+  if (given("sequential") && m.sequential.empty()) require(false, "model.sequential", "needs at least one layer");
+  if (m.is_sequential()) {
+    require(m.layers.empty() && !width_form, "model.sequential",
+            "give either model.sequential or model.layers / model.hidden_width, not both");
+    require(given("input"), "model.input",
+            "model.sequential needs the per-example input shape: model.input: [C, H, W] (e.g. [1, 28, 28]) or [features]");
+    require(!given("classes"), "model.classes", "is the last layer's out with model.sequential: leave it out");
+    require(!given("activation"), "model.activation",
+            "applies to model.layers; model.sequential lists its activation layers (- relu: {})");
+    require(!given("dropout"), "model.dropout", "applies to model.layers; model.sequential lists its dropout layers (- dropout: {p: 0.5})");
+    if (m.input_shape.empty()) m.input_shape = {m.input};
+    const YAML::Node list = model_node["sequential"];
+    try {
+      m.classes = sequential_outputs(m.input_shape, layer_specs(m.sequential));
+    } catch (const SequentialShapeError& e) {
+      if (e.index < 0) r.fail(model_node["input"], "model.input", e.what());
+      r.fail(list[static_cast<std::size_t>(e.index)],
+             fmt::format("model.sequential[{}].{}", e.index, m.sequential[static_cast<std::size_t>(e.index)].kind),
+             fmt::format("{} (model.input {})", e.problem, shape_string(m.input_shape)));
+    }
+    m.input = element_count(m.input_shape);
+    require(m.classes > 1 || m.loss != "softmax_xent", "model.sequential",
+            fmt::format("the last layer gives {} output(s); softmax_xent needs > 1 classes", m.classes));
+  } else {
+    require(m.input_shape.empty(), "model.input", "a shape list [C, H, W] is for model.sequential; model.layers' input is its first entry");
+    require(!(width_form && !m.layers.empty()), "model.layers", "give either model.layers or model.hidden_width/hidden_depth, not both");
+    if (width_form) {
+      require(m.hidden_width > 0, "model.hidden_width", "must be > 0");
+      require(m.hidden_depth > 0, "model.hidden_depth", "must be > 0");
+      require(m.input > 0, "model.input", "must be > 0");
+      require(m.classes > 1 || m.loss != "softmax_xent", "model.classes", "must be > 1");
+      m.layers = {m.input};
+      for (std::int64_t i = 0; i < m.hidden_depth; ++i) m.layers.push_back(m.hidden_width);
+      m.layers.push_back(m.classes);
+      m.hidden_width = m.hidden_depth = 0;
+    }
+    require(m.layers.size() >= 2, "model.layers", "needs at least an input and an output size");
+    for (auto s : m.layers) require(s > 0, "model.layers", fmt::format("size {} must be > 0", s));
+    m.input = m.layers.front();
+    m.classes = m.layers.back();
   }
-  require(m.layers.size() >= 2, "model.layers", "needs at least an input and an output size");
-  for (auto s : m.layers) require(s > 0, "model.layers", fmt::format("size {} must be > 0", s));
-  m.input = m.layers.front();
-  m.classes = m.layers.back();
   one_of(m.activation, {"relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "identity"}, "model.activation");
   one_of(m.loss, {"softmax_xent", "mse", "l1"}, "model.loss");
   require(m.label_smoothing >= 0.0 && m.label_smoothing <= 1.0, "model.label_smoothing", "must be in [0, 1]");
@@ -381,16 +487,46 @@ static std::string num(double v) {
   return text;
 }
 
+std::string layer_text(const LayerConfig& l) {
+  std::vector<std::string> keys;
+  if (l.kind == "linear" || l.kind == "conv2d") keys.push_back(fmt::format("out: {}", l.out));
+  if (l.kind == "conv2d" || l.kind == "max_pool2d") {
+    keys.push_back(fmt::format("kernel: {}", l.kernel));
+    keys.push_back(fmt::format("stride: {}", l.stride));
+  }
+  if (l.kind == "conv2d") keys.push_back(fmt::format("padding: {}", l.padding));
+  if (l.kind == "dropout" || l.kind == "dropout2d") keys.push_back(fmt::format("p: {}", num(l.p)));
+  return fmt::format("{}{{{}}}", l.kind, fmt::join(keys, ", "));
+}
+
 std::string to_yaml(const TrainConfig& c) {
   YAML::Emitter e;
   e.SetDoublePrecision(17);  // unused below: doubles go through num(), the shortest text that reads back exactly
   e << YAML::BeginMap;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  e << YAML::Key << "layers" << YAML::Value << YAML::Flow << c.model.layers;
-  e << YAML::Key << "activation" << YAML::Value << c.model.activation;
+  if (c.model.is_sequential()) {
+    e << YAML::Key << "input" << YAML::Value << YAML::Flow << c.model.input_shape;
+    e << YAML::Key << "sequential" << YAML::Value << YAML::BeginSeq;
+    for (const auto& layer : c.model.sequential) {
+      e << YAML::BeginMap << YAML::Key << layer.kind << YAML::Value << YAML::Flow << YAML::BeginMap;
+      if (layer.kind == "linear" || layer.kind == "conv2d") e << YAML::Key << "out" << YAML::Value << layer.out;
+      if (layer.kind == "conv2d" || layer.kind == "max_pool2d") {
+        e << YAML::Key << "kernel" << YAML::Value << layer.kernel;
+        e << YAML::Key << "stride" << YAML::Value << layer.stride;
+      }
+      if (layer.kind == "conv2d") e << YAML::Key << "padding" << YAML::Value << layer.padding;
+      if (layer.kind == "dropout" || layer.kind == "dropout2d") e << YAML::Key << "p" << YAML::Value << num(layer.p);
+      e << YAML::EndMap << YAML::EndMap;
+    }
+    e << YAML::EndSeq;
+  } else {
+    e << YAML::Key << "layers" << YAML::Value << YAML::Flow << c.model.layers;
+    e << YAML::Key << "activation" << YAML::Value << c.model.activation;
+  }
   e << YAML::Key << "loss" << YAML::Value << c.model.loss;
   e << YAML::Key << "label_smoothing" << YAML::Value << c.model.label_smoothing;
-  e << YAML::Key << "dropout" << YAML::Value << c.model.dropout << YAML::EndMap;
+  if (!c.model.is_sequential()) e << YAML::Key << "dropout" << YAML::Value << c.model.dropout;
+  e << YAML::EndMap;
   e << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "dir" << YAML::Value << c.data.dir;
   e << YAML::Key << "batch_size" << YAML::Value << c.data.batch_size;

@@ -14,6 +14,21 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One entry of model.sequential: `- conv2d: {out: 10, kernel: 5}` (the layer
+// kind as the only key, its options as a mapping; `- relu` or `- relu: {}`
+// for a layer without options). Defaults resolved on loading.
+struct LayerConfig {
+  std::string kind;          // linear conv2d max_pool2d flatten dropout dropout2d, or an activation name
+  std::int64_t out = 0;      // linear: features; conv2d: channels (required)
+  std::int64_t kernel = 0;   // conv2d, max_pool2d (required)
+  std::int64_t stride = 0;   // conv2d: default 1; max_pool2d: default kernel
+  std::int64_t padding = 0;  // conv2d
+  double p = 0.5;            // dropout, dropout2d (PyTorch's default)
+  bool operator==(const LayerConfig&) const = default;
+};
+// "conv2d{out: 10, kernel: 5, stride: 1, padding: 0}" (the layer's keys only).
+std::string layer_text(const LayerConfig& layer);
+
 struct ModelConfig {
   // Either `layers` (full list, input first, classes last: [784,128,128,128,10])
   // or `input` + `hidden_width` + `hidden_depth` + `classes`; after loading,
@@ -28,6 +43,14 @@ struct ModelConfig {
   std::string loss = "softmax_xent";  // softmax_xent | mse | l1 (mse/l1 regress float targets)
   double label_smoothing = 0.0;       // softmax_xent only: PyTorch CrossEntropyLoss(label_smoothing)
   double dropout = 0.0;               // after each hidden activation (training only), in [0, 1)
+  // The Sequential form (issue 22), instead of layers / hidden_width: the
+  // per-example input shape (`input: [1, 28, 28]` or `[784]`; a plain
+  // `input: 784` means [784]) and the layer list. After loading, `input` is
+  // the shape's element count and `classes` the last layer's outputs;
+  // `layers` stays empty.
+  std::vector<std::int64_t> input_shape;
+  std::vector<LayerConfig> sequential;
+  bool is_sequential() const { return !sequential.empty(); }
 };
 
 struct DataConfig {

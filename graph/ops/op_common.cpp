@@ -138,4 +138,30 @@ json write_attrs(const ClipGradAttrs& a) { return {{"max_norm", a.max_norm}}; }
 void read_attrs(const json& j, ClipGradAttrs& a) { a.max_norm = j.at("max_norm").get<double>(); }
 std::string attrs_text(const ClipGradAttrs& a) { return fmt::format(" {{max_norm={:.6g}}}", a.max_norm); }
 
+json write_attrs(const Conv2dAttrs& a) {
+  return {{"stride", a.stride}, {"padding", a.padding}, {"grad_h", a.grad_h}, {"grad_w", a.grad_w}};
+}
+void read_attrs(const json& j, Conv2dAttrs& a) {
+  a.stride = j.at("stride").get<std::int64_t>();
+  a.padding = j.at("padding").get<std::int64_t>();
+  a.grad_h = j.at("grad_h").get<std::int64_t>();
+  a.grad_w = j.at("grad_w").get<std::int64_t>();
+}
+// grad_h/grad_w show in the output type of the backward ops already.
+std::string attrs_text(const Conv2dAttrs& a) {
+  return fmt::format(" {{stride={},padding={}}}", a.stride, a.padding);
+}
+
+json write_attrs(const Pool2dAttrs& a) { return {{"kernel", a.kernel}, {"stride", a.stride}}; }
+void read_attrs(const json& j, Pool2dAttrs& a) {
+  a.kernel = j.at("kernel").get<std::int64_t>();
+  a.stride = j.at("stride").get<std::int64_t>();
+}
+std::string attrs_text(const Pool2dAttrs& a) { return fmt::format(" {{kernel={},stride={}}}", a.kernel, a.stride); }
+
+// The shape shows in the output type.
+json write_attrs(const ReshapeAttrs& a) { return {{"shape", a.shape}}; }
+void read_attrs(const json& j, ReshapeAttrs& a) { a.shape = j.at("shape").get<Shape>(); }
+std::string attrs_text(const ReshapeAttrs&) { return ""; }
+
 }  // namespace sg::ops

@@ -45,6 +45,9 @@ SG_ATTR_CODEC(LabelSmoothingAttrs)
 SG_ATTR_CODEC(DropoutAttrs)
 SG_ATTR_CODEC(AdamUpdateAttrs)
 SG_ATTR_CODEC(ClipGradAttrs)
+SG_ATTR_CODEC(Conv2dAttrs)
+SG_ATTR_CODEC(Pool2dAttrs)
+SG_ATTR_CODEC(ReshapeAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -100,5 +103,16 @@ const OpDef& dropout_backward_def();
 const OpDef& adam_update_def();
 const OpDef& grad_clip_scale_def();
 const OpDef& scale_grad_def();
+// issue 22: convolutional networks
+const OpDef& conv2d_def();
+const OpDef& conv2d_backward_data_def();
+const OpDef& conv2d_backward_filter_def();
+const OpDef& channel_sum_def();
+const OpDef& max_pool2d_def();
+const OpDef& max_pool2d_backward_def();
+const OpDef& flatten_def();
+const OpDef& reshape_def();
+const OpDef& dropout2d_def();
+const OpDef& dropout2d_backward_def();
 
 }  // namespace sg::ops

@@ -50,7 +50,7 @@ void CpuExecutor<T>::run() {
 template <typename T>
 CpuTensor<T> CpuExecutor<T>::view(ValueId id) {
   HostTensor<T>& t = tensors_[static_cast<std::size_t>(id)];
-  return {t.dtype, t.size(), t.rows(), t.cols(), t.real.data(), t.i32.data(), t.u8.data()};
+  return {t.dtype, t.size(), t.rows(), t.cols(), t.real.data(), t.i32.data(), t.u8.data(), t.shape};
 }
 
 template <typename T>

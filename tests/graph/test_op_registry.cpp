@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::scale_grad) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::dropout2d_backward) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -29,6 +29,9 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<DropoutAttrs>(): return DropoutAttrs{0.25, 0x123456789abcull, 2};
     case attrs_index<AdamUpdateAttrs>(): return AdamUpdateAttrs{0.8, 0.95, 1e-6, 0.01, true};
     case attrs_index<ClipGradAttrs>(): return ClipGradAttrs{2.5};
+    case attrs_index<Conv2dAttrs>(): return Conv2dAttrs{2, 1, 7, 5};
+    case attrs_index<Pool2dAttrs>(): return Pool2dAttrs{3, 1};
+    case attrs_index<ReshapeAttrs>(): return ReshapeAttrs{{6, 1, 4}};
     default: return NoAttrs{};
   }
 }
@@ -223,6 +226,41 @@ TEST_CASE("typed attributes in the dumps; multi-output nodes round-trip through 
   CHECK(loaded == g);
   CHECK(loaded.node(1).attr<CastAttrs>().out_dtype == DType::f16);
   CHECK(loaded.node(3).attr<SgdUpdateAttrs>() == SgdUpdateAttrs{0.9, 0.001});
+}
+
+TEST_CASE("the CNN ops' attributes in the text dump and through a JSON round trip, with their gradients") {
+  Graph g;
+  const auto x = g.input("x", {2, 3, 9, 8}, DType::f32);
+  const auto w = g.param("w", {4, 3, 3, 3}, DType::f32);
+  const auto b = g.param("b", {4}, DType::f32);
+  const auto step = g.state("step", {1}, DType::i32);
+  const auto c = g.conv2d(x, w, b, 2, 1);
+  CHECK(g.value(c).shape == Shape{2, 4, 5, 4});
+  const auto d = g.dropout2d(c, 0.25, step, 0xabcdef12345ull, 3);
+  const auto p = g.max_pool2d(g.relu(d), 2, 2);
+  CHECK(g.value(p).shape == Shape{2, 4, 2, 2});
+  const auto f = g.flatten(p);
+  CHECK(g.value(f).shape == Shape{2, 16});
+  const auto labels = g.label("labels", {2}, DType::i32);
+  append_backward(g, g.softmax_xent(f, labels));
+  for (OpKind op : {OpKind::conv2d_backward_filter, OpKind::channel_sum, OpKind::reshape, OpKind::max_pool2d_backward,
+                    OpKind::dropout2d_backward})
+    CHECK(count_op(g, op) == 1);
+  CHECK(count_op(g, OpKind::conv2d_backward_data) == 0);  // x is an input: no dX
+
+  const std::string text = dump_text(g);
+  CHECK(text.find("conv2d(x, w, b) -> conv2d:[2,4,5,4]f32 {stride=2,padding=1} fused=-") != std::string::npos);
+  CHECK(text.find("max_pool2d(relu) -> max_pool2d:[2,4,2,2]f32 {kernel=2,stride=2} fused=-") != std::string::npos);
+  CHECK(text.find("dropout2d(conv2d, step) -> dropout2d:[2,4,5,4]f32 {p=0.25,seed=11806310474565,stream=3} fused=-") !=
+        std::string::npos);
+  CHECK(text.find("-> grad_w:[4,3,3,3]f32 {stride=2,padding=1} fused=-") != std::string::npos);
+  const Graph loaded = graph_from_json(dump_json(g));
+  CHECK(loaded == g);
+  for (const Node& n : loaded.nodes()) {
+    if (n.op == OpKind::conv2d_backward_filter) CHECK(n.attr<Conv2dAttrs>() == Conv2dAttrs{2, 1, 3, 3});
+    if (n.op == OpKind::reshape) CHECK(n.attr<ReshapeAttrs>().shape == Shape{2, 4, 2, 2});
+    if (n.op == OpKind::dropout2d) CHECK(n.attr<DropoutAttrs>() == DropoutAttrs{0.25, 0xabcdef12345ull, 3});
+  }
 }
 
 TEST_CASE("a version-1 document (one flat attribute record, with an lr) still loads") {

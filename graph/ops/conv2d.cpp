@@ -1,0 +1,164 @@
+// conv2d: (X [N,C,H,W], W [O,C,KH,KW][, b [O]]) -> Y [N,O,H',W'] with
+// H' = (H + 2p - KH) / s + 1 (floor), zero padding; and its two backward ops,
+// conv2d_backward_data (dY, W) -> dX and conv2d_backward_filter (dY, X) -> dW.
+// The bias gradient is channel_sum(dY) (channel_sum.cpp). Layout NCHW:
+// cuDNN's default and PyTorch's (see Conv2dAttrs in graph/op.hpp).
+#include <fmt/format.h>
+
+#include "graph/ops/op_common.hpp"
+#include "ops/cpu/conv_reference.hpp"
+
+namespace sg::ops {
+namespace {
+
+void expect_geometry(OpKind op, const Conv2dAttrs& a) {
+  if (a.stride < 1) fail(op, fmt::format("stride {} must be >= 1", a.stride));
+  if (a.padding < 0) fail(op, fmt::format("padding {} must be >= 0", a.padding));
+}
+
+// The output extent along one axis, or a GraphError naming both values when
+// the kernel does not fit the padded input.
+std::int64_t output_extent(OpKind op, std::int64_t in, std::int64_t kernel, const Conv2dAttrs& a, const Value& x,
+                           const Value& w) {
+  if (in + 2 * a.padding < kernel)
+    fail(op, fmt::format("kernel {}x{} of {} is larger than the padded input {}x{} (padding {}) of {}", w.shape[2],
+                         w.shape[3], describe(w), x.shape[2] + 2 * a.padding, x.shape[3] + 2 * a.padding,
+                         a.padding, describe(x)));
+  return (in + 2 * a.padding - kernel) / a.stride + 1;
+}
+
+std::vector<OutputSpec> infer_forward(const Inputs& in, const OpAttrs& attrs) {
+  constexpr OpKind op = OpKind::conv2d;
+  const auto& a = std::get<Conv2dAttrs>(attrs);
+  expect_arity(op, in, 2, 3);
+  const Value &x = *in[0], &w = *in[1];
+  expect_rank(op, x, 4);
+  expect_rank(op, w, 4);
+  expect_floating(op, x);
+  expect_same_dtype(op, x, w);
+  expect_geometry(op, a);
+  if (x.shape[1] != w.shape[1])
+    fail(op, fmt::format("channel mismatch: input {} has {} channels, weight {} expects {}", describe(x), x.shape[1],
+                         describe(w), w.shape[1]));
+  if (in.size() == 3) {
+    const Value& b = *in[2];
+    expect_same_dtype(op, x, b);
+    if (b.shape != Shape{w.shape[0]})
+      fail(op, fmt::format("bias {} must be [{}], one per output channel of weight {}", describe(b), w.shape[0],
+                           describe(w)));
+  }
+  const std::int64_t oh = output_extent(op, x.shape[2], w.shape[2], a, x, w);
+  const std::int64_t ow = output_extent(op, x.shape[3], w.shape[3], a, x, w);
+  return {{{x.shape[0], w.shape[0], oh, ow}, x.dtype}};
+}
+
+// dY must be the conv2d output of an input of grad_h x grad_w (backward
+// data) or of a grad_h x grad_w kernel (backward filter) over `other`.
+void expect_dy_matches(OpKind op, const Value& dy, std::int64_t h, std::int64_t w, std::int64_t kh, std::int64_t kw,
+                       const Conv2dAttrs& a) {
+  if (h + 2 * a.padding < kh || w + 2 * a.padding < kw ||
+      dy.shape[2] != (h + 2 * a.padding - kh) / a.stride + 1 || dy.shape[3] != (w + 2 * a.padding - kw) / a.stride + 1)
+    fail(op, fmt::format("gradient {} is not the output of a {}x{} input and a {}x{} kernel (stride {}, padding {})",
+                         describe(dy), h, w, kh, kw, a.stride, a.padding));
+}
+
+std::vector<OutputSpec> infer_backward_data(const Inputs& in, const OpAttrs& attrs) {
+  constexpr OpKind op = OpKind::conv2d_backward_data;
+  const auto& a = std::get<Conv2dAttrs>(attrs);
+  expect_arity(op, in, 2, 2);
+  const Value &dy = *in[0], &w = *in[1];
+  expect_rank(op, dy, 4);
+  expect_rank(op, w, 4);
+  expect_floating(op, dy);
+  expect_same_dtype(op, dy, w);
+  expect_geometry(op, a);
+  if (dy.shape[1] != w.shape[0])
+    fail(op, fmt::format("channel mismatch: gradient {} vs weight {}", describe(dy), describe(w)));
+  expect_dy_matches(op, dy, a.grad_h, a.grad_w, w.shape[2], w.shape[3], a);
+  return {{{dy.shape[0], w.shape[1], a.grad_h, a.grad_w}, dy.dtype}};
+}
+
+std::vector<OutputSpec> infer_backward_filter(const Inputs& in, const OpAttrs& attrs) {
+  constexpr OpKind op = OpKind::conv2d_backward_filter;
+  const auto& a = std::get<Conv2dAttrs>(attrs);
+  expect_arity(op, in, 2, 2);
+  const Value &dy = *in[0], &x = *in[1];
+  expect_rank(op, dy, 4);
+  expect_rank(op, x, 4);
+  expect_floating(op, dy);
+  expect_same_dtype(op, dy, x);
+  expect_geometry(op, a);
+  if (dy.shape[0] != x.shape[0])
+    fail(op, fmt::format("batch mismatch: gradient {} vs input {}", describe(dy), describe(x)));
+  if (a.grad_h < 1 || a.grad_w < 1) fail(op, fmt::format("kernel size {}x{} must be positive", a.grad_h, a.grad_w));
+  expect_dy_matches(op, dy, x.shape[2], x.shape[3], a.grad_h, a.grad_w, a);
+  return {{{dy.shape[1], x.shape[1], a.grad_h, a.grad_w}, dy.dtype}};
+}
+
+void gradient(const GradientContext& c) {
+  const auto& a = c.node().attr<Conv2dAttrs>();
+  const ValueId dy = *c.output_grad(0);
+  const Value& x = c.graph().value(c.input(0));
+  const Value& w = c.graph().value(c.input(1));
+  if (c.needs_grad(0)) {
+    const Conv2dAttrs data{a.stride, a.padding, x.shape[2], x.shape[3]};
+    c.contribute(0, c.emit(OpKind::conv2d_backward_data, {dy, c.input(1)}, data, c.input(0)).front());
+  }
+  if (c.needs_grad(1)) {
+    const Conv2dAttrs filter{a.stride, a.padding, w.shape[2], w.shape[3]};
+    c.contribute(1, c.emit(OpKind::conv2d_backward_filter, {dy, c.input(0)}, filter, c.input(1)).front());
+  }
+  if (c.node().inputs.size() == 3 && c.needs_grad(2))
+    c.contribute(2, c.emit(OpKind::channel_sum, {dy}, NoAttrs{}, c.input(2)).front());
+}
+
+ref::Conv2dGeometry geometry(std::span<const std::int64_t> x, std::span<const std::int64_t> w,
+                             const Conv2dAttrs& a) {
+  return {.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2], .kw = w[3], .stride = a.stride,
+          .padding = a.padding};
+}
+
+template <typename T>
+void forward_cpu(const CpuCall<T>& c) {
+  const auto g = geometry(c.in[0].shape, c.in[1].shape, c.node.template attr<Conv2dAttrs>());
+  ref::conv2d(c.in[0].real, c.in[1].real, c.in.size() == 3 ? c.in[2].real : nullptr, g, c.out[0].real);
+}
+
+// The geometry is the forward's: X is the output dX [N,C,H,W].
+template <typename T>
+void backward_data_cpu(const CpuCall<T>& c) {
+  const auto g = geometry(c.out[0].shape, c.in[1].shape, c.node.template attr<Conv2dAttrs>());
+  ref::conv2d_backward_data(c.in[0].real, c.in[1].real, g, c.out[0].real);
+}
+
+// The geometry is the forward's: W is the output dW [O,C,KH,KW].
+template <typename T>
+void backward_filter_cpu(const CpuCall<T>& c) {
+  const auto g = geometry(c.in[1].shape, c.out[0].shape, c.node.template attr<Conv2dAttrs>());
+  ref::conv2d_backward_filter(c.in[0].real, c.in[1].real, g, c.out[0].real);
+}
+
+}  // namespace
+
+const OpDef& conv2d_def() {
+  static const OpDef def = with_attrs<Conv2dAttrs>({.kind = OpKind::conv2d, .name = "conv2d", .infer = &infer_forward,
+                                                    .gradient = &gradient, .cpu_f32 = &forward_cpu<float>,
+                                                    .cpu_f64 = &forward_cpu<double>});
+  return def;
+}
+
+const OpDef& conv2d_backward_data_def() {
+  static const OpDef def = with_attrs<Conv2dAttrs>(
+      {.kind = OpKind::conv2d_backward_data, .name = "conv2d_backward_data", .infer = &infer_backward_data,
+       .cpu_f32 = &backward_data_cpu<float>, .cpu_f64 = &backward_data_cpu<double>});
+  return def;
+}
+
+const OpDef& conv2d_backward_filter_def() {
+  static const OpDef def = with_attrs<Conv2dAttrs>(
+      {.kind = OpKind::conv2d_backward_filter, .name = "conv2d_backward_filter", .infer = &infer_backward_filter,
+       .cpu_f32 = &backward_filter_cpu<float>, .cpu_f64 = &backward_filter_cpu<double>});
+  return def;
+}
+
+}  // namespace sg::ops

@@ -1,0 +1,281 @@
+#include "models/sequential.hpp"
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "models/model_pieces.hpp"
+#include "models/param_init.hpp"
+
+namespace sg {
+
+std::string layer_name(const LayerSpec& layer) {
+  switch (layer.kind) {
+    case LayerKind::linear: return "linear";
+    case LayerKind::conv2d: return "conv2d";
+    case LayerKind::max_pool2d: return "max_pool2d";
+    case LayerKind::flatten: return "flatten";
+    case LayerKind::activation: return std::string(activation_name(layer.activation));
+    case LayerKind::dropout: return "dropout";
+    case LayerKind::dropout2d: return "dropout2d";
+  }
+  return "?";
+}
+
+std::int64_t layer_stride(const LayerSpec& layer) {
+  if (layer.stride > 0) return layer.stride;
+  return layer.kind == LayerKind::max_pool2d ? layer.kernel : 1;
+}
+
+bool needs_cnn_lowerings(const std::vector<std::int64_t>& input_shape, const std::vector<LayerSpec>& layers) {
+  if (input_shape.size() != 1) return true;
+  for (const auto& l : layers)
+    if (l.kind == LayerKind::conv2d || l.kind == LayerKind::max_pool2d || l.kind == LayerKind::flatten ||
+        l.kind == LayerKind::dropout2d)
+      return true;
+  return false;
+}
+
+namespace {
+
+bool has_parameters(const LayerSpec& l) { return l.kind == LayerKind::linear || l.kind == LayerKind::conv2d; }
+
+// Spatial output size of a window of `kernel` moved by `stride` over `size`
+// (+ 2 * padding) positions, floored as PyTorch does.
+std::int64_t window_out(std::int64_t size, std::int64_t kernel, std::int64_t stride, std::int64_t padding) {
+  return (size + 2 * padding - kernel) / stride + 1;
+}
+
+// One layer's per-example output shape; throws SequentialShapeError.
+Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
+  const auto fail = [&](const std::string& problem) -> SequentialShapeError {
+    return SequentialShapeError(index, fmt::format("layer {} ({}): {}", index, layer_name(l), problem), problem);
+  };
+  const auto spatial = [&]() {
+    if (in.size() != 3)
+      throw fail(fmt::format("needs a [channels, height, width] input but gets {} per example (model.input [C, H, W] "
+                             "gives the images that shape)",
+                             shape_string(in)));
+  };
+  switch (l.kind) {
+    case LayerKind::linear:
+      if (l.out <= 0) throw fail(fmt::format("out must be > 0 (got {})", l.out));
+      if (in.size() != 1)
+        throw fail(fmt::format("needs a [features] input but gets {} per example: put a flatten layer before it",
+                               shape_string(in)));
+      return {l.out};
+    case LayerKind::conv2d: {
+      spatial();
+      if (l.out <= 0) throw fail(fmt::format("out must be > 0 (got {})", l.out));
+      if (l.kernel <= 0) throw fail(fmt::format("kernel must be > 0 (got {})", l.kernel));
+      if (l.stride < 0 || l.padding < 0) throw fail("stride must be > 0 and padding >= 0");
+      const auto h = in[1] + 2 * l.padding, w = in[2] + 2 * l.padding;
+      if (l.kernel > h || l.kernel > w)
+        throw fail(fmt::format("kernel {} is larger than its (padded) input {}x{} ({} per example)", l.kernel, h, w,
+                               shape_string(in)));
+      const auto s = layer_stride(l);
+      return {l.out, window_out(in[1], l.kernel, s, l.padding), window_out(in[2], l.kernel, s, l.padding)};
+    }
+    case LayerKind::max_pool2d: {
+      spatial();
+      if (l.kernel <= 0) throw fail(fmt::format("kernel must be > 0 (got {})", l.kernel));
+      if (l.stride < 0) throw fail("stride must be > 0");
+      if (l.kernel > in[1] || l.kernel > in[2])
+        throw fail(fmt::format("kernel {} is larger than its input {}x{} ({} per example)", l.kernel, in[1], in[2],
+                               shape_string(in)));
+      const auto s = layer_stride(l);
+      return {in[0], window_out(in[1], l.kernel, s, 0), window_out(in[2], l.kernel, s, 0)};
+    }
+    case LayerKind::flatten: return {element_count(in)};
+    case LayerKind::activation: return in;
+    case LayerKind::dropout:
+    case LayerKind::dropout2d:
+      if (!(l.p >= 0.0 && l.p < 1.0)) throw fail(fmt::format("p must be in [0, 1) (got {})", l.p));
+      if (l.kind == LayerKind::dropout2d) spatial();
+      return in;
+  }
+  throw fail("unknown layer kind");
+}
+
+// Builds the layers on x ([batch, features] from the gather).
+ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool training) {
+  const auto shapes = infer_sequential_shapes(spec.input_shape, spec.layers);
+  ValueId h = x;
+  if (spec.input_shape.size() == 3) {
+    Shape nchw{spec.batch};
+    nchw.insert(nchw.end(), spec.input_shape.begin(), spec.input_shape.end());
+    h = g.append_node(OpKind::reshape, {h}, ReshapeAttrs{nchw}, Role::activation).front();
+  }
+  Shape in = spec.input_shape;
+  std::size_t k = 0;              // layers with parameters so far
+  std::int64_t dropouts_here = 0;  // dropout layers since the last layer with parameters
+  for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& l = spec.layers[i];
+    if (has_parameters(l)) {
+      ++k;
+      dropouts_here = 0;
+    }
+    switch (l.kind) {
+      case LayerKind::linear: {
+        const ValueId w = g.param(names::weight(k), {l.out, in[0]}, spec.weight_dtype);
+        const ValueId b = g.param(names::bias(k), {l.out}, spec.weight_dtype);
+        h = g.linear(h, model_pieces::as_compute(g, w, spec.compute_dtype),
+                     model_pieces::as_compute(g, b, spec.compute_dtype));
+        break;
+      }
+      case LayerKind::conv2d: {
+        const ValueId w = g.param(names::weight(k), {l.out, in[0], l.kernel, l.kernel}, spec.weight_dtype);
+        const ValueId b = g.param(names::bias(k), {l.out}, spec.weight_dtype);
+        const Conv2dAttrs attrs{layer_stride(l), l.padding, 0, 0};
+        h = g.append_node(OpKind::conv2d,
+                          {h, model_pieces::as_compute(g, w, spec.compute_dtype),
+                           model_pieces::as_compute(g, b, spec.compute_dtype)},
+                          attrs, Role::activation)
+                .front();
+        break;
+      }
+      case LayerKind::max_pool2d:
+        h = g.append_node(OpKind::max_pool2d, {h}, Pool2dAttrs{l.kernel, layer_stride(l)}, Role::activation).front();
+        break;
+      case LayerKind::flatten: h = g.append_node(OpKind::flatten, {h}, NoAttrs{}, Role::activation).front(); break;
+      case LayerKind::activation: h = model_pieces::add_activation(g, l.activation, h); break;
+      case LayerKind::dropout:
+      case LayerKind::dropout2d:
+        if (!training || l.p == 0.0) break;
+        {
+          // The MLP keys layer l's dropout on stream l (the linear layer before
+          // it); a second dropout after the same layer takes its own stream,
+          // 2^16 further on: Philox reads only the stream's low 32 bits
+          // (ops/philox.hpp), so the offset must stay inside them.
+          const auto stream = static_cast<std::int64_t>(k) + (static_cast<std::int64_t>(dropouts_here) << 16);
+          ++dropouts_here;
+          const DropoutAttrs attrs{l.p, spec.dropout_seed, stream};
+          const OpKind op = l.kind == LayerKind::dropout ? OpKind::dropout : OpKind::dropout2d;
+          h = g.append_node(op, {h, g.value_named(names::step)}, attrs, Role::activation).front();
+        }
+        break;
+    }
+    in = shapes[i];
+  }
+  return h;
+}
+
+model_pieces::BatchSource batch_source(const SequentialSpec& spec) {
+  return {spec.dataset_rows, element_count(spec.input_shape), spec.feature_dtype, spec.target_width,
+          spec.batch,        spec.compute_dtype,              spec.input_scale,   spec.input_shift};
+}
+
+}  // namespace
+
+std::vector<Shape> infer_sequential_shapes(const std::vector<std::int64_t>& input_shape,
+                                           const std::vector<LayerSpec>& layers) {
+  const auto input_error = [&](const std::string& problem) {
+    return SequentialShapeError(-1, fmt::format("input {}: {}", shape_string(input_shape), problem), problem);
+  };
+  if (input_shape.size() != 1 && input_shape.size() != 3)
+    throw input_error("must be [features] or [channels, height, width]");
+  for (auto d : input_shape)
+    if (d <= 0) throw input_error("sizes must be > 0");
+  if (layers.empty()) throw input_error("the layer list is empty");
+  std::vector<Shape> out;
+  Shape in = input_shape;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    in = layer_output(in, layers[i], static_cast<std::int64_t>(i));
+    out.push_back(in);
+  }
+  return out;
+}
+
+std::int64_t sequential_outputs(const std::vector<std::int64_t>& input_shape, const std::vector<LayerSpec>& layers) {
+  const Shape last = infer_sequential_shapes(input_shape, layers).back();
+  if (last.size() != 1) {
+    const std::string problem = fmt::format(
+        "the last layer gives {} per example, but the loss needs [outputs]: end with flatten and a linear layer",
+        shape_string(last));
+    throw SequentialShapeError(static_cast<std::int64_t>(layers.size()) - 1,
+                               fmt::format("layer {} ({}): {}", layers.size() - 1, layer_name(layers.back()), problem),
+                               problem);
+  }
+  return last[0];
+}
+
+void validate_sequential_spec(const SequentialSpec& spec) {
+  const auto outputs = sequential_outputs(spec.input_shape, spec.layers);
+  if (spec.batch <= 0 || spec.batch > spec.dataset_rows)
+    throw GraphError(fmt::format("sequential: batch {} must be in 1..{} (dataset rows)", spec.batch, spec.dataset_rows));
+  if (!is_floating(spec.weight_dtype) || !is_floating(spec.compute_dtype))
+    throw GraphError("sequential: weight and compute dtypes must be f32, f16 or bf16");
+  if (!(spec.label_smoothing >= 0.0 && spec.label_smoothing <= 1.0))
+    throw GraphError(fmt::format("sequential: label smoothing {} must be in [0, 1]", spec.label_smoothing));
+  if (spec.label_smoothing > 0.0 && spec.loss != MlpLoss::softmax_xent)
+    throw GraphError(fmt::format("sequential: label smoothing applies to softmax_xent, not to loss {}",
+                                 loss_name(spec.loss)));
+  if (spec.feature_dtype != DType::u8 && spec.feature_dtype != DType::f16 && spec.feature_dtype != DType::f32)
+    throw GraphError(fmt::format("sequential: feature dtype {} must be u8, f16 or f32", dtype_name(spec.feature_dtype)));
+  if (spec.target_width < 0) throw GraphError(fmt::format("sequential: target width {} must be >= 0", spec.target_width));
+  if (spec.target_width > 0 && spec.target_width != outputs)
+    throw GraphError(fmt::format("sequential: {} float targets per example but {} outputs", spec.target_width, outputs));
+  if ((spec.target_width > 0) != is_regression(spec.loss))
+    throw GraphError(fmt::format("sequential: loss {} needs {}", loss_name(spec.loss),
+                                 is_regression(spec.loss) ? "float targets (target width > 0)" : "class labels"));
+}
+
+Graph build_sequential_forward(const SequentialSpec& spec) {
+  validate_sequential_spec(spec);
+  Graph g;
+  const auto batch = model_pieces::add_batch_fetch(g, batch_source(spec));
+  const ValueId out = add_layers(g, spec, batch.x, /*training=*/true);
+  g.mark_output(model_pieces::add_loss(g, spec.loss, spec.label_smoothing, out, batch.y));
+  return g;
+}
+
+Graph build_sequential_eval(const SequentialSpec& spec) {
+  validate_sequential_spec(spec);
+  Graph g;
+  const auto batch = model_pieces::add_batch_fetch(g, batch_source(spec));
+  const ValueId out = add_layers(g, spec, batch.x, /*training=*/false);
+  g.mark_output(model_pieces::add_loss(g, spec.loss, spec.label_smoothing, out, batch.y));
+  if (!is_regression(spec.loss)) g.mark_output(g.count_correct(out, batch.y));
+  g.advance_step(g.value_named(names::step));
+  return g;
+}
+
+Graph build_sequential_predict(const SequentialSpec& spec) {
+  validate_sequential_spec(spec);
+  Graph g;
+  const ValueId x = model_pieces::add_feature_fetch(g, batch_source(spec));
+  g.mark_output(add_layers(g, spec, x, /*training=*/false));
+  g.advance_step(g.value_named(names::step));
+  return g;
+}
+
+TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const SgdSpec& sgd,
+                                                     const FusionOptions& fusion) {
+  Graph forward = build_sequential_forward(spec);
+  const ValueId loss = forward.value_named(names::loss);
+  const ValueId step = forward.value_named(names::step);
+  return build_training_stages(std::move(forward), loss, sgd, fusion, step);
+}
+
+std::vector<ParameterInit> sequential_initial_parameters(const std::vector<std::int64_t>& input_shape,
+                                                         const std::vector<LayerSpec>& layers, std::uint64_t seed) {
+  const auto shapes = infer_sequential_shapes(input_shape, layers);
+  std::vector<ParameterInit> out;
+  Shape in = input_shape;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    if (has_parameters(l)) {
+      ++k;
+      const Shape w_shape = l.kind == LayerKind::linear ? Shape{l.out, in[0]} : Shape{l.out, in[0], l.kernel, l.kernel};
+      const std::int64_t fan_in = element_count(w_shape) / l.out;
+      const auto index = static_cast<std::uint64_t>(2 * (k - 1));
+      out.push_back({names::weight(k), w_shape, linear_init(element_count(w_shape), fan_in, param_key(seed, index))});
+      out.push_back({names::bias(k), {l.out}, linear_init(l.out, fan_in, param_key(seed, index + 1))});
+    }
+    in = shapes[i];
+  }
+  return out;
+}
+
+}  // namespace sg

@@ -1,0 +1,30 @@
+#include "models/sequential_program.hpp"
+
+namespace sg {
+
+SequentialSpec sequential_for_target(SequentialSpec spec, ProgramTarget target) {
+  if (target == ProgramTarget::cuda && !is_half_width_float(spec.compute_dtype)) spec.compute_dtype = DType::f16;
+  return spec;
+}
+
+TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64_t train_rows, std::int64_t test_rows,
+                                         ProgramTarget target) {
+  TrainingProgram p;
+  SequentialSpec train = sequential_for_target(t.model, target);
+  train.dataset_rows = train_rows;
+  p.train = build_sequential_training_stages(train, t.sgd, t.fusion).fused;
+  p.train_data = mlp_data_bindings(p.train, train.batch);
+
+  SequentialSpec eval = sequential_for_target(t.model, target);
+  eval.dataset_rows = test_rows;
+  eval.batch = eval_batch_for(test_rows, t.eval_batch);
+  p.eval = build_sequential_eval(eval);
+  fuse(p.eval, t.fusion);
+  p.eval_data = mlp_data_bindings(p.eval, eval.batch);
+
+  p.init = sequential_initial_parameters(t.model.input_shape, t.model.layers, t.init_seed);
+  p.learning_rate = t.sgd.lr;
+  return p;
+}
+
+}  // namespace sg
