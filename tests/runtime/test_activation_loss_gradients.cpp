@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 
 #include "graph/autodiff.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
+#include "tests/runtime/finite_differences.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
@@ -58,25 +58,11 @@ void check_gradients(const LossBuilder& build, double lo = -1.0, double hi = 1.0
     if (v.role == Role::label && is_floating(v.dtype)) sg::test::fill_uniform(exec.tensor(v.id).real, rng);
   }
   exec.run();
-  std::map<ValueId, std::vector<double>> analytic_of;
-  for (const auto& [param, grad] : grads.of_param) analytic_of[param] = exec.tensor(grad).real;
+  const auto analytic_of = sg::test::analytic_gradients(exec, grads);
 
-  const double eps = 1e-6;
   for (const auto& [param, grad] : grads.of_param) {
     const std::vector<double>& analytic = analytic_of.at(param);
-    std::vector<double> numeric(analytic.size());
-    auto& w = exec.tensor(param).real;
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      const double saved = w[i];
-      w[i] = saved + eps;
-      exec.run();
-      const double up = exec.tensor(loss).real[0];
-      w[i] = saved - eps;
-      exec.run();
-      const double down = exec.tensor(loss).real[0];
-      w[i] = saved;
-      numeric[i] = (up - down) / (2 * eps);
-    }
+    const std::vector<double> numeric = sg::test::numeric_gradient(exec, param, loss);
     INFO("parameter " << g.value(param).name);
     CHECK(gradient_error(analytic, numeric) < tolerance);
   }

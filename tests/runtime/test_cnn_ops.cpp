@@ -12,11 +12,11 @@
 
 #include <cmath>
 #include <functional>
-#include <map>
 
 #include "graph/autodiff.hpp"
 #include "ops/philox.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
+#include "tests/runtime/finite_differences.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
@@ -42,25 +42,11 @@ void check_against_finite_differences(Graph g, ValueId out, std::mt19937_64& rng
     if (v.role == Role::state && v.dtype == DType::i32) exec.tensor(v.id).i32.assign(1, kStep);
   }
   exec.run();
-  std::map<ValueId, std::vector<double>> analytic_of;
-  for (const auto& [param, grad] : grads.of_param) analytic_of[param] = exec.tensor(grad).real;
+  const auto analytic_of = sg::test::analytic_gradients(exec, grads);
 
-  const double eps = 1e-6;
   for (const auto& [param, grad] : grads.of_param) {
     const std::vector<double>& analytic = analytic_of.at(param);
-    std::vector<double> numeric(analytic.size());
-    auto& w = exec.tensor(param).real;
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      const double saved = w[i];
-      w[i] = saved + eps;
-      exec.run();
-      const double up = exec.tensor(loss).real[0];
-      w[i] = saved - eps;
-      exec.run();
-      const double down = exec.tensor(loss).real[0];
-      w[i] = saved;
-      numeric[i] = (up - down) / (2 * eps);
-    }
+    const std::vector<double> numeric = sg::test::numeric_gradient(exec, param, loss);
     INFO("parameter " << g.value(param).name << " " << shape_string(g.value(param).shape));
     double norm = 0;
     for (double a : analytic) norm += a * a;

@@ -5,11 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <map>
 
 #include "graph/autodiff.hpp"
 #include "ops/philox.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
+#include "tests/runtime/finite_differences.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
@@ -109,26 +109,12 @@ TEST_CASE("dropout gradient at a fixed step (a fixed mask) against finite differ
   for (const auto& v : g.values())
     if (v.role == Role::param || v.role == Role::input) sg::test::fill_uniform(exec.tensor(v.id).real, rng);
   exec.run();
-  std::map<ValueId, std::vector<double>> analytic_of;
-  for (const auto& [param, grad] : grads.of_param) analytic_of[param] = exec.tensor(grad).real;
+  const auto analytic_of = sg::test::analytic_gradients(exec, grads);
   int dropped = 0;
   for (double v : exec.tensor(d).real) dropped += v == 0.0 ? 1 : 0;
   CHECK(dropped > 0);  // the mask really removes something at this step
-  const double eps = 1e-6;
   for (const auto& [param, grad] : grads.of_param) {
-    auto& w = exec.tensor(param).real;
-    std::vector<double> numeric(w.size());
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      const double saved = w[i];
-      w[i] = saved + eps;
-      exec.run();
-      const double up = exec.tensor(loss).real[0];
-      w[i] = saved - eps;
-      exec.run();
-      const double down = exec.tensor(loss).real[0];
-      w[i] = saved;
-      numeric[i] = (up - down) / (2 * eps);
-    }
+    const std::vector<double> numeric = sg::test::numeric_gradient(exec, param, loss);
     INFO("parameter " << g.value(param).name);
     CHECK(sg::test::relative_error(analytic_of.at(param), numeric) < 1e-6);
   }

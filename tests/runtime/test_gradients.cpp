@@ -3,10 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <functional>
-#include <map>
 
 #include "graph/autodiff.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
+#include "tests/runtime/finite_differences.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
@@ -36,28 +36,11 @@ void check_against_finite_differences(const Builder& build) {
     if (v.role == Role::param || v.role == Role::input) sg::test::fill_uniform(exec.tensor(v.id).real, rng);
   exec.run();
 
-  // Every analytic gradient is read before any perturbation: each run below
-  // recomputes them at a perturbed point (taken after one, a later
-  // parameter's gradient was off by eps x the Hessian, ~1e-5 relative).
-  std::map<ValueId, std::vector<double>> analytic_of;
-  for (const auto& [param, grad] : grads.of_param) analytic_of[param] = exec.tensor(grad).real;
+  const auto analytic_of = sg::test::analytic_gradients(exec, grads);
 
-  const double eps = 1e-6;
   for (const auto& [param, grad] : grads.of_param) {
     const std::vector<double>& analytic = analytic_of.at(param);
-    std::vector<double> numeric(analytic.size());
-    auto& w = exec.tensor(param).real;
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      const double saved = w[i];
-      w[i] = saved + eps;
-      exec.run();
-      const double up = exec.tensor(loss).real[0];
-      w[i] = saved - eps;
-      exec.run();
-      const double down = exec.tensor(loss).real[0];
-      w[i] = saved;
-      numeric[i] = (up - down) / (2 * eps);
-    }
+    const std::vector<double> numeric = sg::test::numeric_gradient(exec, param, loss);
     INFO("parameter " << g.value(param).name);
     // Central differences are exact to ~1e-9 on smooth ops; ReLU kinks near
     // a perturbed value allow a little more.
