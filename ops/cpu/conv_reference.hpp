@@ -19,16 +19,19 @@ struct Conv2dGeometry {
   std::int64_t ow() const { return (w + 2 * padding - kw) / stride + 1; }
 };
 
-// Y[n,o,y,x] = bias[o] + sum_{c,i,j} X[n,c,y*s-p+i,x*s-p+j] W[o,c,i,j], with
-// zeros outside X. `bias` may be null.
-template <typename T>
-void conv2d(const T* x, const T* w, const T* bias, const Conv2dGeometry& g, T* y) {
+// Calls tap(y_index, x_index, w_index) for every product of the
+// convolution, Y[n,o,y,x] += X[n,c,y*s-p+i,x*s-p+j] W[o,c,i,j], skipping the
+// taps that fall in the zero padding; in the order n, o, y, x, c, i, j, so
+// each Y element's terms arrive in (c, i, j) order. The forward and both
+// backwards are this walk with a different accumulation.
+template <typename Tap>
+void for_each_conv_tap(const Conv2dGeometry& g, Tap&& tap) {
   const std::int64_t oh = g.oh(), ow = g.ow();
   for (std::int64_t n = 0; n < g.n; ++n)
     for (std::int64_t o = 0; o < g.o; ++o)
       for (std::int64_t oy = 0; oy < oh; ++oy)
         for (std::int64_t ox = 0; ox < ow; ++ox) {
-          T acc = bias ? bias[o] : T(0);
+          const std::int64_t yi = ((n * g.o + o) * oh + oy) * ow + ox;
           for (std::int64_t c = 0; c < g.c; ++c)
             for (std::int64_t i = 0; i < g.kh; ++i) {
               const std::int64_t iy = oy * g.stride - g.padding + i;
@@ -36,57 +39,33 @@ void conv2d(const T* x, const T* w, const T* bias, const Conv2dGeometry& g, T* y
               for (std::int64_t j = 0; j < g.kw; ++j) {
                 const std::int64_t ix = ox * g.stride - g.padding + j;
                 if (ix < 0 || ix >= g.w) continue;
-                acc += x[((n * g.c + c) * g.h + iy) * g.w + ix] * w[((o * g.c + c) * g.kh + i) * g.kw + j];
+                tap(yi, ((n * g.c + c) * g.h + iy) * g.w + ix, ((o * g.c + c) * g.kh + i) * g.kw + j);
               }
             }
-          y[((n * g.o + o) * oh + oy) * ow + ox] = acc;
         }
+}
+
+// Y[n,o,y,x] = bias[o] + sum_{c,i,j} X[n,c,y*s-p+i,x*s-p+j] W[o,c,i,j], with
+// zeros outside X. `bias` may be null.
+template <typename T>
+void conv2d(const T* x, const T* w, const T* bias, const Conv2dGeometry& g, T* y) {
+  const std::int64_t plane = g.oh() * g.ow();
+  for (std::int64_t i = 0; i < g.n * g.o * plane; ++i) y[i] = bias ? bias[(i / plane) % g.o] : T(0);
+  for_each_conv_tap(g, [&](std::int64_t yi, std::int64_t xi, std::int64_t wi) { y[yi] += x[xi] * w[wi]; });
 }
 
 // dX = the adjoint of conv2d in X: every dY element scattered back through W.
 template <typename T>
 void conv2d_backward_data(const T* dy, const T* w, const Conv2dGeometry& g, T* dx) {
-  const std::int64_t oh = g.oh(), ow = g.ow();
   for (std::int64_t i = 0; i < g.n * g.c * g.h * g.w; ++i) dx[i] = T(0);
-  for (std::int64_t n = 0; n < g.n; ++n)
-    for (std::int64_t o = 0; o < g.o; ++o)
-      for (std::int64_t oy = 0; oy < oh; ++oy)
-        for (std::int64_t ox = 0; ox < ow; ++ox) {
-          const T d = dy[((n * g.o + o) * oh + oy) * ow + ox];
-          for (std::int64_t c = 0; c < g.c; ++c)
-            for (std::int64_t i = 0; i < g.kh; ++i) {
-              const std::int64_t iy = oy * g.stride - g.padding + i;
-              if (iy < 0 || iy >= g.h) continue;
-              for (std::int64_t j = 0; j < g.kw; ++j) {
-                const std::int64_t ix = ox * g.stride - g.padding + j;
-                if (ix < 0 || ix >= g.w) continue;
-                dx[((n * g.c + c) * g.h + iy) * g.w + ix] += d * w[((o * g.c + c) * g.kh + i) * g.kw + j];
-              }
-            }
-        }
+  for_each_conv_tap(g, [&](std::int64_t yi, std::int64_t xi, std::int64_t wi) { dx[xi] += dy[yi] * w[wi]; });
 }
 
 // dW[o,c,i,j] = sum_{n,y,x} dY[n,o,y,x] X[n,c,y*s-p+i,x*s-p+j].
 template <typename T>
 void conv2d_backward_filter(const T* dy, const T* x, const Conv2dGeometry& g, T* dw) {
-  const std::int64_t oh = g.oh(), ow = g.ow();
   for (std::int64_t i = 0; i < g.o * g.c * g.kh * g.kw; ++i) dw[i] = T(0);
-  for (std::int64_t n = 0; n < g.n; ++n)
-    for (std::int64_t o = 0; o < g.o; ++o)
-      for (std::int64_t oy = 0; oy < oh; ++oy)
-        for (std::int64_t ox = 0; ox < ow; ++ox) {
-          const T d = dy[((n * g.o + o) * oh + oy) * ow + ox];
-          for (std::int64_t c = 0; c < g.c; ++c)
-            for (std::int64_t i = 0; i < g.kh; ++i) {
-              const std::int64_t iy = oy * g.stride - g.padding + i;
-              if (iy < 0 || iy >= g.h) continue;
-              for (std::int64_t j = 0; j < g.kw; ++j) {
-                const std::int64_t ix = ox * g.stride - g.padding + j;
-                if (ix < 0 || ix >= g.w) continue;
-                dw[((o * g.c + c) * g.kh + i) * g.kw + j] += d * x[((n * g.c + c) * g.h + iy) * g.w + ix];
-              }
-            }
-        }
+  for_each_conv_tap(g, [&](std::int64_t yi, std::int64_t xi, std::int64_t wi) { dw[wi] += dy[yi] * x[xi]; });
 }
 
 // y[c] = sum over n and the `plane` elements of channel c of X [n, channels, plane].
