@@ -121,10 +121,7 @@ Graph build_mlp_eval(const MlpSpec& spec) {
   Graph g;
   const auto batch = add_batch_fetch(g, spec);
   const ValueId logits = add_layers(g, spec, batch.x, /*training=*/false);
-  g.mark_output(add_loss(g, spec, logits, batch.y));
-  // A regression run reports its test loss only (DataBindings.correct unset).
-  if (!is_regression(spec.loss)) g.mark_output(g.count_correct(logits, batch.y));
-  g.advance_step(g.value_named(names::step));
+  model_pieces::add_eval_outputs(g, spec.loss, spec.label_smoothing, logits, batch.y);
   return g;
 }
 

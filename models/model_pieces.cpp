@@ -48,6 +48,12 @@ ValueId add_activation(Graph& g, MlpActivation a, ValueId h) {
   throw GraphError("model: unknown activation");
 }
 
+void add_eval_outputs(Graph& g, MlpLoss loss, double label_smoothing, ValueId out, ValueId y) {
+  g.mark_output(add_loss(g, loss, label_smoothing, out, y));
+  if (!is_regression(loss)) g.mark_output(g.count_correct(out, y));
+  g.advance_step(g.value_named(names::step));
+}
+
 ValueId add_loss(Graph& g, MlpLoss loss, double label_smoothing, ValueId out, ValueId y) {
   switch (loss) {
     case MlpLoss::softmax_xent:

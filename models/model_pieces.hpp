@@ -39,5 +39,9 @@ ValueId as_compute(Graph& g, ValueId param, DType compute);
 ValueId add_activation(Graph& g, MlpActivation a, ValueId h);
 // The loss node (named names::loss) on `out` against `y`.
 ValueId add_loss(Graph& g, MlpLoss loss, double label_smoothing, ValueId out, ValueId y);
+// The end of an eval graph: the loss and, for classification, the correct
+// count as outputs (a regression run reports its test loss only:
+// DataBindings.correct unset), then the step advance.
+void add_eval_outputs(Graph& g, MlpLoss loss, double label_smoothing, ValueId out, ValueId y);
 
 }  // namespace sg::model_pieces

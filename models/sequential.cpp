@@ -234,9 +234,7 @@ Graph build_sequential_eval(const SequentialSpec& spec) {
   Graph g;
   const auto batch = model_pieces::add_batch_fetch(g, batch_source(spec));
   const ValueId out = add_layers(g, spec, batch.x, /*training=*/false);
-  g.mark_output(model_pieces::add_loss(g, spec.loss, spec.label_smoothing, out, batch.y));
-  if (!is_regression(spec.loss)) g.mark_output(g.count_correct(out, batch.y));
-  g.advance_step(g.value_named(names::step));
+  model_pieces::add_eval_outputs(g, spec.loss, spec.label_smoothing, out, batch.y);
   return g;
 }
 
