@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import stepgraph_data as sd
+from torch_parity import ACTIVATIONS  # stepgraph's model.activation -> the PyTorch module
 
 
 def sm_clock():
@@ -46,15 +47,6 @@ def sm_clock():
 DEPTH = [3]
 # The activation between hidden layers (--activation: stepgraph's model.activation).
 ACTIVATION = ["relu"]
-ACTIVATIONS = {
-    "relu": torch.nn.ReLU,
-    "gelu": torch.nn.GELU,
-    "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
-    "silu": torch.nn.SiLU,
-    "tanh": torch.nn.Tanh,
-    "sigmoid": torch.nn.Sigmoid,
-    "identity": torch.nn.Identity,
-}
 
 
 def make_model(width):
