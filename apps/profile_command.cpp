@@ -325,11 +325,7 @@ ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req,
 
 ProfileResult profile_config(const TrainConfig& config, const ProfileRequest& request, report::RunTiming& timing) {
   if (request.steps < 1) throw ConfigError("profile: --steps must be >= 1");
-  auto device_ready = start_device_warmup(config);
-  const std::string data_load = "data load (read + inflate; CUDA context starting meanwhile)";
-  Dataset data = timing.time(data_load, [&] { return load_dataset(config); });
-  const auto warmup = timing.time("CUDA context start-up left after the data load", [&] { return device_ready.get(); });
-  for (const auto& [part, seconds] : warmup.parts) timing.add_part(data_load, part, seconds);
+  Dataset data = load_dataset_while_device_starts(config, timing);
   std::string note;
   const std::string& kind = config.backend.kind;
   if (kind != "cpu" && cuda_backend_usable()) {

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <future>
 #include <optional>
 
 #include <fmt/ranges.h>
@@ -50,10 +49,7 @@ class TrainingLoop {
     spdlog::info("resolved config ({}):\n{}", config_.source, resolved);
     io::write_file_atomically(out_dir_ / "config.yaml", resolved);
 
-    // The CUDA context comes up on a worker thread while the data loads.
-    auto device_ready = start_device_warmup(config_);
-    auto phase_start = Clock::now();
-    Dataset data = load_dataset(config_);
+    Dataset data = load_dataset_while_device_starts(config_, summary_.timing);
     check_data(data);
     feature_dtype_ = data.train.images.dtype;
     spdlog::info("data: {} training and {} test {} of {}x{} {} from {}", data.train.images.count,
@@ -61,13 +57,7 @@ class TrainingLoop {
                  data.train.images.rows, data.train.images.cols, dtype_name(data.train.images.dtype),
                  data_source(false));
     std::string note;
-    const std::string data_load = "data load (read + inflate; CUDA context starting meanwhile)";
-    summary_.timing.add(data_load, seconds_since(phase_start));
-    phase_start = Clock::now();
-    const DeviceWarmup warmup = device_ready.get();
-    summary_.timing.add("CUDA context start-up left after the data load", seconds_since(phase_start));
-    for (const auto& [part, seconds] : warmup.parts) summary_.timing.add_part(data_load, part, seconds);
-    phase_start = Clock::now();
+    auto phase_start = Clock::now();
     trainer_ = make_trainer(config_, data, note);
     const std::string construction = "backend construction (upload, lowering, autotune, capture)";
     summary_.timing.add(construction, seconds_since(phase_start));
