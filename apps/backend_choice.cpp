@@ -95,12 +95,16 @@ TrainerSpec trainer_spec(const TrainConfig& c, std::int64_t train_rows, std::int
 }
 
 void check_cuda_can_run(const TrainConfig& c) {
+#ifdef STEPGRAPH_HAVE_CUDNN
+  (void)c;  // convolutions run through cuDNN's graph API (runtime/cuda/lowerings/conv_cudnn.cpp)
+#else
   if (c.model.is_sequential() && needs_cnn_lowerings(c.model.input_shape, layer_specs(c.model.sequential)))
     throw ConfigError(fmt::format(
-        "{}: model.sequential: CNN layers (conv2d, max_pool2d, flatten, dropout2d, a [C, H, W] input) need the cuDNN "
-        "lowerings of issue 22, which the CUDA backend does not have yet: train on the CPU with backend.kind: cpu "
-        "(--set backend.kind=cpu)",
+        "{}: model.sequential: CNN layers (conv2d, max_pool2d, flatten, dropout2d, a [C, H, W] input) need cuDNN 9 "
+        "on the CUDA backend, and this build has none (CMake did not find it; see README): install cuDNN 9 and "
+        "rebuild, or train on the CPU with backend.kind: cpu (--set backend.kind=cpu)",
         c.source));
+#endif
 }
 
 bool cuda_backend_usable() {

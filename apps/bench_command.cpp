@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "apps/backend_choice.hpp"
+#include "apps/config/train_config.hpp"
+#include "apps/load_dataset.hpp"
 #include "apps/report/sm_clock.hpp"
 #include "apps/report/svg_plot.hpp"
 #include "models/mlp_program.hpp"
@@ -33,7 +37,10 @@ namespace sg::app {
 
 void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--widths", r.widths, "hidden widths H of 784-H-H-H-10")->capture_default_str();
-  cmd.add_option("--batches", r.batches, "batch sizes")->capture_default_str();
+  cmd.add_option("--batches", r.batches, "batch sizes (default: 32,256,1024; with --config, the config's data.batch_size)");
+  cmd.add_option("--config", r.config,
+                 "time the model of this training config (model.layers or model.sequential, with its optimizer, "
+                 "precision and backend settings) instead of the MLP sweep; --widths is ignored");
   cmd.add_option("--steps", r.steps, "timed steps per repeat")->capture_default_str();
   cmd.add_option("--repeats", r.repeats, "repeats (the median is reported)")->capture_default_str();
   cmd.add_option("--warmup", r.warmup, "untimed steps first (clocks ramp up)")->capture_default_str();
@@ -56,7 +63,8 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   cmd.add_option("--activation", r.activation,
                  "activation between hidden layers (model.activation): relu | gelu | gelu_tanh | silu | tanh | "
-                 "sigmoid | identity (gelu_tanh fuses into cuBLASLt's GELU epilogues; the fast kernels are ReLU only)")
+                 "sigmoid | identity (gelu_tanh fuses into cuBLASLt's GELU epilogues; every one into our "
+                 "batch-16/32 kernels; the whole-step kernels are ReLU only)")
       ->capture_default_str()
       ->check(CLI::IsMember({"relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "identity"}));
   cmd.add_option("--depth", r.depth, "hidden layers (784-H-...-H-10; 2 for the issue's 784-1024-1024-10)")
@@ -85,6 +93,10 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
       ->default_str("auto");
   cmd.add_flag("!--no-small-batch-forward", b.small_batch_forward,
                "cuBLASLt for the hidden-layer forwards (no small-batch kernels, no folded batch fetch)");
+  cmd.add_option_function<std::string>(
+         "--conv-kernels", [&r](const std::string& name) { r.conv_kernels = conv_kernels_from_name(name); },
+         "who runs the convolutions of a --config CNN: auto | cudnn | implicit_gemm (ours); the config's backend.conv_kernels otherwise")
+      ->check(CLI::IsMember({"auto", "cudnn", "implicit_gemm"}));
   cmd.add_flag("!--no-fold-input-update", b.fold_input_update,
                "the first layer's update as its own launch, not inside the one-pass launch above it");
   cmd.add_flag("!--no-dependent-launch", b.dependent_launch, "plain launches instead of programmatic dependent ones");
@@ -251,6 +263,15 @@ TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t b
   return s;
 }
 
+// The config's model at batch `batch`, as `stepgraph train` would build it.
+TrainerSpec config_bench_spec(const BenchRequest& r, TrainConfig config, std::int64_t batch, const Dataset& data) {
+  config.data.batch_size = batch;
+  TrainerSpec spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+  if (r.conv_kernels) spec.backend.conv_kernels = *r.conv_kernels;
+  spec.backend.autotune = r.backend.autotune;  // bench's --autotune (default on), as for the MLP sweep
+  return spec;
+}
+
 // Median microseconds per step of `run(steps)` over the repeats, timed with events.
 template <typename Run>
 Record time_mode(const std::string& mode, cuda::CudaTrainer& t, const BenchRequest& r, std::int64_t width,
@@ -303,7 +324,7 @@ std::string markdown_table(const Table& t, const std::map<std::tuple<std::int64_
   md += "\n";
   for (const auto& [key, modes] : t.us) {
     const auto [w, b] = key;
-    md += fmt::format("| {} | {} |", w, b);
+    md += fmt::format("| {} | {} |", w == 0 ? std::string("config") : std::to_string(w), b);  // width 0: --config
     for (const auto& m : t.modes) md += fmt::format(" {} |", fmt_us(modes.count(m) ? modes.at(m) : NAN));
     const double replay = modes.count("graph_replay") ? modes.at("graph_replay") : NAN;
     const double ratio = t.best_torch(w, b) / replay;
@@ -315,6 +336,8 @@ std::string markdown_table(const Table& t, const std::map<std::tuple<std::int64_
 }
 
 void write_plots(const Table& t, const std::filesystem::path& dir) {
+  // The plots are over the MLP's hidden width; a config's model (width 0) has none.
+  if (std::all_of(t.us.begin(), t.us.end(), [](const auto& row) { return std::get<0>(row.first) == 0; })) return;
   std::vector<report::Series> speed;
   for (const auto& m : t.modes) {
     report::Series s{m + " (batch 32)", {}, {}};
@@ -391,10 +414,22 @@ int run_bench(const BenchRequest& r) {
 #else
   if (!cuda::device_available()) throw std::runtime_error("bench needs a CUDA GPU; none is available");
   if (r.steps <= 0 || r.repeats <= 0 || r.warmup < 0) throw std::invalid_argument("bench: steps and repeats must be > 0");
-  const auto widths = parse_list(r.widths, "widths");
-  const auto batches = parse_list(r.batches, "batches");
+  std::optional<TrainConfig> config;
+  if (!r.config.empty()) {
+    config = load_config(r.config, {"data.dir=" + r.data_dir});
+    check_cuda_can_run(*config);
+  }
+  const auto widths = config ? std::vector<std::int64_t>{0} : parse_list(r.widths, "widths");
+  const auto batches = parse_list(!r.batches.empty() ? r.batches
+                                   : config       ? std::to_string(config->data.batch_size)
+                                                  : std::string("32,256,1024"),
+                                   "batches");
   const DeviceInfo device = device_info();
-  const Dataset data{data::load_split(r.data_dir, "train"), data::load_split(r.data_dir, "t10k", 1000)};
+  const Dataset data = config ? load_dataset(*config)
+                              : Dataset{data::load_split(r.data_dir, "train"), data::load_split(r.data_dir, "t10k", 1000)};
+  auto spec_for = [&](std::int64_t w, std::int64_t b) {
+    return config ? config_bench_spec(r, *config, b, data) : bench_spec(r, w, b, data);
+  };
 
   const cuda::Floors floors = cuda::measure_floors();
   spdlog::info("device {} ({} SMs): empty stream launch {:.2f} us, graph node {:.2f} us, D2D copy {:.0f} GB/s, "
@@ -408,14 +443,14 @@ int run_bench(const BenchRequest& r) {
   const std::size_t elem = r.weights == "fp32" ? 4 : 2;
   for (auto w : widths)
     for (auto b : batches) {
-      cuda::CudaTrainer t(bench_spec(r, w, b, data), data);
+      cuda::CudaTrainer t(spec_for(w, b), data);
       records.push_back(time_mode("graph_replay", t, r, w, b, [&](std::int64_t n) { t.replay_steps(n); }));
       records.push_back(time_mode("stream_launch", t, r, w, b, [&](std::int64_t n) { t.launch_steps(n); }));
       if (r.multi_step > 1) {
         // The same schedule, K steps captured per graph: the graph launch's
         // overhead is shared, and each step's first kernel may gather its
         // batch while the step before finishes.
-        TrainerSpec spec = bench_spec(r, w, b, data);
+        TrainerSpec spec = spec_for(w, b);
         spec.backend.steps_per_launch = r.multi_step;
         cuda::CudaTrainer many(spec, data);
         records.push_back(time_mode(fmt::format("graph_replay_x{}", r.multi_step), many, r, w, b,
@@ -424,12 +459,13 @@ int run_bench(const BenchRequest& r) {
       if (t.training_program().uses_whole_step()) {
         // The same step as the per-group schedule (cuBLASLt + our kernels),
         // replayed: what the whole-step kernel is measured against.
-        TrainerSpec spec = bench_spec(r, w, b, data);
+        TrainerSpec spec = spec_for(w, b);
         spec.backend.whole_step = false;
         cuda::CudaTrainer lt(spec, data);
         records.push_back(time_mode("lt_schedule_replay", lt, r, w, b, [&](std::int64_t n) { lt.replay_steps(n); }));
       }
-      floor_and_flops[{w, b}] = {weight_bytes_per_step(mlp_layers(w, r.depth), elem) / (floors.copy_bandwidth_gbs * 1e3),
+      if (!config)
+        floor_and_flops[{w, b}] = {weight_bytes_per_step(mlp_layers(w, r.depth), elem) / (floors.copy_bandwidth_gbs * 1e3),
                                  flops_per_step(mlp_layers(w, r.depth), b)};
       spdlog::info("H={} B={}: {}", w, b, t.description());
       for (std::size_t i = records.size(); i-- > 0 && records[i].width == w && records[i].batch == b;)
@@ -453,13 +489,14 @@ int run_bench(const BenchRequest& r) {
               {"date", today()},
               {"floors", {{"empty_launch_us", floors.empty_launch_us}, {"graph_node_us", floors.graph_node_us},
                           {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
-              {"settings", {{"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
+              {"settings", {{"config", r.config}, {"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
                             {"accumulate", r.accumulate}, {"compute", r.compute},
                             {"optim", r.optim}, {"activation", r.activation}, {"depth", r.depth}, {"steps_per_launch", r.backend.steps_per_launch},
                             {"multi_step", r.multi_step}, {"autotune", r.backend.autotune},
                             {"whole_step", r.backend.whole_step}, {"one_pass_backward", r.backend.one_pass_backward},
                             {"whole_step_mode", whole_step_mode_name(r.backend.whole_step_mode)},
                             {"small_batch_forward", r.backend.small_batch_forward},
+                            {"conv_kernels", r.conv_kernels ? std::string(conv_kernels_name(*r.conv_kernels)) : "config"},
                             {"fold_input_update", r.backend.fold_input_update},
                             {"dependent_launch", r.backend.dependent_launch},
                             {"classifier_mma", r.backend.classifier_mma},

@@ -1,9 +1,10 @@
 #pragma once
 // `stepgraph bench`: for each hidden width and batch size of the reference
-// MLP (784-H-H-H-10), time training steps by CUDA-graph replay and by plain
+// MLP (784-H-H-H-10), or for the model of a config (--config), time training steps by CUDA-graph replay and by plain
 // stream launches of the same schedule, against floors measured in the same
 // run; merge PyTorch's numbers (bench/torch_bench.py) when given; write JSON,
 // CSV, SVG plots and a markdown table.
+#include <optional>
 #include <string>
 
 #include "runtime/backend_options.hpp"
@@ -16,7 +17,13 @@ namespace sg::app {
 
 struct BenchRequest {
   std::string widths = "128,256,512,1024,2048,4096,8192";
-  std::string batches = "32,256,1024";
+  std::string batches;  // empty: 32,256,1024 for the MLP sweep, the config's batch size with `config`
+  // A training config whose model (any the trainer takes: model.layers or
+  // model.sequential, e.g. configs/mnist_cnn.yaml) is timed instead of the
+  // MLP sweep; its data, loss, optimizer, precision and backend settings
+  // come with it (data.dir from --data). Its rows have width 0.
+  std::string config;
+  std::optional<ConvKernels> conv_kernels;  // --conv-kernels: overrides the config's backend.conv_kernels
   long long steps = 5000;
   int repeats = 5;
   long long warmup = 200;

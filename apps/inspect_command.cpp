@@ -27,7 +27,7 @@ namespace {
 
 // The graphs need only the dataset's row counts; dumps use the full split
 // sizes. They are the CUDA backend's (what -f schedule/memory lower).
-Graph stage_graph(const TrainConfig& config, const std::string& stage) {
+Graph stage_graph(const TrainConfig& config, const std::string& stage, const InspectRequest& request) {
   std::int64_t train_rows = config.data.train_limit > 0 ? config.data.train_limit : 60000;
   std::int64_t test_rows = config.data.test_limit > 0 ? config.data.test_limit : 10000;
   DType features = DType::u8;
@@ -38,6 +38,8 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage) {
     features = data.train.images.dtype;
   }
   if (config.model.is_sequential()) {  // issue 22's model.sequential: the same stages from the Sequential builder
+    if (request.world_size > 0)
+      throw ConfigError("inspect --world-size: data-parallel graphs are built for model.layers MLPs only so far");
     const SequentialTraining training = sequential_training(config, features);
     if (stage == "eval") return build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
     SequentialSpec spec = sequential_for_target(training.model, ProgramTarget::cuda);
@@ -55,7 +57,9 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage) {
   }
   MlpSpec mlp = mlp_for_target(training.mlp, ProgramTarget::cuda);
   mlp.dataset_rows = train_rows;
-  auto stages = build_training_stages(mlp, training.sgd, training.fusion);
+  SgdSpec sgd = training.sgd;
+  if (request.world_size > 0) shard_for_rank(mlp, sgd, request.rank, request.world_size);
+  auto stages = build_training_stages(mlp, sgd, training.fusion);
   if (stage == "forward") return stages.forward;
   if (stage == "backward") return stages.backward;
   if (stage == "optimized") return stages.optimized;
@@ -105,7 +109,17 @@ std::string memory_dump(const TrainConfig& config, const Graph& g) {
   std::vector<std::size_t> bytes, masks;
   for (const auto& v : g.values()) bytes.push_back(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype));
   for (const auto& aux : c.schedule.aux) masks.push_back(cuda::relu_aux_bytes(aux.rows, aux.cols));
-  return c.note + dump_memory_plan(plan_memory(arena_request(g, c.schedule, bytes, masks).buffers));
+  std::vector<std::string> cudnn_launches;
+  for (std::size_t i = 0; i < c.schedule.launches.size(); ++i)
+    if (c.schedule.launches[i].lowering->name() == "conv_cudnn") cudnn_launches.push_back(fmt::format("L{}", i));
+  // cuDNN says how much workspace a plan needs only once the plan is chosen on the GPU.
+  const std::string workspace =
+      cudnn_launches.empty() ? ""
+                             : fmt::format("# plus one device workspace shared by the cuDNN launches ({}; they run one "
+                                           "after another on the step's stream), sized by the largest plan chosen on "
+                                           "the GPU\n",
+                                           fmt::join(cudnn_launches, ", "));
+  return c.note + dump_memory_plan(plan_memory(arena_request(g, c.schedule, bytes, masks).buffers)) + workspace;
 #else
   (void)config;
   (void)g;
@@ -139,10 +153,16 @@ std::string run_inspect(const TrainConfig& config, const InspectRequest& request
   std::string out;
   const auto& f = request.format;
   if (!request.out.empty()) io::check_writable_file(request.out, "inspect -o");  // before any work
+  if (request.world_size < 0 || (request.world_size > 0 && (request.rank < 0 || request.rank >= request.world_size)))
+    throw ConfigError(fmt::format("inspect: --rank {} is not in 0..{} (--world-size {})", request.rank,
+                                  request.world_size - 1, request.world_size));
   if (f == "cuda-graph") {
+    if (request.world_size > 0)
+      throw ConfigError("inspect --format cuda-graph --world-size: capturing a data-parallel step needs its ranks "
+                        "(train --gpus N); -f schedule shows its launches");
     out = cuda_graph_dump(config);
   } else {
-    const Graph g = stage_graph(config, request.stage);
+    const Graph g = stage_graph(config, request.stage, request);
     if (f == "text") out = dump_text(g);
     else if (f == "json") out = dump_json(g);
     else if (f == "dot") out = dump_dot(g, fmt::format("{} ({})", config.source, request.stage));

@@ -11,6 +11,9 @@ struct InspectRequest {
   std::string format = "text";  // text | json | dot | schedule | memory | cuda-graph
   std::string stage = "fused";  // forward | backward | optimized | fused | eval
   std::string out;              // file to write ("" = stdout)
+  // Data parallel (issue 25): the graphs of rank `rank` of `world_size` (0: a single-process run).
+  int world_size = 0;
+  int rank = 0;
 };
 
 // Returns the dump (also written atomically to request.out when set).

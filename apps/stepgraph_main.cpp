@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "apps/bench_command.hpp"
+#include "apps/data_parallel_run.hpp"
 #include "apps/export_command.hpp"
 #include "apps/predict_command.hpp"
 #include "apps/inspect_command.hpp"
 #include "apps/profile_command.hpp"
+#include "apps/rank_supervisor.hpp"
 #include "apps/training_run.hpp"
 
 namespace {
@@ -45,12 +48,29 @@ struct ConfigArgs {
   sg::app::TrainConfig load() const { return sg::app::load_config(path, overrides); }
 };
 
-int train(const ConfigArgs& args) {
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+int train(const ConfigArgs& args, const sg::app::RankLaunch& cli_launch, int argc, char** argv) {
+  const auto launch = sg::app::resolve_rank_launch(cli_launch);  // --gpus, --rank ... or the torchrun variables
+  if (launch.gpus > 0) {  // start and supervise the ranks; this process trains nothing
+    sg::app::check_can_supervise(args.load(), launch.gpus);  // a bad config fails here once, not in every rank
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+    return sg::app::supervise_ranks(launch, "/proc/self/exe", sg::app::rank_child_args(argc, argv), &g_stop_requested,
+                                    &g_stop_signal);
+  }
+  if (launch.data_parallel()) {
+    // A rank stops with its supervisor or launcher (default SIGINT/SIGTERM
+    // action): ranks stopping at different steps could not agree on a checkpoint.
+    spdlog::set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", launch.rank));
+    if (launch.rank > 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports the run
+  } else {
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+  }
   const auto config = args.load();
-  const auto summary = sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0});
+  const auto summary =
+      sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0 && launch.rank <= 0}, launch);
   if (summary.interrupted) return 128 + g_stop_signal;
+  if (launch.rank > 0) return 0;  // rank 0 prints the result
   if (std::isnan(summary.final_eval.accuracy))  // a regression run (model.loss mse/l1): test loss only
     std::printf("test loss %.4f  (final train loss %.4f, %lld steps, %.2f s, %s)\n", summary.final_eval.loss,
                 summary.final_train_loss, static_cast<long long>(summary.steps), summary.seconds,
@@ -72,6 +92,8 @@ int main(int argc, char** argv) {
   ConfigArgs train_args;
   auto* train_cmd = app.add_subcommand("train", "train as configured (IDX, .npy/.npz or CSV data)");
   train_args.add_to(*train_cmd);
+  sg::app::RankLaunch rank_launch;
+  sg::app::add_rank_options(*train_cmd, rank_launch);
 
   ConfigArgs inspect_args;
   sg::app::InspectRequest inspect_request;
@@ -82,6 +104,9 @@ int main(int argc, char** argv) {
   inspect_cmd->add_option("-s,--stage", inspect_request.stage, "forward | backward | optimized | fused | eval")
       ->capture_default_str();
   inspect_cmd->add_option("-o,--out", inspect_request.out, "write to this file instead of stdout");
+  inspect_cmd->add_option("--world-size", inspect_request.world_size,
+                          "data parallel: the graphs of one of N ranks (all_reduce_mean buckets, sharded fetch)");
+  inspect_cmd->add_option("--rank", inspect_request.rank, "data parallel: which rank's graphs (with --world-size)");
 
   sg::app::BenchRequest bench_request;
   auto* bench_cmd = app.add_subcommand("bench", "time graph replay vs stream launches (and merge PyTorch numbers)");
@@ -115,7 +140,7 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*train_cmd) return train(train_args);
+    if (*train_cmd) return train(train_args, rank_launch, argc, argv);
     if (*inspect_cmd) {
       const auto dump = sg::app::run_inspect(inspect_args.load(), inspect_request);
       if (inspect_request.out.empty()) std::fwrite(dump.data(), 1, dump.size(), stdout);

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/data_parallel_run.hpp"
 #include "apps/load_dataset.hpp"
 #include "apps/lr_schedule.hpp"
 #include "apps/saved_model.hpp"
@@ -35,21 +36,31 @@ std::int64_t next_multiple(std::int64_t step, std::int64_t every, std::int64_t t
 
 class TrainingLoop {
  public:
-  TrainingLoop(const TrainConfig& config, const RunControls& controls)
+  TrainingLoop(const TrainConfig& config, const RunControls& controls, const RankLaunch& rank_launch)
       : config_(config),
         controls_(controls),
+        rank_launch_(rank_launch),
         out_dir_(config.run.out_dir),
         launch_steps_(std::max<std::int64_t>(1, config.backend.steps_per_launch)) {}
 
   TrainSummary run() {
-    check_outputs();  // before any work: a bad output path must not cost a whole run
+    if (writes_outputs_) check_outputs();  // before any work: a bad output path must not cost a whole run
     std::optional<io::Checkpoint> resume_from;
     if (!config_.run.resume.empty()) resume_from = load_resume_checkpoint();
     const std::string resolved = to_yaml(config_);
-    spdlog::info("resolved config ({}):\n{}", config_.source, resolved);
-    io::write_file_atomically(out_dir_ / "config.yaml", resolved);
+    if (data_parallel()) {  // every rank checks in (same world size and resolved config) before any work
+      const auto start = Clock::now();
+      group_ = join_data_parallel_run(config_, rank_launch_, resolved);
+      summary_.timing.add("data-parallel rendezvous (every rank, NCCL id)", seconds_since(start));
+    }
+    if (writes_outputs_) {
+      spdlog::info("resolved config ({}):\n{}", config_.source, resolved);
+      io::write_file_atomically(out_dir_ / "config.yaml", resolved);
+    }
 
-    Dataset data = load_dataset_while_device_starts(config_, summary_.timing);
+    // A data-parallel rank starts no CUDA context on a worker thread: that
+    // would land on GPU 0 for every rank; its trainer selects its own GPU.
+    Dataset data = data_parallel() ? load_dataset(config_) : load_dataset_while_device_starts(config_, summary_.timing);
     check_data(data);
     feature_dtype_ = data.train.images.dtype;
     spdlog::info("data: {} training and {} test {} of {}x{} {} from {}", data.train.images.count,
@@ -58,14 +69,17 @@ class TrainingLoop {
                  data_source(false));
     std::string note;
     auto phase_start = Clock::now();
-    trainer_ = make_trainer(config_, data, note);
+    trainer_ = data_parallel() ? make_data_parallel_trainer(config_, data, group_) : make_trainer(config_, data, note);
     const std::string construction = "backend construction (upload, lowering, autotune, capture)";
     summary_.timing.add(construction, seconds_since(phase_start));
     for (const auto& [part, seconds] : trainer_->setup_phases()) summary_.timing.add_part(construction, part, seconds);
     if (!note.empty()) spdlog::warn("{}", note);
     summary_.backend = trainer_->description();
+    if (data_parallel())
+      summary_.backend += fmt::format(", data parallel: rank {} of {}, global batch {} x {}", group_.rank,
+                                      group_.world_size, group_.world_size, config_.data.batch_size);
     spdlog::info("backend: {}", summary_.backend);
-    total_ = total_steps(config_, data.train.images.count);
+    total_ = total_steps(config_, data.train.images.count / ranks());  // epochs of global batches of ranks x batch rows
     if (resume_from) resume(*resume_from);
     phase_start = Clock::now();
     train_until_done();
@@ -89,6 +103,15 @@ class TrainingLoop {
   // differently from the run that wrote it.
   io::Checkpoint load_resume_checkpoint() const {
     auto ckpt = io::load_checkpoint(config_.run.resume);
+    // A step's batches depend on the rank count: resume at the one that wrote it.
+    if (const int saved = data_parallel_ranks_of(ckpt.tensors); saved != rank_launch_.world_size)
+      throw ConfigError(fmt::format("{}: run.resume {} was written by {} but this run is {}; resume it as it was written{}",
+                                    config_.source, config_.run.resume,
+                                    saved > 0 ? fmt::format("a data-parallel run over {} ranks", saved)
+                                              : std::string("a single-process run"),
+                                    data_parallel() ? fmt::format("data parallel over {} ranks", ranks())
+                                                    : std::string("a single-process run"),
+                                    saved > 0 ? fmt::format(" (--gpus {})", saved) : std::string(" (without --gpus)")));
     TrainConfig saved;
     try {
       saved = parse_config(ckpt.config_yaml, config_.run.resume + " (its saved config)");
@@ -187,7 +210,7 @@ class TrainingLoop {
   }
 
   void resume(const io::Checkpoint& ckpt) {
-    trainer_->load_state(without_feature_dtype(ckpt.tensors));
+    trainer_->load_state(without_data_parallel_ranks(without_feature_dtype(ckpt.tensors)));
     first_step_ = last_finite_step_ = trainer_->step();
     // Continue the metrics of the interrupted run in the same out_dir: its rows
     // up to the checkpoint, and its elapsed time.
@@ -232,7 +255,8 @@ class TrainingLoop {
         const double loss = checked_loss(now_step);
         const double window_s = seconds_since(window_start);
         const double us_per_step = 1e6 * window_s / double(std::max<std::int64_t>(1, now_step - window_first));
-        progress.update({now_step, total_, loss, config_.data.batch_size * 1e6 / us_per_step, us_per_step,
+        if (writes_outputs_)  // one progress line per run: rank 0's
+          progress.update({now_step, total_, loss, double(config_.data.batch_size * ranks()) * 1e6 / us_per_step, us_per_step,
                          us_per_step * 1e-6 * double(total_ - now_step)});
         metrics_.add({now_step, loss, NAN, NAN, current_lr(now_step), elapsed_before_ + seconds_since(start)});
         window_start = Clock::now();
@@ -287,9 +311,11 @@ class TrainingLoop {
   }
 
   void save_checkpoint(const std::filesystem::path& path) {
+    if (!writes_outputs_) return;  // one copy of the weights: rank 0's (every rank holds the same)
     io::Checkpoint ckpt{trainer_->step(), config_.data.shuffle_seed, to_yaml(config_), trainer_->save_state()};
     // What predict/export need besides the config: the dtype of the features trained on (apps/saved_model.hpp).
     ckpt.tensors.push_back(feature_dtype_blob(feature_dtype_));
+    if (data_parallel()) ckpt.tensors.push_back(data_parallel_ranks_blob(ranks()));
     io::save_checkpoint(path, ckpt);
     spdlog::info("checkpoint at step {} written to {}", ckpt.step, path.string());
   }
@@ -306,9 +332,13 @@ class TrainingLoop {
     }
     const auto steps_here = summary_.steps - first_step_;  // this run's steps, not the resumed ones
     summary_.samples_per_second =
-        summary_.seconds > 0 && steps_here > 0 ? double(steps_here) * double(config_.data.batch_size) / summary_.seconds : 0;
-    metrics_.write(out_dir_);
-    metrics_.write_loss_plot(out_dir_, fmt::format("{} ({})", config_.source, summary_.backend));
+        summary_.seconds > 0 && steps_here > 0
+            ? double(steps_here) * double(config_.data.batch_size * ranks()) / summary_.seconds
+            : 0;
+    if (writes_outputs_) {
+      metrics_.write(out_dir_);
+      metrics_.write_loss_plot(out_dir_, fmt::format("{} ({})", config_.source, summary_.backend));
+    }
     if (summary_.interrupted) {
       spdlog::info("stopped: {} steps ({} in this run, {:.2f} s); not evaluated; resume with --set run.resume={}; "
                    "metrics and loss.svg in {}",
@@ -324,8 +354,14 @@ class TrainingLoop {
                  accuracy, summary_.final_eval.loss, out_dir_.string());
   }
 
+  bool data_parallel() const { return rank_launch_.data_parallel(); }
+  std::int64_t ranks() const { return data_parallel() ? rank_launch_.world_size : 1; }
+
   const TrainConfig& config_;
   RunControls controls_;
+  RankLaunch rank_launch_;
+  bool writes_outputs_ = !rank_launch_.data_parallel() || rank_launch_.rank == 0;
+  DataParallelGroup group_;  // data parallel: this rank's place (world_size 0 otherwise)
   std::filesystem::path out_dir_;
   std::unique_ptr<Trainer> trainer_;
   report::MetricsLog metrics_;
@@ -346,8 +382,8 @@ std::int64_t total_steps(const TrainConfig& config, std::int64_t train_rows) {
   return config.run.epochs * (train_rows / config.data.batch_size);
 }
 
-TrainSummary run_training(const TrainConfig& config, const RunControls& controls) {
-  return TrainingLoop(config, controls).run();
+TrainSummary run_training(const TrainConfig& config, const RunControls& controls, const RankLaunch& rank_launch) {
+  return TrainingLoop(config, controls, rank_launch).run();
 }
 
 }  // namespace sg::app

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "apps/config/train_config.hpp"
+#include "apps/rank_launch.hpp"
 #include "apps/report/run_timing.hpp"
 #include "runtime/trainer.hpp"
 
@@ -33,7 +34,11 @@ struct RunControls {
   bool interactive_progress = false;                  // stdout is a terminal
 };
 
-TrainSummary run_training(const TrainConfig& config, const RunControls& controls = {});
+// `rank_launch`: one rank of a data-parallel run (issue 25) when its world_size
+// > 0: every rank trains, rank 0 alone writes config.yaml, metrics, loss.svg
+// and checkpoints.
+TrainSummary run_training(const TrainConfig& config, const RunControls& controls = {},
+                          const RankLaunch& rank_launch = {});
 
 // Total steps the run asks for (run.steps, or run.epochs over the training rows).
 std::int64_t total_steps(const TrainConfig& config, std::int64_t train_rows);

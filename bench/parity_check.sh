@@ -3,7 +3,7 @@
 # PyTorch (bench/torch_parity.py: fp16 autocast, same initial weights, same
 # batches). Passes when the test losses agree within 2% and the test
 # accuracies within 0.5 points.
-# Usage: [LR=...] [SCHEDULE=constant|cosine] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw]
+# Usage: [LR=...] [SCHEDULE=constant|cosine] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw|cnn]
 # (bf16: precision.compute: bf16 against PyTorch's bf16 autocast; gelu,
 # gelu_tanh: that model.activation against nn.GELU / GELU(approximate='tanh');
 # mse: model.loss: mse regressing MNIST's one-hot class vectors (an .npz copy
@@ -12,20 +12,24 @@
 # adamw: optim.name: adamw, lr 1e-3, weight decay 0.01 against torch.optim.AdamW
 # with the same betas/eps/weight decay; SCHEDULE=cosine: both sides decay the
 # lr to 0 over the 5000 steps, optim.schedule.kind: cosine, which makes the
-# final weights, and so the test loss, far less sensitive to rounding)
+# final weights, and so the test loss, far less sensitive to rounding;
+# cnn: issue 22's report CNN, configs/mnist_cnn.yaml with its dropout2d and
+# dropout layers left out, one epoch of 937 steps at batch 64, SGD lr 0.01
+# momentum 0.5, against bench/torch_cnn.py's ReportNet from the same weights)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/parity}"
 compute="${2:-fp16}"
 case "$compute" in fp16|bf16) ;; *) echo "parity_check.sh: COMPUTE must be fp16 or bf16, not '$compute'" >&2; exit 2;; esac
 variant="${3:-relu}"
-case "$variant" in relu|gelu|gelu_tanh|mse|adamw) ;;
-  *) echo "parity_check.sh: VARIANT must be relu, gelu, gelu_tanh, mse or adamw, not '$variant'" >&2; exit 2;; esac
+case "$variant" in relu|gelu|gelu_tanh|mse|adamw|cnn) ;;
+  *) echo "parity_check.sh: VARIANT must be relu, gelu, gelu_tanh, mse, adamw or cnn, not '$variant'" >&2; exit 2;; esac
 data="${DATA:-data/mnist}"
 mkdir -p "$out"
 data_abs="$(realpath -m "$data")"
 out_abs="$(realpath -m "$out")"
 ours_extra=() torch_extra=() lr=0.003
+config=configs/parity_reference.yaml steps=5000 torch_model=(--batch 32 --layers 784,128,128,128,10)
 case "$variant" in
   gelu|gelu_tanh) ours_extra=(--set model.activation="$variant"); torch_extra=(--activation "$variant");;
   mse)
@@ -37,15 +41,19 @@ case "$variant" in
     lr=0.001
     ours_extra=(--set optim.name=adamw --set optim.weight_decay=0.01 --set "optim.betas=[0.9, 0.999]" --set optim.eps=1e-8)
     torch_extra=(--optim adamw --weight-decay 0.01 --betas 0.9,0.999 --eps 1e-8);;
+  cnn)
+    lr=0.01 config=configs/mnist_cnn.yaml steps=937
+    ours_extra=(--set "model.sequential=[{conv2d: {out: 10, kernel: 5}}, {max_pool2d: {kernel: 2}}, relu, {conv2d: {out: 20, kernel: 5}}, {max_pool2d: {kernel: 2}}, relu, flatten, {linear: {out: 50}}, relu, {linear: {out: 10}}]")
+    torch_model=(--model report_cnn --batch 64 --momentum 0.5 --normalize);;
 esac
 lr="${LR:-$lr}"  # LR=...: another learning rate for both sides
 schedule="${SCHEDULE:-constant}"
 case "$schedule" in constant|cosine) ;; *) echo "parity_check.sh: SCHEDULE must be constant or cosine, not '$schedule'" >&2; exit 2;; esac
-build/apps/stepgraph train --config configs/parity_reference.yaml --set data.dir="$data" \
+build/apps/stepgraph train --config "$config" --set data.dir="$data" \
   --set precision.compute="$compute" --set optim.lr="$lr" --set optim.schedule.kind="$schedule" "${ours_extra[@]}" \
   --set run.out_dir="$out/stepgraph" | tee "$out/stepgraph.log"
-(cd bench && PYTHONUNBUFFERED=1 python3 torch_parity.py --data "$data_abs" --steps 5000 \
-  --batch 32 --lr "$lr" --layers 784,128,128,128,10 --compute "$compute" --schedule "$schedule" "${torch_extra[@]}" \
+(cd bench && PYTHONUNBUFFERED=1 python3 torch_parity.py --data "$data_abs" --steps "$steps" \
+  "${torch_model[@]}" --lr "$lr" --compute "$compute" --schedule "$schedule" "${torch_extra[@]}" \
   --out "$out_abs/torch.json")
 python3 - "$out" "$variant" <<'PY'
 import json, re, sys

@@ -99,6 +99,19 @@ def time_loop(run, steps, repeats):
     return times
 
 
+def time_into(record, run, state, args, batch):
+    """--warmup untimed steps, then the median of --repeats timings of --steps steps, the SM clock around them."""
+    run(args.warmup)
+    torch.cuda.synchronize()
+    record["sm_clock_mhz_before"] = sm_clock()
+    times = time_loop(run, args.steps, args.repeats)
+    record["sm_clock_mhz_after"] = sm_clock()
+    record["all_us_per_step"] = times
+    record["us_per_step"] = statistics.median(times)
+    record["samples_per_s"] = batch * 1e6 / record["us_per_step"]
+    record["final_loss"] = float(state["loss"].item())
+
+
 def eager_runner(width, data, lr, compiled, amp_dtype=torch.float16, optim="sgd"):
     model = make_model(width)
     opt = make_optimizer(model, optim, lr, captured=False)
@@ -193,15 +206,7 @@ def measure(mode, width, batch, args, data):
         else:
             run, state = eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"), amp_dtype=amp_dtype,
                                       optim=args.optim)
-        run(args.warmup)
-        torch.cuda.synchronize()
-        record["sm_clock_mhz_before"] = sm_clock()
-        times = time_loop(run, args.steps, args.repeats)
-        record["sm_clock_mhz_after"] = sm_clock()
-        record["all_us_per_step"] = times
-        record["us_per_step"] = statistics.median(times)
-        record["samples_per_s"] = batch * 1e6 / record["us_per_step"]
-        record["final_loss"] = float(state["loss"].item())
+        time_into(record, run, state, args, batch)
     except Exception as e:  # a mode that fails (OOM, compile error) is recorded, not fatal
         record["error"] = f"{type(e).__name__}: {e}"[:500]
     finally:

@@ -6,7 +6,9 @@ weights, plain SGD. --activation and --loss (mse: the one-hot class vector
 regressed with MSE, as `model.loss: mse` on bench/parity_check.sh's npz copy
 of MNIST) cover issue 21's activations and regression loss;
 --optim adam|adamw (--betas, --eps, --weight-decay), --nesterov and
---clip-grad-norm cover its optimizers."""
+--clip-grad-norm cover its optimizers. --model report_cnn runs issue 22's
+CNN (bench/torch_cnn.py, configs/mnist_cnn.yaml's network, dropout off) from
+stepgraph's initial weights instead of the --layers MLP."""
 import argparse
 import json
 import math
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import stepgraph_data as sd
+from torch_cnn import build_report_cnn
 
 
 # stepgraph's model.activation -> the PyTorch module (gelu is the exact erf
@@ -48,6 +51,8 @@ def build_model(layers, seed, device, activation="relu"):
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--data", default="data/mnist")
+    p.add_argument("--model", choices=["mlp", "report_cnn"], default="mlp",
+                   help="mlp: the --layers MLP; report_cnn: configs/mnist_cnn.yaml's CNN with its dropouts off")
     p.add_argument("--layers", default="784,128,128,128,10")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.003)
@@ -84,8 +89,10 @@ def main():
     n = gx.shape[0]
     order = torch.tensor([sd.batch_rows(s, n, a.batch, a.shuffle_seed) for s in range(a.steps)], device=device)
 
-    model = build_model(layers, a.seed, device, a.activation)
-    classes = layers[-1]
+    cnn = a.model == "report_cnn"
+    model = build_report_cnn(a.seed, device, dropout=0.0) if cnn else build_model(layers, a.seed, device, a.activation)
+    classes = 10 if cnn else layers[-1]
+    as_input = (lambda x: x.view(-1, 1, 28, 28)) if cnn else (lambda x: x)  # the CNN's [C, H, W] examples
 
     def criterion(out, y):
         if a.loss == "softmax_xent":
@@ -109,7 +116,7 @@ def main():
         idx = order[s]
         x = gx[idx].float() * scale + shift
         with torch.autocast("cuda", dtype=amp_dtype):
-            loss = criterion(model(x), gy[idx])
+            loss = criterion(model(as_input(x)), gy[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if a.clip_grad_norm > 0:
@@ -123,7 +130,7 @@ def main():
     with torch.no_grad(), torch.autocast("cuda", dtype=amp_dtype):
         tx = torch.from_numpy(test_x.copy()).to(device).float() * scale + shift
         ty = torch.from_numpy(test_y.astype(np.int64)).to(device)
-        logits = model(tx).float()
+        logits = model(as_input(tx)).float()
         test_loss = criterion(logits, ty).item()
         test_acc = (logits.argmax(1) == ty).float().mean().item()
     result = {

@@ -28,8 +28,8 @@ ValueId Graph::state(std::string name, Shape shape, DType dtype) {
   return add_owned(std::move(name), std::move(shape), dtype, Role::state);
 }
 
-ValueId Graph::batch_indices(ValueId perm, ValueId step, std::int64_t batch) {
-  return append_node(OpKind::batch_indices, {perm, step}, BatchIndicesAttrs{batch}).front();
+ValueId Graph::batch_indices(ValueId perm, ValueId step, std::int64_t batch, std::int64_t rank, std::int64_t ranks) {
+  return append_node(OpKind::batch_indices, {perm, step}, BatchIndicesAttrs{batch, rank, ranks}).front();
 }
 
 ValueId Graph::gather_rows(ValueId table, ValueId indices, DType out_dtype, double scale, double shift,

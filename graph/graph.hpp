@@ -21,7 +21,8 @@ class Graph {
   ValueId state(std::string name, Shape shape, DType dtype);
 
   // ---- builder ops (each appends one node, returns its output)
-  ValueId batch_indices(ValueId perm, ValueId step, std::int64_t batch);
+  // rank/ranks: a data-parallel rank's slice of the global batch (BatchIndicesAttrs).
+  ValueId batch_indices(ValueId perm, ValueId step, std::int64_t batch, std::int64_t rank = 0, std::int64_t ranks = 1);
   ValueId gather_rows(ValueId table, ValueId indices, DType out_dtype, double scale = 1.0,
                       double shift = 0.0, std::string name = {});
   ValueId matmul(ValueId a, ValueId b, bool trans_a = false, bool trans_b = false);

@@ -69,6 +69,8 @@ enum class OpKind : std::uint8_t {
   reshape,                // X -> the same elements in ReshapeAttrs::shape (flatten's gradient)
   dropout2d,              // (X [N,C,H,W], step i32[1]) -> whole channels dropped, Philox(seed, step, n*C+c)
   dropout2d_backward,     // (dY, step i32[1]) -> dY times the forward's channel mask recomputed
+  // ---- data-parallel training (issue 25)
+  all_reduce_mean,        // (grad, ...) -> (mean of each over the data-parallel ranks, ...): one bucket
 };
 
 std::string_view op_name(OpKind op);
@@ -84,6 +86,10 @@ struct NoAttrs {
 };
 struct BatchIndicesAttrs {
   std::int64_t batch = 0;
+  // Data parallel (issue 25): each of `ranks` ranks takes `batch` rows at
+  // offset rank * batch of every global batch of ranks * batch rows.
+  std::int64_t rank = 0;
+  std::int64_t ranks = 1;
   bool operator==(const BatchIndicesAttrs&) const = default;
 };
 struct GatherRowsAttrs {  // out = in * scale + shift

@@ -10,9 +10,9 @@ namespace sg {
 namespace {
 
 // Every op's entry, in OpKind order (checked on first use).
-const std::array<const OpDef*, 46>& table() {
-  static const std::array<const OpDef*, 46> entries = [] {
-    std::array<const OpDef*, 46> t = {
+const std::array<const OpDef*, 47>& table() {
+  static const std::array<const OpDef*, 47> entries = [] {
+    std::array<const OpDef*, 47> t = {
         &ops::batch_indices_def(), &ops::gather_rows_def(),  &ops::matmul_def(),
         &ops::bias_add_def(),      &ops::relu_def(),         &ops::relu_backward_def(),
         &ops::softmax_xent_def(),  &ops::softmax_xent_backward_def(), &ops::reduce_rows_def(),
@@ -31,6 +31,8 @@ const std::array<const OpDef*, 46>& table() {
         &ops::conv2d_def(), &ops::conv2d_backward_data_def(), &ops::conv2d_backward_filter_def(),
         &ops::channel_sum_def(), &ops::max_pool2d_def(), &ops::max_pool2d_backward_def(), &ops::flatten_def(),
         &ops::reshape_def(), &ops::dropout2d_def(), &ops::dropout2d_backward_def(),
+        // issue 25: data-parallel training
+        &ops::all_reduce_mean_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

@@ -1,6 +1,7 @@
 #include "graph/optimizer_pass.hpp"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -34,6 +35,38 @@ ValueId append_clip_scale(Graph& g, const GradientMap& grads, double max_norm) {
       .front();
 }
 
+// The layer a gradient belongs to: the upstream gradient its producer reads
+// (dW = matmul(X^T, dZ) and db = reduce_rows(dZ) share dZ), looking through
+// the casts of fp32 master weights; the gradient itself when it reads none.
+ValueId layer_key(const Graph& g, ValueId grad) {
+  NodeId n = g.value(grad).producer;
+  while (g.node(n).op == OpKind::cast && g.value(g.node(n).inputs[0]).producer >= 0)
+    n = g.value(g.node(n).inputs[0]).producer;
+  for (ValueId in : g.node(n).inputs)
+    if (g.value(in).role == Role::grad) return in;
+  return grad;
+}
+
+// One all_reduce_mean per layer bucket, each right after the last gradient of
+// its bucket; returns the map with the reduced gradients.
+GradientMap append_all_reduce(Graph& g, const GradientMap& grads) {
+  std::map<ValueId, std::vector<ValueId>> buckets;  // layer key -> its parameters
+  for (const auto& [param, grad] : grads.of_param) buckets[layer_key(g, grad)].push_back(param);
+  GradientMap reduced;
+  for (const auto& [key, params] : buckets) {
+    std::vector<ValueId> in;
+    std::size_t pos = 0;
+    for (ValueId p : params) {
+      in.push_back(grads.of_param.at(p));
+      pos = std::max(pos, static_cast<std::size_t>(g.value(in.back()).producer) + 1);
+    }
+    const auto out = g.insert_node(pos, OpKind::all_reduce_mean, in, NoAttrs{}, Role::grad,
+                                   "mean_" + g.value(in.front()).name);
+    for (std::size_t i = 0; i < params.size(); ++i) reduced.of_param[params[i]] = out[i];
+  }
+  return reduced;
+}
+
 }  // namespace
 
 std::string_view optimizer_name(OptimizerKind kind) {
@@ -57,6 +90,12 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
   if (spec.kind == OptimizerKind::sgd && spec.nesterov && !(spec.momentum > 0.0))
     throw GraphError("sgd: nesterov needs momentum > 0");
   if (grads.of_param.empty()) return;
+  if (spec.all_reduce_gradients) {
+    OptimizerSpec local = spec;
+    local.all_reduce_gradients = false;
+    append_optimizer(g, append_all_reduce(g, grads), local, step);
+    return;
+  }
   std::optional<ValueId> scale;
   if (spec.clip_grad_norm > 0.0) scale = append_clip_scale(g, grads, spec.clip_grad_norm);
 

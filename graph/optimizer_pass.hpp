@@ -33,6 +33,11 @@ struct OptimizerSpec {
   double beta2 = 0.999;
   double eps = 1e-8;
   double clip_grad_norm = 0.0;  // > 0: scale every gradient by min(1, c / (global L2 norm + 1e-6))
+  // Data parallel (issue 25): every gradient passes through an all_reduce_mean
+  // bucket (one per layer: the gradients computed from the same upstream
+  // gradient) right after the last of its gradients is produced; clipping and
+  // the updates read the reduced gradients.
+  bool all_reduce_gradients = false;
 };
 // The name the SGD-only pipeline used.
 using SgdSpec = OptimizerSpec;

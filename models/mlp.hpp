@@ -52,6 +52,10 @@ struct MlpSpec {
   double label_smoothing = 0.0;  // softmax_xent only, PyTorch's CrossEntropyLoss(label_smoothing)
   double dropout = 0.0;          // in [0, 1)
   std::uint64_t dropout_seed = 0;
+  // issue 25 (data parallel): this graph fetches rank `batch_rank`'s `batch`
+  // rows of every global batch of batch_ranks * batch rows.
+  std::int64_t batch_rank = 0;
+  std::int64_t batch_ranks = 1;
 };
 
 // Value names shared by every graph built here, so the eval graph shares the

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 namespace sg {
 
 std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted) {
@@ -15,13 +17,24 @@ MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target) {
   return mlp;
 }
 
+void shard_for_rank(MlpSpec& mlp, SgdSpec& sgd, std::int64_t rank, std::int64_t ranks) {
+  if (rank < 0 || rank >= ranks)
+    throw GraphError(fmt::format("data parallel: rank {} is not in 0..{}", rank, ranks - 1));
+  mlp.batch_rank = rank;
+  mlp.batch_ranks = ranks;
+  sgd.all_reduce_gradients = true;
+}
+
 TrainingProgram build_mlp_program(const MlpTraining& t, std::int64_t train_rows, std::int64_t test_rows,
                                   ProgramTarget target) {
   TrainingProgram p;
   MlpSpec train = mlp_for_target(t.mlp, target);
   train.dataset_rows = train_rows;
-  p.train = build_training_stages(train, t.sgd, t.fusion).fused;
+  SgdSpec sgd = t.sgd;
+  if (t.data_ranks > 0) shard_for_rank(train, sgd, t.data_rank, t.data_ranks);
+  p.train = build_training_stages(train, sgd, t.fusion).fused;
   p.train_data = mlp_data_bindings(p.train, train.batch);
+  p.train_data.ranks = std::max<std::int64_t>(1, t.data_ranks);
 
   MlpSpec eval = mlp_for_target(t.mlp, target);
   eval.dataset_rows = test_rows;

@@ -18,6 +18,13 @@ struct MlpTraining {
   FusionOptions fusion;
   std::int64_t eval_batch = 1000;  // rounded down to a divisor of the test rows
   std::uint64_t init_seed = 0;
+  // issue 25 (data parallel): this process is rank `data_rank` of
+  // `data_ranks` (0: a single-process run). The training graph then fetches
+  // the rank's slice of each global batch (mlp.batch rows per rank) and
+  // reduces every gradient over the ranks (all_reduce_mean) before its update;
+  // the eval graph is the same on every rank.
+  std::int64_t data_rank = 0;
+  std::int64_t data_ranks = 0;
 };
 
 // Which backend the graphs are built for. The CUDA backend runs f16
@@ -31,6 +38,11 @@ std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted);
 // The MLP with `target`'s compute dtype (the spec itself for the CPU; the
 // CUDA backend computes in f16 or bf16, so f32 compute becomes f16 there).
 MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target);
+
+// The training graph's spec and optimizer for rank `rank` of `ranks` (issue
+// 25): the rank's slice of each global batch, every gradient reduced over the
+// ranks. Throws GraphError for a rank outside 0..ranks-1.
+void shard_for_rank(MlpSpec& mlp, SgdSpec& sgd, std::int64_t rank, std::int64_t ranks);
 
 // Training graph over `train_rows` rows, eval graph (fused too) over
 // `test_rows` with eval_batch_for(test_rows, eval_batch) rows per run.

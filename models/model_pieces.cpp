@@ -4,7 +4,8 @@ namespace sg::model_pieces {
 
 BatchSource batch_source(const MlpSpec& spec) {
   return {spec.dataset_rows, spec.layers.front(), spec.feature_dtype, spec.target_width,
-          spec.batch,        spec.compute_dtype,  spec.input_scale,   spec.input_shift};
+          spec.batch,        spec.compute_dtype,  spec.input_scale,   spec.input_shift,
+          spec.batch_rank,   spec.batch_ranks};
 }
 
 FetchedBatch add_batch_fetch(Graph& g, const BatchSource& s) {
@@ -15,7 +16,7 @@ FetchedBatch add_batch_fetch(Graph& g, const BatchSource& s) {
                                  : g.label(names::labels, {rows}, DType::u8);
   const ValueId perm = g.input(names::perm, {rows}, DType::i32);
   const ValueId step = g.state(names::step, {1}, DType::i32);
-  const ValueId idx = g.batch_indices(perm, step, s.batch);
+  const ValueId idx = g.batch_indices(perm, step, s.batch, s.rank, s.ranks);
   const ValueId x = g.gather_rows(images, idx, s.compute_dtype, s.input_scale, s.input_shift, "x");
   const ValueId y = g.gather_rows(labels, idx, targets ? DType::f32 : DType::i32, 1.0, 0.0, "y");
   return {x, y};
@@ -26,7 +27,7 @@ ValueId add_feature_fetch(Graph& g, const BatchSource& s) {
   const ValueId features = g.input(names::images, {rows, s.features}, s.feature_dtype);
   const ValueId perm = g.input(names::perm, {rows}, DType::i32);
   const ValueId step = g.state(names::step, {1}, DType::i32);
-  const ValueId idx = g.batch_indices(perm, step, s.batch);
+  const ValueId idx = g.batch_indices(perm, step, s.batch, s.rank, s.ranks);
   return g.gather_rows(features, idx, s.compute_dtype, s.input_scale, s.input_shift, "x");
 }
 

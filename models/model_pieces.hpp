@@ -21,6 +21,8 @@ struct BatchSource {
   DType compute_dtype = DType::f16;
   double input_scale = 1.0;
   double input_shift = 0.0;
+  std::int64_t rank = 0;   // data parallel: this rank's slice of each global batch of ranks * batch rows
+  std::int64_t ranks = 1;
 };
 BatchSource batch_source(const MlpSpec& spec);
 

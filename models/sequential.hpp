@@ -40,8 +40,9 @@ struct LayerSpec {
 std::string layer_name(const LayerSpec& layer);
 // The stride a layer uses (its default resolved).
 std::int64_t layer_stride(const LayerSpec& layer);
-// Layers without a CUDA lowering yet (conv2d, max_pool2d, flatten, dropout2d,
-// and the reshape of the batch to [N, C, H, W] a rank-3 input needs).
+// Whether the model has layers whose CUDA lowerings need cuDNN 9 (conv2d) or
+// come with it (max_pool2d, flatten, dropout2d, and the reshape of the batch
+// to [N, C, H, W] a rank-3 input needs): a build without cuDNN refuses them.
 bool needs_cnn_lowerings(const std::vector<std::int64_t>& input_shape, const std::vector<LayerSpec>& layers);
 
 struct SequentialSpec {

@@ -25,6 +25,21 @@ WholeStepMode whole_step_mode_from_name(std::string_view name) {
   throw std::invalid_argument("whole step mode '" + std::string(name) + "' is not one of auto, grid, cluster, resident");
 }
 
+std::string_view conv_kernels_name(ConvKernels kernels) {
+  switch (kernels) {
+    case ConvKernels::automatic: return "auto";
+    case ConvKernels::cudnn: return "cudnn";
+    case ConvKernels::implicit_gemm: return "implicit_gemm";
+  }
+  throw std::invalid_argument("conv_kernels_name: not a ConvKernels");
+}
+
+ConvKernels conv_kernels_from_name(std::string_view name) {
+  for (ConvKernels k : {ConvKernels::automatic, ConvKernels::cudnn, ConvKernels::implicit_gemm})
+    if (conv_kernels_name(k) == name) return k;
+  throw std::invalid_argument("conv kernels '" + std::string(name) + "' is not one of auto, cudnn, implicit_gemm");
+}
+
 std::string strip_splits_problem(std::int64_t splits) {
   if (splits == 0) return {};
   if (splits < 1 || splits > cuda::kMaxStripSplits || (splits & (splits - 1)) != 0)

@@ -17,6 +17,14 @@ enum class WholeStepMode : std::uint8_t { automatic, grid, cluster, resident };
 std::string_view whole_step_mode_name(WholeStepMode mode);       // "auto", "grid", "cluster", "resident"
 WholeStepMode whole_step_mode_from_name(std::string_view name);  // throws std::invalid_argument
 
+// Who runs the convolutions (forward, data and filter gradients; issue 22):
+// automatic: ours where they measured faster (few channels), cuDNN's graph
+// API elsewhere; cudnn / implicit_gemm: that one first wherever it takes the
+// convolution (ops/cuda/conv_implicit_gemm.cu is ours).
+enum class ConvKernels : std::uint8_t { automatic, cudnn, implicit_gemm };
+std::string_view conv_kernels_name(ConvKernels kernels);      // "auto", "cudnn", "implicit_gemm"
+ConvKernels conv_kernels_from_name(std::string_view name);    // throws std::invalid_argument
+
 // Empty when the value is one the kernel takes, else why not (for config
 // errors and bench flags): strip_splits 0 or a power of two up to
 // cuda::kMaxStripSplits; resident_cluster 0 or one of cuda::kResidentClusterSizes.
@@ -34,6 +42,7 @@ struct BackendOptions {
   bool one_pass_backward = true;       // dgrad + SGD in one pass over W; the output layer's backward in one kernel
   bool small_batch_forward = true;     // our small-batch forwards (batch fetch folded into the first)
   bool fold_input_update = true;       // the first layer's update inside the one-pass launch above it
+  ConvKernels conv_kernels = ConvKernels::automatic;  // convolutions: ours, cuDNN, or each where it is faster
 
   // --- kernel knobs
   bool dependent_launch = true;        // programmatic dependent launch on Hopper

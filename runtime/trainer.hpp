@@ -14,6 +14,23 @@
 
 namespace sg {
 
+// This process's place in a data-parallel run (issue 25; CUDA backend with
+// NCCL only): rank `rank` of `world_size` on CUDA device `local_rank`, joining
+// the NCCL communicator named by `nccl_id` (rank 0's ncclUniqueId, handed out
+// by the rendezvous, runtime/distributed/rendezvous.hpp). world_size 0: a
+// single-process run, no communicator.
+struct DataParallelGroup {
+  int rank = 0;
+  int world_size = 0;
+  int local_rank = 0;
+  std::string nccl_id;
+  double timeout_s = 300;  // for NCCL setup and each collective enqueue (non-blocking mode)
+  // NCCL's non-blocking mode (runtime/cuda/nccl_communicator.hpp): setup
+  // and enqueues bounded by timeout_s; off by default (blocking is NCCL's
+  // documented capture path).
+  bool nonblocking_nccl = false;
+};
+
 struct TrainerSpec {
   // The graphs, initial parameters, data bindings and initial learning rate,
   // built for the Dataset's row counts (models/ builds them; checked with
@@ -23,6 +40,7 @@ struct TrainerSpec {
   // CUDA backend only
   bool cuda_graph = true;
   BackendOptions backend;  // lowerings and kernel knobs (steps_per_launch needs cuda_graph)
+  DataParallelGroup data_parallel;  // the program must be built for the same rank and world size
 };
 
 struct Dataset {

@@ -69,6 +69,8 @@ void check_bindings(std::string_view graph, const Graph& g, const DataBindings& 
   }
   if (d.batch <= 0 || d.batch > rows)
     fail(graph, fmt::format("batch {} is not in 1..{} (the split's rows)", d.batch, rows));
+  if (d.ranks < 1 || d.batch * d.ranks > rows)
+    fail(graph, fmt::format("the global batch {} x {} ranks is not in 1..{} (the split's rows)", d.batch, d.ranks, rows));
   for (Role role : {Role::param, Role::state})
     for (ValueId id : g.values_with_role(role))
       if (id != d.step && g.value(id).name == kStepEntry)

@@ -23,6 +23,9 @@ struct DataBindings {
   ValueId loss = -1;    // output f32: mean loss of the batch
   std::optional<ValueId> correct;  // output i32: correct predictions of the batch (a classifier's eval)
   std::int64_t batch = 0;          // rows one run of the graph consumes
+  // Data parallel (issue 25): the ranks that share each global batch of
+  // ranks * batch rows (the epoch has rows / (ranks * batch) steps).
+  std::int64_t ranks = 1;
 };
 
 // Initial values of one parameter of the training graph (f32; converted to

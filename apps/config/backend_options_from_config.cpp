@@ -21,6 +21,11 @@ BackendOptions backend_options_from_config(const BackendConfig& b, const Precisi
   o.one_pass_backward = b.one_pass_backward;
   o.small_batch_forward = b.small_batch_forward;
   o.fold_input_update = b.fold_input_update;
+  try {
+    o.conv_kernels = conv_kernels_from_name(b.conv_kernels);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(fmt::format("backend.conv_kernels: {}", e.what()));
+  }
   o.dependent_launch = b.dependent_launch;
   o.classifier_mma = b.classifier_mma;
   o.one_pass_multicast = b.one_pass_multicast;

@@ -18,7 +18,7 @@ const std::vector<ConfigSection>& config_schema() {
       {"backend",
        {"kind", "cuda_graph", "autotune", "whole_step", "one_pass_backward", "steps_per_launch", "whole_step_mode",
         "small_batch_forward", "fold_input_update", "dependent_launch", "classifier_mma", "one_pass_multicast",
-        "strip_splits", "resident_cluster"},
+        "strip_splits", "resident_cluster", "conv_kernels"},
        {}},
   };
   return schema;

@@ -266,6 +266,7 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(backend, "backend", "steps_per_launch", c.backend.steps_per_launch);
   r.read(backend, "backend", "whole_step_mode", c.backend.whole_step_mode);
   r.read(backend, "backend", "small_batch_forward", c.backend.small_batch_forward);
+  r.read(backend, "backend", "conv_kernels", c.backend.conv_kernels);
   r.read(backend, "backend", "fold_input_update", c.backend.fold_input_update);
   r.read(backend, "backend", "dependent_launch", c.backend.dependent_launch);
   r.read(backend, "backend", "classifier_mma", c.backend.classifier_mma);
@@ -407,6 +408,7 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   one_of(c.backend.kind, {"auto", "cuda", "cpu"}, "backend.kind");
   require(c.backend.steps_per_launch >= 1, "backend.steps_per_launch", "must be >= 1");
   one_of(c.backend.whole_step_mode, {"auto", "grid", "cluster", "resident"}, "backend.whole_step_mode");
+  one_of(c.backend.conv_kernels, {"auto", "cudnn", "implicit_gemm"}, "backend.conv_kernels");
   const std::string splits = strip_splits_problem(c.backend.strip_splits);
   require(splits.empty(), "backend.strip_splits", splits);
   const std::string cluster = resident_cluster_problem(c.backend.resident_cluster);
@@ -584,6 +586,7 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch;
   e << YAML::Key << "whole_step_mode" << YAML::Value << c.backend.whole_step_mode;
   e << YAML::Key << "small_batch_forward" << YAML::Value << c.backend.small_batch_forward;
+  e << YAML::Key << "conv_kernels" << YAML::Value << c.backend.conv_kernels;
   e << YAML::Key << "fold_input_update" << YAML::Value << c.backend.fold_input_update;
   e << YAML::Key << "dependent_launch" << YAML::Value << c.backend.dependent_launch;
   e << YAML::Key << "classifier_mma" << YAML::Value << c.backend.classifier_mma;

@@ -124,6 +124,7 @@ struct BackendConfig {
   std::string whole_step_mode = "auto";  // auto | grid | cluster | resident: the whole-step variant
   bool small_batch_forward = true;  // our small-batch hidden-layer forwards (batch fetch folded in)
   bool fold_input_update = true;    // the first layer's update inside the one-pass launch above it
+  std::string conv_kernels = "auto";  // auto | cudnn | implicit_gemm: who runs the convolutions (issue 22)
   bool dependent_launch = true;     // programmatic dependent launch (Hopper)
   bool classifier_mma = true;       // the classifier forward on tensor cores (batch 256/1024)
   bool one_pass_multicast = true;   // batch-256 one-pass kernel: pairs of blocks share dY tiles

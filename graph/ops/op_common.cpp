@@ -61,9 +61,21 @@ json write_attrs(const NoAttrs&) { return json::object(); }
 void read_attrs(const json&, NoAttrs&) {}
 std::string attrs_text(const NoAttrs&) { return ""; }
 
-json write_attrs(const BatchIndicesAttrs& a) { return {{"batch", a.batch}}; }
-void read_attrs(const json& j, BatchIndicesAttrs& a) { a.batch = j.at("batch").get<std::int64_t>(); }
-std::string attrs_text(const BatchIndicesAttrs& a) { return fmt::format(" {{batch={}}}", a.batch); }
+// rank/ranks only for a data-parallel shard, so single-process dumps keep their form.
+json write_attrs(const BatchIndicesAttrs& a) {
+  json j = {{"batch", a.batch}};
+  if (a.ranks != 1) j.update({{"rank", a.rank}, {"ranks", a.ranks}});
+  return j;
+}
+void read_attrs(const json& j, BatchIndicesAttrs& a) {
+  a.batch = j.at("batch").get<std::int64_t>();
+  a.rank = j.value("rank", std::int64_t{0});
+  a.ranks = j.value("ranks", std::int64_t{1});
+}
+std::string attrs_text(const BatchIndicesAttrs& a) {
+  if (a.ranks != 1) return fmt::format(" {{batch={},rank={}/{}}}", a.batch, a.rank, a.ranks);
+  return fmt::format(" {{batch={}}}", a.batch);
+}
 
 json write_attrs(const GatherRowsAttrs& a) {
   return {{"out_dtype", dtype_name(a.out_dtype)}, {"scale", a.scale}, {"shift", a.shift}};

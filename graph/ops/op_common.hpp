@@ -114,5 +114,7 @@ const OpDef& flatten_def();
 const OpDef& reshape_def();
 const OpDef& dropout2d_def();
 const OpDef& dropout2d_backward_def();
+// issue 25: data-parallel training
+const OpDef& all_reduce_mean_def();
 
 }  // namespace sg::ops

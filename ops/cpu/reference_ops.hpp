@@ -13,12 +13,15 @@
 
 namespace sg::ref {
 
-// idx[i] = perm[(step mod (n / batch)) * batch + i]: epoch-local batch `step`
-// of the permutation; the tail n mod batch rows are dropped each epoch.
+// idx[i] = perm[(step mod (n / G)) * G + rank * batch + i] with the global
+// batch G = ranks * batch: rank `rank`'s `batch` rows of the epoch-local
+// global batch `step` of the permutation (one rank: G = batch); the tail
+// n mod G rows are dropped each epoch.
 inline void batch_indices(const std::int32_t* perm, std::int64_t n, std::int32_t step, std::int64_t batch,
-                          std::int32_t* idx) {
-  const std::int64_t batches_per_epoch = n / batch;
-  const std::int64_t first = (step % batches_per_epoch) * batch;
+                          std::int32_t* idx, std::int64_t rank = 0, std::int64_t ranks = 1) {
+  const std::int64_t global = batch * ranks;
+  const std::int64_t batches_per_epoch = n / global;
+  const std::int64_t first = (step % batches_per_epoch) * global + rank * batch;
   for (std::int64_t i = 0; i < batch; ++i) idx[i] = perm[first + i];
 }
 

@@ -12,10 +12,11 @@ template <typename T>
 __global__ void batch_fetch_kernel(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
                                    std::int64_t batch, const std::uint8_t* images, std::int64_t cols, float scale,
                                    float shift, T* x_out, const std::uint8_t* labels, std::int32_t* labels_out,
-                                   bool vectorised) {
+                                   bool vectorised, std::int64_t rank, std::int64_t ranks) {
   const std::int64_t i = blockIdx.x;
-  const std::int64_t batches_per_epoch = n / batch;
-  const std::int64_t row = perm[(static_cast<std::int64_t>(*step) % batches_per_epoch) * batch + i];
+  const std::int64_t global = batch * ranks;  // this rank's slice of the global batch (ranks 1: the batch)
+  const std::int64_t batches_per_epoch = n / global;
+  const std::int64_t row = perm[(static_cast<std::int64_t>(*step) % batches_per_epoch) * global + rank * batch + i];
   const std::uint8_t* src = images + row * cols;
   T* dst = x_out + i * cols;
   if (threadIdx.x == 0) labels_out[i] = labels[row];
@@ -38,11 +39,12 @@ __global__ void batch_fetch_kernel(const std::int32_t* perm, std::int64_t n, con
 template <typename T>
 void fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
            const std::uint8_t* images, std::int64_t cols, float scale, float shift, T* x_out,
-           const std::uint8_t* labels, std::int32_t* labels_out, cudaStream_t stream) {
+           const std::uint8_t* labels, std::int32_t* labels_out, cudaStream_t stream, std::int64_t rank,
+           std::int64_t ranks) {
   const bool vectorised = cols % 16 == 0 && aligned16(images) && aligned16(x_out);
   const int threads = vectorised ? 64 : 256;
   batch_fetch_kernel<T><<<static_cast<unsigned>(batch), threads, 0, stream>>>(
-      perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, vectorised);
+      perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, vectorised, rank, ranks);
   SG_LAUNCH_CHECK("batch_fetch_kernel");
 }
 
@@ -52,21 +54,21 @@ __global__ void advance_step_kernel(std::int32_t* step) { *step += 1; }
 
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
                         const std::uint8_t* images, std::int64_t cols, float scale, float shift, __half* x_out,
-                        const std::uint8_t* labels, std::int32_t* labels_out, cudaStream_t stream) {
-  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream);
+                        const std::uint8_t* labels, std::int32_t* labels_out, cudaStream_t stream, std::int64_t rank, std::int64_t ranks) {
+  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream, rank, ranks);
 }
 
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
                         const std::uint8_t* images, std::int64_t cols, float scale, float shift, float* x_out,
-                        const std::uint8_t* labels, std::int32_t* labels_out, cudaStream_t stream) {
-  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream);
+                        const std::uint8_t* labels, std::int32_t* labels_out, cudaStream_t stream, std::int64_t rank, std::int64_t ranks) {
+  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream, rank, ranks);
 }
 
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
                         const std::uint8_t* images, std::int64_t cols, float scale, float shift,
                         __nv_bfloat16* x_out, const std::uint8_t* labels, std::int32_t* labels_out,
-                        cudaStream_t stream) {
-  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream);
+                        cudaStream_t stream, std::int64_t rank, std::int64_t ranks) {
+  fetch(perm, n, step, batch, images, cols, scale, shift, x_out, labels, labels_out, stream, rank, ranks);
 }
 
 void launch_advance_step(std::int32_t* step, cudaStream_t stream) {

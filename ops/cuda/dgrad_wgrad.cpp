@@ -49,19 +49,22 @@ std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::in
 }
 
 DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, const DgradWgradOptions& options,
-                             std::int64_t input_width)
-    : batch_(batch), n_(n), k_(k), input_width_(input_width), options_(options) {
+                             std::int64_t input_width, Activation activation)
+    : batch_(batch), n_(n), k_(k), input_width_(input_width), activation_(activation), options_(options) {
   if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD: unsupported: " + why);
+  if (!one_pass_kernel_takes(one_pass_kernel_for(batch, k), activation))
+    throw CudaError(fmt::format("one-pass dgrad+SGD: batch {}, K = {}: that kernel takes ReLU only, not {}", batch, k,
+                                activation_op_name(activation)));
   if (input_width > 0)
     if (const std::string why = input_update_unsupported(batch, n, k, input_width); !why.empty())
       throw CudaError("one-pass dgrad+SGD: no folded input update: " + why);
   if (batch == 256) return;  // the wgmma kernel: nothing to plan, no workspace
   if (k < kRowRangesFromK) {
-    strips_ = one_pass::plan_column_strips(batch, n, k, options.strip_splits, int(input_width));
+    strips_ = one_pass::plan_column_strips(batch, n, k, options.strip_splits, int(input_width), activation);
     return;
   }
-  grid_ = one_pass::plan_row_ranges(batch, n, k);
+  grid_ = one_pass::plan_row_ranges(batch, n, k, activation);
   partials_ = DeviceBuffer(grid_.partial_floats * sizeof(float));
   arrivals_ = DeviceBuffer(std::size_t(grid_.strips) * sizeof(unsigned));
   arrivals_.fill_bytes(0);
@@ -69,7 +72,7 @@ DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k,
 
 void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
                            cudaStream_t stream, __half* bias, const SgdScalars* bias_scalars,
-                           const one_pass::InputLayerUpdate& input) const {
+                           const one_pass::InputLayerUpdate& input, const __half* pre_activation) const {
   if (input.w && (input.width != input_width_ || !input.x || !input.scalars))
     throw CudaError(fmt::format("one-pass dgrad+SGD: input update of width {} (planned for {}) or without X/scalars",
                                 input.width, input_width_));
@@ -79,10 +82,10 @@ void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half*
     one_pass::launch_wgmma(dy, x, n_, k_, w, dx, scalars, stream, options_.multicast, bias, bias_scalars);
   } else if (grid_.ranges == 0)
     one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, options_.dependent, bias,
-                                   bias_scalars, input);
+                                   bias_scalars, input, activation_, pre_activation);
   else
     one_pass::launch_row_ranges(grid_, dy, x, batch_, n_, k_, w, dx, scalars, stream, options_.dependent, bias,
-                                bias_scalars, partials_.as<float>(), arrivals_.as<unsigned>());
+                                bias_scalars, partials_.as<float>(), arrivals_.as<unsigned>(), activation_, pre_activation);
 }
 
 }  // namespace sg::cuda

@@ -2,8 +2,9 @@
 // One layer's backward in ONE pass over its weights, for a small batch (or
 // batch 256 on big W, with wgmma): for
 // W[N,K], the gradient dY[B,N] of the layer's pre-activation and its input
-// X[B,K] (a ReLU output),
-//   dX = (dY W) * (X > 0)                    (the previous layer's gradient)
+// X[B,K] (an activation's output: X = act(Z)),
+//   dX = act'(dY W)                          (the previous layer's gradient;
+//                                             for ReLU (dY W) * (X > 0))
 //   W  = (1 - lr*wd) W - lr dY^T X           (plain SGD, in place)
 // cuBLASLt needs two passes (a dgrad reading W, then a weight-gradient
 // matmul reading and writing it); with a batch of 32 both are bound by
@@ -42,6 +43,11 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
 // or wgmma (batch 256).
 enum class OnePassKernel : std::uint8_t { column_strips, row_ranges, wgmma };
 OnePassKernel one_pass_kernel_for(std::int64_t batch, std::int64_t k);
+// Whether that kernel takes dX through `activation`'s backward: the column
+// strips and row ranges take every activation of activation.hpp, wgmma ReLU only.
+constexpr bool one_pass_kernel_takes(OnePassKernel kernel, Activation activation) {
+  return activation == Activation::relu || kernel != OnePassKernel::wgmma;
+}
 // Empty when a launch for these sizes can also take the first layer's update
 // (one_pass::InputLayerUpdate) for an input of `input_width` columns.
 std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width);
@@ -56,17 +62,19 @@ class DgradWgradSgd {
  public:
   // options: see DgradWgradOptions. input_width > 0: launches take the first
   // layer's update for an input that wide (see input_update_unsupported).
+  // activation: the one X came out of (one_pass_kernel_takes).
   DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, const DgradWgradOptions& options = {},
-                std::int64_t input_width = 0);
+                std::int64_t input_width = 0, Activation activation = Activation::relu);
 
   // With bias set, the launch also applies SGD to the previous layer's bias
   // from the column sums of dx (its gradient): b = (1 - lr*wd) b - lr colsum(dx).
   // With input.w set (and input.width the constructor's input_width), it
   // also updates the first layer's weight from dx (one_pass::InputLayerUpdate);
-  // then dx may be null (nothing else reads it).
+  // then dx may be null (nothing else reads it). pre_activation: Z, for an
+  // activation whose backward reads it (gelu, gelu_tanh, silu).
   void launch(const __half* dy, const __half* x, __half* w, __half* dx, const SgdScalars* scalars,
               cudaStream_t stream, __half* bias = nullptr, const SgdScalars* bias_scalars = nullptr,
-              const one_pass::InputLayerUpdate& input = {}) const;
+              const one_pass::InputLayerUpdate& input = {}, const __half* pre_activation = nullptr) const;
 
   // Whether the batch-256 wgmma kernel runs these sizes.
   bool wgmma() const { return batch_ == 256; }
@@ -77,6 +85,7 @@ class DgradWgradSgd {
 
  private:
   std::int64_t batch_, n_, k_, input_width_;
+  Activation activation_;
   DgradWgradOptions options_;
   one_pass::ColumnStripGrid strips_;
   one_pass::RowRangeGrid grid_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda::one_pass {
@@ -38,12 +39,16 @@ struct ColumnStripGrid {
 // `splits` 0: the measured rule; else that many (a power of two up to kMaxStripSplits).
 // `input_width` > 0: room for a folded first-layer update of that width.
 // Sets the smem limit too.
+// `activation`: the one whose backward dX goes through (the column-strip
+// kernel takes all of activation.hpp's; `saved` is the pre-activation for
+// gelu, gelu_tanh and silu, else unused).
 ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits = 0,
-                                   int input_width = 0);
+                                   int input_width = 0, Activation activation = Activation::relu);
 void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
                           std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
                           cudaStream_t stream, bool dependent, __half* bias, const SgdScalars* bias_scalars,
-                          const InputLayerUpdate& input);
+                          const InputLayerUpdate& input, Activation activation = Activation::relu,
+                          const __half* saved = nullptr);
 
 // Row ranges (dgrad_wgrad_ranges.cu): a block owns a 128/256-column strip
 // and a range of rows, so it reads long contiguous runs of every row; the
@@ -54,12 +59,14 @@ struct RowRangeGrid {
   std::int64_t strips = 0, rows_per_range = 0, ranges = 0;
   std::size_t partial_floats = 0;  // workspace: [ranges][batch][k] fp32 partial sums
 };
-RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k);  // sets the smem limit too
+// (sets the smem limit too; `activation`, `saved`: as for the column strips)
+RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k,
+                             Activation activation = Activation::relu);
 // `arrivals` ([strips], zero before the first launch) counts finished blocks; the last resets it.
 void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half* x, std::int64_t batch, std::int64_t n,
                        std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
                        bool dependent, __half* bias, const SgdScalars* bias_scalars, float* partials,
-                       unsigned* arrivals);
+                       unsigned* arrivals, Activation activation = Activation::relu, const __half* saved = nullptr);
 
 // Batch 256 (dgrad_wgrad_wgmma.cu): a block owns 64 columns and all rows of W,
 // TMA loads each 64-row tile of W and dY once, one warpgroup accumulates dX

@@ -18,6 +18,7 @@
 // L1/shared-memory pipe; docs/performance.md.)
 #include <algorithm>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
@@ -120,15 +121,16 @@ __device__ __forceinline__ void apply_chunk(std::uint32_t w_stage, std::uint32_t
   }
 }
 
-// dx[:, strip] = (sum of the ranges' fp32 partials, in range order) * (x > 0),
-// rounded to fp16; with bias, the previous layer's bias takes its SGD step
+// dx[:, strip] = act'(sum of the ranges' fp32 partials, in range order),
+// rounded to fp16 (A: the activation; for ReLU masked by x > 0; `saved`:
+// the pre-activation for gelu, gelu_tanh and silu, else x is read); with bias, the previous layer's bias takes its SGD step
 // from the column sums of that rounded dx. Four columns per item, every
 // item's loads independent (this runs on one block: the loads in flight,
 // not the arithmetic, set its time). `rounded` is B x Columns floats of
 // shared memory.
-template <int B, int Columns>
+template <int B, int Columns, Activation A>
 __device__ void finish_strip(const float* partials, unsigned ranges, const __half* x, int k, int col0, __half* dx,
-                             __half* bias, const SgdScalars* bias_scalars, float* rounded) {
+                             __half* bias, const SgdScalars* bias_scalars, float* rounded, const __half* saved) {
   constexpr int kGroups = Columns / 4, kItems = B * kGroups / kThreads;
   static_assert(B * kGroups % kThreads == 0);
   float4 sum[kItems];
@@ -159,10 +161,17 @@ __device__ void finish_strip(const float* partials, unsigned ranges, const __hal
     const int item = threadIdx.x + j * kThreads, b = item / kGroups, c = col0 + (item % kGroups) * 4;
     if (c >= k) continue;
     const std::int64_t at = std::int64_t(b) * k + c;
-    const uint2 xq = *reinterpret_cast<const uint2*>(x + at);
+    const uint2 xq = *reinterpret_cast<const uint2*>((kBackwardReadsInput<A> ? saved : x) + at);
     const float2 x01 = unpack_half2(xq.x), x23 = unpack_half2(xq.y);
-    const __half h0 = __float2half(x01.x > 0.f ? sum[j].x : 0.f), h1 = __float2half(x01.y > 0.f ? sum[j].y : 0.f);
-    const __half h2 = __float2half(x23.x > 0.f ? sum[j].z : 0.f), h3 = __float2half(x23.y > 0.f ? sum[j].w : 0.f);
+    __half h0, h1, h2, h3;
+    if constexpr (A == Activation::relu) {  // (the selects this kernel always made: the ReLU instance is unchanged)
+      h0 = __float2half(x01.x > 0.f ? sum[j].x : 0.f), h1 = __float2half(x01.y > 0.f ? sum[j].y : 0.f);
+      h2 = __float2half(x23.x > 0.f ? sum[j].z : 0.f), h3 = __float2half(x23.y > 0.f ? sum[j].w : 0.f);
+    } else {
+      using Math = ActivationMath<A>;
+      h0 = __float2half(Math::backward(sum[j].x, x01.x)), h1 = __float2half(Math::backward(sum[j].y, x01.y));
+      h2 = __float2half(Math::backward(sum[j].z, x23.x)), h3 = __float2half(Math::backward(sum[j].w, x23.y));
+    }
     *reinterpret_cast<uint2*>(dx + at) = uint2{pack_half2(h0, h1), pack_half2(h2, h3)};
     float* row = rounded + b * Columns + (c - col0);
     row[0] = __half2float(h0), row[1] = __half2float(h1), row[2] = __half2float(h2), row[3] = __half2float(h3);
@@ -180,11 +189,11 @@ __device__ void finish_strip(const float* partials, unsigned ranges, const __hal
 }
 
 // Grid: (strips of kBlockColumns columns, ranges of rows_per_range rows).
-template <int S, int B>
+template <int S, int B, Activation A>
 __global__ void __launch_bounds__(kThreads, 1)
     row_ranges_kernel(const __half* dy, const __half* x, int n, int k, int rows_per_range, __half* w,
                            __half* dx, const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars,
-                           float* partials, unsigned* arrivals) {
+                           float* partials, unsigned* arrivals, const __half* saved) {
   using Sh = Shape<S, B>;
   constexpr int kTiles = Sh::kTiles, kBatchTiles = Sh::kBatchTiles, kDepth = Sh::kDepth;
   extern __shared__ __align__(128) __half stages[];
@@ -266,8 +275,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  finish_strip<B, Sh::kBlockColumns>(partials, gridDim.y, x, k, strip0, dx, bias, bias_scalars,
-                                     reinterpret_cast<float*>(stages));
+  finish_strip<B, Sh::kBlockColumns, A>(partials, gridDim.y, x, k, strip0, dx, bias, bias_scalars,
+                                        reinterpret_cast<float*>(stages), saved);
   if (threadIdx.x == 0) arrivals[blockIdx.x] = 0;  // ready for the next launch
 }
 
@@ -279,28 +288,31 @@ int warp_columns(std::int64_t k) { return k % 32 == 0 && k >= 4096 ? 32 : 16; }
 
 struct Instance {
   void (*kernel)(const __half*, const __half*, int, int, int, __half*, __half*, const SgdScalars*, __half*,
-                 const SgdScalars*, float*, unsigned*);
+                 const SgdScalars*, float*, unsigned*, const __half*);
   std::size_t smem;
 };
 
-template <int S, int B>
+template <int S, int B, Activation A>
 Instance instance() {
-  return {row_ranges_kernel<S, B>, Shape<S, B>::smem_bytes};
+  return {row_ranges_kernel<S, B, A>, Shape<S, B>::smem_bytes};
 }
-template <int B>
+template <int B, Activation A>
 Instance instance_for_columns(int s) {
-  return s == 32 ? instance<32, B>() : instance<16, B>();
+  return s == 32 ? instance<32, B, A>() : instance<16, B, A>();
 }
-Instance instance_for(std::int64_t batch, int s) {
-  return batch == 16 ? instance_for_columns<16>(s) : instance_for_columns<32>(s);
+Instance instance_for(std::int64_t batch, int s, Activation activation) {
+  return with_activation(activation, [&](auto a) {
+    constexpr Activation A = decltype(a)::value;
+    return batch == 16 ? instance_for_columns<16, A>(s) : instance_for_columns<32, A>(s);
+  });
 }
 
 }  // namespace
 
-RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k) {
+RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k, Activation activation) {
   RowRangeGrid grid;
   grid.columns_per_warp = warp_columns(k);
-  const Instance in = instance_for(batch, grid.columns_per_warp);
+  const Instance in = instance_for(batch, grid.columns_per_warp, activation);
   SG_CUDA_CHECK(cudaFuncSetAttribute(in.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(in.smem)));
   // One wave: the strips times the row ranges fill the SMs once (a block per SM).
   grid.strips = (k + kWarps * grid.columns_per_warp - 1) / (kWarps * grid.columns_per_warp);
@@ -315,11 +327,13 @@ RowRangeGrid plan_row_ranges(std::int64_t batch, std::int64_t n, std::int64_t k)
 void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half* x, std::int64_t batch, std::int64_t n,
                        std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars, cudaStream_t stream,
                        bool dependent, __half* bias, const SgdScalars* bias_scalars, float* partials,
-                       unsigned* arrivals) {
-  const Instance in = instance_for(batch, grid.columns_per_warp);
+                       unsigned* arrivals, Activation activation, const __half* saved) {
+  if (backward_reads_input(activation) && !saved)
+    throw CudaError("one-pass dgrad+SGD: the activation's backward needs the pre-activation");
+  const Instance in = instance_for(batch, grid.columns_per_warp, activation);
   const dim3 blocks{unsigned(grid.strips), unsigned(grid.ranges)};
   launch_dependent(in.kernel, {blocks, dim3(kThreads), in.smem}, stream, dependent, dy, x, int(n), int(k),
-                   int(grid.rows_per_range), w, dx, scalars, bias, bias_scalars, partials, arrivals);
+                   int(grid.rows_per_range), w, dx, scalars, bias, bias_scalars, partials, arrivals, saved);
 }
 
 }  // namespace sg::cuda::one_pass

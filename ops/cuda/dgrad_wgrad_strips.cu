@@ -6,7 +6,10 @@
 // memory, nothing waits on a global load mid-chunk), adds
 // dY[:, rows] * chunk to its dX partial, computes the chunk's gradient
 // dY[:, rows]^T * X[:, strip], and writes the updated chunk back. The warps'
-// dX partials are summed at the end and masked by X > 0.
+// dX partials are summed at the end and taken through the activation's
+// backward (A, a template argument): for ReLU masked by X > 0, for tanh and
+// sigmoid computed from X (their output), for gelu, gelu_tanh and silu from
+// the pre-activation `saved` (read at the end).
 //
 // Where a block per strip would leave SMs idle (narrow layers), a cluster of
 // R blocks shares a strip: block rank r's warp w takes chunks w*R + r,
@@ -18,6 +21,7 @@
 #include <mma.h>
 
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
@@ -100,11 +104,11 @@ __device__ void update_input_rows(const InputLayerUpdate& input, const SgdScalar
   }
 }
 
-template <int S, int B>
+template <int S, int B, Activation A>
 __global__ void __launch_bounds__(kThreads, 1)
     column_strips_kernel(const __half* dy, const __half* x, int n, int k, __half* w, __half* dx,
                            const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars,
-                           const InputLayerUpdate input) {
+                           const InputLayerUpdate input, const __half* saved) {
   using L = Layout<S, B>;
   constexpr int kMTiles = B / 16, kSTiles = S / 16;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -302,7 +306,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sum = block_sum(e);
     for (int q = 0; q < splits - 1; ++q) sum += incoming[q * B * S + e];  // rank order
     const int r = e / S, c = e % S;
-    const __half v = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
+    __half v;
+    if constexpr (A == Activation::relu)  // (the select this kernel always made: the ReLU instance is unchanged)
+      v = __half2float(xs[e]) > 0.f ? __float2half(sum) : __float2half(0.f);
+    else
+      v = __float2half(ActivationMath<A>::backward(
+          sum, __half2float(kBackwardReadsInput<A> ? saved[std::int64_t(r) * k + col0 + c] : xs[e])));
     if (dx) dx[std::int64_t(r) * k + col0 + c] = v;
     if (bias) partial[e] = __half2float(v);  // slot e of warp 0's partials: only this thread reads it
     xs[e] = v;  // (only this thread read xs[e]; the folded input update reads dX from here)
@@ -334,19 +343,19 @@ int strip_width(std::int64_t k) { return k % 32 == 0 && k / 32 >= 128 ? 32 : 16;
 // The instance for (S, B) and its shared-memory bytes.
 struct Instance {
   void (*kernel)(const __half*, const __half*, int, int, __half*, __half*, const SgdScalars*, __half*,
-                 const SgdScalars*, InputLayerUpdate);
+                 const SgdScalars*, InputLayerUpdate, const __half*);
   std::size_t smem;
   int strip;
 };
 
-template <int S, int B>
+template <int S, int B, Activation A>
 Instance instance() {
-  return {column_strips_kernel<S, B>, Layout<S, B>::total, S};
+  return {column_strips_kernel<S, B, A>, Layout<S, B>::total, S};
 }
 
-template <int B>
+template <int B, Activation A>
 Instance instance_for_strip(int strip) {
-  return strip == 32 ? instance<32, B>() : instance<16, B>();
+  return strip == 32 ? instance<32, B, A>() : instance<16, B, A>();
 }
 
 template <int B>
@@ -354,9 +363,12 @@ std::size_t strip_incoming_bytes(int strip) {
   return strip == 32 ? Layout<32, B>::incoming_bytes : Layout<16, B>::incoming_bytes;
 }
 
-Instance instance_for(std::int64_t batch, std::int64_t k) {
+Instance instance_for(std::int64_t batch, std::int64_t k, Activation activation) {
   const int strip = strip_width(k);
-  return batch == 16 ? instance_for_strip<16>(strip) : instance_for_strip<32>(strip);
+  return with_activation(activation, [&](auto a) {
+    constexpr Activation A = decltype(a)::value;
+    return batch == 16 ? instance_for_strip<16, A>(strip) : instance_for_strip<32, A>(strip);
+  });
 }
 
 // Blocks per strip: double while the blocks still fit the SMs once and every
@@ -379,8 +391,8 @@ int strip_splits(std::int64_t strips, std::int64_t chunks) {
 }  // namespace
 
 ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int64_t k, int splits,
-                                   int input_width) {
-  const Instance in = instance_for(batch, k);
+                                   int input_width, Activation activation) {
+  const Instance in = instance_for(batch, k, activation);
   ColumnStripGrid grid;
   grid.strips = k / in.strip;
   grid.splits = splits > 0 ? splits : strip_splits(grid.strips, n / 16);
@@ -397,12 +409,14 @@ ColumnStripGrid plan_column_strips(std::int64_t batch, std::int64_t n, std::int6
 void launch_column_strips(const ColumnStripGrid& grid, const __half* dy, const __half* x, std::int64_t batch,
                           std::int64_t n, std::int64_t k, __half* w, __half* dx, const SgdScalars* scalars,
                           cudaStream_t stream, bool dependent, __half* bias, const SgdScalars* bias_scalars,
-                          const InputLayerUpdate& input) {
-  const Instance in = instance_for(batch, k);
+                          const InputLayerUpdate& input, Activation activation, const __half* saved) {
+  if (backward_reads_input(activation) && !saved)
+    throw CudaError("one-pass dgrad+SGD: the activation's backward needs the pre-activation");
+  const Instance in = instance_for(batch, k, activation);
   const LaunchGeometry geometry{dim3(unsigned(grid.strips * grid.splits)), dim3(kThreads), grid.smem,
                                 unsigned(grid.splits)};
   launch_dependent(in.kernel, geometry, stream, dependent, dy, x, int(n), int(k), w, dx, scalars, bias, bias_scalars,
-                   input);
+                   input, saved);
 }
 
 }  // namespace sg::cuda::one_pass

@@ -1,5 +1,6 @@
 // Element-wise kernels: one thread per 16-byte vector of elements when every
 // pointer is 16-byte aligned, else one thread per element. Math in f32.
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
@@ -7,62 +8,31 @@
 namespace sg::cuda {
 namespace {
 
-struct ReluOp {
-  __device__ float operator()(float x, float) const { return x > 0.f ? x : 0.f; }
+// The activations and their backwards: the math is ActivationMath's
+// (activation.cuh), shared with the fused kernels. A backward reads (dy, x)
+// for gelu, gelu_tanh and silu and (dy, y) for relu, tanh and sigmoid.
+template <Activation A>
+struct ActivationOp {
+  __device__ float operator()(float x, float) const { return ActivationMath<A>::forward(x); }
 };
-struct ReluBackwardOp {  // (dy, y)
-  __device__ float operator()(float dy, float y) const { return y > 0.f ? dy : 0.f; }
+template <Activation A>
+struct ActivationBackwardOp {
+  __device__ float operator()(float dy, float v) const { return ActivationMath<A>::backward(dy, v); }
 };
+using ReluOp = ActivationOp<Activation::relu>;
+using ReluBackwardOp = ActivationBackwardOp<Activation::relu>;
+using GeluOp = ActivationOp<Activation::gelu>;
+using GeluBackwardOp = ActivationBackwardOp<Activation::gelu>;
+using GeluTanhOp = ActivationOp<Activation::gelu_tanh>;
+using GeluTanhBackwardOp = ActivationBackwardOp<Activation::gelu_tanh>;
+using SiluOp = ActivationOp<Activation::silu>;
+using SiluBackwardOp = ActivationBackwardOp<Activation::silu>;
+using TanhOp = ActivationOp<Activation::tanh>;
+using TanhBackwardOp = ActivationBackwardOp<Activation::tanh>;
+using SigmoidOp = ActivationOp<Activation::sigmoid>;
+using SigmoidBackwardOp = ActivationBackwardOp<Activation::sigmoid>;
 struct AddOp {
   __device__ float operator()(float a, float b) const { return a + b; }
-};
-// Exact GELU: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 (ref::gelu).
-struct GeluOp {
-  __device__ float operator()(float x, float) const { return x * 0.5f * (1.f + erff(x * 0.70710678118654752f)); }
-};
-struct GeluBackwardOp {  // (dy, x): dy * (Phi(x) + x * phi(x))
-  __device__ float operator()(float dy, float x) const {
-    const float cdf = 0.5f * (1.f + erff(x * 0.70710678118654752f));
-    const float pdf = 0.39894228040143268f * __expf(-0.5f * x * x);
-    return dy * (cdf + x * pdf);
-  }
-};
-
-// Issue 21's activations (ref::gelu_tanh, silu, tanh, sigmoid and their
-// backwards; the backwards of tanh and sigmoid read the forward OUTPUT).
-struct GeluTanhOp {
-  __device__ float operator()(float x, float) const {
-    return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-  }
-};
-struct GeluTanhBackwardOp {  // (dy, x)
-  __device__ float operator()(float dy, float x) const {
-    const float k = 0.79788456080286536f, c = 0.044715f;
-    const float t = tanhf(k * (x + c * x * x * x));
-    return dy * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 3.f * c * x * x));
-  }
-};
-__device__ inline float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
-struct SiluOp {
-  __device__ float operator()(float x, float) const { return x * sigmoidf(x); }
-};
-struct SiluBackwardOp {  // (dy, x): dy * s (1 + x (1 - s))
-  __device__ float operator()(float dy, float x) const {
-    const float s = sigmoidf(x);
-    return dy * s * (1.f + x * (1.f - s));
-  }
-};
-struct TanhOp {
-  __device__ float operator()(float x, float) const { return tanhf(x); }
-};
-struct TanhBackwardOp {  // (dy, y): dy * (1 - y^2)
-  __device__ float operator()(float dy, float y) const { return dy * (1.f - y * y); }
-};
-struct SigmoidOp {
-  __device__ float operator()(float x, float) const { return sigmoidf(x); }
-};
-struct SigmoidBackwardOp {  // (dy, y): dy * y (1 - y)
-  __device__ float operator()(float dy, float y) const { return dy * y * (1.f - y); }
 };
 
 // y[i] = op(a[i], b[i]) (b may be null for unary ops: it then reads a).

@@ -31,18 +31,23 @@ SgdScalars make_sgd_scalars(float lr, float momentum, float weight_decay);
 
 // ---- batch fetch: idx = perm[(step mod (n/batch))*batch + i], then rows of
 // the u8 image table scaled (x*scale+shift) into half/bfloat16/float, and u8 labels into i32.
+// With ranks > 1 (data parallel, issue 25): idx = perm[(step mod (n/G))*G + rank*batch + i],
+// G = ranks*batch, this rank's slice of the global batch.
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
                         std::int64_t batch, const std::uint8_t* images, std::int64_t cols,
                         float scale, float shift, __half* x_out, const std::uint8_t* labels,
-                        std::int32_t* labels_out, cudaStream_t stream);
+                        std::int32_t* labels_out, cudaStream_t stream, std::int64_t rank = 0,
+                        std::int64_t ranks = 1);
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
                         std::int64_t batch, const std::uint8_t* images, std::int64_t cols,
                         float scale, float shift, float* x_out, const std::uint8_t* labels,
-                        std::int32_t* labels_out, cudaStream_t stream);
+                        std::int32_t* labels_out, cudaStream_t stream, std::int64_t rank = 0,
+                        std::int64_t ranks = 1);
 void launch_batch_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
                         std::int64_t batch, const std::uint8_t* images, std::int64_t cols,
                         float scale, float shift, __nv_bfloat16* x_out, const std::uint8_t* labels,
-                        std::int32_t* labels_out, cudaStream_t stream);
+                        std::int32_t* labels_out, cudaStream_t stream, std::int64_t rank = 0,
+                        std::int64_t ranks = 1);
 void launch_advance_step(std::int32_t* step, cudaStream_t stream);
 
 // ---- element-wise (n elements, 16-byte vectorised where alignment allows)

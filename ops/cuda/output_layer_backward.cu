@@ -9,11 +9,13 @@
 // gradients' partial sums meet in shared memory. Block 0 also writes the
 // loss, b_out and the step.
 //
-// Launched as a dependent launch (dependent_launch.cuh): W's columns, h, the
-// biases and the SGD scalars are loaded while the classifier forward that
-// writes the logits finishes.
+// Launched as a dependent launch (dependent_launch.cuh): W's columns, h (and
+// the pre-activation z, for gelu, gelu_tanh and silu: written by the same
+// earlier kernel as h), the biases and the SGD scalars are loaded while the
+// classifier forward that writes the logits finishes.
 #include <fmt/format.h>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/output_layer_backward.hpp"
@@ -76,9 +78,10 @@ __device__ void row_group_column_sums(const OutputLayerBackward& a, const __half
 
 // C: the number of classes when the instance is for exactly that many (no
 // guards in the unrolled class loops: MNIST's 10), or kMaxClasses for any
-// count up to it.
-template <int C>
-__global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(OutputLayerBackward a) {
+// count up to it. A: the activation that produced h.
+template <int C, Activation A>
+__global__ void __launch_bounds__(kBlockThreads)
+    output_layer_backward_kernel(OutputLayerBackward a, const __half* pre_activation) {
   constexpr int kLd = (C + 3) / 4 * 4;  // dlog_f rows: 16-byte aligned for float4 reads
   __shared__ __half logits[kMaxBatch * C], dlog[kMaxBatch * C];
   __shared__ __align__(16) float dlog_f[kMaxBatch * kLd];
@@ -105,6 +108,17 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int r = warp + i * kRowGroups;
     hv[i] = mine && r < rows ? __half2float(a.h[std::int64_t(r) * hidden + j]) : 0.f;
+  }
+  // What the activation's backward reads: h itself, or (gelu, gelu_tanh,
+  // silu) the pre-activation z, written by the same earlier kernel as h.
+  constexpr bool kReadsZ = kBackwardReadsInput<A>;
+  float zv[kReadsZ ? kRowsPerWarp : 1];
+  if constexpr (kReadsZ) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int r = warp + i * kRowGroups;
+      zv[i] = mine && r < rows ? __half2float(pre_activation[std::int64_t(r) * hidden + j]) : 0.f;
+    }
   }
   // (The biases and scalars too: only this kernel writes the biases, in the previous step.)
   const SgdScalars ws = *a.w_sgd, hs = *a.hidden_bias_sgd, os = *a.out_bias_sgd;
@@ -184,7 +198,11 @@ __global__ void __launch_bounds__(kBlockThreads) output_layer_backward_kernel(Ou
 #pragma unroll
     for (int c = 0; c < C; ++c)
       if (live(c)) s += d[c] * w[c];
-    const __half dh = hv[i] > 0.f ? __float2half(s) : __float2half(0.f);
+    __half dh;
+    if constexpr (A == Activation::relu)  // (the select this kernel always made: the ReLU instance is unchanged)
+      dh = hv[i] > 0.f ? __float2half(s) : __float2half(0.f);
+    else
+      dh = __float2half(ActivationMath<A>::backward(s, kReadsZ ? zv[i] : hv[i]));
     if (mine) a.dh[std::int64_t(r) * hidden + j] = dh;
     column += __half2float(dh);
 #pragma unroll
@@ -223,14 +241,22 @@ std::string output_layer_backward_unsupported(std::int64_t batch, std::int64_t c
   return {};
 }
 
-void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream, bool dependent) {
+void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream, bool dependent,
+                                  const OutputLayerActivation& activation) {
   if (const std::string why = output_layer_backward_unsupported(args.batch, args.classes, args.hidden); !why.empty())
     throw CudaError("output_layer_backward_kernel: unsupported: " + why);
+  if (backward_reads_input(activation.activation) && !activation.pre_activation)
+    throw CudaError("output_layer_backward_kernel: the activation's backward needs the pre-activation");
   const dim3 blocks(static_cast<unsigned>((args.hidden + kColumns - 1) / kColumns));
-  if (args.classes == 10)
-    launch_dependent(output_layer_backward_kernel<10>, {blocks, dim3(kBlockThreads)}, stream, dependent, args);
-  else
-    launch_dependent(output_layer_backward_kernel<kMaxClasses>, {blocks, dim3(kBlockThreads)}, stream, dependent, args);
+  const __half* z = activation.pre_activation;
+  with_activation(activation.activation, [&](auto act) {
+    constexpr Activation A = decltype(act)::value;
+    if (args.classes == 10)
+      launch_dependent(output_layer_backward_kernel<10, A>, {blocks, dim3(kBlockThreads)}, stream, dependent, args, z);
+    else
+      launch_dependent(output_layer_backward_kernel<kMaxClasses, A>, {blocks, dim3(kBlockThreads)}, stream, dependent,
+                       args, z);
+  });
 }
 
 }  // namespace sg::cuda

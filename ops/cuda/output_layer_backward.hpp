@@ -1,10 +1,12 @@
 #pragma once
 // The output layer's whole backward and SGD update in one launch, for a small
 // batch and few classes. From the logits [B,C], the labels, the layer's input
-// h [B,H] (a ReLU output), its weight W [C,H] and bias b_out [C], and the
-// bias b_h [H] of the layer that produced h:
+// h [B,H] (an activation's output: h = act(z)), its weight W [C,H] and bias
+// b_out [C], and the bias b_h [H] of the layer that produced h:
 //   loss, dlogits = softmax cross-entropy (mean over rows; dlogits in fp16)
-//   dh    = (dlogits W) * (h > 0)              rounded to fp16
+//   dh    = act'(dlogits W)                    rounded to fp16; for ReLU
+//           (dlogits W) * (h > 0), for tanh/sigmoid from h, for gelu,
+//           gelu_tanh and silu from the pre-activation z (activation.hpp)
 //   W     = (1 - lr*wd) W - lr dlogits^T h      rounded to fp16
 //   b_out, b_h: SGD steps with the column sums of dlogits and of dh
 //   step += 1                                   (optional)
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
@@ -39,10 +42,18 @@ struct OutputLayerBackward {
   std::int64_t batch = 0, classes = 0, hidden = 0;
 };
 
+// The activation that produced h (a separate argument: the kernel's
+// parameter block, and so the ReLU instance's code, stays as it was).
+struct OutputLayerActivation {
+  Activation activation = Activation::relu;
+  const __half* pre_activation = nullptr;  // [batch, hidden] z, for gelu, gelu_tanh and silu (else unused)
+};
+
 // Empty when the kernel takes these sizes, else why not.
 std::string output_layer_backward_unsupported(std::int64_t batch, std::int64_t classes, std::int64_t hidden);
 
 // `dependent`: as a dependent launch of the stream's previous kernel (dependent_launch.cuh).
-void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream, bool dependent);
+void launch_output_layer_backward(const OutputLayerBackward& args, cudaStream_t stream, bool dependent,
+                                  const OutputLayerActivation& activation = {});
 
 }  // namespace sg::cuda

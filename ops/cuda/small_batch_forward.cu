@@ -3,10 +3,14 @@
 // (warp w: tiles w, w + 8, ...), each holding its tiles of W as tensor-core
 // fragments (loaded before the wait for the previous kernel) and summing
 // x[:, tile] * W[cols, tile]^T into a B x 16 partial. The partials are added
-// in warp order (deterministic), then the bias and ReLU.
+// in warp order (deterministic), then the bias and the activation (a
+// template argument: the ReLU instance is the kernel it always was).
 #include <fmt/format.h>
 #include <mma.h>
 
+#include <type_traits>
+
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/small_batch_forward.hpp"
@@ -47,7 +51,11 @@ __device__ void stage_fetched_tile(const FoldedBatchFetch& f, int k, int t, cons
   __syncwarp();
 }
 
-template <int B>
+// The epilogue without an activation (y = x W^T + b).
+struct NoActivation {};
+
+// Act: NoActivation or ActivationMath<A>.
+template <int B, typename Act>
 __global__ void __launch_bounds__(kWarps * 32)
     small_batch_linear_kernel(const __grid_constant__ SmallBatchLinear a) {
   constexpr int kMTiles = B / 16;
@@ -136,8 +144,16 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += partial[w][r][c];
     sum += bias;
-    if (a.relu) sum = fmaxf(sum, 0.f);
-    a.y[std::int64_t(r) * a.n + col0 + c] = __float2half(sum);
+    const std::int64_t e_out = std::int64_t(r) * a.n + col0 + c;
+    if constexpr (std::is_same_v<Act, ActivationMath<Activation::relu>>) {
+      sum = Act::forward(sum);
+    } else if constexpr (!std::is_same_v<Act, NoActivation>) {
+      // act(z) of z rounded to fp16, as the graph's bias_add and activation nodes compute it
+      const __half z = __float2half(sum);
+      if (a.pre_activation) a.pre_activation[e_out] = z;
+      sum = Act::forward(__half2float(z));
+    }
+    a.y[e_out] = __float2half(sum);
   }
 }
 
@@ -159,9 +175,16 @@ void launch_small_batch_linear(const SmallBatchLinear& args, cudaStream_t stream
                             !args.fetch.labels_out || args.fetch.rows < args.batch ||
                             args.fetch.rows >= (std::int64_t(1) << 31)))
     throw CudaError("small-batch forward: the folded batch fetch is missing a table or an output");
+  if (args.activation == Activation::relu && args.pre_activation)
+    throw CudaError("small-batch forward: a ReLU epilogue writes no pre-activation");
   const LaunchGeometry geometry{dim3(unsigned(args.n / kColumns)), dim3(kWarps * 32)};
-  if (args.batch == 16) launch_dependent(small_batch_linear_kernel<16>, geometry, stream, dependent, args);
-  else launch_dependent(small_batch_linear_kernel<32>, geometry, stream, dependent, args);
+  const auto launch = [&](auto act) {
+    using Act = decltype(act);
+    if (args.batch == 16) launch_dependent(small_batch_linear_kernel<16, Act>, geometry, stream, dependent, args);
+    else launch_dependent(small_batch_linear_kernel<32, Act>, geometry, stream, dependent, args);
+  };
+  if (!args.activation) launch(NoActivation{});
+  else with_activation(*args.activation, [&](auto a) { launch(ActivationMath<decltype(a)::value>{}); });
 }
 
 }  // namespace sg::cuda

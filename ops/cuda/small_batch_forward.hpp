@@ -1,6 +1,9 @@
 #pragma once
 // A hidden layer's forward for a small batch, as a dependent launch:
-//   y[B,N] = act(x[B,K] w[N,K]^T + bias[N])      (act: ReLU or none)
+//   z[B,N] = x[B,K] w[N,K]^T + bias[N],  y = act(z)
+// (act: none, or one of activation.hpp's, applied to z rounded to fp16 as
+// the graph's separate bias_add and activation nodes round it; z is written
+// out too where a backward reads it: gelu, gelu_tanh, silu)
 // cuBLASLt runs these shapes in a few microseconds too, but as an ordinary
 // launch: the kernel before must drain before it starts. This one is
 // launched with launch_dependent (dependent_launch.cuh): its blocks start
@@ -12,7 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "ops/cuda/activation.hpp"
 
 namespace sg::cuda {
 
@@ -44,12 +50,14 @@ struct SmallBatchLinear {
   const __half* bias = nullptr;  // [n]
   __half* y = nullptr;           // [batch, n]
   int batch = 0, n = 0, k = 0;
-  bool relu = false;
+  std::optional<Activation> activation;  // none: y = z
   // Load W and the bias before waiting for the previous kernel. Only where
   // that kernel (and any still running before it) does not write them: not
   // for the first layer of a step that follows another step in the same
   // graph, whose last launch updates the first layer's weight.
   bool load_weight_early = true;
+  // [batch, n]: z, for a backward that reads it; null: not written (never with ReLU).
+  __half* pre_activation = nullptr;
 };
 
 // Empty when the kernel runs these sizes, else why not.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
@@ -201,12 +202,13 @@ __global__ void __launch_bounds__(32 * kRowGroups) wgrad_sgd_small_m_kernel(cons
   }
 }
 
-// dx[r, col] = relu mask * sum over c of dy[r, c] w[c, col], c in order. A
-// block row per row of dx (grid y), a thread per 8 columns when N % 8 == 0
-// and the arrays are 16-byte aligned, else per column.
-template <int Cols>
-__global__ void dgrad_relu_small_k_kernel(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
-                                          std::int64_t n, std::int64_t k, __half* dx) {
+// dx[r, col] = act'(sum over c of dy[r, c] w[c, col], c in order) given the
+// saved value (for ReLU: the mask relu_out > 0). A block row per row of dx
+// (grid y), a thread per 8 columns when N % 8 == 0 and the arrays are
+// 16-byte aligned, else per column.
+template <int Cols, Activation A>
+__global__ void dgrad_activation_small_k_kernel(const __half* dy, const __half* w, const __half* saved, std::int64_t m,
+                                                std::int64_t n, std::int64_t k, __half* dx) {
   wait_for_previous_kernel();  // (a dependent launch: dy comes from the kernel before)
   allow_next_kernel_to_start();
   const std::int64_t col0 = (std::int64_t(blockIdx.x) * kDgradThreads + threadIdx.x) * Cols;
@@ -224,11 +226,16 @@ __global__ void dgrad_relu_small_k_kernel(const __half* dy, const __half* w, con
 #pragma unroll
       for (int j = 0; j < Cols; ++j) s[j] += d * __half2float(wc[j]);
     }
-    alignas(16) __half mask[Cols], out[Cols];
-    if constexpr (Cols == 8) *reinterpret_cast<uint4*>(mask) = *reinterpret_cast<const uint4*>(relu_out + r * n + col0);
-    else mask[0] = relu_out[r * n + col0];
+    alignas(16) __half v[Cols], out[Cols];
+    if constexpr (Cols == 8) *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(saved + r * n + col0);
+    else v[0] = saved[r * n + col0];
 #pragma unroll
-    for (int j = 0; j < Cols; ++j) out[j] = __half2float(mask[j]) > 0.f ? __float2half(s[j]) : __float2half(0.f);
+    for (int j = 0; j < Cols; ++j) {
+      if constexpr (A == Activation::relu)  // (the select this kernel always made: the ReLU instance's code is unchanged)
+        out[j] = __half2float(v[j]) > 0.f ? __float2half(s[j]) : __float2half(0.f);
+      else
+        out[j] = __float2half(ActivationMath<A>::backward(s[j], __half2float(v[j])));
+    }
     if constexpr (Cols == 8) *reinterpret_cast<uint4*>(dx + r * n + col0) = *reinterpret_cast<const uint4*>(out);
     else dx[r * n + col0] = out[0];
   }
@@ -236,15 +243,19 @@ __global__ void dgrad_relu_small_k_kernel(const __half* dy, const __half* w, con
 
 }  // namespace
 
-void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
-                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream, bool dependent) {
-  if (k > kSmallLinearMaxDim) throw CudaError("dgrad_relu_small_k_kernel: K above its limit");
-  const bool vectors = n % 8 == 0 && aligned16(w) && aligned16(relu_out) && aligned16(dx);
+void launch_dgrad_activation_small_k(Activation activation, const __half* dy, const __half* w, const __half* saved,
+                                     std::int64_t m, std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream,
+                                     bool dependent) {
+  if (k > kSmallLinearMaxDim) throw CudaError("dgrad_activation_small_k_kernel: K above its limit");
+  const bool vectors = n % 8 == 0 && aligned16(w) && aligned16(saved) && aligned16(dx);
   const std::int64_t threads = vectors ? n / 8 : n;
   const dim3 grid(static_cast<unsigned>((threads + kDgradThreads - 1) / kDgradThreads),
                   static_cast<unsigned>(std::min<std::int64_t>(m, 65535)));
-  launch_dependent(vectors ? dgrad_relu_small_k_kernel<8> : dgrad_relu_small_k_kernel<1>, {grid, dim3(kDgradThreads)},
-                   stream, dependent, dy, w, relu_out, m, n, k, dx);
+  with_activation(activation, [&](auto a) {
+    constexpr Activation A = decltype(a)::value;
+    launch_dependent(vectors ? dgrad_activation_small_k_kernel<8, A> : dgrad_activation_small_k_kernel<1, A>,
+                     {grid, dim3(kDgradThreads)}, stream, dependent, dy, w, saved, m, n, k, dx);
+  });
 }
 
 bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
@@ -36,9 +37,17 @@ template <typename W>
 void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
                               W* w, const SgdScalars* scalars, cudaStream_t stream, bool dependent);
 
-// dx[M,N] = (dy[M,K] w[K,N]) * (relu_out[M,N] > 0) with K <= kSmallLinearMaxDim:
-// the classifier layer's dgrad, a thread per 8 outputs of a row, rounded to fp16 once.
-void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
-                               std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream, bool dependent);
+// dx[M,N] = act'(dy[M,K] w[K,N]) with K <= kSmallLinearMaxDim: the classifier
+// layer's dgrad through the activation before it, a thread per 8 outputs of a
+// row, rounded to fp16 once. `saved` [M,N] is what the activation's backward
+// reads (activation.hpp): the forward output for relu, tanh and sigmoid (for
+// ReLU: dx = s * (relu_out > 0)), the pre-activation for gelu, gelu_tanh, silu.
+void launch_dgrad_activation_small_k(Activation activation, const __half* dy, const __half* w, const __half* saved,
+                                     std::int64_t m, std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream,
+                                     bool dependent);
+inline void launch_dgrad_relu_small_k(const __half* dy, const __half* w, const __half* relu_out, std::int64_t m,
+                                      std::int64_t n, std::int64_t k, __half* dx, cudaStream_t stream, bool dependent) {
+  launch_dgrad_activation_small_k(Activation::relu, dy, w, relu_out, m, n, k, dx, stream, dependent);
+}
 
 }  // namespace sg::cuda

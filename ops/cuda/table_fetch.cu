@@ -24,10 +24,11 @@ __device__ __forceinline__ Out store_as(float v) {
 template <typename In, typename Out>
 __global__ void table_fetch_kernel(const std::int32_t* perm, std::int64_t n, const std::int32_t* step,
                                    std::int64_t batch, const In* table, std::int64_t cols, float scale, float shift,
-                                   Out* out) {
+                                   Out* out, std::int64_t rank, std::int64_t ranks) {
   const std::int64_t i = blockIdx.x;
-  const std::int64_t batches_per_epoch = n / batch;
-  const std::int64_t row = perm[(static_cast<std::int64_t>(*step) % batches_per_epoch) * batch + i];
+  const std::int64_t global = batch * ranks;  // this rank's slice of the global batch (ranks 1: the batch)
+  const std::int64_t batches_per_epoch = n / global;
+  const std::int64_t row = perm[(static_cast<std::int64_t>(*step) % batches_per_epoch) * global + rank * batch + i];
   const In* src = table + row * cols;
   Out* dst = out + i * cols;
   for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = store_as<Out>(load_float(src[c]) * scale + shift);
@@ -37,16 +38,18 @@ __global__ void table_fetch_kernel(const std::int32_t* perm, std::int64_t n, con
 
 template <typename In, typename Out>
 void launch_table_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
-                        const In* table, std::int64_t cols, float scale, float shift, Out* out, cudaStream_t stream) {
+                        const In* table, std::int64_t cols, float scale, float shift, Out* out, cudaStream_t stream,
+                        std::int64_t rank, std::int64_t ranks) {
   const int threads = cols >= 256 ? 256 : cols >= 64 ? 64 : 32;
   table_fetch_kernel<In, Out><<<static_cast<unsigned>(batch), threads, 0, stream>>>(perm, n, step, batch, table, cols,
-                                                                                    scale, shift, out);
+                                                                                    scale, shift, out, rank, ranks);
   SG_LAUNCH_CHECK("table_fetch_kernel");
 }
 
 #define SG_TABLE_FETCH(In, Out)                                                                                      \
   template void launch_table_fetch<In, Out>(const std::int32_t*, std::int64_t, const std::int32_t*, std::int64_t, \
-                                            const In*, std::int64_t, float, float, Out*, cudaStream_t);
+                                            const In*, std::int64_t, float, float, Out*, cudaStream_t,     \
+                                            std::int64_t, std::int64_t);
 SG_TABLE_FETCH(std::uint8_t, __half)
 SG_TABLE_FETCH(std::uint8_t, __nv_bfloat16)
 SG_TABLE_FETCH(std::uint8_t, float)

@@ -5,7 +5,9 @@
 // Tables: u8 (images, class labels), f16 or f32 (features, float targets);
 // outputs: half, bfloat16, float, or i32 (class labels: scale 1, shift 0).
 // The u8-images + u8-labels pair keeps its own fused kernel
-// (launch_batch_fetch in kernels.hpp); this is the general one.
+// (launch_batch_fetch in kernels.hpp); this is the general one. With ranks > 1
+// (data parallel, issue 25) it fetches rank `rank`'s `batch` rows of the
+// global batch of ranks * batch rows, as launch_batch_fetch does.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,6 +18,7 @@ namespace sg::cuda {
 
 template <typename In, typename Out>
 void launch_table_fetch(const std::int32_t* perm, std::int64_t n, const std::int32_t* step, std::int64_t batch,
-                        const In* table, std::int64_t cols, float scale, float shift, Out* out, cudaStream_t stream);
+                        const In* table, std::int64_t cols, float scale, float shift, Out* out, cudaStream_t stream,
+                        std::int64_t rank = 0, std::int64_t ranks = 1);
 
 }  // namespace sg::cuda

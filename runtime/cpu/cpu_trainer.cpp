@@ -37,6 +37,11 @@ void load_split(CpuExecutor<float>& exec, const DataBindings& d, const data::Spl
 
 const TrainingProgram& checked(const TrainerSpec& spec, const Dataset& data) {
   check_training_program(spec.program, data.train.images.count, data.test.images.count);
+  // Its all_reduce_mean nodes would average over this process alone.
+  if (spec.program.train_data.ranks > 1)
+    throw std::invalid_argument(fmt::format("data-parallel training over {} ranks needs the CUDA backend with NCCL; "
+                                            "the CPU backend runs one process alone",
+                                            spec.program.train_data.ranks));
   return spec.program;
 }
 

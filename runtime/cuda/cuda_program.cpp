@@ -7,6 +7,9 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#ifdef STEPGRAPH_HAVE_CUDNN
+#include "ops/cuda/cudnn_graph.hpp"
+#endif
 #include "runtime/cuda/lowerings/whole_step_support.hpp"
 #include "runtime/cuda/scalar_uploader.hpp"
 
@@ -59,6 +62,19 @@ class CudaProgram::Binding final : public BindContext {
     return half ? static_cast<const void*>(&k->zero_h) : &k->zero;
   }
   float* scratch_float() const override { return p_.scratch_float_.as<float>(); }
+  const NcclCommunicator* communicator() const override { return p_.options_.communicator; }
+  const cudnn::Handle& cudnn() const override {
+#ifdef STEPGRAPH_HAVE_CUDNN
+    if (!p_.cudnn_) p_.cudnn_ = std::make_shared<cudnn::Handle>();
+    return *p_.cudnn_;
+#else
+    throw CudaError("this build has no cuDNN (CMake did not find cuDNN 9): convolutions cannot run on CUDA");
+#endif
+  }
+  void* const* workspace(std::size_t bytes) const override {
+    p_.workspace_request_ = std::max(p_.workspace_request_, bytes);
+    return &p_.workspace_ptr_;
+  }
 
  private:
   const CudaProgram& p_;
@@ -93,6 +109,9 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
     const Launch& l = schedule_.launches[i];
     recorded_.push_back(cuda_lowering_of(l).record(l, i, binding));
   }
+  // The launches' shared workspace (cuDNN's), sized by the largest request.
+  workspace_ = DeviceBuffer(workspace_request_);
+  workspace_ptr_ = workspace_.data();
 }
 
 CudaProgram::~CudaProgram() = default;

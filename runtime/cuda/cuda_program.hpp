@@ -28,6 +28,7 @@ namespace sg::cuda {
 struct ProgramOptions {
   BackendOptions backend;
   double learning_rate = 0.0;  // initial value of every sgd_update's lr (set_learning_rate changes it)
+  const NcclCommunicator* communicator = nullptr;  // data parallel (issue 25): what all_reduce_mean launches use
 };
 
 class CudaProgram {
@@ -78,6 +79,10 @@ class CudaProgram {
   DeviceValues& params_;
   std::vector<void*> value_ptr_;
   std::vector<NodeId> sgd_nodes_;  // order of entries in sgd_scalars_
+  mutable std::shared_ptr<cudnn::Handle> cudnn_;  // made when a launch asks (BindContext::cudnn); outlives recorded_
+  mutable std::size_t workspace_request_ = 0;
+  mutable void* workspace_ptr_ = nullptr;
+  DeviceBuffer workspace_;  // shared by every launch (BindContext::workspace)
   DeviceBuffer sgd_scalars_;       // SgdScalars[sgd_nodes_.size()]
   DeviceBuffer constants_;         // one and zero, float and half
   DeviceBuffer scratch_float_;     // loss output of a lone softmax_xent_backward

@@ -14,6 +14,9 @@
 #include "runtime/cuda/loss_watch.hpp"
 #include "runtime/epoch_schedule.hpp"
 #include "runtime/tensor_blob.hpp"
+#ifdef STEPGRAPH_HAVE_NCCL
+#include "runtime/cuda/nccl_communicator.hpp"
+#endif
 
 namespace sg::cuda {
 namespace {
@@ -64,6 +67,34 @@ void upload_split(CudaProgram& program, const DataBindings& d, const data::Split
     owned(program, d.labels).upload(split.labels.labels.data(), split.labels.labels.size());
 }
 
+// Data parallel (issue 25): each rank runs on its own device, chosen before
+// any stream or handle exists. Returns the rank's device (-1 for a
+// single-process run, which keeps the current one).
+int select_device(const DataParallelGroup& dp, const TrainingProgram& p) {
+  if (dp.world_size == 0) {
+    if (p.train_data.ranks > 1)
+      throw CudaError(fmt::format("this program shards its batches over {} ranks but the trainer has no process group",
+                                  p.train_data.ranks));
+    return -1;
+  }
+#ifndef STEPGRAPH_HAVE_NCCL
+  throw CudaError("data-parallel training needs NCCL, and this stepgraph was built without it (see CMakeLists.txt: "
+                  "NCCL_ROOT, or the nvidia-nccl wheel)");
+#else
+  if (p.train_data.ranks != dp.world_size)
+    throw CudaError(fmt::format("the program was built for {} ranks but the process group has {}", p.train_data.ranks,
+                                dp.world_size));
+  int count = 0;
+  SG_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (dp.local_rank < 0 || dp.local_rank >= count)
+    throw CudaError(fmt::format("rank {}: local rank {} names no GPU: this machine has {} (start at most {} ranks per "
+                                "machine)",
+                                dp.rank, dp.local_rank, count, count));
+  SG_CUDA_CHECK(cudaSetDevice(dp.local_rank));
+  return dp.local_rank;
+#endif
+}
+
 std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
   return blob_from_floats(v.name, v.shape, v.dtype, values).bytes;
 }
@@ -73,9 +104,13 @@ std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
 struct CudaTrainer::Impl {
   TrainerSpec spec;
   DataBindings train_data, eval_data;
+  int device = -1;  // a data-parallel rank's GPU (select_device), set before the stream and handles below exist
   Stream stream;
   LtHandle lt;
   DeviceValues params;
+#ifdef STEPGRAPH_HAVE_NCCL
+  std::unique_ptr<NcclCommunicator> communicator;  // data parallel only; outlives the programs and graphs below
+#endif
   std::unique_ptr<CudaProgram> train;
   std::unique_ptr<CudaProgram> eval;
   CapturedSteps one_step, many_steps, eval_step;
@@ -88,7 +123,8 @@ struct CudaTrainer::Impl {
       : spec(s),
         train_data(checked(s.program, data).train_data),
         eval_data(s.program.eval_data),
-        epochs(data.train.images.count, train_data.batch, s.shuffle_seed) {
+        device(select_device(s.data_parallel, s.program)),
+        epochs(data.train.images.count, train_data.batch * train_data.ranks, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
     auto part_start = std::chrono::steady_clock::now();
     const auto end_part = [&](const char* part) {
@@ -100,6 +136,16 @@ struct CudaTrainer::Impl {
     options.backend = s.backend;
     if (!s.cuda_graph) options.backend.steps_per_launch = 1;  // stream launches: one step per record
     options.learning_rate = s.program.learning_rate;
+#ifdef STEPGRAPH_HAVE_NCCL
+    if (s.data_parallel.world_size > 0) {
+      const auto timeout = std::chrono::milliseconds(static_cast<long long>(s.data_parallel.timeout_s * 1000));
+      communicator = std::make_unique<NcclCommunicator>(s.data_parallel.nccl_id, s.data_parallel.rank,
+                                                        s.data_parallel.world_size, timeout,
+                                                        s.data_parallel.nonblocking_nccl);
+      options.communicator = communicator.get();
+      end_part("joining the NCCL communicator");
+    }
+#endif
     train = std::make_unique<CudaProgram>(s.program.train, params, lt, options, stream.get());
     end_part("lowering the training step (cover, memory plan, cuBLASLt plans and autotune)");
     eval = std::make_unique<CudaProgram>(s.program.eval, params, lt, options, stream.get());
@@ -119,6 +165,18 @@ struct CudaTrainer::Impl {
     train->set_learning_rate(s.program.learning_rate, stream.get());
     stream.synchronize();
     end_part("uploading the dataset and initial parameters");
+#ifdef STEPGRAPH_HAVE_NCCL
+    if (communicator) {
+      // Each gradient bucket's all-reduce once outside capture, so NCCL sets
+      // up its connections (lazily, on first use) before the graph records
+      // them. They read and write only arena slots no step has filled yet.
+      for (std::size_t i = 0; i < train->schedule().launches.size(); ++i)
+        if (train->schedule().launches[i].lowering->name() == "nccl_all_reduce") train->record_launch(i, stream.get());
+      stream.synchronize();
+      communicator->check_async();
+      end_part("NCCL warm-up (each gradient bucket's all-reduce once)");
+    }
+#endif
     if (s.cuda_graph) {
       one_step = capture(*train, 1, stream.get());
       if (s.backend.steps_per_launch > 1) many_steps = capture(*train, s.backend.steps_per_launch, stream.get());

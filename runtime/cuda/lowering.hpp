@@ -18,6 +18,12 @@
 
 namespace sg::cuda {
 
+namespace cudnn {
+class Handle;  // ops/cuda/cudnn_graph.hpp, built only with cuDNN
+}
+
+class NcclCommunicator;  // runtime/cuda/nccl_communicator.hpp, built only with NCCL (issue 25)
+
 // A launch with its buffers bound: what CUDA-graph capture records.
 class RecordedLaunch {
  public:
@@ -52,6 +58,14 @@ class BindContext {
   virtual const void* zero(bool half) const = 0;
   // A float the launch may write and nobody reads (a lone xent backward's loss).
   virtual float* scratch_float() const = 0;
+  // The data-parallel run's NCCL communicator (all_reduce_mean); null otherwise.
+  virtual const NcclCommunicator* communicator() const { return nullptr; }
+  // The program's cuDNN handle, made on first use (throws in a build without cuDNN).
+  virtual const cudnn::Handle& cudnn() const = 0;
+  // A device workspace of at least `bytes`, shared by every launch of the
+  // program (launches on one stream never overlap). The returned address
+  // holds the pointer once every launch is recorded: read it when enqueuing.
+  virtual void* const* workspace(std::size_t bytes) const = 0;
 };
 
 class CudaLowering : public Lowering {

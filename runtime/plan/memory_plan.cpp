@@ -49,6 +49,11 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
   req.buffer_of_value.assign(g.values().size(), -1);
   req.buffer_of_mask.assign(s.aux.size(), -1);
   const int end = static_cast<int>(s.launches.size()) - 1;
+  // A view's output shares its input's buffer (chains resolve to the first).
+  std::vector<ValueId> root(g.values().size());
+  for (std::size_t i = 0; i < root.size(); ++i) root[i] = static_cast<ValueId>(i);
+  for (const Launch& l : s.launches)
+    for (const auto& [out, in] : l.aliases) root[static_cast<std::size_t>(out)] = root[static_cast<std::size_t>(in)];
   auto touch = [&](int& slot, std::string name, std::size_t bytes, int launch) {
     if (slot < 0) {
       slot = static_cast<int>(req.buffers.size());
@@ -62,9 +67,10 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
     const Launch& l = s.launches[static_cast<std::size_t>(i)];
     for (const auto* ids : {&l.writes, &l.reads, &l.scratch})
       for (ValueId id : *ids) {
-        const Value& v = g.value(id);
+        const ValueId owner = root[static_cast<std::size_t>(id)];
+        const Value& v = g.value(owner);
         if (is_graph_owned(v.role)) continue;
-        touch(req.buffer_of_value[static_cast<std::size_t>(id)], v.name, value_bytes[static_cast<std::size_t>(id)], i);
+        touch(req.buffer_of_value[static_cast<std::size_t>(owner)], v.name, value_bytes[static_cast<std::size_t>(owner)], i);
       }
     for (int mask : {l.aux_write, l.aux_read})
       if (mask >= 0)
@@ -72,8 +78,11 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
               mask_bytes[static_cast<std::size_t>(mask)], i);
   }
   for (ValueId out : g.outputs())
-    if (int slot = req.buffer_of_value[static_cast<std::size_t>(out)]; slot >= 0)
+    if (int slot = req.buffer_of_value[static_cast<std::size_t>(root[static_cast<std::size_t>(out)])]; slot >= 0)
       req.buffers[static_cast<std::size_t>(slot)].last = end;
+  for (std::size_t id = 0; id < root.size(); ++id)
+    if (root[id] != static_cast<ValueId>(id))
+      req.buffer_of_value[id] = req.buffer_of_value[static_cast<std::size_t>(root[id])];
   return req;
 }
 

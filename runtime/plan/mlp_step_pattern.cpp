@@ -14,7 +14,7 @@ class StepWalker {
 
   std::optional<WholeStepPlan> run() {
     const Node* indices = only_node(OpKind::batch_indices);
-    if (!indices) return std::nullopt;
+    if (!indices || indices->attr<BatchIndicesAttrs>().ranks != 1) return std::nullopt;  // not a data-parallel shard
     WholeStepPlan plan;
     plan.perm = indices->inputs[0];
     plan.step = indices->inputs[1];

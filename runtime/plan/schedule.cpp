@@ -164,6 +164,7 @@ Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowe
       if (m->graph_order) std::sort(c.launch.nodes.begin(), c.launch.nodes.end());
       c.launch.detail = std::move(m->detail);
       c.launch.scratch = m->scratch;
+      c.launch.aliases = m->aliases;
       c.reads_mask_of = m->reads_mask_of;
       c.unread = m->unread;
       c.may_ride = m->may_ride;
@@ -233,6 +234,7 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
     if (!notes.empty()) what += fmt::format("[{}]", fmt::join(notes, ","));
     for (NodeId r : l.riders) what += fmt::format("[+{}]", op_name(g.node(r).op));
     if (!l.scratch.empty()) what += fmt::format("[scratch {{{}}}]", names_of(l.scratch));
+    for (const auto& [out, in] : l.aliases) what += fmt::format("[{} aliases {}]", g.value(out).name, g.value(in).name);
     out += fmt::format("L{} {} ({}) reads {{{}}} writes {{{}}}{}\n", i, what, fmt::join(ops, " "), names_of(l.reads),
                        names_of(l.writes), l.updates.empty() ? "" : fmt::format(" updates {{{}}}", names_of(l.updates)));
   }

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "graph/graph.hpp"
@@ -46,6 +47,9 @@ struct Launch {
   std::vector<ValueId> writes;   // values produced for use outside the launch
   std::vector<ValueId> updates;  // graph-owned values updated in place
   std::vector<ValueId> scratch;  // intermediates a kernel keeps in device memory between its phases
+  // (output, input) pairs whose output is the input's bytes seen with another
+  // shape (reshape, flatten): the memory plan gives both one buffer.
+  std::vector<std::pair<ValueId, ValueId>> aliases;
   int aux_write = -1, aux_read = -1;  // index into Schedule::aux
   std::vector<NodeId> riders;    // launches' nodes that joined this one after the cover (step advance)
   std::any detail;               // the lowering's own record of which node plays which part
@@ -64,6 +68,7 @@ struct Match {
   std::vector<NodeId> reads_mask_of; // relu nodes whose epilogue mask this launch reads (cuBLASLt DRELU)
   std::vector<ValueId> unread;       // inputs of its nodes the launch never reads (a mask replaces them)
   std::vector<ValueId> scratch;
+  std::vector<std::pair<ValueId, ValueId>> aliases;  // see Launch::aliases
   bool may_ride = false;             // may join a later launch whose lowering takes riders
 };
 

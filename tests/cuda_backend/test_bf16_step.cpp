@@ -45,7 +45,7 @@ MlpTrainerSpec bf16_spec(std::vector<std::int64_t> layers, std::int64_t batch, D
 }
 
 const std::vector<std::string> kGeneric = {"batch_fetch", "cublaslt_matmul", "softmax_xent", "bias_grad_sgd",
-                                           "elementwise"};
+                                           "cast_params", "elementwise"};
 
 }  // namespace
 

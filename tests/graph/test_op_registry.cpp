@@ -15,12 +15,12 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::dropout2d_backward) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::all_reduce_mean) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
   switch (index) {
-    case attrs_index<BatchIndicesAttrs>(): return BatchIndicesAttrs{48};
+    case attrs_index<BatchIndicesAttrs>(): return BatchIndicesAttrs{48, 1, 3};
     case attrs_index<GatherRowsAttrs>(): return GatherRowsAttrs{DType::f16, 0.5, -0.25};
     case attrs_index<MatmulAttrs>(): return MatmulAttrs{true, false};
     case attrs_index<CastAttrs>(): return CastAttrs{DType::f16};

@@ -8,6 +8,7 @@
 #include "ops/cuda/dgrad_wgrad.hpp"
 #include "ops/cuda/dgrad_wgrad_kernels.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/activation_reference.hpp"
 #include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
 
@@ -86,6 +87,56 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
     CHECK(sg::test::relative_error(w_new, expected.w) < 2e-3);
     CHECK(sg::test::relative_error(w_new, std::vector<double>(w.begin(), w.end())) > 1e-3);  // the update happened
   }
+}
+
+TEST_CASE("one pass over W through every activation: dX = act'(dY W) from X = act(Z) (or Z), W' and the bias update") {
+  // (column strips and row ranges; the bias update runs in both)
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const float lr = 0.05f, wd = 0.01f;
+  const cuda::DeviceBuffer scalars =
+      sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  for (const cuda::Activation act : sg::test::kActivations) {
+    INFO(cuda::activation_op_name(act));
+    // (batch, N, K, blocks per strip): column strips of 16 and 32 columns, one block or a cluster
+    // per strip; row ranges (K >= 8192), one range or several, a strip wider than what is left of K
+    for (auto [batch, n, k, splits] : std::vector<std::array<std::int64_t, 4>>{
+             {{32, 128, 128, 0}}, {{16, 48, 80, 0}}, {{32, 1024, 1024, 0}}, {{32, 512, 512, 4}}, {{32, 256, 4096, 0}},
+             {{32, 64, 8192, 0}}, {{32, 208, 8320, 0}}, {{16, 16, 8192, 0}}}) {
+      INFO(batch << " x " << n << " x " << k << ", blocks per strip " << splits);
+      const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
+      auto z_values = sg::test::uniform(std::size_t(batch * k), rng);
+      for (auto& v : z_values) v *= 3.f;
+      const auto in = sg::test::activation_inputs<__half>(act, z_values);
+      const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+      const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
+      DeviceArray<__half> ddy(dy), dh(in.h), dz(in.z), dw(w), db(b), dx(std::size_t(batch * k));  // dx poisoned
+      const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)}, 0, act);
+      CHECK((kernel.row_ranges() > 0) == (k >= 8192));
+      kernel.launch(ddy.get(), dh.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1, {},
+                    cuda::backward_reads_input(act) ? dz.get() : nullptr);
+      std::vector<double> dyd(dy.begin(), dy.end()), hd(in.h.begin(), in.h.end()), w0(w.begin(), w.end());
+      std::vector<double> pre(std::size_t(batch * k)), g(std::size_t(n * k)), w_ref(g.size());
+      ref::matmul(dyd.data(), w0.data(), pre.data(), batch, k, n, false, false);
+      const auto dx_ref =
+          sg::test::activation_backward(act, pre, std::vector<double>(in.saved.begin(), in.saved.end()));
+      ref::matmul(dyd.data(), hd.data(), g.data(), n, k, batch, true, false);
+      for (std::size_t i = 0; i < g.size(); ++i) w_ref[i] = w0[i] * (1.0 - double(lr) * wd) - double(lr) * g[i];
+      const auto dx_got = dx.download();
+      CHECK(sg::test::relative_error(dx_got, dx_ref) < 5e-3);
+      CHECK(sg::test::relative_error(dw.download(), w_ref) < 2e-3);
+      CHECK(sg::test::relative_error(db.download(), bias_reference(b, dx_got, batch, k, 2.0 * lr)) < 2e-3);
+    }
+  }
+  // The batch-256 wgmma kernel takes ReLU only; the pre-activation is required where the backward reads it.
+  CHECK(cuda::one_pass_kernel_takes(cuda::OnePassKernel::row_ranges, cuda::Activation::gelu));
+  CHECK(cuda::one_pass_kernel_takes(cuda::OnePassKernel::wgmma, cuda::Activation::relu));
+  CHECK_FALSE(cuda::one_pass_kernel_takes(cuda::OnePassKernel::wgmma, cuda::Activation::tanh));
+  DeviceArray<__half> dy(std::size_t(32 * 128)), x(std::size_t(32 * 128)), w(std::size_t(128 * 128)),
+      dx(std::size_t(32 * 128));
+  const cuda::DgradWgradSgd silu(32, 128, 128, {}, 0, cuda::Activation::silu);
+  CHECK_THROWS_AS(silu.launch(dy.get(), x.get(), w.get(), dx.get(), s, nullptr), cuda::CudaError);
 }
 
 TEST_CASE("blocks per column strip: 2 for a 1024 x 1024 W on an H100, 1 where a warp would keep fewer than 4 chunks") {

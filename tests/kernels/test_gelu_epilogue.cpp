@@ -9,6 +9,8 @@
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/cublaslt_matmul.hpp"
+#include "ops/cuda/small_batch_forward.hpp"
+#include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
 
@@ -92,6 +94,54 @@ TEST_CASE("cuBLASLt GELU_AUX_BIAS and DGELU compute gelu_tanh and its gradient (
       check_gelu_epilogues<__half>(batch, in, out, autotune, rng);
       check_gelu_epilogues<float>(batch, in, out, autotune, rng);
     }
+}
+
+TEST_CASE("at batch 16/32 our kernels' gelu_tanh forward and dgrad agree with GELU_AUX_BIAS and DGELU") {
+  // What replaces the epilogues at small batches (small_batch_forward with its pre-activation,
+  // small_k_dgrad_relu through gelu_tanh_backward) against cuBLASLt on the same inputs.
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  cuda::LtHandle lt;
+  Scalars sc;
+  for (auto [batch, in, out] : std::vector<std::array<std::int64_t, 3>>{{{32, 784, 128}}, {{16, 64, 1024}}}) {
+    INFO(batch << " " << in << " " << out);
+    const auto x = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * in), rng));
+    const float wscale = 4.f / std::sqrt(static_cast<float>(in));
+    const auto w = sg::test::representable<__half>(
+        sg::test::uniform(static_cast<std::size_t>(out * in), rng, -2.f * wscale, 2.f * wscale));
+    const auto bias = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(out), rng));
+    DeviceArray<__half> dx(x), dw(w), db(bias), h_lt(std::size_t(batch * out)), z_lt(std::size_t(batch * out)),
+        h_ours(std::size_t(batch * out)), z_ours(std::size_t(batch * out));
+    cuda::LtMatmul forward(lt, {batch, out, in, false, true, cuda::ElemType::f16, cuda::ElemType::f16,
+                                cuda::Accumulate::f32, cuda::Epilogue::gelu_aux_bias},
+                           false, nullptr);
+    forward.run(dx.get(), dw.get(), h_lt.get(), h_lt.get(), sc.alpha(), sc.beta(), db.get(), z_lt.get(), nullptr);
+    cuda::SmallBatchLinear args;
+    args.x = dx.get();
+    args.w = dw.get();
+    args.bias = db.get();
+    args.y = h_ours.get();
+    args.batch = int(batch);
+    args.n = int(out);
+    args.k = int(in);
+    args.activation = cuda::Activation::gelu_tanh;
+    args.pre_activation = z_ours.get();
+    cuda::launch_small_batch_linear(args, nullptr, true);
+    CHECK(sg::test::relative_error(z_ours.download(), z_lt.download()) < 3e-3);
+    CHECK(sg::test::relative_error(h_ours.download(), h_lt.download()) < 3e-3);
+
+    const std::int64_t next = 10;  // a classifier's dgrad: K <= 32 terms
+    const auto dy = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * next), rng));
+    const auto w2 = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(next * out), rng));
+    DeviceArray<__half> ddy(dy), dw2(w2), dz_lt(std::size_t(batch * out)), dz_ours(std::size_t(batch * out));
+    cuda::LtMatmul backward(lt, {batch, out, next, false, false, cuda::ElemType::f16, cuda::ElemType::f16,
+                                 cuda::Accumulate::f32, cuda::Epilogue::dgelu},
+                            false, nullptr);
+    backward.run(ddy.get(), dw2.get(), dz_lt.get(), dz_lt.get(), sc.alpha(), sc.beta(), nullptr, z_lt.get(), nullptr);
+    cuda::launch_dgrad_activation_small_k(cuda::Activation::gelu_tanh, ddy.get(), dw2.get(), z_lt.get(), batch, out,
+                                          next, dz_ours.get(), nullptr, true);
+    CHECK(sg::test::relative_error(dz_ours.download(), dz_lt.download()) < 3e-3);
+  }
 }
 
 TEST_CASE("a GELU aux whose width is not a multiple of 8 is refused with the rule") {

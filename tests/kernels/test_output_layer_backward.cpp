@@ -10,6 +10,7 @@
 #include "ops/cuda/output_layer_backward.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/activation_reference.hpp"
 #include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
 
@@ -146,6 +147,64 @@ TEST_CASE("the fused output-layer backward matches softmax-xent, dgrad, and thre
     CHECK(sg::test::relative_error(d.hidden_bias.download(), hidden_bias) < 5e-3);
     CHECK(d.step_value() == 8);
   }
+}
+
+TEST_CASE("the fused output-layer backward through every activation matches the CPU and the five launches' bits") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const cuda::DeviceBuffer scalars = three_scalars();
+  const auto* s = scalars.as<cuda::SgdScalars>();
+  for (const cuda::Activation act : sg::test::kActivations) {
+    INFO(cuda::activation_op_name(act));
+    for (auto [batch, classes, hidden] : std::vector<std::array<std::int64_t, 3>>{
+             {{32, 10, 128}}, {{31, 11, 129}}, {{16, 32, 1000}}}) {
+      INFO(batch << " x " << classes << " x " << hidden);
+      Problem p = random_problem(batch, classes, hidden, rng);
+      // h = act(z), z in [-3, 3]; the kernel reads z too where the backward needs it.
+      auto z_values = sg::test::uniform(std::size_t(batch * hidden), rng);
+      for (auto& v : z_values) v *= 3.f;
+      const auto in = sg::test::activation_inputs<__half>(act, z_values);
+      p.h = in.h;
+      DeviceArray<__half> z(in.z);
+      const cuda::OutputLayerActivation activation{act, cuda::backward_reads_input(act) ? z.get() : nullptr};
+      OnDevice fused(p), five(p);
+      cuda::launch_output_layer_backward(fused_args(p, fused, s), nullptr, true, activation);
+
+      auto dbl = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+      const auto logits = dbl(p.logits), h = dbl(p.h), w0 = dbl(p.w);
+      std::vector<double> dlogits(logits.size()), pre(h.size()), g(w0.size());
+      ref::softmax_xent_backward(logits.data(), p.labels.data(), batch, classes, dlogits.data());
+      ref::matmul(dlogits.data(), w0.data(), pre.data(), batch, hidden, classes, false, false);
+      const std::vector<double> dh = sg::test::activation_backward(act, pre, dbl(in.saved));
+      ref::matmul(dlogits.data(), h.data(), g.data(), classes, hidden, batch, true, false);
+      std::vector<double> w = w0, hidden_bias = dbl(p.hidden_bias), hidden_grad(static_cast<std::size_t>(hidden));
+      ref::reduce_rows(dh.data(), batch, hidden, hidden_grad.data());
+      ref::sgd_update(w.data(), g.data(), static_cast<double*>(nullptr), std::int64_t(w.size()), 0.5, 0.0, 0.01);
+      ref::sgd_update(hidden_bias.data(), hidden_grad.data(), static_cast<double*>(nullptr), hidden, 0.75, 0.0, 0.02);
+      CHECK(sg::test::relative_error(fused.dh.download(), dh) < 5e-3);
+      CHECK(sg::test::relative_error(fused.w.download(), w) < 2e-3);
+      CHECK(sg::test::relative_error(fused.hidden_bias.download(), hidden_bias) < 5e-3);
+
+      // The five launches, the dgrad through the same activation: the same bits.
+      const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
+      cuda::launch_softmax_xent(five.logits.get(), five.labels.as<std::int32_t>(), b, c, five.loss.get(),
+                                five.dlogits.get(), nullptr, true);
+      cuda::launch_bias_grad_sgd(five.dlogits.get(), b, c, five.out_bias.get(), static_cast<__half*>(nullptr), s + 1,
+                                 nullptr, true, nullptr);
+      cuda::launch_dgrad_activation_small_k(act, five.dlogits.get(), five.w.get(),
+                                            cuda::backward_reads_input(act) ? z.get() : five.h.get(), b, n, c,
+                                            five.dh.get(), nullptr, true);
+      cuda::launch_wgrad_sgd_small_m(five.dlogits.get(), five.h.get(), b, c, n, five.w.get(), s, nullptr, true);
+      cuda::launch_bias_grad_sgd(five.dh.get(), b, n, five.hidden_bias.get(), static_cast<__half*>(nullptr), s + 2,
+                                 nullptr, true, five.step.as<std::int32_t>());
+      check_same_outputs(fused, five, /*loss_bits=*/false);
+    }
+  }
+  // gelu, gelu_tanh and silu need the pre-activation.
+  const Problem p = random_problem(32, 10, 128, rng);
+  OnDevice d(p);
+  CHECK_THROWS_AS(cuda::launch_output_layer_backward(fused_args(p, d, s), nullptr, true, {cuda::Activation::silu, nullptr}),
+                  cuda::CudaError);
 }
 
 TEST_CASE("the fused output-layer backward gives the same bits as the five launches it replaces (the loss to rounding)") {

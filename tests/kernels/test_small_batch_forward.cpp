@@ -10,6 +10,7 @@
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/small_batch_forward.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/activation_reference.hpp"
 #include "tests/support/device_array.hpp"
 #include "tests/support/late_linear_input.hpp"
 
@@ -39,7 +40,7 @@ cuda::SmallBatchLinear linear_args(const __half* x, const __half* w, const __hal
   args.batch = int(m);
   args.n = int(n);
   args.k = int(k);
-  args.relu = relu;
+  if (relu) args.activation = cuda::Activation::relu;
   return args;
 }
 
@@ -68,6 +69,43 @@ TEST_CASE("small-batch forward matches act(x W^T + b) on random shapes") {
   CHECK(!cuda::small_batch_linear_unsupported(64, 128, 128).empty());
   CHECK(!cuda::small_batch_linear_unsupported(32, 120, 128).empty());
   CHECK(!cuda::small_batch_linear_unsupported(32, 128, 2048).empty());
+}
+
+TEST_CASE("small-batch forward applies every activation, writing the pre-activation where asked") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (const cuda::Activation act : sg::test::kActivations) {
+    INFO(cuda::activation_op_name(act));
+    for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
+             {{32, 128, 784}}, {{16, 48, 80}}, {{32, 1024, 1024}}, {{16, 16, 16}}}) {
+      INFO(m << " x " << n << " x " << k);
+      const auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+      const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+      const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+      const std::vector<double> z = reference_linear(x, w, b, m, n, k, false);
+      const std::vector<double> y = sg::test::activation_forward(act, z);
+      // The pre-activation goes out only where a backward reads it (never with ReLU).
+      const bool write_z = act != cuda::Activation::relu;
+      DeviceArray<__half> dx(x), dw(w), db(b), dy(std::size_t(m * n)), dz(std::size_t(m * n));  // outputs poisoned
+      cuda::SmallBatchLinear args = linear_args(dx.get(), dw.get(), db.get(), dy.get(), m, n, k, false);
+      args.activation = act;
+      if (write_z) args.pre_activation = dz.get();
+      cuda::launch_small_batch_linear(args, nullptr, true);
+      CHECK(sg::test::relative_error(dy.download(), y) < 2e-3);
+      if (write_z) CHECK(sg::test::relative_error(dz.download(), z) < 2e-3);
+      // Without the pre-activation (the eval graph's case) the output has the same bits.
+      DeviceArray<__half> dy2(std::size_t(m * n));
+      args.y = dy2.get();
+      args.pre_activation = nullptr;
+      cuda::launch_small_batch_linear(args, nullptr, true);
+      CHECK(dy2.download() == dy.download());
+    }
+  }
+  // A ReLU epilogue writes no pre-activation (nothing reads it: the mask is the output's sign).
+  DeviceArray<__half> x(std::size_t(32 * 16)), w(std::size_t(16 * 16)), b(std::size_t(16)), y(std::size_t(32 * 16));
+  cuda::SmallBatchLinear args = linear_args(x.get(), w.get(), b.get(), y.get(), 32, 16, 16, true);
+  args.pre_activation = y.get();
+  CHECK_THROWS_AS(cuda::launch_small_batch_linear(args, nullptr, true), cuda::CudaError);
 }
 
 TEST_CASE("small-batch forward with the batch fetch folded in gathers, scales and writes out X and the labels") {

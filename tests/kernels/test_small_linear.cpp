@@ -9,6 +9,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/activation_reference.hpp"
 #include "tests/support/device_array.hpp"
 #include "tests/support/late_linear_input.hpp"
 
@@ -99,6 +100,29 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
     CHECK(sg::test::relative_error(got, ref) < (std::is_same_v<W, float> ? 1e-5 : 2e-3));
     // The update really happened: W moved away from its start by about lr*|g|.
     CHECK(sg::test::relative_error(got, std::vector<double>(w.begin(), w.end())) > 1e-3);
+  }
+}
+
+TEST_CASE("dgrad with a tiny K through every activation matches act'(dy w) on the CPU") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (const cuda::Activation act : sg::test::kActivations) {
+    INFO(cuda::activation_op_name(act));
+    for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 128, 10}}, {{16, 1024, 10}}, {{37, 129, 11}}, {{5, 1000, 32}}}) {
+      INFO(m << "x" << n << "x" << k);
+      const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(m * k), rng));
+      const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(k * n), rng));
+      // z in [-3, 3]: both sides of every activation's bend
+      auto z = sg::test::uniform(std::size_t(m * n), rng);
+      for (auto& v : z) v *= 3.f;
+      const auto in = sg::test::activation_inputs<__half>(act, z);
+      DeviceArray<__half> ddy(dy), dw(w), dsaved(in.saved), dx(std::size_t(m * n));  // dx starts poisoned (NaN)
+      cuda::launch_dgrad_activation_small_k(act, ddy.get(), dw.get(), dsaved.get(), m, n, k, dx.get(), nullptr, true);
+      std::vector<double> dyd(dy.begin(), dy.end()), wd(w.begin(), w.end()), pre(std::size_t(m * n));
+      ref::matmul(dyd.data(), wd.data(), pre.data(), m, n, k, false, false);
+      const auto ref = sg::test::activation_backward(act, pre, std::vector<double>(in.saved.begin(), in.saved.end()));
+      CHECK(sg::test::relative_error(dx.download(), ref) < 2e-3);
+    }
   }
 }
 

@@ -46,14 +46,15 @@ class BatchFetchLowering final : public CudaLowering {
     const auto* labels_p = static_cast<const std::uint8_t*>(c.ptr(labels.inputs[0]));
     auto* labels_out = static_cast<std::int32_t*>(c.ptr(labels.outputs[0]));
     void* x_out = c.ptr(images.outputs[0]);
-    const auto rows = perm.shape[0], batch = indices.attr<BatchIndicesAttrs>().batch, cols = table.shape[1];
+    const auto& shard = indices.attr<BatchIndicesAttrs>();
+    const auto rows = perm.shape[0], batch = shard.batch, cols = table.shape[1], rank = shard.rank, ranks = shard.ranks;
     const float scale = float(gather.scale), shift = float(gather.shift);
     std::function<void(cudaStream_t)> run;
     with_float_type(g.value(images.outputs[0]).dtype, [&](auto tag) {
       using T = decltype(tag);
       run = [=](cudaStream_t s) {
         launch_batch_fetch(perm_p, rows, step, batch, table_p, cols, scale, shift, static_cast<T*>(x_out), labels_p,
-                           labels_out, s);
+                           labels_out, s, rank, ranks);
       };
     });
     return std::make_unique<BoundLaunch>(std::move(run));

@@ -41,26 +41,35 @@ namespace {
 
 std::optional<Match> match_one_pass(const Cover& cover, const CoverUnit& unit, OnePassKernel kernel, bool input_update) {
   const sg::Graph& g = cover.graph();
-  if (!cover.is_group(unit, FusionKind::dgrad_drelu)) return std::nullopt;
+  const std::optional<ActivationDgrad> d = activation_dgrad_of(cover, unit);
+  if (!d || !one_pass_kernel_takes(kernel, d->activation)) return std::nullopt;
   OnePassNodes p;
-  p.dgrad = node_of(g, unit, OpKind::matmul);
-  p.relu_backward = node_of(g, unit, OpKind::relu_backward);
+  p.dgrad = d->matmul;
+  p.activation_backward = d->backward;
+  p.activation = d->activation;
   const Node& mm = g.node(p.dgrad);
   const Value& dy = g.value(mm.inputs[0]);
   const Value& w = g.value(mm.inputs[1]);
   const auto& attrs = mm.attr<MatmulAttrs>();
-  const Node& relu_bw = g.node(p.relu_backward);
+  const Node& act_bw = g.node(p.activation_backward);
   if (attrs.trans_a || attrs.trans_b || dy.dtype != DType::f16 || w.dtype != DType::f16 || w.role != Role::param ||
-      g.value(relu_bw.inputs[1]).dtype != DType::f16 || g.value(relu_bw.outputs[0]).dtype != DType::f16)
+      g.value(act_bw.inputs[1]).dtype != DType::f16 || g.value(act_bw.outputs[0]).dtype != DType::f16)
     return std::nullopt;
   const auto batch = dy.shape[0], n = w.shape[0], k = w.shape[1];
   if (!dgrad_wgrad_unsupported(batch, n, k).empty() || one_pass_kernel_for(batch, k) != kernel) return std::nullopt;
   const CoverUnit* update = free_weight_update(cover, dy.id, w.id, /*plain=*/true);
   if (!update) return std::nullopt;
   p.weight_sgd = node_of(g, *update, OpKind::sgd_update);
-  Match m = single_unit(unit);
+  p.x = act_bw.inputs[1];
+  if (p.activation != Activation::relu) {
+    // The update reads the activation's output; the backward may read the pre-activation instead.
+    p.x = activation_output_of(g, act_bw, p.activation);
+    if (p.x < 0 || g.node(node_of(g, *update, OpKind::matmul)).inputs[1] != p.x) return std::nullopt;
+  }
+  Match m;
+  m.units = d->units;
   m.units.push_back(update->id);
-  const ValueId dx = relu_bw.outputs[0];
+  const ValueId dx = act_bw.outputs[0];
   if (const CoverUnit* bias = free_plain_bias_update_of(cover, dx)) {
     const NodeId sgd = node_of(g, *bias, OpKind::sgd_update);
     if (g.value(g.node(sgd).inputs[0]).dtype == DType::f16) {
@@ -80,7 +89,12 @@ std::optional<Match> match_one_pass(const Cover& cover, const CoverUnit& unit, O
 
 std::string describe_one_pass(const Launch& l) {
   const auto& p = detail_of<OnePassNodes>(l);
-  return std::string("mask=relu output,into=param(alpha=-lr,beta=1-lr*wd)") + (p.bias_sgd >= 0 ? ",+bias update" : "") +
+  const std::string dgrad =
+      p.activation == Activation::relu
+          ? std::string("mask=relu output")
+          : fmt::format("{}_backward reading the {}", activation_op_name(p.activation),
+                        backward_reads_input(p.activation) ? "pre-activation" : "output");
+  return dgrad + ",into=param(alpha=-lr,beta=1-lr*wd)" + (p.bias_sgd >= 0 ? ",+bias update" : "") +
          (p.input_sgd >= 0 ? ",+first layer's weight update" : "");
 }
 
@@ -88,21 +102,22 @@ std::unique_ptr<RecordedLaunch> record_one_pass(const Launch& l, const BindConte
   const sg::Graph& g = c.graph();
   const auto& p = detail_of<OnePassNodes>(l);
   const Node& mm = g.node(p.dgrad);
-  const Node& relu_bw = g.node(p.relu_backward);
+  const Node& act_bw = g.node(p.activation_backward);
   const Value& w = g.value(mm.inputs[1]);
   struct Bound {
     std::unique_ptr<DgradWgradSgd> kernel;
-    const __half *dy = nullptr, *x = nullptr;
+    const __half *dy = nullptr, *x = nullptr, *pre_activation = nullptr;
     __half *w = nullptr, *dx = nullptr, *bias = nullptr;
     const SgdScalars *sgd = nullptr, *bias_sgd = nullptr;
     one_pass::InputLayerUpdate input;
   };
   auto b = std::make_shared<Bound>();
   b->dy = static_cast<const __half*>(c.ptr(mm.inputs[0]));
-  b->x = static_cast<const __half*>(c.ptr(relu_bw.inputs[1]));
+  b->x = static_cast<const __half*>(c.ptr(p.x));
+  if (backward_reads_input(p.activation)) b->pre_activation = static_cast<const __half*>(c.ptr(act_bw.inputs[1]));
   b->w = static_cast<__half*>(c.ptr(w.id));
   // dX stays in the kernel when only the folded first-layer update reads it.
-  const ValueId dx = relu_bw.outputs[0];
+  const ValueId dx = act_bw.outputs[0];
   if (std::find(l.writes.begin(), l.writes.end(), dx) != l.writes.end()) b->dx = static_cast<__half*>(c.ptr(dx));
   b->sgd = c.sgd_scalars(p.weight_sgd);
   if (p.bias_sgd >= 0) {
@@ -124,9 +139,9 @@ std::unique_ptr<RecordedLaunch> record_one_pass(const Launch& l, const BindConte
   options.multicast = o.one_pass_multicast;
   options.dependent = o.dependent_launch;
   b->kernel = std::make_unique<DgradWgradSgd>(g.value(mm.inputs[0]).shape[0], w.shape[0], w.shape[1], options,
-                                              input_width);
+                                              input_width, p.activation);
   return std::make_unique<BoundLaunch>([b](cudaStream_t s) {
-    b->kernel->launch(b->dy, b->x, b->w, b->dx, b->sgd, s, b->bias, b->bias_sgd, b->input);
+    b->kernel->launch(b->dy, b->x, b->w, b->dx, b->sgd, s, b->bias, b->bias_sgd, b->input, b->pre_activation);
   });
 }
 

@@ -38,6 +38,21 @@ std::unique_ptr<CudaLowering> make_elementwise_lowering();
 std::unique_ptr<CudaLowering> make_regression_loss_lowering();
 std::unique_ptr<CudaLowering> make_softmax_xent_smoothed_lowering();
 std::unique_ptr<CudaLowering> make_dropout_lowering();
+std::unique_ptr<CudaLowering> make_max_pool2d_lowering();
+std::unique_ptr<CudaLowering> make_max_pool2d_backward_lowering();
+std::unique_ptr<CudaLowering> make_dropout2d_lowering();
+std::unique_ptr<CudaLowering> make_channel_sum_sgd_lowering();
+std::unique_ptr<CudaLowering> make_channel_sum_lowering();
+std::unique_ptr<CudaLowering> make_conv_weight_sgd_lowering();
+std::unique_ptr<CudaLowering> make_view_lowering();
+std::unique_ptr<CudaLowering> make_cast_params_lowering();
+#ifdef STEPGRAPH_HAVE_CUDNN
+std::unique_ptr<CudaLowering> make_conv_cudnn_lowering();
+#endif
+std::unique_ptr<CudaLowering> make_conv_implicit_gemm_lowering(std::int64_t max_channel_product);
+#ifdef STEPGRAPH_HAVE_NCCL
+std::unique_ptr<CudaLowering> make_nccl_all_reduce_lowering();  // data parallel (issue 25)
+#endif
 
 std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& o, bool device_present) {
   // Our fused kernels accumulate in fp32, as cuBLASLt does by default.
@@ -72,6 +87,37 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_regression_loss_lowering());
   l.push_back(make_softmax_xent_smoothed_lowering());
   l.push_back(make_dropout_lowering());
+  // CNN kernels of our own (issue 22): max-pool with the dropout2d / relu
+  // around it (forward and backward chains), a lone dropout2d, the conv bias
+  // gradient [+ its SGD update], and the conv weights' SGD updates in one
+  // launch. They take only CNN nodes (pooling, dropout2d, channel_sum, rank-4
+  // parameters): MLP schedules do not change.
+  l.push_back(make_max_pool2d_lowering());
+  l.push_back(make_max_pool2d_backward_lowering());
+  l.push_back(make_dropout2d_lowering());
+  l.push_back(make_channel_sum_sgd_lowering());
+  l.push_back(make_channel_sum_lowering());
+  l.push_back(make_conv_weight_sgd_lowering());
+  // Convolutional networks (issue 22): reshape/flatten as views, the
+  // convolutions by cuDNN (a conv takes the relu right after it first).
+  l.push_back(make_view_lowering());
+  l.push_back(make_cast_params_lowering());  // fp32 master weights' casts left: one launch for all
+  // Convolutions: backend.conv_kernels first, the other for what it refuses.
+  // auto: ours where input x output channels <= 256, measured faster than
+  // cuDNN's best engine there on the H100 (the report CNN's 1->10 and 10->20
+  // layers at batch 64 and 256, the fast config's 1->32) and far slower at
+  // 32->64 (docs/benchmarks.md, "CNN").
+  constexpr std::int64_t kOursMaxChannelProduct = 256;
+  if (o.conv_kernels == ConvKernels::implicit_gemm) l.push_back(make_conv_implicit_gemm_lowering(0));
+  if (o.conv_kernels == ConvKernels::automatic) l.push_back(make_conv_implicit_gemm_lowering(kOursMaxChannelProduct));
+#ifdef STEPGRAPH_HAVE_CUDNN
+  l.push_back(make_conv_cudnn_lowering());
+#endif
+  if (o.conv_kernels != ConvKernels::implicit_gemm) l.push_back(make_conv_implicit_gemm_lowering(0));
+#ifdef STEPGRAPH_HAVE_NCCL
+  l.push_back(make_nccl_all_reduce_lowering());  // a gradient bucket's all_reduce_mean (issue 25)
+#endif
+
   l.push_back(make_elementwise_lowering());
   if (!device_present)
     l.erase(std::remove_if(l.begin(), l.end(), [](const auto& x) { return x->asks_device(); }), l.end());

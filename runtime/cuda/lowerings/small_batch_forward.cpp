@@ -1,12 +1,17 @@
-// Lowering: a hidden layer's forward at batch 16/32, y = [ReLU](x W^T + b),
+// Lowering: a hidden layer's forward at batch 16/32, y = [act](x W^T + b),
 // by our dependent-launch kernel (ops/cuda/small_batch_forward.cu), which
 // loads its weights while the previous kernel finishes. The first layer's
-// also takes the batch fetch (the gather rides in the same kernel). It
-// writes no cuBLASLt ReLU mask, so it takes a layer only when no dgrad left
-// for cuBLASLt needs that mask.
+// also takes the batch fetch (the gather rides in the same kernel). The
+// activation is any of ops/cuda/activation.hpp's: a linear_forward group
+// ending in relu or gelu_tanh, or a bias-only group with the lone activation
+// node after it (gelu, silu, tanh, sigmoid: activation_nodes.hpp); where a
+// backward reads the pre-activation, the launch writes it too. It writes no
+// cuBLASLt ReLU mask, so it takes a ReLU layer only when no dgrad left for
+// cuBLASLt needs that mask.
 #include <algorithm>
 
 #include "ops/cuda/small_batch_forward.hpp"
+#include "runtime/cuda/lowerings/activation_nodes.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
 namespace sg::cuda {
@@ -21,6 +26,8 @@ struct ForwardNodes {
   NodeId matmul = -1;
   ValueId bias = -1, output = -1;
   bool relu = false;
+  std::optional<Activation> activation;  // (relu: Activation::relu)
+  ValueId pre_activation = -1;            // the bias_add's output, when an activation follows
   NodeId indices = -1, images = -1, labels = -1;  // the folded batch fetch, when taken
 };
 
@@ -32,20 +39,34 @@ class SmallBatchForwardLowering final : public CudaLowering {
     const sg::Graph& g = cover.graph();
     if (!cover.is_group(unit, FusionKind::linear_forward)) return std::nullopt;
     const Node& last = g.node(unit.nodes.back());
-    // The kernel's epilogue is bias [+ ReLU]: a group ending in another activation is cuBLASLt's.
-    if (last.op != OpKind::bias_add && last.op != OpKind::relu) return std::nullopt;
+    // The kernel's epilogue is bias [+ an activation of activation.hpp].
+    if (last.op != OpKind::bias_add && !forward_activation(last.op)) return std::nullopt;
     ForwardNodes f;
     f.matmul = node_of(g, unit, OpKind::matmul);
-    f.bias = g.node(node_of(g, unit, OpKind::bias_add)).inputs[1];
+    const Node& bias_add = g.node(node_of(g, unit, OpKind::bias_add));
+    f.bias = bias_add.inputs[1];
     f.output = last.outputs[0];
     f.relu = last.op == OpKind::relu;
+    f.activation = forward_activation(last.op);
     if (!fits(forward_shape(g, f.matmul, f.relu ? Epilogue::relu_bias : Epilogue::bias, g.value(f.output).dtype)))
       return std::nullopt;
+    // A bias-only group followed by a lone activation node: the launch runs that node too.
+    const CoverUnit* activation = f.activation ? nullptr : free_lone_activation_of(cover, f.output);
+    if (activation) {
+      const Node& act = g.node(activation->nodes[0]);
+      if (g.value(act.outputs[0]).dtype != DType::f16) activation = nullptr;
+      else {
+        f.activation = forward_activation(act.op);
+        f.output = act.outputs[0];
+      }
+    }
+    if (f.activation && !f.relu) f.pre_activation = bias_add.outputs[0];
     // A dgrad still free goes to cuBLASLt, which reads a mask this kernel does not write.
     if (f.relu)
       for (NodeId reader : g.consumers(f.output))
         if (g.node(reader).op == OpKind::relu_backward && !cover.taken_node(reader)) return std::nullopt;
     Match m = single_unit(unit);
+    if (activation) m.units.push_back(activation->id);
     if (const CoverUnit* fetch = foldable_fetch(cover, g.node(f.matmul), f)) m.units.push_back(fetch->id);
     m.detail = f;
     return m;
@@ -53,7 +74,12 @@ class SmallBatchForwardLowering final : public CudaLowering {
 
   std::string describe(const sg::Graph&, const Launch& l) const override {
     const auto& f = detail_of<ForwardNodes>(l);
-    return std::string(f.relu ? "epilogue=relu_bias" : "epilogue=bias") + (f.indices >= 0 ? ",+batch fetch" : "");
+    std::string epilogue = f.relu ? "epilogue=relu_bias" : "epilogue=bias";
+    if (f.activation && !f.relu) {
+      epilogue += fmt::format("+{}", activation_op_name(*f.activation));
+      if (writes_pre_activation(f, l)) epilogue += ",writes pre-activation";
+    }
+    return epilogue + (f.indices >= 0 ? ",+batch fetch" : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t index, const BindContext& c) const override {
@@ -68,7 +94,8 @@ class SmallBatchForwardLowering final : public CudaLowering {
     f.batch = int(s.m);
     f.n = int(s.n);
     f.k = int(s.k);
-    f.relu = nodes.relu;
+    f.activation = nodes.activation;
+    if (writes_pre_activation(nodes, l)) f.pre_activation = static_cast<__half*>(c.ptr(nodes.pre_activation));
     // The first launch of a step follows the previous step's last one, which
     // may update this weight (see SmallBatchLinear::load_weight_early).
     f.load_weight_early = index > 0;
@@ -105,6 +132,11 @@ class SmallBatchForwardLowering final : public CudaLowering {
   }
 
  private:
+  // Whether a later launch reads the pre-activation (a gelu, gelu_tanh or silu backward).
+  static bool writes_pre_activation(const ForwardNodes& f, const Launch& l) {
+    return f.pre_activation >= 0 && std::find(l.writes.begin(), l.writes.end(), f.pre_activation) != l.writes.end();
+  }
+
   static bool fits(const MatmulShape& s) {
     return s.n <= kMaxColumns && s.ab_type == ElemType::f16 && s.cd_type == ElemType::f16 && !s.trans_a && s.trans_b &&
            small_batch_linear_unsupported(s.m, s.n, s.k).empty();
@@ -129,7 +161,8 @@ class SmallBatchForwardLowering final : public CudaLowering {
     }
     if (folded.indices < 0 || folded.labels < 0 || g.value(g.node(folded.labels).inputs[0]).dtype != DType::u8 ||
         g.value(g.node(folded.labels).outputs[0]).dtype != DType::i32 ||
-        g.node(folded.indices).attr<BatchIndicesAttrs>().batch != g.value(mm.inputs[0]).shape[0])
+        g.node(folded.indices).attr<BatchIndicesAttrs>().batch != g.value(mm.inputs[0]).shape[0] ||
+        g.node(folded.indices).attr<BatchIndicesAttrs>().ranks != 1)  // a data-parallel shard: batch_fetch's kernel
       return nullptr;
     f = folded;
     return fetch;

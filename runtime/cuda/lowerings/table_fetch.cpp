@@ -25,7 +25,8 @@ std::function<void(cudaStream_t)> gather_launch(const BindContext& c, const Node
   const auto* step = static_cast<const std::int32_t*>(c.ptr(indices.inputs[1]));
   const void* table_p = c.ptr(table.id);
   void* out_p = c.ptr(out.id);
-  const auto rows = perm.shape[0], batch = indices.attr<BatchIndicesAttrs>().batch;
+  const auto& shard = indices.attr<BatchIndicesAttrs>();
+  const auto rows = perm.shape[0], batch = shard.batch, rank = shard.rank, ranks = shard.ranks;
   const auto cols = table.shape.size() == 2 ? table.shape[1] : 1;
   const auto& a = gather.attr<GatherRowsAttrs>();
   const float scale = float(a.scale), shift = float(a.shift);
@@ -36,7 +37,7 @@ std::function<void(cudaStream_t)> gather_launch(const BindContext& c, const Node
       using In = decltype(in_tag);
       run = [=](cudaStream_t s) {
         launch_table_fetch(perm_p, rows, step, batch, static_cast<const In*>(table_p), cols, scale, shift,
-                           static_cast<Out*>(out_p), s);
+                           static_cast<Out*>(out_p), s, rank, ranks);
       };
     };
     if (table.dtype == DType::u8) bind(std::uint8_t{});

@@ -1,0 +1,87 @@
+"""PyTorch DDP baseline for stepgraph's data-parallel training (issue 25):
+the MLP 784-W-...-W-10 (--depth hidden layers) with SGD (lr 0.01) under fp16
+autocast, fp32 master weights, one process per GPU under torchrun (NCCL).
+Every rank takes its slice of each global batch of world * --batch rows in
+stepgraph's order (rank r: rows r*B .. r*B+B-1 of sd.batch_rows for the
+global batch), as `stepgraph train --gpus N` does. Prints one JSON line
+from rank 0: samples/s over all ranks (median of --repeats timings of
+--steps steps, CUDA events, after --warmup steps).
+Usage: torchrun --nproc_per_node N bench/torch_ddp.py --data data/mnist --width 8192 --batch 256
+"""
+import argparse
+import json
+import os
+import statistics
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import stepgraph_data as sd
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True)
+    p.add_argument("--width", type=int, default=8192)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--batch", type=int, default=256, help="rows per GPU")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args()
+    local = int(os.environ["LOCAL_RANK"])  # torchrun sets these
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    images, labels = sd.load_split(a.data, "train")
+    x_all = torch.from_numpy(images.copy()).cuda()
+    y_all = torch.from_numpy(labels.astype(np.int64)).cuda()
+    n, total = x_all.shape[0], a.warmup + a.steps * a.repeats
+    order = torch.tensor([sd.batch_rows(s, n, a.batch * world, 1)[rank * a.batch:(rank + 1) * a.batch]
+                          for s in range(total)], device="cuda")
+
+    mods, fan_in = [], 784
+    for _ in range(a.depth):
+        mods += [torch.nn.Linear(fan_in, a.width), torch.nn.ReLU()]
+        fan_in = a.width
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(fan_in, 10)).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    step = [0]
+
+    def run(k):
+        for _ in range(k):
+            idx = order[step[0]]
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.cross_entropy(ddp(x_all[idx].float() / 255.0), y_all[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step[0] += 1
+
+    run(a.warmup)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(a.repeats):
+        dist.barrier()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run(a.steps)
+        stop.record()
+        stop.synchronize()
+        t = torch.tensor([start.elapsed_time(stop) / 1e3], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        times.append(t.item())
+    seconds = statistics.median(times)
+    if rank == 0:
+        print(json.dumps({"impl": "torch_ddp", "world": world, "width": a.width, "depth": a.depth,
+                          "batch_per_gpu": a.batch, "samples_per_s": a.steps * a.batch * world / seconds,
+                          "us_per_step": 1e6 * seconds / a.steps}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+// Lowering: a max_pool2d node by our kernel (ops/cuda/pooling.hpp), with a
+// dropout2d that produces its input and a relu that reads its output folded
+// into the launch when they are lone nodes (the CNN's "dropout2d, max-pool,
+// ReLU"). The launch still writes every value a node outside it reads: the
+// dropout2d output (the pooling's backward takes its argmax from it), the
+// relu output, and the pooled values only where something reads them.
+#include "ops/cuda/pooling.hpp"
+#include "ops/philox.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+
+namespace sg::cuda {
+namespace {
+
+struct PoolForwardNodes {
+  NodeId dropout = -1, pool = -1, relu = -1;
+};
+
+class MaxPool2dLowering final : public CudaLowering {
+ public:
+  std::string_view name() const override { return "max_pool2d"; }
+
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    if (unit.fusion_group >= 0) return std::nullopt;
+    const sg::Graph& g = cover.graph();
+    const Node& pool = g.node(unit.nodes.front());
+    if (pool.op != OpKind::max_pool2d) return std::nullopt;
+    const DType t = g.value(pool.inputs[0]).dtype;
+    if (!is_floating(t) || g.value(pool.outputs[0]).dtype != t) return std::nullopt;
+    PoolForwardNodes nodes;
+    nodes.pool = pool.id;
+    Match m = single_unit(unit);
+    const NodeId producer = g.value(pool.inputs[0]).producer;
+    if (const CoverUnit* u = free_lone_unit(cover, producer); u && g.node(producer).op == OpKind::dropout2d) {
+      nodes.dropout = producer;
+      m.units.push_back(u->id);
+    }
+    for (NodeId reader : g.consumers(pool.outputs[0]))
+      if (const CoverUnit* u = free_lone_unit(cover, reader);
+          u && g.node(reader).op == OpKind::relu && g.value(g.node(reader).outputs[0]).dtype == t) {
+        nodes.relu = reader;
+        m.units.push_back(u->id);
+        break;
+      }
+    m.detail = nodes;
+    return m;
+  }
+
+  std::string describe(const sg::Graph& g, const Launch& l) const override {
+    const auto& nodes = detail_of<PoolForwardNodes>(l);
+    const auto& a = g.node(nodes.pool).attr<Pool2dAttrs>();
+    return fmt::format("{}k={},s={}{}", nodes.dropout >= 0 ? "dropout2d+" : "", a.kernel, a.stride,
+                       nodes.relu >= 0 ? "+relu" : "");
+  }
+
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const sg::Graph& g = c.graph();
+    const auto& nodes = detail_of<PoolForwardNodes>(l);
+    const Node& pool = g.node(nodes.pool);
+    const auto& a = pool.attr<Pool2dAttrs>();
+    const Value& in = g.value(pool.inputs[0]);
+    const PoolGeometry geometry{in.shape[0] * in.shape[1], in.shape[2], in.shape[3], a.kernel, a.stride};
+    // Only values read after the launch get a buffer (c.ptr throws for the others).
+    auto out_ptr = [&](ValueId v) { return launch_writes(l, v) ? c.ptr(v) : nullptr; };
+    PlaneDropout dropout;
+    const void* x = nullptr;
+    const std::int32_t* step = nullptr;
+    void* dropped = nullptr;
+    if (nodes.dropout >= 0) {
+      const Node& d = g.node(nodes.dropout);
+      const auto& da = d.attr<DropoutAttrs>();
+      dropout = {true, {da.seed, da.stream, philox::dropout_threshold(da.p), static_cast<float>(1.0 / (1.0 - da.p))}};
+      x = c.ptr(d.inputs[0]);
+      step = static_cast<const std::int32_t*>(c.ptr(d.inputs[1]));
+      dropped = out_ptr(d.outputs[0]);
+    } else {
+      x = c.ptr(pool.inputs[0]);
+    }
+    void* pooled = out_ptr(pool.outputs[0]);
+    void* activated = nodes.relu >= 0 ? out_ptr(g.node(nodes.relu).outputs[0]) : nullptr;
+    std::function<void(cudaStream_t)> run;
+    with_float_type(in.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      run = [=](cudaStream_t s) {
+        launch_max_pool2d_forward(static_cast<const T*>(x), step, geometry, dropout, static_cast<T*>(dropped),
+                                  static_cast<T*>(pooled), static_cast<T*>(activated), s);
+      };
+    });
+    return std::make_unique<BoundLaunch>(std::move(run));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLowering> make_max_pool2d_lowering() { return std::make_unique<MaxPool2dLowering>(); }
+
+}  // namespace sg::cuda

@@ -1,0 +1,65 @@
+#pragma once
+// One NCCL communicator of a data-parallel run (issue 25), RAII: made with
+// ncclCommInitRankConfig; aborted (ncclCommAbort) when setup fails or NCCL
+// reports an asynchronous error, finalised and destroyed otherwise. Every
+// status is checked: a failure is a CudaError naming the call and NCCL's
+// reason.
+//
+// Blocking mode (the default) issues each collective on the calling thread:
+// NCCL's documented CUDA-graph capture path. Setup then waits for every rank
+// without a timeout: a rank that dies before it is ended by whoever started
+// the ranks (the --gpus supervisor, torchrun, mpirun). Non-blocking mode
+// bounds setup and every enqueue by `timeout` (abort and throw), but NCCL then
+// launches a group's kernels from a helper thread; whether that captures as
+// reliably is what tests/cuda_backend/test_data_parallel_gpu.cpp checks.
+#include <nccl.h>
+
+#include <chrono>
+#include <string>
+
+#include "ops/cuda/cuda_check.hpp"
+
+namespace sg::cuda {
+
+void check_nccl(ncclResult_t status, const char* call, const char* file, int line);
+#define SG_NCCL_CHECK(call) ::sg::cuda::check_nccl((call), #call, __FILE__, __LINE__)
+
+// A fresh ncclUniqueId as bytes (rank 0 makes it; the rendezvous hands it out).
+std::string new_nccl_unique_id();
+// "2.28.9": the NCCL library this process runs.
+std::string nccl_version_string();
+
+class NcclCommunicator {
+ public:
+  // Joins the communicator of `world_size` ranks named by `unique_id` as
+  // `rank`, on the current CUDA device. Throws (after aborting) when not
+  // every rank joins within `timeout`.
+  NcclCommunicator(const std::string& unique_id, int rank, int world_size, std::chrono::milliseconds timeout,
+                   bool nonblocking = false);
+  ~NcclCommunicator();
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  bool nonblocking() const { return nonblocking_; }
+  // After a call that may return ncclInProgress (non-blocking mode): waits
+  // until NCCL has taken it; throws after aborting on an error or a timeout.
+  // In blocking mode: checks NCCL's asynchronous error once.
+  void wait_ready(const char* what) const;
+  // Throws after aborting if NCCL reported an asynchronous error (a peer died).
+  void check_async() const;
+
+ private:
+  [[noreturn]] void abort_and_throw(const std::string& why) const;
+
+  mutable ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::chrono::milliseconds timeout_;
+  bool nonblocking_ = false;
+  mutable bool aborted_ = false;
+};
+
+}  // namespace sg::cuda

@@ -1,0 +1,580 @@
+// Issue 22's own CNN kernels on the GPU against the CPU reference backend:
+// max-pool forward alone and with the relu after it and the dropout2d before
+// it; its backward alone and with relu_backward before and
+// dropout2d_backward after it (with and without the intermediates read
+// outside the launch); dropout2d alone; the conv bias gradient alone and
+// fused with its SGD update; the conv weights' SGD updates in one launch; Adam
+// on conv-shaped parameters. Each graph runs through the CUDA program (the
+// real cover, so the test also checks which lowering took it) and through
+// CpuExecutor<float>, which rounds every f16 / bf16 value a node writes as
+// the GPU stores it: pooling and dropout must match bit for bit (they only
+// select, scale and add in the reference's order); sums and updates within a
+// relative error by norm. Outputs are poisoned first (an unwritten element
+// reads NaN, and NaN never passes relative_error).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "runtime/cpu/cpu_executor.hpp"
+#include "runtime/cuda/cuda_program.hpp"
+#include "runtime/tensor_blob.hpp"
+#include "tests/runtime/test_support.hpp"
+
+using namespace sg;
+
+namespace {
+
+// How floating inputs are drawn: U(lo, hi), or small integers (pooling
+// windows full of ties, which exercise the first-maximum rule).
+struct Fill {
+  bool ties = false;
+  double lo = -2.0, hi = 2.0;
+};
+
+// One graph run once on the GPU and on the CPU reference from the same inputs.
+class TwinRun {
+ public:
+  TwinRun(Graph g, std::mt19937_64& rng, Fill fill, std::int32_t step = 0, double lr = 0.0)
+      : cpu_(g), program_(std::move(g), params_, lt_, options(lr), stream_.get()) {
+    const Graph& graph = program_.graph();
+    if (lr > 0) cpu_.set_learning_rate(lr);
+    for (const Value& v : graph.values()) {
+      if (!is_graph_owned(v.role)) continue;
+      cuda::DeviceBuffer& buffer = v.role == Role::param ? params_.at(v.name) : program_.owned(v.name);
+      if (v.dtype == DType::i32) {
+        const std::vector<std::int32_t> ints(static_cast<std::size_t>(element_count(v.shape)), step);
+        cpu_.tensor(v.id).i32 = ints;
+        buffer.upload(ints.data(), ints.size() * sizeof(std::int32_t));
+        continue;
+      }
+      std::vector<float> host(static_cast<std::size_t>(element_count(v.shape)));
+      if (fill.ties)
+        for (auto& x : host) x = static_cast<float>(static_cast<int>(rng() % 5) - 2);
+      else
+        sg::test::fill_uniform(host, rng, fill.lo, fill.hi);
+      const auto blob = blob_from_floats(v.name, v.shape, v.dtype, host);
+      host = floats_from_blob(blob);  // what the GPU holds (rounded to its dtype)
+      buffer.upload(blob.bytes.data(), blob.bytes.size());
+      cpu_.tensor(v.id).real.assign(host.begin(), host.end());
+    }
+    program_.poison_arena(stream_.get());
+    program_.record(stream_.get());
+    stream_.synchronize();
+    cpu_.run();
+  }
+
+  const Graph& graph() const { return program_.graph(); }
+
+  // The step's launches once more on the same inputs (after poisoning the
+  // arena again): for ops that only read their inputs, the same bits.
+  void rerun() {
+    program_.poison_arena(stream_.get());
+    program_.record(stream_.get());
+    stream_.synchronize();
+  }
+
+  std::vector<float> gpu(ValueId id) const {
+    const Value& v = graph().value(id);
+    io::TensorBlob blob{v.name, v.dtype, v.shape,
+                        std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
+    SG_CUDA_CHECK(cudaMemcpy(blob.bytes.data(), program_.device_ptr(id), blob.bytes.size(), cudaMemcpyDeviceToHost));
+    return floats_from_blob(blob);
+  }
+  std::vector<float> cpu(ValueId id) { return cpu_.tensor(id).real; }
+  std::int32_t gpu_i32(ValueId id) const {
+    std::int32_t v = 0;
+    SG_CUDA_CHECK(cudaDeviceSynchronize());
+    SG_CUDA_CHECK(cudaMemcpy(&v, program_.device_ptr(id), sizeof v, cudaMemcpyDeviceToHost));
+    return v;
+  }
+  std::int32_t cpu_i32(ValueId id) { return cpu_.tensor(id).i32.at(0); }
+  double error(ValueId id) { return sg::test::relative_error(gpu(id), cpu(id)); }
+
+  // The lowering of every launch, in order.
+  std::vector<std::string> lowerings() const {
+    std::vector<std::string> names;
+    for (const Launch& l : program_.schedule().launches) names.emplace_back(l.lowering->name());
+    return names;
+  }
+
+ private:
+  static cuda::ProgramOptions options(double lr) {
+    cuda::ProgramOptions o;
+    o.learning_rate = lr;
+    return o;
+  }
+
+  cuda::Stream stream_;
+  cuda::LtHandle lt_;
+  cuda::DeviceValues params_;
+  CpuExecutor<float> cpu_;
+  cuda::CudaProgram program_;
+};
+
+std::int64_t pick(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
+  return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
+}
+
+// A random pooling problem: odd sizes, kernel 1..4, stride 1..4 (overlapping,
+// exact and gapped windows).
+struct PoolCase {
+  Shape x;
+  Pool2dAttrs pool;
+  DropoutAttrs dropout;
+  std::int32_t step = 0;
+  Shape pooled() const {
+    return {x[0], x[1], (x[2] - pool.kernel) / pool.stride + 1, (x[3] - pool.kernel) / pool.stride + 1};
+  }
+};
+
+PoolCase random_pool_case(std::mt19937_64& rng) {
+  PoolCase c;
+  c.pool.kernel = pick(rng, 1, 4);
+  c.pool.stride = pick(rng, 1, 4);
+  c.x = {pick(rng, 1, 5), pick(rng, 1, 9), c.pool.kernel + pick(rng, 0, 14), c.pool.kernel + pick(rng, 0, 14)};
+  c.dropout = {std::vector<double>{0.0, 0.25, 0.5, 0.9}[rng() % 4], rng(), pick(rng, 0, 5)};
+  c.step = static_cast<std::int32_t>(pick(rng, 0, 5000));
+  return c;
+}
+
+const std::vector<DType> kDtypes = {DType::f32, DType::f16, DType::bf16};
+
+}  // namespace
+
+TEST_CASE("max_pool2d forward, alone and with its relu and dropout2d folded in, matches the CPU bit for bit") {
+  auto rng = sg::test::fresh_rng();
+  for (int trial = 0; trial < 12; ++trial)
+    for (const DType dtype : kDtypes) {
+      const PoolCase c = random_pool_case(rng);
+      const Fill fill{trial % 2 == 0};
+      CAPTURE(sg::test::last_seed());
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(fmt::format("x {} kernel {} stride {} p {} step {} ties {}", fmt::join(c.x, "x"), c.pool.kernel,
+                          c.pool.stride, c.dropout.p, c.step, fill.ties));
+      // 0: pool alone; 1: pool + relu; 2: dropout2d + pool + relu, only the relu
+      // read after; 3: the same with the dropout2d and pool outputs read too.
+      for (int variant = 0; variant < 4; ++variant) {
+        CAPTURE(variant);
+        Graph g;
+        const ValueId x = g.input("x", c.x, dtype);
+        ValueId in = x, dropped = -1;
+        if (variant >= 2) {
+          const ValueId step = g.state("step", {1}, DType::i32);
+          in = dropped = g.append_node(OpKind::dropout2d, {x, step}, c.dropout).front();
+        }
+        const ValueId pooled = g.append_node(OpKind::max_pool2d, {in}, c.pool).front();
+        ValueId relu = -1;
+        if (variant >= 1) relu = g.append_node(OpKind::relu, {pooled}, NoAttrs{}).front();
+        std::vector<ValueId> checked = {variant == 0 ? pooled : relu};
+        if (variant == 3) checked = {dropped, pooled, relu};
+        for (ValueId v : checked) g.mark_output(v);
+        TwinRun run(std::move(g), rng, fill, c.step);
+        const auto launches = run.lowerings();
+        CHECK(launches == std::vector<std::string>{"max_pool2d"});
+        for (ValueId v : checked) {
+          CAPTURE(run.graph().value(v).name);
+          CHECK(run.error(v) == 0.0);
+        }
+      }
+    }
+}
+
+TEST_CASE("max_pool2d_backward, alone and with relu_backward and dropout2d_backward folded in, matches the CPU") {
+  // Every chain: [relu_backward ->] max_pool2d_backward [-> relu_backward]
+  // [-> dropout2d_backward], each with only its result read after the launch
+  // and once with every intermediate read too. Bit for bit.
+  struct Chain {
+    bool relu_before, relu_after, dropout, intermediates;
+  };
+  std::vector<Chain> chains;
+  for (int bits = 0; bits < 8; ++bits) chains.push_back({(bits & 1) != 0, (bits & 2) != 0, (bits & 4) != 0, false});
+  chains.push_back({true, true, true, true});
+  chains.push_back({true, false, true, true});
+  chains.push_back({false, true, false, true});
+  auto rng = sg::test::fresh_rng();
+  for (int trial = 0; trial < 8; ++trial)
+    for (const DType dtype : kDtypes) {
+      const PoolCase c = random_pool_case(rng);
+      CAPTURE(sg::test::last_seed());
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(fmt::format("x {} kernel {} stride {} p {} step {}", fmt::join(c.x, "x"), c.pool.kernel, c.pool.stride,
+                          c.dropout.p, c.step));
+      for (std::size_t k = 0; k < chains.size(); ++k) {
+        const Chain& chain = chains[k];
+        CAPTURE(fmt::format("relu before {} relu after {} dropout {} intermediates {}", chain.relu_before,
+                            chain.relu_after, chain.dropout, chain.intermediates));
+        Graph g;
+        const ValueId dy = g.input("dy", c.pooled(), dtype);
+        const ValueId x = g.input("x", c.x, dtype);  // the pooling's input: its argmax
+        std::vector<ValueId> intermediates;
+        ValueId grad = dy;
+        if (chain.relu_before) {
+          const ValueId relu_out = g.input("relu_before_out", c.pooled(), dtype);
+          grad = g.append_node(OpKind::relu_backward, {grad, relu_out}, NoAttrs{}).front();
+          intermediates.push_back(grad);
+        }
+        grad = g.append_node(OpKind::max_pool2d_backward, {grad, x}, c.pool).front();
+        intermediates.push_back(grad);
+        if (chain.relu_after) {
+          const ValueId relu_out = g.input("relu_after_out", c.x, dtype);
+          grad = g.append_node(OpKind::relu_backward, {grad, relu_out}, NoAttrs{}).front();
+          intermediates.push_back(grad);
+        }
+        if (chain.dropout) {
+          const ValueId step = g.state("step", {1}, DType::i32);
+          grad = g.append_node(OpKind::dropout2d_backward, {grad, step}, c.dropout).front();
+        } else {
+          intermediates.pop_back();  // the result itself
+        }
+        std::vector<ValueId> checked = {grad};
+        if (chain.intermediates) checked.insert(checked.end(), intermediates.begin(), intermediates.end());
+        for (ValueId v : checked) g.mark_output(v);
+        // Every other chain draws small integers (windows full of ties for
+        // the first-maximum rule), the others U(-2, 2); either way a relu
+        // output <= 0 masks about half of the gradients.
+        TwinRun run(std::move(g), rng, Fill{(k + static_cast<std::size_t>(trial)) % 2 == 0}, c.step);
+        CHECK(run.lowerings() == std::vector<std::string>{"max_pool2d_backward"});
+        for (ValueId v : checked) {
+          CAPTURE(run.graph().value(v).name);
+          CHECK(run.error(v) == 0.0);
+        }
+      }
+    }
+}
+
+TEST_CASE("the first maximum of a window takes the gradient: a window of equal values routes it to its first element") {
+  // Deterministic counterpart of the random tie checks: every x equal, so the
+  // gradient must land on each window's top-left element only.
+  for (const DType dtype : kDtypes) {
+    CAPTURE(dtype_name(dtype));
+    Graph g;
+    const ValueId dy = g.input("dy", {1, 1, 2, 2}, dtype);
+    const ValueId x = g.input("x", {1, 1, 5, 5}, dtype);
+    const ValueId dx = g.append_node(OpKind::max_pool2d_backward, {dy, x}, Pool2dAttrs{3, 2}).front();
+    g.mark_output(dx);
+    std::mt19937_64 rng(1);
+    TwinRun run(std::move(g), rng, Fill{false, 1.0, 1.0});  // x == 1 everywhere, dy == 1
+    const auto got = run.gpu(dx);
+    std::vector<float> expected(25, 0.f);
+    for (const int at : {0, 2, 10, 12}) expected[static_cast<std::size_t>(at)] = 1.f;
+    CHECK(got == expected);
+    CHECK(run.cpu(dx) == expected);
+  }
+}
+
+TEST_CASE("dropout2d and dropout2d_backward alone keep exactly the CPU reference's channels") {
+  auto rng = sg::test::fresh_rng();
+  for (const DType dtype : kDtypes)
+    for (const std::int32_t step : {0, 1, 977}) {
+      const Shape shape{pick(rng, 1, 9), pick(rng, 1, 33), pick(rng, 1, 13), pick(rng, 1, 13)};
+      const DropoutAttrs attrs{0.4, 0x1234567890abcdefull, 2};
+      CAPTURE(sg::test::last_seed());
+      CAPTURE(fmt::format("{} {} step {}", dtype_name(dtype), fmt::join(shape, "x"), step));
+      Graph g;
+      const ValueId x = g.input("x", shape, dtype);
+      const ValueId dy = g.input("dy", shape, dtype);
+      const ValueId s = g.state("step", {1}, DType::i32);
+      const ValueId y = g.append_node(OpKind::dropout2d, {x, s}, attrs).front();
+      const ValueId dx = g.append_node(OpKind::dropout2d_backward, {dy, s}, attrs).front();
+      g.mark_output(y);
+      g.mark_output(dx);
+      // Inputs in [0.5, 1.5]: never zero, so every differing keep bit shows.
+      TwinRun run(std::move(g), rng, Fill{false, 0.5, 1.5}, step);
+      CHECK(run.lowerings() == std::vector<std::string>{"dropout2d", "dropout2d"});
+      CHECK(run.error(y) == 0.0);
+      CHECK(run.error(dx) == 0.0);
+      // Whole channels: within a plane, all kept or all zero.
+      const auto got = run.gpu(y);
+      const std::int64_t plane = shape[2] * shape[3];
+      for (std::int64_t p = 0; p < shape[0] * shape[1]; ++p) {
+        const auto begin = got.begin() + p * plane;
+        const bool dropped = *begin == 0.f;
+        CHECK(std::all_of(begin, begin + plane, [&](float v) { return (v == 0.f) == dropped; }));
+      }
+    }
+}
+
+TEST_CASE("channel_sum alone, and with the cast to f32 after it, matches the CPU reference") {
+  auto rng = sg::test::fresh_rng();
+  for (const DType dtype : kDtypes)
+    for (int trial = 0; trial < 4; ++trial) {
+      const Shape shape{pick(rng, 1, 70), pick(rng, 1, 40), pick(rng, 1, 30), pick(rng, 1, 30)};
+      const bool cast = dtype != DType::f32 && trial % 2 == 1;  // an fp32 master bias's gradient
+      CAPTURE(sg::test::last_seed());
+      CAPTURE(fmt::format("{} {} cast {}", dtype_name(dtype), fmt::join(shape, "x"), cast));
+      Graph g;
+      const ValueId x = g.input("x", shape, dtype);
+      ValueId sum = g.append_node(OpKind::channel_sum, {x}, NoAttrs{}).front();
+      if (cast) sum = g.append_node(OpKind::cast, {sum}, CastAttrs{DType::f32}).front();
+      g.mark_output(sum);
+      TwinRun run(std::move(g), rng, Fill{false, 0.0, 1.0});  // positive: no cancellation in the reference sum
+      CHECK(run.lowerings() == std::vector<std::string>{"channel_sum"});
+      // Slices of a channel finish in any order; the partials add in slice
+      // order, and the finished counters reset for the next launch.
+      const auto first = run.gpu(sum);
+      run.rerun();
+      CHECK(run.gpu(sum) == first);
+      // f32: the reference adds up to 63000 terms one by one in float, we in
+      // a tree: both carry ~sqrt(terms) * 2^-24 of rounding. f16 / bf16: the
+      // two sums may round to neighbouring values.
+      CHECK(run.error(sum) < (dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 2e-3 : 1e-2));
+    }
+}
+
+TEST_CASE("a conv bias's channel_sum [+ cast] + sgd_update run as one launch and match the CPU reference") {
+  auto rng = sg::test::fresh_rng();
+  // (gradient dtype, bias dtype): same dtype, or an fp32 master bias through a cast.
+  const std::vector<std::pair<DType, DType>> types = {
+      {DType::f32, DType::f32}, {DType::f16, DType::f32}, {DType::bf16, DType::f32}, {DType::f16, DType::f16}};
+  for (const auto& [grad_type, bias_type] : types)
+    for (const double momentum : {0.0, 0.5}) {
+      const Shape shape{pick(rng, 1, 70), pick(rng, 1, 40), pick(rng, 1, 20), pick(rng, 1, 20)};
+      CAPTURE(sg::test::last_seed());
+      CAPTURE(fmt::format("grad {} bias {} momentum {} dy {}", dtype_name(grad_type), dtype_name(bias_type), momentum,
+                          fmt::join(shape, "x")));
+      Graph g;
+      const ValueId dy = g.input("dy", shape, grad_type);
+      const ValueId bias = g.param("b", {shape[1]}, bias_type);
+      std::optional<ValueId> velocity;
+      if (momentum > 0) velocity = g.state("vel_b", {shape[1]}, bias_type);
+      ValueId grad = g.append_node(OpKind::channel_sum, {dy}, NoAttrs{}).front();
+      if (grad_type != bias_type) grad = g.append_node(OpKind::cast, {grad}, CastAttrs{bias_type}).front();
+      g.sgd_update(bias, grad, momentum, 1e-3, velocity);
+      TwinRun run(std::move(g), rng, Fill{false, 0.0, 1.0}, 0, 0.01);
+      CHECK(run.lowerings() == std::vector<std::string>{"channel_sum_sgd"});
+      // The sum is rounded to the gradient's dtype before the update, on both
+      // backends; summed in another order, it may round to the neighbouring
+      // f16 / bf16 value, which the update (lr * grad dominates) carries into
+      // the bias and the velocity: one ulp of the gradient's dtype at most.
+      const double tolerance = grad_type == DType::f32 ? 1e-4 : grad_type == DType::bf16 ? 1e-2 : 2e-3;
+      CHECK(run.error(bias) < tolerance);
+      if (velocity) CHECK(run.error(*velocity) < tolerance);
+    }
+}
+
+TEST_CASE("the conv weights' [cast +] sgd_update run as one multi-tensor launch and match the CPU reference") {
+  auto rng = sg::test::fresh_rng();
+  const std::vector<std::pair<DType, DType>> types = {
+      {DType::f32, DType::f32}, {DType::f16, DType::f32}, {DType::bf16, DType::f32}, {DType::f16, DType::f16}};
+  for (const auto& [grad_type, weight_type] : types)
+    for (const double momentum : {0.0, 0.5}) {
+      CAPTURE(sg::test::last_seed());
+      CAPTURE(fmt::format("grad {} weight {} momentum {}", dtype_name(grad_type), dtype_name(weight_type), momentum));
+      Graph g;
+      // Two conv weights of odd sizes (one larger than a block's chunk).
+      const std::vector<Shape> shapes = {{pick(rng, 1, 30), pick(rng, 1, 9), 5, 5}, {64, 33, 3, 3}};
+      std::vector<ValueId> weights, velocities;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        const ValueId grad_in = g.input(fmt::format("grad_in{}", k), shapes[k], grad_type);
+        const ValueId w = g.param(fmt::format("w{}", k), shapes[k], weight_type);
+        std::optional<ValueId> velocity;
+        if (momentum > 0) velocity = g.state(fmt::format("vel_w{}", k), shapes[k], weight_type);
+        ValueId grad = grad_in;
+        if (grad_type != weight_type) grad = g.append_node(OpKind::cast, {grad_in}, CastAttrs{weight_type}).front();
+        g.sgd_update(w, grad, momentum, 1e-3, velocity);
+        weights.push_back(w);
+        if (velocity) velocities.push_back(*velocity);
+      }
+      // The step advance rides on the launch.
+      const ValueId step = g.state("step", {1}, DType::i32);
+      g.advance_step(step);
+      TwinRun run(std::move(g), rng, Fill{}, 41, 0.01);
+      CHECK(run.lowerings() == std::vector<std::string>{"conv_weight_sgd"});
+      CHECK(run.gpu_i32(step) == 42);
+      CHECK(run.cpu_i32(step) == 42);
+      const double tolerance = weight_type == DType::f16 ? 2e-3 : 1e-6;
+      for (ValueId v : weights) CHECK(run.error(v) < tolerance);
+      for (ValueId v : velocities) CHECK(run.error(v) < tolerance);
+    }
+}
+
+TEST_CASE("Adam on conv-shaped parameters (adam_multi_tensor) matches the CPU reference") {
+  auto rng = sg::test::fresh_rng();
+  CAPTURE(sg::test::last_seed());
+  Graph g;
+  const ValueId step = g.state("step", {1}, DType::i32);
+  std::vector<ValueId> updated;
+  for (const Shape& shape : std::vector<Shape>{{20, 10, 5, 5}, {7, 3, 3, 3}}) {
+    const std::string k = std::to_string(updated.size());
+    const ValueId w = g.param("w" + k, shape, DType::f32);
+    const ValueId grad = g.input("grad" + k, shape, DType::f32);
+    const ValueId m = g.state("adam_m_w" + k, shape, DType::f32);
+    const ValueId v = g.state("adam_v_w" + k, shape, DType::f32);
+    g.append_node(OpKind::adam_update, {w, grad, m, v, step}, AdamUpdateAttrs{});
+    updated.insert(updated.end(), {w, m});
+  }
+  // The second moment must stay non-negative: fill it with [0, 1].
+  TwinRun run(std::move(g), rng, Fill{false, 0.0, 1.0}, 3, 1e-3);
+  CHECK(run.lowerings() == std::vector<std::string>{"adam_multi_tensor"});
+  for (ValueId v : updated) CHECK(run.error(v) < 1e-5);
+}
+
+// ---- The implicit-GEMM convolutions (not in cuda_lowerings(): built directly here)
+
+namespace sg::cuda {
+std::unique_ptr<CudaLowering> make_conv_implicit_gemm_lowering(std::int64_t max_channel_product);
+}  // namespace sg::cuda
+
+namespace {
+
+// A binding of every graph value to a buffer of its own: what one lowering
+// needs to record its launches outside a CudaProgram.
+class DirectBinding final : public cuda::BindContext {
+ public:
+  DirectBinding(const Graph& g, const Schedule& s) : g_(g), s_(s) {
+    for (const Value& v : g.values())
+      buffers_.emplace_back(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype));
+  }
+  const Graph& graph() const override { return g_; }
+  const Schedule& schedule() const override { return s_; }
+  const BackendOptions& options() const override { return options_; }
+  const cuda::LtHandle& lt() const override { return lt_; }
+  cudaStream_t stream() const override { return stream_.get(); }
+  void* ptr(ValueId id) const override { return buffers_.at(static_cast<std::size_t>(id)).data(); }
+  void* aux(int) const override { throw std::logic_error("no relu masks here"); }
+  const cuda::SgdScalars* sgd_scalars(NodeId) const override { throw std::logic_error("no updates here"); }
+  const void* one(bool) const override { throw std::logic_error("no cuBLASLt here"); }
+  const void* zero(bool) const override { throw std::logic_error("no cuBLASLt here"); }
+  float* scratch_float() const override { throw std::logic_error("no scratch here"); }
+  const cuda::cudnn::Handle& cudnn() const override { throw std::logic_error("no cuDNN here"); }
+  void* const* workspace(std::size_t bytes) const override {
+    workspace_bytes_ = std::max(workspace_bytes_, bytes);
+    return &workspace_ptr_;
+  }
+  // After every launch is recorded: the workspace they asked for.
+  void allocate_workspace() {
+    workspace_ = cuda::DeviceBuffer(workspace_bytes_);
+    workspace_ptr_ = workspace_.data();
+  }
+  cuda::DeviceBuffer& buffer(ValueId id) { return buffers_.at(static_cast<std::size_t>(id)); }
+  cudaStream_t stream_handle() const { return stream_.get(); }
+
+ private:
+  const Graph& g_;
+  const Schedule& s_;
+  BackendOptions options_;
+  cuda::LtHandle lt_;
+  cuda::Stream stream_;
+  std::vector<cuda::DeviceBuffer> buffers_;
+  mutable std::size_t workspace_bytes_ = 0;
+  cuda::DeviceBuffer workspace_;
+  void* workspace_ptr_ = nullptr;
+};
+
+struct ConvCase {
+  std::int64_t n, c, h, w, o, k, stride, padding;
+  std::int64_t oh() const { return (h + 2 * padding - k) / stride + 1; }
+  std::int64_t ow() const { return (w + 2 * padding - k) / stride + 1; }
+};
+
+ConvCase random_conv_case(std::mt19937_64& rng) {
+  ConvCase c{};
+  c.k = pick(rng, 1, 5);
+  c.stride = pick(rng, 1, 3);
+  c.padding = pick(rng, 0, 2);
+  c.n = pick(rng, 1, 5);
+  c.c = pick(rng, 1, 7);
+  c.o = pick(rng, 1, 12);
+  c.h = std::max<std::int64_t>(1, c.k - 2 * c.padding) + pick(rng, 0, 15);
+  c.w = std::max<std::int64_t>(1, c.k - 2 * c.padding) + pick(rng, 0, 15);
+  return c;
+}
+
+// The three passes of one convolution (the forward with bias [+ relu]) by
+// the implicit-GEMM lowering and by the CPU reference.
+void check_implicit_gemm(const ConvCase& cc, DType dtype, bool relu, bool with_bias, std::mt19937_64& rng) {
+  CAPTURE(fmt::format("{} n{} c{} {}x{} o{} k{} stride {} padding {} relu {} bias {}", dtype_name(dtype), cc.n, cc.c,
+                      cc.h, cc.w, cc.o, cc.k, cc.stride, cc.padding, relu, with_bias));
+  Graph g;
+  const ValueId x = g.input("x", {cc.n, cc.c, cc.h, cc.w}, dtype);
+  const ValueId w = g.input("w", {cc.o, cc.c, cc.k, cc.k}, dtype);
+  const ValueId bias = g.input("bias", {cc.o}, dtype);
+  const ValueId dy = g.input("dy", {cc.n, cc.o, cc.oh(), cc.ow()}, dtype);
+  ValueId y = g.conv2d(x, w, with_bias ? std::optional<ValueId>(bias) : std::nullopt, static_cast<int>(cc.stride),
+                       static_cast<int>(cc.padding));
+  if (relu) y = g.append_node(OpKind::relu, {y}, NoAttrs{}).front();
+  const ValueId dx =
+      g.append_node(OpKind::conv2d_backward_data, {dy, w}, Conv2dAttrs{cc.stride, cc.padding, cc.h, cc.w}).front();
+  const ValueId dw =
+      g.append_node(OpKind::conv2d_backward_filter, {dy, x}, Conv2dAttrs{cc.stride, cc.padding, cc.k, cc.k}).front();
+  for (ValueId v : {y, dx, dw}) g.mark_output(v);
+
+  const auto lowering = cuda::make_conv_implicit_gemm_lowering(0);
+  const Schedule s = build_schedule(g, {lowering.get()});
+  REQUIRE(s.launches.size() == 3);
+  DirectBinding binding(g, s);
+  CpuExecutor<float> cpu(g);
+  for (ValueId in : {x, w, bias, dy}) {
+    const Value& v = g.value(in);
+    std::vector<float> host(static_cast<std::size_t>(element_count(v.shape)));
+    sg::test::fill_uniform(host, rng, -1.0, 1.0);
+    const auto blob = blob_from_floats(v.name, v.shape, v.dtype, host);
+    binding.buffer(in).upload(blob.bytes.data(), blob.bytes.size());
+    host = floats_from_blob(blob);
+    cpu.tensor(in).real.assign(host.begin(), host.end());
+  }
+  for (ValueId out : {y, dx, dw}) binding.buffer(out).fill_bytes(0xff);  // NaN until written
+  std::vector<std::unique_ptr<cuda::RecordedLaunch>> launches;
+  for (std::size_t i = 0; i < s.launches.size(); ++i)
+    launches.push_back(cuda::cuda_lowering_of(s.launches[i]).record(s.launches[i], i, binding));
+  binding.allocate_workspace();
+  for (const auto& l : launches) l->enqueue(binding.stream_handle());
+  SG_CUDA_CHECK(cudaStreamSynchronize(binding.stream_handle()));
+  cpu.run();
+  // f32: sums of up to 36864 products in another order (tiles, split K) than
+  // the reference's one-by-one float sum.
+  const double tolerance = dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 2e-3 : 1e-2;
+  std::vector<std::string> first_bits;
+  for (ValueId out : {y, dx, dw}) {
+    const Value& v = g.value(out);
+    CAPTURE(v.name);
+    io::TensorBlob blob{v.name, v.dtype, v.shape,
+                        std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
+    binding.buffer(out).download(blob.bytes.data(), blob.bytes.size());
+    CHECK(sg::test::relative_error(floats_from_blob(blob), cpu.tensor(out).real) < tolerance);
+    first_bits.push_back(std::move(blob.bytes));
+  }
+  // A replay gives the same bits (the partial sums are added in a fixed order).
+  for (ValueId out : {y, dx, dw}) binding.buffer(out).fill_bytes(0xff);
+  for (const auto& l : launches) l->enqueue(binding.stream_handle());
+  SG_CUDA_CHECK(cudaStreamSynchronize(binding.stream_handle()));
+  std::size_t i = 0;
+  for (ValueId out : {y, dx, dw}) {
+    std::string bits(first_bits[i].size(), '\0');
+    binding.buffer(out).download(bits.data(), bits.size());
+    CHECK_MESSAGE(bits == first_bits[i], g.value(out).name, " differs on replay");
+    ++i;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("implicit-GEMM conv forward (+bias, +relu), backward data and backward filter match the CPU reference") {
+  auto rng = sg::test::fresh_rng();
+  CAPTURE(sg::test::last_seed());
+  for (int trial = 0; trial < 10; ++trial)
+    for (const DType dtype : kDtypes)
+      check_implicit_gemm(random_conv_case(rng), dtype, trial % 2 == 1, trial % 3 != 0, rng);
+  // The MNIST CNN's two convolutions at batch 64 (both dtypes, relu and
+  // not) and at batch 256 (many ordered weight-gradient partials), the fast
+  // config's two at batch 128 (padding 2, 32 and 64 channels), and images
+  // too large for the direct path's shared memory (the tiled GEMM forward and
+  // weight gradient, split K) with a 3 x 3 and a 4 x 4 filter, or in
+  // chunks of input channels (99 = 50 + 49; the fast config's dgrad too).
+  for (const ConvCase& cc : {ConvCase{64, 1, 28, 28, 10, 5, 1, 0}, ConvCase{64, 10, 12, 12, 20, 5, 1, 0}}) {
+    check_implicit_gemm(cc, DType::f16, false, true, rng);
+    check_implicit_gemm(cc, DType::f32, true, true, rng);
+  }
+  for (const ConvCase& cc : {ConvCase{256, 10, 12, 12, 20, 5, 1, 0}, ConvCase{128, 1, 28, 28, 32, 5, 1, 2},
+                             ConvCase{128, 32, 14, 14, 64, 5, 1, 2}, ConvCase{2, 40, 30, 30, 6, 3, 1, 1},
+                             ConvCase{3, 30, 33, 31, 5, 4, 1, 0}, ConvCase{2, 99, 15, 15, 12, 5, 1, 2}})
+    check_implicit_gemm(cc, DType::f16, true, true, rng);
+}
