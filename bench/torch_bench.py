@@ -99,17 +99,27 @@ def time_loop(run, steps, repeats):
     return times
 
 
-def time_into(record, run, state, args, batch):
-    """--warmup untimed steps, then the median of --repeats timings of --steps steps, the SM clock around them."""
-    run(args.warmup)
-    torch.cuda.synchronize()
-    record["sm_clock_mhz_before"] = sm_clock()
-    times = time_loop(run, args.steps, args.repeats)
-    record["sm_clock_mhz_after"] = sm_clock()
-    record["all_us_per_step"] = times
-    record["us_per_step"] = statistics.median(times)
-    record["samples_per_s"] = batch * 1e6 / record["us_per_step"]
-    record["final_loss"] = float(state["loss"].item())
+def timed_record(record, make_runner, args, batch):
+    """Fills `record` for the runner make_runner() returns: --warmup untimed
+    steps, then the median of --repeats timings of --steps steps with the SM
+    clock around them; a mode that fails (OOM, compile error) is recorded, not fatal."""
+    try:
+        run, state = make_runner()
+        run(args.warmup)
+        torch.cuda.synchronize()
+        record["sm_clock_mhz_before"] = sm_clock()
+        times = time_loop(run, args.steps, args.repeats)
+        record["sm_clock_mhz_after"] = sm_clock()
+        record["all_us_per_step"] = times
+        record["us_per_step"] = statistics.median(times)
+        record["samples_per_s"] = batch * 1e6 / record["us_per_step"]
+        record["final_loss"] = float(state["loss"].item())
+    except Exception as e:
+        record["error"] = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return record
 
 
 def eager_runner(width, data, lr, compiled, amp_dtype=torch.float16, optim="sgd"):
@@ -199,20 +209,14 @@ def measure(mode, width, batch, args, data):
               "compute": args.compute, "optim": args.optim, "depth": DEPTH[0],
               "activation": ACTIVATION[0]}
     amp_dtype = torch.bfloat16 if args.compute == "bf16" else torch.float16
-    try:
+
+    def make_runner():
         if mode.startswith("torch_cudagraph"):
             per_graph = int(mode.split("_x")[1]) if "_x" in mode else 1
-            run, state = cudagraph_runner(width, data, args.lr, per_graph, amp_dtype, args.optim)
-        else:
-            run, state = eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"), amp_dtype=amp_dtype,
-                                      optim=args.optim)
-        time_into(record, run, state, args, batch)
-    except Exception as e:  # a mode that fails (OOM, compile error) is recorded, not fatal
-        record["error"] = f"{type(e).__name__}: {e}"[:500]
-    finally:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return record
+            return cudagraph_runner(width, data, args.lr, per_graph, amp_dtype, args.optim)
+        return eager_runner(width, data, args.lr, compiled=(mode == "torch_compile"), amp_dtype=amp_dtype,
+                            optim=args.optim)
+    return timed_record(record, make_runner, args, batch)
 
 
 def main():

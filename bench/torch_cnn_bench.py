@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import stepgraph_data as sd
-from torch_bench import time_into
+from torch_bench import timed_record
 from torch_cnn import build_report_cnn
 
 
@@ -97,15 +97,8 @@ def measure(mode, batch, args, data):
     record = {"mode": mode, "width": 0, "batch": batch, "steps": args.steps, "repeats": args.repeats,
               "model": "report_cnn"}
     amp = mode.endswith("_amp")
-    try:
-        run, state = (cudagraph_runner if mode.startswith("torch_cudagraph") else eager_runner)(data, amp)
-        time_into(record, run, state, args, batch)
-    except Exception as e:  # a mode that fails is recorded, not fatal
-        record["error"] = f"{type(e).__name__}: {e}"[:500]
-    finally:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    return record
+    runner = cudagraph_runner if mode.startswith("torch_cudagraph") else eager_runner
+    return timed_record(record, lambda: runner(data, amp), args, batch)
 
 
 def main():
