@@ -213,6 +213,9 @@ CudnnConv::CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, co
   const std::string key = fmt::format("{}|{}", cache_key(request), fused_epilogue_);
   std::optional<std::int64_t> chosen;
   if (autotune) chosen = chosen_engine(key);
+  // (Another program's candidates may differ, e.g. by its buffers' alignment: then time these.)
+  if (chosen && std::none_of(plans.begin(), plans.end(), [&](const cudnn::Plan& p) { return p.engine == *chosen; }))
+    chosen.reset();
   std::int64_t most = 0;
   for (const auto& p : plans) most = std::max(most, p.workspace_bytes);
   const DeviceBuffer workspace(static_cast<std::size_t>(most));
