@@ -34,28 +34,38 @@ __device__ __forceinline__ bool replaces(float candidate, float best) {
   return candidate > best || (isnan(candidate) && !isnan(best));
 }
 
-template <typename T>
-__global__ void max_pool2d_forward_kernel(const T* x, const std::int32_t* step_counter, PoolGeometry g,
+// A pooling problem's sizes in the kernels' index type I: 32-bit where every
+// index fits (integer division and modulo in 64 bits cost several times
+// more, and these kernels are mostly index arithmetic), 64-bit otherwise.
+template <typename I>
+struct PoolSizes {
+  I planes, h, w, kernel, stride, oh, ow;
+  explicit PoolSizes(const PoolGeometry& g)
+      : planes(I(g.planes)), h(I(g.h)), w(I(g.w)), kernel(I(g.kernel)), stride(I(g.stride)), oh(I(g.oh())),
+        ow(I(g.ow())) {}
+};
+
+template <typename T, typename I>
+__global__ void max_pool2d_forward_kernel(const T* x, const std::int32_t* step_counter, PoolSizes<I> g,
                                           PlaneDropout dropout, T* dropped, T* pooled, T* activated) {
   const std::int32_t step = dropout.active ? *step_counter : 0;
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  const std::int64_t first = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
-  const std::int64_t plane_size = g.h * g.w;
+  const I stride = I(gridDim.x) * I(blockDim.x);
+  const I first = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
+  const I plane_size = g.h * g.w;
   // dropout2d's output, when read after the launch (the pooling's backward
   // takes its argmax from it): every element, windows or not.
   if (dropped)
-    for (std::int64_t i = first; i < g.planes * plane_size; i += stride) {
+    for (I i = first; i < g.planes * plane_size; i += stride) {
       const float f = plane_factor(dropout, step, i / plane_size);
       dropped[i] = from_float<T>(dropped_value(x[i], f, true));
     }
-  const std::int64_t oh = g.oh(), ow = g.ow();
-  for (std::int64_t o = first; o < g.planes * oh * ow; o += stride) {
-    const std::int64_t plane = o / (oh * ow), oy = (o / ow) % oh, ox = o % ow;
+  for (I o = first; o < g.planes * g.oh * g.ow; o += stride) {
+    const I plane = o / (g.oh * g.ow), oy = (o / g.ow) % g.oh, ox = o % g.ow;
     const float f = plane_factor(dropout, step, plane);
     const T* window = x + plane * plane_size + oy * g.stride * g.w + ox * g.stride;
     float best = dropped_value(window[0], f, dropout.active);
-    for (std::int64_t i = 0; i < g.kernel; ++i)
-      for (std::int64_t j = 0; j < g.kernel; ++j) {
+    for (I i = 0; i < g.kernel; ++i)
+      for (I j = 0; j < g.kernel; ++j) {
         const float v = dropped_value(window[i * g.w + j], f, dropout.active);
         if (replaces(v, best)) best = v;
       }
@@ -66,14 +76,13 @@ __global__ void max_pool2d_forward_kernel(const T* x, const std::int32_t* step_c
 }
 
 // The index in its plane of window (oy, ox)'s first maximum of x.
-template <typename T>
-__device__ __forceinline__ std::int64_t window_argmax(const T* plane, const PoolGeometry& g, std::int64_t oy,
-                                                      std::int64_t ox) {
-  std::int64_t best = oy * g.stride * g.w + ox * g.stride;
+template <typename T, typename I>
+__device__ __forceinline__ I window_argmax(const T* plane, const PoolSizes<I>& g, I oy, I ox) {
+  I best = oy * g.stride * g.w + ox * g.stride;
   float best_v = to_float(plane[best]);
-  for (std::int64_t i = 0; i < g.kernel; ++i)
-    for (std::int64_t j = 0; j < g.kernel; ++j) {
-      const std::int64_t at = (oy * g.stride + i) * g.w + ox * g.stride + j;
+  for (I i = 0; i < g.kernel; ++i)
+    for (I j = 0; j < g.kernel; ++j) {
+      const I at = (oy * g.stride + i) * g.w + ox * g.stride + j;
       const float v = to_float(plane[at]);
       if (replaces(v, best_v)) {
         best = at;
@@ -85,35 +94,34 @@ __device__ __forceinline__ std::int64_t window_argmax(const T* plane, const Pool
 
 // relu_backward (ref::relu_backward): the gradient where the relu's output
 // is positive, else 0; no relu (null output): the gradient itself.
-template <typename T>
-__device__ __forceinline__ float through_relu(float grad, const T* relu_out, std::int64_t at) {
+template <typename T, typename I>
+__device__ __forceinline__ float through_relu(float grad, const T* relu_out, I at) {
   return relu_out && !(to_float(relu_out[at]) > 0.f) ? 0.f : grad;
 }
 
-template <typename T>
-__global__ void max_pool2d_backward_kernel(PoolBackwardTensors<T> t, const std::int32_t* step_counter, PoolGeometry g,
+template <typename T, typename I>
+__global__ void max_pool2d_backward_kernel(PoolBackwardTensors<T> t, const std::int32_t* step_counter, PoolSizes<I> g,
                                            PlaneDropout dropout) {
   const std::int32_t step = dropout.active ? *step_counter : 0;
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  const std::int64_t first = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
-  const std::int64_t oh = g.oh(), ow = g.ow(), plane_size = g.h * g.w;
+  const I stride = I(gridDim.x) * I(blockDim.x);
+  const I first = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
+  const I oh = g.oh, ow = g.ow, plane_size = g.h * g.w;
   if (t.relu_before_grad)  // the first relu_backward's output, when read after the launch
-    for (std::int64_t o = first; o < g.planes * oh * ow; o += stride)
+    for (I o = first; o < g.planes * oh * ow; o += stride)
       t.relu_before_grad[o] = from_float<T>(through_relu(to_float(t.dy[o]), t.relu_before, o));
-  for (std::int64_t i = first; i < g.planes * plane_size; i += stride) {
-    const std::int64_t plane = i / plane_size, y = (i / g.w) % g.h, xx = i % g.w;
-    const std::int64_t at = y * g.w + xx;
+  for (I i = first; i < g.planes * plane_size; i += stride) {
+    const I plane = i / plane_size, at = i - plane * plane_size, y = at / g.w, xx = at - y * g.w;
     const T* xp = t.x + plane * plane_size;
     // Windows (oy, ox) containing (y, xx): oy*s <= y < oy*s + k, within [0, oh).
-    const std::int64_t oy_lo = y >= g.kernel ? (y - g.kernel) / g.stride + 1 : 0;
-    const std::int64_t ox_lo = xx >= g.kernel ? (xx - g.kernel) / g.stride + 1 : 0;
-    const std::int64_t oy_hi = y / g.stride < oh ? y / g.stride : oh - 1;
-    const std::int64_t ox_hi = xx / g.stride < ow ? xx / g.stride : ow - 1;
+    const I oy_lo = y >= g.kernel ? (y - g.kernel) / g.stride + 1 : 0;
+    const I ox_lo = xx >= g.kernel ? (xx - g.kernel) / g.stride + 1 : 0;
+    const I oy_hi = y / g.stride < oh ? y / g.stride : oh - 1;
+    const I ox_hi = xx / g.stride < ow ? xx / g.stride : ow - 1;
     float acc = 0.f;
-    for (std::int64_t oy = oy_lo; oy <= oy_hi; ++oy)
-      for (std::int64_t ox = ox_lo; ox <= ox_hi; ++ox)
+    for (I oy = oy_lo; oy <= oy_hi; ++oy)
+      for (I ox = ox_lo; ox <= ox_hi; ++ox)
         if (window_argmax(xp, g, oy, ox) == at) {
-          const std::int64_t o = (plane * oh + oy) * ow + ox;
+          const I o = (plane * oh + oy) * ow + ox;
           acc += through_relu(to_float(t.dy[o]), t.relu_before, o);
         }
     // Each step of the chain rounded to T, as the graph stores it.
@@ -125,13 +133,24 @@ __global__ void max_pool2d_backward_kernel(PoolBackwardTensors<T> t, const std::
   }
 }
 
+// Whether every index of the problem (with a grid stride's overshoot) fits 32 bits.
+bool fits_int32(const PoolGeometry& g) {
+  const std::int64_t elements = g.planes * g.h * g.w;
+  return elements + std::int64_t(blocks_for(elements)) * kThreads < std::int64_t(INT32_MAX);
+}
+
 }  // namespace
 
 template <typename T>
 void launch_max_pool2d_forward(const T* x, const std::int32_t* step, const PoolGeometry& g, const PlaneDropout& dropout,
                                T* dropped, T* pooled, T* activated, cudaStream_t stream) {
   const std::int64_t work = std::max(dropped ? g.planes * g.h * g.w : 0, g.planes * g.oh() * g.ow());
-  max_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, step, g, dropout, dropped, pooled, activated);
+  if (fits_int32(g))
+    max_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, step, PoolSizes<std::int32_t>(g), dropout,
+                                                                          dropped, pooled, activated);
+  else
+    max_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, step, PoolSizes<std::int64_t>(g), dropout,
+                                                                          dropped, pooled, activated);
   SG_LAUNCH_CHECK("max_pool2d_forward_kernel");
 }
 
@@ -140,7 +159,11 @@ void launch_max_pool2d_backward(const PoolBackwardTensors<T>& t, const std::int3
                                 const PlaneDropout& dropout, cudaStream_t stream) {
   if (!dropout.active && t.dx != t.pool_grad && t.dx != t.relu_after_grad)
     throw CudaError("max_pool2d_backward: without dropout the result is the pooling's or the relu's gradient");
-  max_pool2d_backward_kernel<<<blocks_for(g.planes * g.h * g.w), kThreads, 0, stream>>>(t, step, g, dropout);
+  const unsigned blocks = blocks_for(g.planes * g.h * g.w);
+  if (fits_int32(g))
+    max_pool2d_backward_kernel<<<blocks, kThreads, 0, stream>>>(t, step, PoolSizes<std::int32_t>(g), dropout);
+  else
+    max_pool2d_backward_kernel<<<blocks, kThreads, 0, stream>>>(t, step, PoolSizes<std::int64_t>(g), dropout);
   SG_LAUNCH_CHECK("max_pool2d_backward_kernel");
 }
 
