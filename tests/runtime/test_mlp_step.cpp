@@ -8,40 +8,19 @@
 #include "models/mlp.hpp"
 #include "ops/cpu/reference_ops.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
+#include "tests/runtime/random_mlp_problem.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
 
 namespace {
 
-struct Problem {
-  MlpSpec spec;
-  std::vector<std::uint8_t> images, labels;
-  std::vector<std::int32_t> perm;
-};
-
-Problem random_problem(std::mt19937_64& rng) {
-  Problem p;
-  p.spec.layers = {11, 9, 7, 5};
-  p.spec.batch = 6;
-  p.spec.dataset_rows = 20;
-  p.spec.weight_dtype = DType::f32;
-  p.spec.compute_dtype = DType::f32;
-  p.images.resize(20 * 11);
-  p.labels.resize(20);
-  for (auto& v : p.images) v = static_cast<std::uint8_t>(rng() % 256);
-  for (auto& v : p.labels) v = static_cast<std::uint8_t>(rng() % 5);
-  p.perm.resize(20);
-  std::iota(p.perm.begin(), p.perm.end(), 0);
-  std::shuffle(p.perm.begin(), p.perm.end(), rng);
-  return p;
-}
+using Problem = sg::test::MlpProblem;
+using sg::test::random_mlp_problem;
 
 template <typename T>
 void load(CpuExecutor<T>& exec, const Problem& p, std::mt19937_64& rng) {
-  exec.tensor(names::images).u8 = p.images;
-  exec.tensor(names::labels).u8 = p.labels;
-  exec.tensor(names::perm).i32 = p.perm;
+  sg::test::load_mlp_data(exec, p);
   for (ValueId id : exec.graph().values_with_role(Role::param)) sg::test::fill_uniform(exec.tensor(id).real, rng);
 }
 
@@ -120,7 +99,7 @@ std::map<std::string, Matrix> hand_gradients(CpuExecutor<double>& exec, const Pr
 TEST_CASE("autodiff of the MLP equals the hand derivation") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const Problem p = random_problem(rng);
+  const Problem p = random_mlp_problem(rng);
   Graph g = build_mlp_forward(p.spec);
   const auto grads = append_backward(g, g.value_named(names::loss));
   CpuExecutor<double> exec(g);
@@ -138,7 +117,7 @@ TEST_CASE("autodiff of the MLP equals the hand derivation") {
 TEST_CASE("two SGD steps with momentum and weight decay equal the formula") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const Problem p = random_problem(rng);
+  const Problem p = random_mlp_problem(rng);
   const SgdSpec sgd{0.05, 0.9, 0.01};
   const auto stages = build_training_stages(p.spec, sgd);
   CpuExecutor<double> step_exec(stages.fused);   // what training runs

@@ -12,6 +12,7 @@
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/data/idx_reader.hpp"
 #include "runtime/trainer.hpp"
+#include "tests/runtime/random_mlp_problem.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/test_data.hpp"
 #include "tests/support/training_helpers.hpp"
@@ -188,43 +189,10 @@ TEST_CASE("grad_clip_scale is clip_grad_norm_'s factor over every gradient; scal
   }
 }
 
-namespace {
-
-struct Problem {
-  MlpSpec spec;
-  std::vector<std::uint8_t> images, labels;
-  std::vector<std::int32_t> perm;
-};
-
-Problem random_problem(std::mt19937_64& rng) {
-  Problem p;
-  p.spec.layers = {11, 9, 7, 5};
-  p.spec.batch = 6;
-  p.spec.dataset_rows = 20;
-  p.spec.weight_dtype = DType::f32;
-  p.spec.compute_dtype = DType::f32;
-  p.images.resize(20 * 11);
-  p.labels.resize(20);
-  for (auto& v : p.images) v = static_cast<std::uint8_t>(rng() % 256);
-  for (auto& v : p.labels) v = static_cast<std::uint8_t>(rng() % 5);
-  p.perm.resize(20);
-  std::iota(p.perm.begin(), p.perm.end(), 0);
-  std::shuffle(p.perm.begin(), p.perm.end(), rng);
-  return p;
-}
-
-void load(CpuExecutor<double>& exec, const Problem& p) {
-  exec.tensor(names::images).u8 = p.images;
-  exec.tensor(names::labels).u8 = p.labels;
-  exec.tensor(names::perm).i32 = p.perm;
-}
-
-}  // namespace
-
 TEST_CASE("training steps with Adam/AdamW/Nesterov and clipping equal gradients + PyTorch's formulas") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const Problem p = random_problem(rng);
+  const auto p = sg::test::random_mlp_problem(rng);
   struct Case {
     OptimizerKind kind;
     double clip;
@@ -245,8 +213,8 @@ TEST_CASE("training steps with Adam/AdamW/Nesterov and clipping equal gradients 
     CpuExecutor<double> step_exec(stages.fused);
     step_exec.set_learning_rate(spec.lr);
     CpuExecutor<double> grad_exec(stages.backward);
-    load(step_exec, p);
-    load(grad_exec, p);
+    sg::test::load_mlp_data(step_exec, p);
+    sg::test::load_mlp_data(grad_exec, p);
     std::map<std::string, Vec> w, buf;
     std::map<std::string, TorchAdam> adam;
     for (ValueId id : stages.fused.values_with_role(Role::param)) {
