@@ -8,6 +8,7 @@
 #ifdef STEPGRAPH_HAVE_CUDA
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
+#include "runtime/cuda/device_release.hpp"
 #include "runtime/cuda/device_warmup.hpp"
 #endif
 
@@ -122,14 +123,22 @@ std::future<DeviceWarmup> start_device_warmup(const TrainConfig& config) {
       const auto t = cuda::warm_up_device();
       return DeviceWarmup{t.device,
                           {{"CUDA driver initialisation (worker thread)", t.driver_s},
-                           {"CUDA primary context (worker thread)", t.context_s},
-                           {"cuBLASLt handle and first heuristic query (worker thread)", t.cublaslt_s}}};
+                           {"CUDA primary context (worker thread, after the driver)", t.context_s},
+                           {"loading cuBLASLt (second worker thread, beside the context)", t.cublaslt_load_s},
+                           {"cuBLASLt handle and first heuristic query (second worker thread)", t.cublaslt_s},
+                           {"driver, context and cuBLASLt together (wall time)", t.total_s}}};
     });
 #endif
   (void)config;
   std::promise<DeviceWarmup> none;
   none.set_value({});
   return none.get_future();
+}
+
+void release_cuda_device() noexcept {
+#ifdef STEPGRAPH_HAVE_CUDA
+  (void)cuda::release_device();
+#endif
 }
 
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& config, const Dataset& data, std::string& note) {

@@ -46,6 +46,10 @@ struct DeviceWarmup {
   std::vector<std::pair<std::string, double>> parts;
 };
 std::future<DeviceWarmup> start_device_warmup(const TrainConfig& config);
+// Destroys the CUDA context of the calling thread's device now, for a
+// process that makes no further CUDA calls (runtime/cuda/device_release.hpp);
+// nothing in a build without CUDA.
+void release_cuda_device() noexcept;
 // `note` receives a line to show the user when auto falls back to the CPU.
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& config, const Dataset& data, std::string& note);
 

@@ -64,7 +64,7 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--activation", r.activation,
                  "activation between hidden layers (model.activation): relu | gelu | gelu_tanh | silu | tanh | "
                  "sigmoid | identity (gelu_tanh fuses into cuBLASLt's GELU epilogues; every one into our "
-                 "batch-16/32 kernels; the whole-step kernels are ReLU only)")
+                 "batch-16/32 kernels; every one but identity into the batch-48/64 whole-step kernels)")
       ->capture_default_str()
       ->check(CLI::IsMember({"relu", "gelu", "gelu_tanh", "silu", "tanh", "sigmoid", "identity"}));
   cmd.add_option("--depth", r.depth, "hidden layers (784-H-...-H-10; 2 for the issue's 784-1024-1024-10)")

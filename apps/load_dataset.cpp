@@ -27,9 +27,13 @@ data::DatasetFiles dataset_files(const TrainConfig& config) {
 }
 
 Dataset load_dataset_while_device_starts(const TrainConfig& config, report::RunTiming& timing) {
+  return load_dataset_while_device_starts(config, start_device_warmup(config), timing);
+}
+
+Dataset load_dataset_while_device_starts(const TrainConfig& config, std::future<DeviceWarmup> device_ready,
+                                         report::RunTiming& timing) {
   using Clock = std::chrono::steady_clock;
   const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  auto device_ready = start_device_warmup(config);
   auto start = Clock::now();
   Dataset data = load_dataset(config);
   const double load_seconds = since(start);

@@ -1,6 +1,9 @@
 #pragma once
 // The dataset a TrainConfig names, read for training, profiling and
 // benchmarking alike.
+#include <future>
+
+#include "apps/backend_choice.hpp"
 #include "apps/config/train_config.hpp"
 #include "apps/report/run_timing.hpp"
 #include "runtime/data/dataset_files.hpp"
@@ -17,6 +20,9 @@ Dataset load_dataset(const TrainConfig& config);
 // worker's parts under it, then the start-up left after it. Without a worker
 // (backend.kind: cpu, or a build without CUDA) only the data load.
 Dataset load_dataset_while_device_starts(const TrainConfig& config, report::RunTiming& timing);
+// The same with a warm-up the caller started earlier (start_device_warmup).
+Dataset load_dataset_while_device_starts(const TrainConfig& config, std::future<DeviceWarmup> device_ready,
+                                         report::RunTiming& timing);
 // The data.* keys as the dataset loader takes them (format, files, split,
 // limits, and the model's target width).
 data::DatasetFiles dataset_files(const TrainConfig& config);

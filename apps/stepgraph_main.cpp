@@ -68,7 +68,7 @@ int train(const ConfigArgs& args, const sg::app::RankLaunch& cli_launch, int arg
   }
   const auto config = args.load();
   const auto summary =
-      sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0 && launch.rank <= 0}, launch);
+      sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0 && launch.rank <= 0, true}, launch);
   if (summary.interrupted) return 128 + g_stop_signal;
   if (launch.rank > 0) return 0;  // rank 0 prints the result
   if (std::isnan(summary.final_eval.accuracy))  // a regression run (model.loss mse/l1): test loss only

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <future>
+#include <memory>
 #include <optional>
 
 #include <fmt/ranges.h>
@@ -47,6 +49,13 @@ class TrainingLoop {
     if (writes_outputs_) check_outputs();  // before any work: a bad output path must not cost a whole run
     std::optional<io::Checkpoint> resume_from;
     if (!config_.run.resume.empty()) resume_from = load_resume_checkpoint();
+    // The CUDA start-up (driver, context, cuBLASLt) begins on worker threads
+    // now, once the output paths and the resume checkpoint are known to be
+    // good, so writing config.yaml and reading the data both overlap it. A
+    // data-parallel rank starts none: that would land on GPU 0 for every
+    // rank; its trainer selects its own GPU.
+    std::future<DeviceWarmup> device_ready;
+    if (!data_parallel()) device_ready = start_device_warmup(config_);
     const std::string resolved = to_yaml(config_);
     if (data_parallel()) {  // every rank checks in (same world size and resolved config) before any work
       const auto start = Clock::now();
@@ -58,9 +67,8 @@ class TrainingLoop {
       io::write_file_atomically(out_dir_ / "config.yaml", resolved);
     }
 
-    // A data-parallel rank starts no CUDA context on a worker thread: that
-    // would land on GPU 0 for every rank; its trainer selects its own GPU.
-    Dataset data = data_parallel() ? load_dataset(config_) : load_dataset_while_device_starts(config_, summary_.timing);
+    Dataset data = data_parallel() ? load_dataset(config_)
+                                   : load_dataset_while_device_starts(config_, std::move(device_ready), summary_.timing);
     check_data(data);
     feature_dtype_ = data.train.images.dtype;
     spdlog::info("data: {} training and {} test {} of {}x{} {} from {}", data.train.images.count,
@@ -74,6 +82,7 @@ class TrainingLoop {
     summary_.timing.add(construction, seconds_since(phase_start));
     for (const auto& [part, seconds] : trainer_->setup_phases()) summary_.timing.add_part(construction, part, seconds);
     if (!note.empty()) spdlog::warn("{}", note);
+    on_cuda_ = data_parallel() || (config_.backend.kind != "cpu" && note.empty());  // note: fell back to the CPU
     summary_.backend = trainer_->description();
     if (data_parallel())
       summary_.backend += fmt::format(", data parallel: rank {} of {}, global batch {} x {}", group_.rank,
@@ -88,7 +97,9 @@ class TrainingLoop {
     phase_start = Clock::now();
     finish();
     summary_.timing.add("evaluation (test set)", eval_seconds_);
-    summary_.timing.add("writing outputs (checkpoint, metrics, loss.svg)", seconds_since(phase_start) - (eval_seconds_ - eval_in_loop));
+    const std::string outputs = "writing outputs (checkpoint on a worker thread) and releasing the GPU";
+    summary_.timing.add(outputs, seconds_since(phase_start) - (eval_seconds_ - eval_in_loop));
+    for (const auto& [part, seconds] : output_parts_) summary_.timing.add_part(outputs, part, seconds);
     spdlog::info("{}", summary_.timing.format("where the run's time went"));
     return summary_;
   }
@@ -310,34 +321,86 @@ class TrainingLoop {
     return out_dir_ / "checkpoint.sgck";
   }
 
-  void save_checkpoint(const std::filesystem::path& path) {
-    if (!writes_outputs_) return;  // one copy of the weights: rank 0's (every rank holds the same)
+  // The trainer's state now, as a checkpoint (host copies of the device state).
+  io::Checkpoint checkpoint_now() const {
     io::Checkpoint ckpt{trainer_->step(), config_.data.shuffle_seed, to_yaml(config_), trainer_->save_state()};
     // What predict/export need besides the config: the dtype of the features trained on (apps/saved_model.hpp).
     ckpt.tensors.push_back(feature_dtype_blob(feature_dtype_));
     if (data_parallel()) ckpt.tensors.push_back(data_parallel_ranks_blob(ranks()));
+    return ckpt;
+  }
+
+  void save_checkpoint(const std::filesystem::path& path) {
+    if (!writes_outputs_) return;  // one copy of the weights: rank 0's (every rank holds the same)
+    const io::Checkpoint ckpt = checkpoint_now();
     io::save_checkpoint(path, ckpt);
     spdlog::info("checkpoint at step {} written to {}", ckpt.step, path.string());
   }
 
+  // The run's last checkpoint, written (temp file, fsync, rename) on a worker
+  // thread while the metrics are written and the trainer releases the GPU;
+  // finish() waits for it. Nothing to write: an empty future.
+  std::future<double> start_final_checkpoint(const std::filesystem::path& path) {
+    if (!writes_outputs_) return {};
+    auto ckpt = std::make_shared<const io::Checkpoint>(checkpoint_now());  // the device state, copied now
+    return std::async(std::launch::async, [ckpt, path] {
+      const auto start = Clock::now();
+      io::save_checkpoint(path, *ckpt);
+      return seconds_since(start);
+    });
+  }
+
   void finish() {
+    std::future<double> checkpoint_written;
+    std::filesystem::path final_checkpoint;
     if (summary_.interrupted) {
       spdlog::warn("interrupted at step {} of {}", summary_.steps, total_);
-      save_checkpoint(checkpoint_path());
+      final_checkpoint = checkpoint_path();
     } else {
       if (summary_.steps == first_step_ && first_step_ > 0)
         spdlog::warn("nothing to train: {} is already at step {} of {}", config_.run.resume, first_step_, total_);
       summary_.final_eval = evaluate(summary_.steps, elapsed_before_ + summary_.seconds);
-      if (!config_.run.checkpoint.empty()) save_checkpoint(config_.run.checkpoint);
+      if (!config_.run.checkpoint.empty()) final_checkpoint = config_.run.checkpoint;
     }
+    if (!final_checkpoint.empty()) checkpoint_written = start_final_checkpoint(final_checkpoint);
     const auto steps_here = summary_.steps - first_step_;  // this run's steps, not the resumed ones
     summary_.samples_per_second =
         summary_.seconds > 0 && steps_here > 0
             ? double(steps_here) * double(config_.data.batch_size * ranks()) / summary_.seconds
             : 0;
+    // Nothing below needs the device: the trainer's memory, graphs and
+    // handles go now, on a worker thread beside the checkpoint's write, and
+    // with release_device_at_end the CUDA context too, instead of after
+    // main(). A data-parallel rank releases its trainer here (its GPU is not
+    // the worker's current device) and leaves the context to the exit.
+    std::future<double> released;
+    const bool release_context = controls_.release_device_at_end && !data_parallel() && on_cuda_;
+    auto part_start = Clock::now();
+    if (data_parallel()) {
+      trainer_.reset();
+      output_parts_.emplace_back("releasing the trainer (GPU memory, graphs, handles)", seconds_since(part_start));
+    } else {
+      released = std::async(std::launch::async, [this, release_context] {
+        const auto start = Clock::now();
+        trainer_.reset();
+        if (release_context) release_cuda_device();
+        return seconds_since(start);
+      });
+    }
+    part_start = Clock::now();
     if (writes_outputs_) {
       metrics_.write(out_dir_);
       metrics_.write_loss_plot(out_dir_, fmt::format("{} ({})", config_.source, summary_.backend));
+      output_parts_.emplace_back("metrics.csv, metrics.json, loss.svg", seconds_since(part_start));
+    }
+    if (released.valid())
+      output_parts_.emplace_back(release_context ? "releasing the trainer and the CUDA context (worker thread)"
+                                                 : "releasing the trainer (worker thread)",
+                                 released.get());
+    if (checkpoint_written.valid()) {
+      const double write_seconds = checkpoint_written.get();  // rethrows the write's IoError
+      output_parts_.emplace_back("checkpoint: serialise, write, fsync, rename (worker thread)", write_seconds);
+      spdlog::info("checkpoint at step {} written to {}", summary_.steps, final_checkpoint.string());
     }
     if (summary_.interrupted) {
       spdlog::info("stopped: {} steps ({} in this run, {:.2f} s); not evaluated; resume with --set run.resume={}; "
@@ -369,6 +432,8 @@ class TrainingLoop {
   std::int64_t total_ = 0;
   std::int64_t last_finite_step_ = 0;
   double eval_seconds_ = 0;  // time in trainer_->evaluate() (summary_.timing)
+  std::vector<std::pair<std::string, double>> output_parts_;  // finish(): the outputs' parts (summary_.timing)
+  bool on_cuda_ = false;  // the trainer runs on the CUDA backend (finish() may release the context)
   std::int64_t first_step_ = 0;      // the step resumed from (0 for a fresh run)
   double elapsed_before_ = 0;        // elapsed_s of the resumed run's last metrics row
   DType feature_dtype_ = DType::u8;  // of the training data: saved in checkpoints for predict/export

@@ -32,6 +32,10 @@ struct TrainSummary {
 struct RunControls {
   const std::atomic<bool>* stop_requested = nullptr;  // set by the SIGINT handler
   bool interactive_progress = false;                  // stdout is a terminal
+  // The process makes no CUDA calls after this run (the CLI's train): the run
+  // destroys the CUDA context itself, beside writing its outputs, instead of
+  // leaving that to the exit (runtime/cuda/device_release.hpp).
+  bool release_device_at_end = false;
 };
 
 // `rank_launch`: one rank of a data-parallel run (issue 25) when its world_size

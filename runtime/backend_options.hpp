@@ -37,7 +37,7 @@ struct BackendOptions {
   std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
-  bool whole_step = true;              // one kernel for the whole step where the MLP fits it
+  bool whole_step = true;              // one kernel (a small CNN: two) for the whole step where it fits
   WholeStepMode whole_step_mode = WholeStepMode::automatic;
   bool one_pass_backward = true;       // dgrad + SGD in one pass over W; the output layer's backward in one kernel
   bool small_batch_forward = true;     // our small-batch forwards (batch fetch folded into the first)

@@ -53,9 +53,6 @@ DgradWgradSgd::DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k,
     : batch_(batch), n_(n), k_(k), input_width_(input_width), activation_(activation), options_(options) {
   if (const std::string why = dgrad_wgrad_unsupported(batch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD: unsupported: " + why);
-  if (!one_pass_kernel_takes(one_pass_kernel_for(batch, k), activation))
-    throw CudaError(fmt::format("one-pass dgrad+SGD: batch {}, K = {}: that kernel takes ReLU only, not {}", batch, k,
-                                activation_op_name(activation)));
   if (input_width > 0)
     if (const std::string why = input_update_unsupported(batch, n, k, input_width); !why.empty())
       throw CudaError("one-pass dgrad+SGD: no folded input update: " + why);
@@ -79,7 +76,8 @@ void DgradWgradSgd::launch(const __half* dy, const __half* x, __half* w, __half*
   if (!dx && !input.w) throw CudaError("one-pass dgrad+SGD: dX has nowhere to go");
   if (batch_ == 256) {
     if (!dx || input.w) throw CudaError("one-pass dgrad+SGD (wgmma): needs dX and takes no input-layer update");
-    one_pass::launch_wgmma(dy, x, n_, k_, w, dx, scalars, stream, options_.multicast, bias, bias_scalars);
+    one_pass::launch_wgmma(dy, x, n_, k_, w, dx, scalars, stream, options_.multicast, bias, bias_scalars, activation_,
+                           pre_activation);
   } else if (grid_.ranges == 0)
     one_pass::launch_column_strips(strips_, dy, x, batch_, n_, k_, w, dx, scalars, stream, options_.dependent, bias,
                                    bias_scalars, input, activation_, pre_activation);

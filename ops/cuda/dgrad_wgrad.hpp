@@ -43,11 +43,7 @@ std::string dgrad_wgrad_unsupported(std::int64_t batch, std::int64_t n, std::int
 // or wgmma (batch 256).
 enum class OnePassKernel : std::uint8_t { column_strips, row_ranges, wgmma };
 OnePassKernel one_pass_kernel_for(std::int64_t batch, std::int64_t k);
-// Whether that kernel takes dX through `activation`'s backward: the column
-// strips and row ranges take every activation of activation.hpp, wgmma ReLU only.
-constexpr bool one_pass_kernel_takes(OnePassKernel kernel, Activation activation) {
-  return activation == Activation::relu || kernel != OnePassKernel::wgmma;
-}
+// (Each of them takes dX through any activation of activation.hpp.)
 // Empty when a launch for these sizes can also take the first layer's update
 // (one_pass::InputLayerUpdate) for an input of `input_width` columns.
 std::string input_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k, std::int64_t input_width);
@@ -62,7 +58,7 @@ class DgradWgradSgd {
  public:
   // options: see DgradWgradOptions. input_width > 0: launches take the first
   // layer's update for an input that wide (see input_update_unsupported).
-  // activation: the one X came out of (one_pass_kernel_takes).
+  // activation: the one X came out of.
   DgradWgradSgd(std::int64_t batch, std::int64_t n, std::int64_t k, const DgradWgradOptions& options = {},
                 std::int64_t input_width = 0, Activation activation = Activation::relu);
 

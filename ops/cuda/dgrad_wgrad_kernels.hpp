@@ -71,6 +71,7 @@ void launch_row_ranges(const RowRangeGrid& grid, const __half* dy, const __half*
 // Batch 256 (dgrad_wgrad_wgmma.cu): a block owns 64 columns and all rows of W,
 // TMA loads each 64-row tile of W and dY once, one warpgroup accumulates dX
 // with wgmma while another computes and applies the update 128 rows at a time.
+// Every activation of activation.hpp (`saved`: as for the column strips).
 // Needs an sm_90 GPU; empty when it runs these sizes, else why not.
 std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
 // How many blocks share each dY tile (a cluster, TMA multicast) for K columns:
@@ -78,6 +79,7 @@ std::string wgmma_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k
 int wgmma_blocks_sharing_dy(std::int64_t k, bool multicast);
 void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
                   const SgdScalars* scalars, cudaStream_t stream, bool multicast, __half* bias,
-                  const SgdScalars* bias_scalars);
+                  const SgdScalars* bias_scalars, Activation activation = Activation::relu,
+                  const __half* saved = nullptr);
 
 }  // namespace sg::cuda::one_pass

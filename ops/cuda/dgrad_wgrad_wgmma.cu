@@ -10,8 +10,13 @@
 // bytes it streams: blocks of adjacent strips run as clusters of two that
 // each copy half of every dY tile into both blocks' shared memory (TMA
 // multicast), so L2 serves dY once per pair (docs/performance.md section 27).
+// dX goes through the activation's backward (activation.cuh) at the end: it
+// reads the X tile (relu, tanh, sigmoid: X is the activation's output) or, for
+// gelu, gelu_tanh and silu, a tile of the pre-activation Z that the loader
+// copies into the first slot the pipeline frees for good (no smem to spare).
 #include <fmt/format.h>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
@@ -47,6 +52,7 @@ struct TileMaps {
   CUtensorMap dy;     // dY [256, N], boxes of the 256 / DyShare::blocks rows one block copies
   CUtensorMap x;      // X [256, K]
   CUtensorMap dx;     // dX [256, K]
+  CUtensorMap z;      // the pre-activation Z [256, K] (activations whose backward reads it; else X again)
 };
 
 struct SharedLayout {
@@ -56,6 +62,7 @@ struct SharedLayout {
   std::uint64_t* full;   // [kSlots]: a slot's bytes have landed
   std::uint64_t* empty;  // [kSlots]: both consumers are done with a slot
   std::uint64_t* x_ready;
+  std::uint64_t* z_ready;  // the Z tile has landed (gelu, gelu_tanh, silu)
 
   __device__ explicit SharedLayout(unsigned char* raw) {
     // 128-byte swizzled tiles must start on 1024-byte boundaries.
@@ -65,9 +72,15 @@ struct SharedLayout {
     full = reinterpret_cast<std::uint64_t*>(out + kOutTileBytes);
     empty = full + kSlots;
     x_ready = empty + kSlots;
+    z_ready = x_ready + 1;
   }
   __device__ unsigned char* w_tile(int slot) const { return slots + slot * kSlotBytes; }
   __device__ unsigned char* dy_tile(int slot) const { return w_tile(slot) + kWTileBytes; }
+  // Where Z lands: the dY part of the slot that row block `row_blocks` would
+  // take, free for good once the consumers of its last use (row block
+  // row_blocks - kSlots) release it: a few row blocks before the end, so the
+  // copy hides behind them. (row_blocks is even: this is slot 0 or 2.)
+  __device__ unsigned char* z_tile(int row_blocks) const { return dy_tile(row_blocks % kSlots); }
 };
 
 // The blocks that share each dY tile: 1, or the 2 blocks of a cluster, each
@@ -85,6 +98,7 @@ __device__ void release_slot(const SharedLayout& sm, const DyShare& share, int s
 
 // Warpgroup 0, one thread: X once, then each slot's W and dY tiles as soon as
 // every consumer of the slot's previous use has released it.
+template <Activation A>
 __device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, const DyShare& share, int col0,
                            int row_blocks) {
   tma::arrive_expect_bytes(sm.x_ready, kXTileBytes);
@@ -101,11 +115,18 @@ __device__ void load_tiles(const TileMaps& maps, const SharedLayout& sm, const D
       tma::load_tile_to_blocks(&maps.dy, &sm.full[slot], sm.dy_tile(slot) + int(share.rank) * dy_part_bytes,
                                r * kRows, int(share.rank) * dy_rows, 0b11);
   }
+  if constexpr (kBackwardReadsInput<A>) {  // Z, into the slot row block `row_blocks` would take
+    const int slot = row_blocks % kSlots, use = row_blocks / kSlots;
+    if (use > 0) tma::wait(&sm.empty[slot], (use - 1) & 1);
+    tma::arrive_expect_bytes(sm.z_ready, kXTileBytes);
+    tma::load_tile(&maps.z, sm.z_ready, sm.z_tile(row_blocks), col0, 0);
+  }
 }
 
 // Warpgroup 1: dX^T[cols][b] += W^T[cols][rows] dY^T[rows][b] for every row
-// block (one m64n256k16 per 16 rows), then dX = that * (X > 0) and the
-// previous layer's bias update from its column sums.
+// block (one m64n256k16 per 16 rows), then dX = act'(that) (for ReLU: that *
+// (X > 0)) and the previous layer's bias update from its column sums.
+template <Activation A>
 __device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, const DyShare& share, int col0, int row_blocks,
                       __half* bias, const SgdScalars* bias_scalars) {
   const int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -131,7 +152,10 @@ __device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, const DyShar
   tma::wait(sm.x_ready, 0);
   tma::sync_threads(kBothGroupsSync, 256);  // the update is done with every slot
   // Thread: rows j = 16*warp + lane/4 (+8) of dX^T, batch columns 8g + 2*(lane%4) (+1).
-  unsigned char* dx_tile = sm.dy_tile(0);  // [256][64], as the store expects it
+  // [256][64], as the store expects it (not in the slot Z lands in: 0 or 2)
+  unsigned char* dx_tile = sm.dy_tile(kBackwardReadsInput<A> ? 1 : 0);
+  if constexpr (kBackwardReadsInput<A>) tma::wait(sm.z_ready, 0);
+  const unsigned char* saved = kBackwardReadsInput<A> ? sm.z_tile(row_blocks) : sm.x;  // what the backward reads
   float column_sum[2] = {0.f, 0.f};
 #pragma unroll
   for (int g = 0; g < 32; ++g)
@@ -141,8 +165,12 @@ __device__ void dgrad(const TileMaps& maps, const SharedLayout& sm, const DyShar
       for (int e = 0; e < 2; ++e) {
         const int j = 16 * warp + lane / 4 + 8 * h, b = 8 * g + 2 * (lane % 4) + e;
         const int offset = tma::swizzled_offset(b, j);
-        const float x = __half2float(*reinterpret_cast<const __half*>(sm.x + offset));
-        const __half v = __float2half_rn(x > 0.f ? acc[4 * g + 2 * h + e] : 0.f);
+        const float x = __half2float(*reinterpret_cast<const __half*>(saved + offset));
+        __half v;
+        if constexpr (A == Activation::relu)  // (the select this kernel always made: the ReLU instance is unchanged)
+          v = __float2half_rn(x > 0.f ? acc[4 * g + 2 * h + e] : 0.f);
+        else
+          v = __float2half_rn(ActivationMath<A>::backward(acc[4 * g + 2 * h + e], x));
         *reinterpret_cast<__half*>(dx_tile + offset) = v;
         column_sum[h] += __half2float(v);  // the bias gradient sums the rounded dX, as a separate kernel would
       }
@@ -211,6 +239,7 @@ __device__ void update(const TileMaps& maps, const SharedLayout& sm, const DySha
   if (t == 0) tma::wait_stores_done();
 }
 
+template <Activation A>
 __global__ void __launch_bounds__(kThreads, 1)
     dgrad_wgrad_wgmma_kernel(const __grid_constant__ TileMaps maps, int n, int dy_sharing_blocks,
                              const SgdScalars* scalars, __half* bias, const SgdScalars* bias_scalars) {
@@ -224,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::barrier_init(&sm.empty[s], 2 * share.blocks);  // dgrad and update of each sharing block
     }
     tma::barrier_init(sm.x_ready, 1);
+    if constexpr (kBackwardReadsInput<A>) tma::barrier_init(sm.z_ready, 1);
     tma::barrier_init_fence();
   }
   if (share.blocks > 1) {  // the other block's barriers are ready before our copies or arrivals reach them
@@ -234,10 +264,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   switch (threadIdx.x / 128) {
     case 0:
-      if (threadIdx.x == 0) load_tiles(maps, sm, share, col0, row_blocks);
+      if (threadIdx.x == 0) load_tiles<A>(maps, sm, share, col0, row_blocks);
       __syncwarp();
       break;
-    case 1: dgrad(maps, sm, share, col0, row_blocks, bias, bias_scalars); break;
+    case 1: dgrad<A>(maps, sm, share, col0, row_blocks, bias, bias_scalars); break;
     default: update(maps, sm, share, col0, row_blocks, scalars); break;
   }
   if (share.blocks > 1) {  // the other block may still arrive on our barriers: stay until it is done
@@ -267,23 +297,32 @@ int wgmma_blocks_sharing_dy(std::int64_t k, bool multicast) {
 
 void launch_wgmma(const __half* dy, const __half* x, std::int64_t n, std::int64_t k, __half* w, __half* dx,
                   const SgdScalars* scalars, cudaStream_t stream, bool multicast, __half* bias,
-                  const SgdScalars* bias_scalars) {
+                  const SgdScalars* bias_scalars, Activation activation, const __half* saved) {
   if (const std::string why = wgmma_unsupported(kBatch, n, k); !why.empty())
     throw CudaError("one-pass dgrad+SGD (wgmma): unsupported: " + why);
-  static const bool smem_set = [] {
-    SG_CUDA_CHECK(cudaFuncSetAttribute(dgrad_wgrad_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       kSmemBytes));
-    return true;
-  }();
-  (void)smem_set;
-  const int blocks = int(k / kCols), sharing = wgmma_blocks_sharing_dy(k, multicast);
-  const TileMaps maps{fp16_tile_map(w, n, k, kRows), fp16_tile_map(w, n, k, 2 * kRows),
-                      fp16_tile_map(dy, kBatch, n, kBatch / sharing), fp16_tile_map(x, kBatch, k, kBatch),
-                      fp16_tile_map(dx, kBatch, k, kBatch)};
-  // Not a dependent launch: the kernel reads dY from its first copy on.
-  launch_in_clusters(dgrad_wgrad_wgmma_kernel, LaunchGeometry{dim3(unsigned(blocks)), dim3(kThreads), kSmemBytes,
-                                                              unsigned(sharing)},
-                     stream, false, maps, int(n), sharing, scalars, bias, bias_scalars);
+  if (backward_reads_input(activation) && !saved)
+    throw CudaError("one-pass dgrad+SGD (wgmma): the activation's backward needs the pre-activation");
+  with_activation(activation, [&](auto a) {
+    constexpr Activation kA = decltype(a)::value;
+    static const bool smem_set = [] {
+      SG_CUDA_CHECK(cudaFuncSetAttribute(dgrad_wgrad_wgmma_kernel<kA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kSmemBytes));
+      return true;
+    }();
+    (void)smem_set;
+    const int blocks = int(k / kCols), sharing = wgmma_blocks_sharing_dy(k, multicast);
+    const CUtensorMap x_map = fp16_tile_map(x, kBatch, k, kBatch);
+    const TileMaps maps{fp16_tile_map(w, n, k, kRows),
+                        fp16_tile_map(w, n, k, 2 * kRows),
+                        fp16_tile_map(dy, kBatch, n, kBatch / sharing),
+                        x_map,
+                        fp16_tile_map(dx, kBatch, k, kBatch),
+                        kBackwardReadsInput<kA> ? fp16_tile_map(saved, kBatch, k, kBatch) : x_map};
+    // Not a dependent launch: the kernel reads dY from its first copy on.
+    launch_in_clusters(dgrad_wgrad_wgmma_kernel<kA>,
+                       LaunchGeometry{dim3(unsigned(blocks)), dim3(kThreads), kSmemBytes, unsigned(sharing)}, stream,
+                       false, maps, int(n), sharing, scalars, bias, bias_scalars);
+  });
 }
 
 }  // namespace sg::cuda::one_pass

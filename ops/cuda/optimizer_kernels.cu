@@ -4,6 +4,7 @@
 // replays (lr, step, clip scale) is read from device memory.
 #include <algorithm>
 
+#include "ops/cuda/adam_step.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/launch_config.cuh"
@@ -23,37 +24,6 @@ struct AdamEntry {
   std::int64_t n;
   std::int64_t first_block;
 };
-
-// The per-step constants of Adam's update of one element.
-struct AdamStep {
-  float b1, b2, one_minus_b1, one_minus_b2, eps, step_size, inv_bias2_sqrt, decay, l2, scale;
-};
-
-__device__ __forceinline__ AdamStep adam_step_constants(const AdamHyper& h, float lr, std::int32_t step,
-                                                        const float* clip_scale) {
-  const float t = float(step) + 1.f;
-  AdamStep s;
-  s.b1 = h.beta1;
-  s.b2 = h.beta2;
-  s.one_minus_b1 = 1.f - h.beta1;
-  s.one_minus_b2 = 1.f - h.beta2;
-  s.eps = h.eps;
-  s.step_size = lr / (1.f - powf(h.beta1, t));
-  s.inv_bias2_sqrt = 1.f / sqrtf(1.f - powf(h.beta2, t));
-  s.decay = h.decoupled ? 1.f - lr * h.weight_decay : 1.f;
-  s.l2 = h.decoupled ? 0.f : h.weight_decay;
-  s.scale = clip_scale ? *clip_scale : 1.f;
-  return s;
-}
-
-// One element: returns the new weight, updates m and v.
-__device__ __forceinline__ float adam_element(float w, float g, float& m, float& v, const AdamStep& s) {
-  g = g * s.scale + s.l2 * w;
-  w *= s.decay;
-  m = s.b1 * m + s.one_minus_b1 * g;
-  v = s.b2 * v + s.one_minus_b2 * g * g;
-  return w - s.step_size * m / (sqrtf(v) * s.inv_bias2_sqrt + s.eps);
-}
 
 // 4 elements of a 2-byte type in 8 bytes, or of float in 16.
 template <typename T>

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernel_limits.hpp"
@@ -272,19 +273,38 @@ __device__ void all_gather_columns(cg::cluster_group& cluster, __half* buffer, i
   }
 }
 
-// Sums the warps' partial [B][J] tiles, adds the bias, applies ReLU and
-// stores fp16 at out[b][col0 + j].
-template <int B>
-__device__ void finish_forward(const float* partial, const __half* bias, __half* out, int ld, int col0, int J) {
+// Sums the warps' partial [B][J] tiles, adds the bias, applies the
+// activation and stores fp16 at out[b][col0 + j]. Where the activation's
+// backward reads its input, the pre-activation goes to pre[b][j] (own columns).
+template <int B, Activation A>
+__device__ void finish_forward(const float* partial, const __half* bias, __half* out, int ld, int col0, int J,
+                               __half* pre, int ld_pre) {
   __syncthreads();
   for (int e = threadIdx.x; e < B * J; e += blockDim.x) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += partial[w * B * J + e];
     const int r = e / J, j = e % J;
-    out[r * ld + col0 + j] = __float2half(fmaxf(s + __half2float(bias[j]), 0.f));
+    if constexpr (A == Activation::relu) {  // (the epilogue this kernel always had)
+      out[r * ld + col0 + j] = __float2half(fmaxf(s + __half2float(bias[j]), 0.f));
+    } else {
+      // act(z) of z rounded to fp16, as the whole-step and small-batch forwards compute it
+      const __half z = __float2half(s + __half2float(bias[j]));
+      if constexpr (kBackwardReadsInput<A>) pre[r * ld_pre + j] = z;
+      out[r * ld + col0 + j] = __float2half(ActivationMath<A>::forward(__half2float(z)));
+    }
   }
   __syncthreads();
+}
+
+// The activation's backward of the fp32 sum s given the saved fp16 value v
+// (output or pre-activation), rounded once to fp16 as the whole-step kernel does.
+template <Activation A>
+__device__ __half activation_backward(float s, __half v) {
+  if constexpr (A == Activation::relu)  // (the select this kernel always made: the ReLU instance is unchanged)
+    return __half2float(v) > 0.f ? __float2half(s) : __float2half(0.f);
+  else
+    return __float2half(ActivationMath<A>::backward(s, __half2float(v)));
 }
 
 // b[j] = sgd(b[j], sum over the batch of grad[b][j]) for the owned entries.
@@ -298,17 +318,18 @@ __device__ void update_owned_bias(const __half* grad, int ldg, __half* bias, int
   }
 }
 
-// grad[b][j] = fp16(sum over the blocks' partials) where the layer's output
-// act[b][col0 + j] > 0, else 0 (the DRELU epilogue's rounding).
-template <int B>
-__device__ void reduce_input_gradient(const float* exchange, int S, const __half* act, int lda, int col0, __half* grad,
-                                      int ldg, int J) {
+// grad[b][j] = act'(sum over the blocks' partials) given the saved value
+// saved[b][col0 + j]: for ReLU the mask (the layer's output > 0; the DRELU
+// epilogue's rounding).
+template <int B, Activation A>
+__device__ void reduce_input_gradient(const float* exchange, int S, const __half* saved, int lds, int col0,
+                                      __half* grad, int ldg, int J) {
   for (int e = threadIdx.x; e < B * J; e += blockDim.x) {
     float s = 0.f;
 #pragma unroll 8
     for (int src = 0; src < S; ++src) s += exchange[src * B * J + e];
     const int r = e / J, j = e % J;
-    grad[r * ldg + j] = __half2float(act[r * lda + col0 + j]) > 0.f ? __float2half(s) : __float2half(0.f);
+    grad[r * ldg + j] = activation_backward<A>(s, saved[r * lds + col0 + j]);
   }
 }
 
@@ -359,15 +380,16 @@ __device__ void softmax_xent(const Carve& c, const float* slots, int S, int C, f
 }
 
 // The last hidden layer's own gradient columns, through the classifier's
-// (not yet updated) weights.
-template <int B>
-__device__ void classifier_dgrad(const Carve& c, int ld, int J, int C) {
+// (not yet updated) weights. The activation's backward reads h_last, or
+// (gelu, gelu_tanh, silu) `pre`, the pre-activation's own columns ([B][ld]).
+template <int B, Activation A>
+__device__ void classifier_dgrad(const Carve& c, int ld, int J, int C, const __half* pre) {
   for (int e = threadIdx.x; e < B * J; e += blockDim.x) {
     const int r = e / J, j = e % J;
     float s = 0.f;
 #pragma unroll 8
     for (int cls = 0; cls < C; ++cls) s += __half2float(c.dlogits[r * C + cls]) * __half2float(c.w_last[cls * J + j]);
-    c.grad[r * ld + j] = __half2float(c.h_last[r * ld + j]) > 0.f ? __float2half(s) : __float2half(0.f);
+    c.grad[r * ld + j] = activation_backward<A>(s, (kBackwardReadsInput<A> ? pre : c.h_last)[r * ld + j]);
   }
 }
 
@@ -402,7 +424,8 @@ __device__ void mark_phase(const WholeStepArgs& a, bool first_step, int& phase) 
 
 // ---- the kernel --------------------------------------------------------------
 
-template <int B>
+// A: the hidden layers' activation.
+template <int B, Activation A>
 __global__ void __launch_bounds__(kThreads, 1)
     resident_steps_kernel(const __grid_constant__ WholeStepArgs a, const __grid_constant__ ResidentLayout lay, int steps) {
   // Everything indexed by a runtime layer number lives in shared memory or
@@ -425,6 +448,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // arrive now, wait before the first exchange (the loads below overlap it).
   cluster_arrive();
   const Carve& c = carved;
+  // Own columns of hidden layer l's pre-activation (gelu, gelu_tanh, silu only).
+  const auto pre = [&](int l) { return reinterpret_cast<__half*>(smem + lay.pre[l]); };
   const std::int64_t first_step = *a.step;
   const int J_last = lay.own[hidden - 1], ld_own = lay.own_stride;
 
@@ -453,10 +478,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int ld_in = l == 0 ? lay.x_stride : lay.act_stride[l - 1];
       rows_times_owned_rows<B>(in, ld_in, c.w[l], lay.w_stride[l], a.dims[l], J, c.exchange[0]);
       if (l + 1 < hidden) {
-        finish_forward<B>(c.exchange[0], c.b[l], c.act[l], lay.act_stride[l], me * J, J);
+        finish_forward<B, A>(c.exchange[0], c.b[l], c.act[l], lay.act_stride[l], me * J, J, pre(l), ld_own);
         all_gather_columns<B>(cluster, c.act[l], lay.act_stride[l], me * J, J, me, S);
       } else {
-        finish_forward<B>(c.exchange[0], c.b[l], c.h_last, ld_own, 0, J);
+        finish_forward<B, A>(c.exchange[0], c.b[l], c.h_last, ld_own, 0, J, pre(l), ld_own);
         push_partial_logits<B>(cluster, c, ld_own, J, C, c.exchange[1], me, S);
       }
       cluster_arrive();
@@ -469,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // of layer l are in c.grad. Between a barrier's arrive and its wait go
     // the updates that only touch this block's memory.
     softmax_xent<B>(c, c.exchange[1], S, C, a.loss, me == 0);
-    classifier_dgrad<B>(c, ld_own, J_last, C);
+    classifier_dgrad<B, A>(c, ld_own, J_last, C, kBackwardReadsInput<A> ? pre(hidden - 1) : nullptr);
     __syncthreads();
     for (int l = hidden - 1; l >= 0; --l) {
       const int J = lay.own[l], K = a.dims[l];
@@ -491,7 +516,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();  // the wait orders arrivals, not the work after them: W_l's update read c.grad
       mark_phase(a, first, phase);
       const int J_prev = lay.own[l - 1];
-      reduce_input_gradient<B>(exchange, S, c.act[l - 1], lay.act_stride[l - 1], me * J_prev, c.grad, ld_own, J_prev);
+      if constexpr (kBackwardReadsInput<A>)
+        reduce_input_gradient<B, A>(exchange, S, pre(l - 1), ld_own, 0, c.grad, ld_own, J_prev);
+      else
+        reduce_input_gradient<B, A>(exchange, S, c.act[l - 1], lay.act_stride[l - 1], me * J_prev, c.grad, ld_own,
+                                    J_prev);
       __syncthreads();
     }
     // With one hidden layer nothing else separates this step's reads of the
@@ -517,14 +546,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 using KernelFn = void (*)(WholeStepArgs, ResidentLayout, int);
 
-KernelFn kernel_for(int batch) {
-  switch (batch) {
-    case 16: return resident_steps_kernel<16>;
-    case 32: return resident_steps_kernel<32>;
-    case 48: return resident_steps_kernel<48>;
-    case 64: return resident_steps_kernel<64>;
-  }
-  throw CudaError(fmt::format("resident_steps_kernel: no instance for batch {}", batch));
+KernelFn kernel_for(int batch, Activation activation) {
+  return with_activation(activation, [&](auto act) -> KernelFn {
+    constexpr Activation A = decltype(act)::value;
+    switch (batch) {
+      case 16: return resident_steps_kernel<16, A>;
+      case 32: return resident_steps_kernel<32, A>;
+      case 48: return resident_steps_kernel<48, A>;
+      case 64: return resident_steps_kernel<64, A>;
+    }
+    throw CudaError(fmt::format("resident_steps_kernel: no instance for batch {}", batch));
+  });
 }
 
 // The layout for a cluster of S blocks (bytes = 0 when the columns do not
@@ -572,14 +604,16 @@ ResidentLayout layout_for(const WholeStepArgs& a, int S) {
   lay.labels = take(std::size_t(B) * 4);
   lay.staging = take(std::size_t(B) * a.dims[0]);
   lay.labels_next = take(std::size_t(B) * 4);
+  if (backward_reads_input(a.activation))  // (after the rest: the ReLU layout is the one it always was)
+    for (int l = 0; l < hidden; ++l) lay.pre[l] = take(std::size_t(B) * lay.own_stride * 2);
   lay.bytes = off;
   return lay;
 }
 
 // Dynamic shared memory a block may have next to the kernel's static share.
-std::size_t dynamic_shared_limit(int batch) {
+std::size_t dynamic_shared_limit(int batch, Activation activation) {
   cudaFuncAttributes attr{};
-  SG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel_for(batch)));
+  SG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel_for(batch, activation)));
   return std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)) - attr.sharedSizeBytes;
 }
 
@@ -600,9 +634,10 @@ cudaLaunchConfig_t cluster_config(const ResidentLayout& lay, cudaStream_t stream
 
 // Whether one cluster of this layout fits on the GPU (sets the attributes it needs).
 bool cluster_fits(const WholeStepArgs& a, const ResidentLayout& lay) {
-  const KernelFn kernel = kernel_for(a.batch);
+  const KernelFn kernel = kernel_for(a.batch, a.activation);
   // The most any layout may ask for: trainers of different widths share the kernel.
-  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_shared_limit(a.batch))));
+  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(dynamic_shared_limit(a.batch, a.activation))));
   SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchAttribute attr{};
   const cudaLaunchConfig_t cfg = cluster_config(lay, nullptr, attr);
@@ -638,7 +673,7 @@ std::string resident_step_unsupported(const WholeStepArgs& a, int cluster) {
   if (auto why = shape_unsupported(a); !why.empty()) return why;
   for (int S : cluster_candidates(cluster)) {
     const ResidentLayout lay = layout_for(a, S);
-    if (lay.bytes && lay.bytes <= dynamic_shared_limit(a.batch) && cluster_fits(a, lay)) return {};
+    if (lay.bytes && lay.bytes <= dynamic_shared_limit(a.batch, a.activation) && cluster_fits(a, lay)) return {};
   }
   return cluster ? fmt::format("a cluster of {} does not hold the weights in shared memory", cluster)
                  : "no cluster holds the weights in shared memory";
@@ -648,7 +683,7 @@ ResidentLayout plan_resident_layout(const WholeStepArgs& a, int cluster) {
   if (auto why = shape_unsupported(a); !why.empty()) throw CudaError("resident steps: " + why);
   for (int S : cluster_candidates(cluster)) {
     const ResidentLayout lay = layout_for(a, S);
-    if (lay.bytes && lay.bytes <= dynamic_shared_limit(a.batch) && cluster_fits(a, lay)) return lay;
+    if (lay.bytes && lay.bytes <= dynamic_shared_limit(a.batch, a.activation) && cluster_fits(a, lay)) return lay;
   }
   throw CudaError("resident steps: no cluster holds the weights in shared memory");
 }
@@ -657,7 +692,7 @@ void launch_resident_steps(const WholeStepArgs& args, const ResidentLayout& layo
   if (steps < 1) throw CudaError("resident_steps_kernel: launched for no steps");
   cudaLaunchAttribute attr{};
   const cudaLaunchConfig_t cfg = cluster_config(layout, stream, attr);
-  SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for(args.batch), args, layout, steps));
+  SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for(args.batch, args.activation), args, layout, steps));
 }
 
 std::vector<std::string> resident_step_phase_names(int layers) {

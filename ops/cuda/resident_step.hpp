@@ -19,7 +19,11 @@
 // touches global memory only for the batch (and the loss). The weights are
 // read at the start of a launch and written back at its end.
 // Math and rounding points follow the whole-step kernel (fp16 operands, fp32
-// accumulation, fp16 activations, gradients and parameters).
+// accumulation, fp16 activations, gradients and parameters), for every
+// activation of activation.hpp (a template argument; the ReLU instances are
+// the kernels they always were). Where the activation's backward reads the
+// forward input (gelu, gelu_tanh, silu), each block also keeps its own
+// columns of every hidden layer's pre-activation in shared memory.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -45,6 +49,10 @@ struct ResidentLayout {
   std::size_t w_last = 0, b_last = 0, h_last = 0, grad = 0, exchange[2] = {}, logits = 0, dlogits = 0,
               logits_partial = 0, row_loss = 0, labels = 0, staging = 0, labels_next = 0;
   std::size_t bytes = 0;
+  // (Last, so the fields above keep their offsets in the ReLU kernels' parameters.)
+  // [B][own_stride] own columns of hidden layer l's pre-activation, when the
+  // activation's backward reads it (0 otherwise).
+  std::size_t pre[kResidentMaxLayers] = {};
 };
 
 // `cluster`: the cluster size to use, one of kResidentClusterSizes

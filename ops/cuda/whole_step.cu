@@ -1,11 +1,13 @@
 // One cooperative kernel per training step (see whole_step.hpp). Phases, with
 // a grid-wide barrier after each (L layers, 0-based l):
 //   fetch      every block gathers the batch into its own shared memory
-//   F_l        hidden layer l: act[l] = relu(x W_l^T + b_l)          (tensor cores)
+//   F_l        hidden layer l: act[l] = act(x W_l^T + b_l)           (tensor cores)
+//              (and pre[l] = x W_l^T + b_l where the backward reads it)
 //   softmax    every block: the logits and dlogits in its shared memory
-//              (block 0 also stores the loss); grad[L-2] = (dlogits W_{L-1})
-//              * relu'(act[L-2])
-//   Q_l        l = L-2 .. 0: grad[l-1] = (grad[l] W_l) * relu'(act[l-1]);
+//              (block 0 also stores the loss); grad[L-2] = act'((dlogits
+//              W_{L-1}), saved L-2)
+//   Q_l        l = L-2 .. 0: grad[l-1] = act'((grad[l] W_l), saved l-1),
+//              saved l being act[l] or (gelu, gelu_tanh, silu) pre[l];
 //              W_{l+1} -= lr grad[l+1]^T act[l]; b_l -= lr colsum(grad[l])
 //              (and b_{L-1} from dlogits);
 //              at l = 0 also W_0 -= lr grad[0]^T x and the step advances
@@ -21,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/warp_reduce.cuh"
 #include "ops/cuda/whole_step.hpp"
@@ -170,27 +173,51 @@ __device__ void split_k_tile(const __half* A, int lda, int ksteps, int ldb, BTil
     if (m < mtiles) wmma::store_matrix_sync(sh.partial + warp_id() * batch * 16 + m * 256, acc[m], 16, wmma::mem_row_major);
 }
 
-// out[B,N] = relu(A[B,K] W[N,K]^T + bias): a block per 16 output columns.
-__device__ void forward_relu(const __half* A, const __half* W, const __half* bias, __half* out, int batch, int K,
-                             int N, const Shared& sh) {
+// The activation's backward of the fp32 sum s given the saved fp16 value v
+// (the output for relu, tanh, sigmoid; the pre-activation for the others),
+// rounded once to fp16 as our one-pass and small-K dgrad kernels round it.
+template <Activation A>
+__device__ __half activation_backward(float s, __half v) {
+  if constexpr (A == Activation::relu)  // (the select these phases always made: the ReLU instance is unchanged)
+    return __half2float(v) > 0.f ? __float2half(s) : __float2half(0.f);
+  else
+    return __float2half(ActivationMath<A>::backward(s, __half2float(v)));
+}
+
+// out[B,N] = act(A[B,K] W[N,K]^T + bias): a block per 16 output columns.
+// Activations whose backward reads the forward input also store the
+// pre-activation into pre[B,N].
+template <Activation A>
+__device__ void forward_layer(const __half* A_in, const __half* W, const __half* bias, __half* out, __half* pre,
+                              int batch, int K, int N, const Shared& sh) {
   for (int t = blockIdx.x; t < N / 16; t += gridDim.x) {
     // W^T's column block t is W's row block t, read column-major.
-    split_k_tile<FragBT>(A, K, K / 16, K, [&](int ks) { return W + std::int64_t(t) * 16 * K + ks * 16; }, batch, sh);
+    split_k_tile<FragBT>(A_in, K, K / 16, K, [&](int ks) { return W + std::int64_t(t) * 16 * K + ks * 16; }, batch,
+                         sh);
     reduce_partials(sh, batch, [&](int r, int c, float s) {
       const int n = t * 16 + c;
-      out[std::int64_t(r) * N + n] = __float2half(fmaxf(s + __half2float(bias[n]), 0.f));
+      if constexpr (A == Activation::relu) {  // (the epilogue this phase always had)
+        out[std::int64_t(r) * N + n] = __float2half(fmaxf(s + __half2float(bias[n]), 0.f));
+      } else {
+        // act(z) of z rounded to fp16, as the small-batch forward and the graph's bias_add and activation nodes compute it
+        const __half z = __float2half(s + __half2float(bias[n]));
+        if constexpr (kBackwardReadsInput<A>) pre[std::int64_t(r) * N + n] = z;
+        out[std::int64_t(r) * N + n] = __float2half(ActivationMath<A>::forward(__half2float(z)));
+      }
     });
   }
 }
 
-// dX[B,K] = (dY[B,N] W[N,K]) * (act[B,K] > 0), rounded to fp16 like DRELU.
-__device__ void backward_drelu(const __half* dY, const __half* W, const __half* act, __half* dX, int batch, int N,
-                               int K, const Shared& sh) {
+// dX[B,K] = act'(dY[B,N] W[N,K]) given saved[B,K] (for ReLU: the mask
+// act > 0, rounded to fp16 like DRELU).
+template <Activation A>
+__device__ void dgrad_layer(const __half* dY, const __half* W, const __half* saved, __half* dX, int batch, int N,
+                            int K, const Shared& sh) {
   for (int t = blockIdx.x; t < K / 16; t += gridDim.x) {
     split_k_tile<FragB>(dY, N, N / 16, K, [&](int ks) { return W + std::int64_t(ks) * 16 * K + t * 16; }, batch, sh);
     reduce_partials(sh, batch, [&](int r, int c, float s) {
       const std::int64_t at = std::int64_t(r) * K + t * 16 + c;
-      dX[at] = __half2float(act[at]) > 0.f ? __float2half(s) : __float2half(0.f);
+      dX[at] = activation_backward<A>(s, saved[at]);
     });
   }
 }
@@ -279,15 +306,16 @@ __device__ void softmax_xent(int batch, int C, float* loss, const Shared& sh) {
   }
 }
 
-// grad[B,K] = (dlogits[B,C] W[C,K]) * (act > 0).
-__device__ void logits_backward(const Shared& sh, const __half* W, const __half* act, __half* grad, int batch, int C,
+// grad[B,K] = act'(dlogits[B,C] W[C,K]) given saved[B,K] (ReLU: act > 0).
+template <Activation A>
+__device__ void logits_backward(const Shared& sh, const __half* W, const __half* saved, __half* grad, int batch, int C,
                                 int K) {
   for (std::int64_t e = grid_thread(); e < std::int64_t(batch) * K; e += grid_threads()) {
     const int r = int(e / K), k = int(e % K);
     float s = 0.f;
 #pragma unroll 8
     for (int c = 0; c < C; ++c) s += sh.dlogits[r * C + c] * __half2float(W[std::int64_t(c) * K + k]);
-    grad[e] = __half2float(act[e]) > 0.f ? __float2half(s) : __float2half(0.f);
+    grad[e] = activation_backward<A>(s, saved[e]);
   }
 }
 
@@ -339,10 +367,18 @@ __device__ void phase_barrier() {
   else cg::this_grid().sync();
 }
 
+// What the backward of hidden layer l's activation reads: its output, or
+// (gelu, gelu_tanh, silu) its pre-activation.
+template <Activation A>
+__device__ const __half* saved_for_backward(const WholeStepArgs& a, int l) {
+  if constexpr (kBackwardReadsInput<A>) return a.pre[l];
+  else return a.act[l];
+}
+
 // kBatch is a template argument so every loop over the batch has a constant
 // trip count and unrolls: the phases are bound by load latency, and loads
-// of an unrolled loop are in flight together.
-template <bool kCluster, int kBatch>
+// of an unrolled loop are in flight together. A: the hidden layers' activation.
+template <bool kCluster, int kBatch, Activation A>
 __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const WholeStepArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   Shared sh;
@@ -355,7 +391,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   fetch_batch(a, sh);
   __syncthreads();
   for (int l = 0; l + 1 < L; ++l) {
-    forward_relu(l == 0 ? sh.x : a.act[l - 1], a.weight[l], a.bias[l], a.act[l], B, a.dims[l], a.dims[l + 1], sh);
+    forward_layer<A>(l == 0 ? sh.x : a.act[l - 1], a.weight[l], a.bias[l], a.act[l], a.pre[l], B, a.dims[l],
+                     a.dims[l + 1], sh);
     phase_barrier<kCluster>();
     mark_phase(a, phase);
   }
@@ -364,7 +401,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   logits_in_block(L == 1 ? sh.x : a.act[L - 2], a.weight[L - 1], a.bias[L - 1], B, a.dims[L - 1], C, sh);
   softmax_xent(B, C, a.loss, sh);
   __syncthreads();
-  if (L >= 2) logits_backward(sh, a.weight[L - 1], a.act[L - 2], a.grad[L - 2], B, C, a.dims[L - 1]);
+  if (L >= 2) logits_backward<A>(sh, a.weight[L - 1], saved_for_backward<A>(a, L - 2), a.grad[L - 2], B, C, a.dims[L - 1]);
   phase_barrier<kCluster>();  // the logits layer's W and b were read above: update them only now
   mark_phase(a, phase);
   if (L == 1) {
@@ -377,7 +414,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
     // out after it in warp order so every task starts on idle blocks.
     std::int64_t warps_used = 0;
     if (l >= 1) {
-      backward_drelu(a.grad[l], a.weight[l], a.act[l - 1], a.grad[l - 1], B, a.dims[l + 1], a.dims[l], sh);
+      dgrad_layer<A>(a.grad[l], a.weight[l], saved_for_backward<A>(a, l - 1), a.grad[l - 1], B, a.dims[l + 1],
+                     a.dims[l], sh);
       warps_used = std::int64_t(min(int(gridDim.x), a.dims[l] / 16)) * kWarps;
     }
     if (l + 1 == L - 1) {
@@ -448,14 +486,17 @@ namespace {
 using KernelFn = void (*)(WholeStepArgs);
 
 template <bool kCluster>
-KernelFn kernel_for(int batch) {
-  switch (batch) {
-    case 16: return whole_step_kernel<kCluster, 16>;
-    case 32: return whole_step_kernel<kCluster, 32>;
-    case 48: return whole_step_kernel<kCluster, 48>;
-    case 64: return whole_step_kernel<kCluster, 64>;
-  }
-  throw CudaError(fmt::format("whole_step_kernel: no instance for batch {}", batch));
+KernelFn kernel_for(int batch, Activation activation) {
+  return with_activation(activation, [&](auto act) -> KernelFn {
+    constexpr Activation A = decltype(act)::value;
+    switch (batch) {
+      case 16: return whole_step_kernel<kCluster, 16, A>;
+      case 32: return whole_step_kernel<kCluster, 32, A>;
+      case 48: return whole_step_kernel<kCluster, 48, A>;
+      case 64: return whole_step_kernel<kCluster, 64, A>;
+    }
+    throw CudaError(fmt::format("whole_step_kernel: no instance for batch {}", batch));
+  });
 }
 
 // Blocks the widest phase can keep busy: more only make barriers dearer.
@@ -503,7 +544,12 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_lau
   int per_sm = 0;
   const int sms = multiprocessor_count(), major = current_device_attribute(cudaDevAttrComputeCapabilityMajor);
   const std::size_t smem = shared_bytes(a.batch, a.dims[0], a.dims[a.layers - 1], a.dims[a.layers]);
-  const KernelFn grid_kernel = kernel_for<false>(a.batch);
+  if (backward_reads_input(a.activation))
+    for (int l = 0; l + 1 < a.layers; ++l)
+      if (!a.pre[l])
+        throw CudaError(fmt::format("whole_step_kernel: {}'s backward needs hidden layer {}'s pre-activation",
+                                    activation_op_name(a.activation), l + 1));
+  const KernelFn grid_kernel = kernel_for<false>(a.batch, a.activation);
   SG_CUDA_CHECK(cudaFuncSetAttribute(grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grid_kernel, kBlockThreads, smem));
   if (per_sm < 1) throw CudaError("whole_step_kernel: no block fits on a multiprocessor");
@@ -521,7 +567,7 @@ WholeStepLaunch plan_whole_step_launch(const WholeStepArgs& a, int steps_per_lau
     resident.cluster = true;
     return resident;
   }
-  const KernelFn cluster_kernel = kernel_for<true>(a.batch);
+  const KernelFn cluster_kernel = kernel_for<true>(a.batch, a.activation);
   SG_CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   SG_CUDA_CHECK(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   const int cluster = largest_cluster(cluster_kernel, smem);
@@ -543,11 +589,11 @@ void launch_whole_step(const WholeStepArgs& args, const WholeStepLaunch& launch,
   if (launch.cluster) {
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t cfg = cluster_config(launch.blocks, smem, stream, attr);
-    SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for<true>(args.batch), args));
+    SG_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_for<true>(args.batch, args.activation), args));
     return;
   }
   void* params[] = {const_cast<WholeStepArgs*>(&args)};
-  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel_for<false>(args.batch)),
+  SG_CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel_for<false>(args.batch, args.activation)),
                                             dim3(unsigned(launch.blocks)), dim3(kBlockThreads), params, smem, stream));
 }
 

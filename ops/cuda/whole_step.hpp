@@ -1,12 +1,16 @@
 #pragma once
 // The whole training step of a small MLP as ONE cooperative kernel: batch
-// fetch, every Linear(+ReLU) forward, softmax cross-entropy, every backward
+// fetch, every Linear(+activation) forward, softmax cross-entropy, every backward
 // matmul and the fused SGD updates, and the step-counter advance. Between
 // dependent phases the grid synchronises (cooperative groups) instead of
 // ending a kernel, so a step costs one launch instead of ~18. Matmuls use
 // tensor cores (wmma 16x16x16, fp16 in, fp32 accumulate); every intermediate
 // is rounded to fp16 where the cuBLASLt schedule rounds it, so both paths
-// follow the same math (tests compare them and the CPU backend).
+// follow the same math (tests compare them and the CPU backend). The hidden
+// layers' activation is any of activation.hpp's, a template argument of the
+// kernels (the ReLU instances are the kernels they always were); for the
+// others the activation rounds as our per-launch kernels do: z = fp16(x W^T +
+// b), act(z) in fp32 rounded once, the backward act'(dY W) rounded once.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/resident_step.hpp"
 
@@ -33,7 +38,7 @@ struct WholeStepArgs {
   const SgdScalars* weight_sgd[kWholeStepMaxLayers] = {};
   const SgdScalars* bias_sgd[kWholeStepMaxLayers] = {};
   // Hidden layers l < layers-1 only (the logits stay in shared memory):
-  // act[l] = ReLU output of layer l, [batch, dims[l+1]]; grad[l] =
+  // act[l] = activation output of layer l, [batch, dims[l+1]]; grad[l] =
   // dloss/d(pre-activation) of layer l, same shape. Scratch owned by the caller.
   __half* act[kWholeStepMaxLayers] = {};
   __half* grad[kWholeStepMaxLayers] = {};
@@ -48,6 +53,13 @@ struct WholeStepArgs {
   // Profiling only: when set, block 0 stores the GPU clock (ns) at the start
   // and after each phase (of the first step): whole_step_phase_names names the gaps.
   unsigned long long* phase_clock = nullptr;
+  // (Last, so the fields above keep their offsets in the ReLU kernels' parameters.)
+  // The hidden layers' activation. Where its backward reads the forward input
+  // (gelu, gelu_tanh, silu: backward_reads_input), pre[l] = layer l's
+  // pre-activation, [batch, dims[l+1]], scratch owned by the caller (hidden
+  // layers only; the resident kernel keeps it in shared memory instead).
+  Activation activation = Activation::relu;
+  __half* pre[kWholeStepMaxLayers] = {};
 };
 
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).

@@ -1,7 +1,9 @@
 #include "runtime/cuda/cuda_program.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -29,7 +31,7 @@ std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(elemen
 bool runs_whole_step(const Schedule& s) {
   if (s.launches.size() != 1) return false;
   const std::string_view name = s.launches[0].lowering->name();
-  return name == "whole_step" || name == "resident_step";
+  return name == "whole_step" || name == "resident_step" || name == "cnn_step";
 }
 
 }  // namespace
@@ -85,10 +87,17 @@ class CudaProgram::Binding final : public BindContext {
 CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& lt, ProgramOptions options,
                          cudaStream_t stream)
     : graph_(std::move(graph)), options_(options), params_(params) {
+  auto part_start = std::chrono::steady_clock::now();
+  const auto end_part = [&](std::string part) {
+    const auto now = std::chrono::steady_clock::now();
+    setup_parts_.emplace_back(std::move(part), std::chrono::duration<double>(now - part_start).count());
+    part_start = now;
+  };
   lowerings_ = cuda_lowerings(options_.backend);
   schedule_ = build_schedule(graph_, as_lowerings(lowerings_));
   whole_step_note_ = runs_whole_step(schedule_) ? "" : whole_step_blocker(graph_, options_.backend, false);
   if (whole_step_note_.empty() && !runs_whole_step(schedule_)) whole_step_note_ = "not chosen by the cover";
+  end_part("cover (schedule)");
   bind_values();
   for (const Node& n : graph_.nodes())
     if (n.op == OpKind::sgd_update || n.op == OpKind::adam_update) sgd_nodes_.push_back(n.id);
@@ -104,14 +113,27 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   constants_.upload(&constants, sizeof constants);
   scratch_float_ = DeviceBuffer(sizeof(float));
 
+  end_part("memory plan, device buffers and scalars");
+
   const Binding binding(*this, lt, stream);
+  std::map<std::string, std::pair<int, double>> record_seconds;  // by lowering: launches, seconds
   for (std::size_t i = 0; i < schedule_.launches.size(); ++i) {
     const Launch& l = schedule_.launches[i];
+    const auto record_start = std::chrono::steady_clock::now();
     recorded_.push_back(cuda_lowering_of(l).record(l, i, binding));
+    auto& [count, seconds] = record_seconds[std::string(l.lowering->name())];
+    ++count;
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - record_start).count();
   }
   // The launches' shared workspace (cuDNN's), sized by the largest request.
   workspace_ = DeviceBuffer(workspace_request_);
   workspace_ptr_ = workspace_.data();
+  const auto slowest = std::max_element(record_seconds.begin(), record_seconds.end(),
+                                        [](const auto& a, const auto& b) { return a.second.second < b.second.second; });
+  end_part(slowest == record_seconds.end()
+               ? std::string("recording the launches")
+               : fmt::format("recording the launches (slowest: {} x{}, {:.3f} s)", slowest->first,
+                             slowest->second.first, slowest->second.second));
 }
 
 CudaProgram::~CudaProgram() = default;

@@ -46,6 +46,9 @@ class CudaProgram {
   // Why the whole-step kernels are not used ("" when one is).
   const std::string& whole_step_note() const { return whole_step_note_; }
   bool uses_whole_step() const { return whole_step_note_.empty(); }
+  // Where the constructor's wall time went (cover and memory plan, device
+  // buffers, recording the launches), for the run's time breakdown.
+  const std::vector<std::pair<std::string, double>>& setup_parts() const { return setup_parts_; }
 
   void record(cudaStream_t stream) const;  // one step, every launch
   void record_steps(cudaStream_t stream, std::int64_t steps) const;
@@ -88,6 +91,7 @@ class CudaProgram {
   DeviceBuffer scratch_float_;     // loss output of a lone softmax_xent_backward
   std::unique_ptr<ScalarUploader> uploader_;
   std::vector<std::unique_ptr<RecordedLaunch>> recorded_;
+  std::vector<std::pair<std::string, double>> setup_parts_;  // setup_parts()
 };
 
 }  // namespace sg::cuda

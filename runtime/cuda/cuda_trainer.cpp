@@ -148,6 +148,7 @@ struct CudaTrainer::Impl {
 #endif
     train = std::make_unique<CudaProgram>(s.program.train, params, lt, options, stream.get());
     end_part("lowering the training step (cover, memory plan, cuBLASLt plans and autotune)");
+    for (const auto& [part, seconds] : train->setup_parts()) setup_phases.emplace_back("    " + part, seconds);
     eval = std::make_unique<CudaProgram>(s.program.eval, params, lt, options, stream.get());
     end_part("lowering the eval step");
     upload_split(*train, train_data, data.train);

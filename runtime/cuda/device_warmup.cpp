@@ -4,9 +4,16 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <thread>
+
+#include "ops/cuda/cublaslt_library.hpp"
 
 namespace sg::cuda {
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // One heuristic query for a small fp16 matmul: cuBLASLt builds its kernel
 // tables on the first query of a process (about 0.1 s on the H100), which
@@ -30,38 +37,54 @@ void warm_up_cublaslt(cublasLtHandle_t handle) {
   if (op) cublasLtMatmulDescDestroy(op);
 }
 
-}  // namespace
-
-WarmupTimes warm_up_device() noexcept {
-  WarmupTimes t;
-  auto start = std::chrono::steady_clock::now();
-  const auto lap = [&start] {
-    const auto now = std::chrono::steady_clock::now();
-    const double s = std::chrono::duration<double>(now - start).count();
-    start = now;
-    return s;
-  };
-  int count = 0;
-  const bool driver = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  t.driver_s = lap();
-  if (!driver) {
-    (void)cudaGetLastError();  // clear the sticky "no device" error
-    return t;
+// The cuBLASLt half of the warm-up; a load failure is left for the trainer.
+void load_and_warm_cublaslt(WarmupTimes& t) noexcept {
+  auto start = Clock::now();
+  try {
+    load_cublaslt();
+  } catch (...) {
+    t.cublaslt_load_s = seconds_since(start);
+    return;
   }
-  // cudaFree(nullptr) is the documented idiom that forces context creation.
-  const bool context = cudaFree(nullptr) == cudaSuccess;
-  t.context_s = lap();
-  if (!context) {
-    (void)cudaGetLastError();
-    return t;
-  }
-  t.device = true;
+  t.cublaslt_load_s = seconds_since(start);
+  start = Clock::now();
   cublasLtHandle_t handle = nullptr;
   if (cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS) {
     warm_up_cublaslt(handle);
     cublasLtDestroy(handle);
   }
-  t.cublaslt_s = lap();
+  t.cublaslt_s = seconds_since(start);
+}
+
+}  // namespace
+
+WarmupTimes warm_up_device() noexcept {
+  WarmupTimes t;
+  const auto begin = Clock::now();
+  int count = 0;
+  const bool driver = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  t.driver_s = seconds_since(begin);
+  if (!driver) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    t.total_s = seconds_since(begin);
+    return t;
+  }
+  // Both threads work on device 0 (a new thread's current device). No
+  // cudaSetDevice there: since CUDA 12 it creates the context itself.
+  std::thread cublaslt;
+  try {
+    cublaslt = std::thread([&t] { load_and_warm_cublaslt(t); });
+  } catch (...) {  // no thread: the load runs after the context instead
+  }
+  const auto context_start = Clock::now();
+  // cudaFree(nullptr) is the documented idiom that forces context creation.
+  const bool context = cudaFree(nullptr) == cudaSuccess;
+  t.context_s = seconds_since(context_start);
+  if (cublaslt.joinable()) cublaslt.join();
+  else if (context) load_and_warm_cublaslt(t);
+  if (!context) (void)cudaGetLastError();
+  t.device = context;
+  t.total_s = seconds_since(begin);
   return t;
 }
 

@@ -28,19 +28,25 @@ void create_parent(const std::filesystem::path& dir, const std::filesystem::path
 }  // namespace
 
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& pieces) {
   if (path.has_parent_path()) create_parent(path.parent_path(), path);
   const auto tmp = std::filesystem::path(fmt::format("{}.tmp.{}", path.string(), ::getpid()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail(tmp, "cannot create");
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const auto n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      ::close(fd);
-      std::filesystem::remove(tmp);
-      fail(tmp, "write failed");
+  for (const std::string_view bytes : pieces) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      const auto n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0) {
+        ::close(fd);
+        std::filesystem::remove(tmp);
+        fail(tmp, "write failed");
+      }
+      done += static_cast<std::size_t>(n);
     }
-    done += static_cast<std::size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     std::filesystem::remove(tmp);

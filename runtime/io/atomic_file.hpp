@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace sg::io {
 
@@ -14,6 +15,9 @@ struct IoError : std::runtime_error {
 
 // Throws IoError naming the file on any failure, and leaves no temp file behind.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
+// The same for a file made of `pieces` in order (a checkpoint's header fields
+// and its tensors' own bytes), with no copy of them joined in memory.
+void write_file_atomically(const std::filesystem::path& path, const std::vector<std::string_view>& pieces);
 // Checks up front that write_file_atomically(path) can succeed: the parent
 // folder exists or can be created and takes a new file, and `path` is not a
 // folder. Creates the parent folder; leaves no other trace. Throws IoError

@@ -3,7 +3,10 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <deque>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -15,22 +18,50 @@ namespace {
 constexpr char kMagic[8] = {'S', 'G', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr std::uint32_t kVersion = 1;
 
-// Little-endian fields appended to a byte string.
+// Little-endian fields, as the file's pieces in order: runs of small fields
+// in buffers of their own, large byte strings (the tensors) as views of the
+// caller's bytes, so a checkpoint of many megabytes is never copied into one
+// string before it is written (that copy's fresh pages were most of the save).
 class Writer {
  public:
   template <typename T>
   void put(T value) {
-    out_.append(reinterpret_cast<const char*>(&value), sizeof value);
+    put_raw(reinterpret_cast<const char*>(&value), sizeof value);
   }
+  // `s` must outlive the writer when it is large (it is not copied).
   void put_bytes(const std::string& s) {
     put<std::uint64_t>(s.size());
-    out_ += s;
+    if (s.size() < kCopyBelow) {
+      put_raw(s.data(), s.size());
+      return;
+    }
+    pieces_.push_back({{}, s});
   }
-  void put_raw(const char* data, std::size_t n) { out_.append(data, n); }
-  std::string& bytes() { return out_; }
+  void put_raw(const char* data, std::size_t n) {
+    if (pieces_.empty() || !pieces_.back().view.empty()) pieces_.push_back({});
+    pieces_.back().own.append(data, n);
+  }
+  // The pieces so far, and their CRC-32 (zlib's) as the last piece.
+  std::vector<std::string_view> with_crc() {
+    std::uint32_t crc = 0;
+    for (const auto& p : pieces_) {
+      const std::string_view bytes = p.bytes();
+      crc = static_cast<std::uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+    }
+    put<std::uint32_t>(crc);
+    std::vector<std::string_view> out;
+    for (const auto& p : pieces_) out.push_back(p.bytes());
+    return out;
+  }
 
  private:
-  std::string out_;
+  static constexpr std::size_t kCopyBelow = 4096;
+  struct Piece {
+    std::string own;        // small fields, copied
+    std::string_view view;  // or a large byte string, not copied
+    std::string_view bytes() const { return view.empty() ? std::string_view(own) : view; }
+  };
+  std::deque<Piece> pieces_;  // a deque: the views taken in with_crc() stay valid as it grows
 };
 
 class Reader {
@@ -93,8 +124,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c) {
     for (auto d : t.shape) w.put<std::int64_t>(d);
     w.put_bytes(t.bytes);
   }
-  w.put<std::uint32_t>(crc_of(w.bytes()));
-  write_file_atomically(path, w.bytes());
+  write_file_atomically(path, w.with_crc());
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path) {

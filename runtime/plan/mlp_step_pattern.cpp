@@ -6,6 +6,16 @@
 namespace sg {
 namespace {
 
+// The activations a whole-step kernel computes between hidden layers, and
+// the backward op autodiff emits for each (graph/ops/<activation>.cpp).
+struct ActivationOps {
+  OpKind forward, backward;
+};
+constexpr ActivationOps kActivations[] = {
+    {OpKind::relu, OpKind::relu_backward}, {OpKind::gelu, OpKind::gelu_backward},
+    {OpKind::gelu_tanh, OpKind::gelu_tanh_backward}, {OpKind::silu, OpKind::silu_backward},
+    {OpKind::tanh, OpKind::tanh_backward}, {OpKind::sigmoid, OpKind::sigmoid_backward}};
+
 // Walks the graph from the batch fetch, collecting every node it expects;
 // any surprise ends the match.
 class StepWalker {
@@ -37,11 +47,12 @@ class StepWalker {
     plan.input_shift = images->attr<GatherRowsAttrs>().shift;
     const ValueId y = labels->outputs[0];
 
-    // Forward: h -> matmul(h, W^T) -> bias_add(b) [-> relu] until the loss reads it.
+    // Forward: h -> matmul(h, W^T) -> bias_add(b) [-> activation] until the loss reads it.
     std::vector<ValueId> inputs{images->outputs[0]};  // each layer's input
     ValueId h = images->outputs[0];
     plan.dims.push_back(g_.value(h).shape.at(1));
     const Node* xent = nullptr;
+    std::optional<OpKind> activation;  // the first hidden layer's; every other must be the same
     while (!xent) {
       const Node* mm = reader(h, OpKind::matmul, 0, [](const Node& n) {
         return !n.attr<MatmulAttrs>().trans_a && n.attr<MatmulAttrs>().trans_b;
@@ -57,16 +68,21 @@ class StepWalker {
       xent = reader(add->outputs[0], OpKind::softmax_xent, 0);
       std::vector<NodeId> forward{mm->id, add->id};
       if (!xent) {
-        const Node* relu = reader(add->outputs[0], OpKind::relu, 0);
-        if (!relu) return std::nullopt;
-        forward.push_back(relu->id);
-        layer.output = relu->outputs[0];
+        const Node* act = activation_reader(add->outputs[0]);
+        if (!act || (activation && act->op != *activation)) return std::nullopt;
+        activation = act->op;
+        // relu and gelu_tanh end the linear_forward group; the others follow it as lone nodes.
+        if (act->fusion_group >= 0) forward.push_back(act->id);
+        else seen_.insert(act->id);
+        layer.pre_activation = add->outputs[0];
+        layer.output = act->outputs[0];
       }
       if (!group(forward, FusionKind::linear_forward)) return std::nullopt;
       plan.layers.push_back(layer);
       h = layer.output;
       inputs.push_back(h);
     }
+    if (activation) plan.activation = *activation;
     if (xent->inputs[1] != y) return std::nullopt;
     plan.loss = xent->outputs[0];
     const Node* xent_bw = reader(plan.layers.back().output, OpKind::softmax_xent_backward, 0);
@@ -92,12 +108,25 @@ class StepWalker {
       const Node* dgrad = reader(dz, OpKind::matmul, 0, [&](const Node& n) {
         return !n.attr<MatmulAttrs>().trans_a && !n.attr<MatmulAttrs>().trans_b && n.inputs[1] == layer.weight;
       });
-      const Node* relu_bw = dgrad ? reader(dgrad->outputs[0], OpKind::relu_backward, 0) : nullptr;
-      if (!relu_bw || relu_bw->inputs[1] != plan.layers[l - 1].output ||
-          !group({dgrad->id, relu_bw->id}, FusionKind::dgrad_drelu))
+      const Node* act_bw = dgrad ? reader(dgrad->outputs[0], backward_of(plan.activation), 0) : nullptr;
+      if (!act_bw) return std::nullopt;
+      // The backward reads the activation's output (relu, tanh, sigmoid) or its input (gelu, gelu_tanh, silu).
+      const WholeStepLayer& below = plan.layers[l - 1];
+      const bool reads_input = act_bw->inputs[1] == below.pre_activation;
+      if ((!reads_input && act_bw->inputs[1] != below.output) ||
+          (l + 1 < plan.layers.size() && reads_input != plan.backward_reads_pre_activation))
         return std::nullopt;
-      plan.layers[l - 1].pre_activation_grad = relu_bw->outputs[0];
-      dz = relu_bw->outputs[0];
+      plan.backward_reads_pre_activation = reads_input;
+      // In a dgrad group (relu: dgrad_drelu, gelu_tanh: dgrad_dgelu), or both nodes lone.
+      if (act_bw->fusion_group >= 0) {
+        const FusionKind kind = plan.activation == OpKind::relu ? FusionKind::dgrad_drelu : FusionKind::dgrad_dgelu;
+        if (!group({dgrad->id, act_bw->id}, kind)) return std::nullopt;
+      } else {
+        if (dgrad->fusion_group >= 0) return std::nullopt;
+        seen_.insert({dgrad->id, act_bw->id});
+      }
+      plan.layers[l - 1].pre_activation_grad = act_bw->outputs[0];
+      dz = act_bw->outputs[0];
     }
     const Node* advance = only_node(OpKind::advance_step);
     if (!advance || advance->inputs[0] != plan.step) return std::nullopt;
@@ -132,6 +161,23 @@ class StepWalker {
   }
   const Node* reader(ValueId v, OpKind op, std::size_t slot) const {
     return reader(v, op, slot, [](const Node&) { return true; });
+  }
+
+  // The one hidden-layer activation node (kActivations) reading `z`.
+  const Node* activation_reader(ValueId z) const {
+    const Node* found = nullptr;
+    for (const ActivationOps& a : kActivations)
+      if (const Node* n = reader(z, a.forward, 0)) {
+        if (found) return nullptr;
+        found = n;
+      }
+    return found;
+  }
+
+  static OpKind backward_of(OpKind forward) {
+    for (const ActivationOps& a : kActivations)
+      if (a.forward == forward) return a.backward;
+    return OpKind::relu_backward;  // (unreachable: `forward` came from kActivations)
   }
 
   // The sgd_update of `param` from `grad` (with or without momentum state:

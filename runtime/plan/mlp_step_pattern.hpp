@@ -1,11 +1,16 @@
 #pragma once
 // Recognises a fused graph that is exactly the training step of an MLP
-// (batch fetch, Linear+ReLU layers, softmax cross-entropy, its autodiff
-// backward, SGD, step advance), so a backend may run it as one
-// whole-step kernel. Recognition is structural: starting from the batch
-// fetch, each layer's forward, backward and updates are looked up by what
-// they read, each group of them must be one fusion group of the expected
-// kind, and the graph must hold no other node and no other output.
+// (batch fetch, Linear+activation layers, softmax cross-entropy, its
+// autodiff backward, SGD, step advance), so a backend may run it as one
+// whole-step kernel. The activation is one of relu, gelu, gelu_tanh, silu,
+// tanh and sigmoid, the same in every hidden layer: inside the layer's
+// linear_forward group (relu, gelu_tanh) or a lone node after a bias-only
+// group (the others), its backward in a dgrad_drelu / dgrad_dgelu group or
+// a lone node after a lone dgrad matmul. Recognition is structural:
+// starting from the batch fetch, each layer's forward, backward and updates
+// are looked up by what they read, each group of them must be one fusion
+// group of the expected kind, and the graph must hold no other node and no
+// other output.
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -15,12 +20,14 @@
 namespace sg {
 
 // Per layer (input side first): its parameters, their sgd_update nodes, the
-// value the layer outputs (ReLU output, or the logits for the last layer)
-// and, for hidden layers, the gradient of its pre-activation.
+// value the layer outputs (the activation's output, or the logits for the
+// last layer) and, for hidden layers, its pre-activation (the bias_add's
+// output) and that pre-activation's gradient.
 struct WholeStepLayer {
   ValueId weight = -1, bias = -1;
   NodeId weight_sgd = -1, bias_sgd = -1;
   ValueId output = -1;
+  ValueId pre_activation = -1;       // -1 for the logits layer
   ValueId pre_activation_grad = -1;  // -1 for the logits layer
 };
 
@@ -30,6 +37,11 @@ struct WholeStepPlan {
   double input_scale = 1, input_shift = 0;
   ValueId images = -1, labels = -1, perm = -1, step = -1, loss = -1;
   std::vector<WholeStepLayer> layers;
+  // The hidden layers' activation op (relu when there is no hidden layer),
+  // and whether its backward reads the pre-activation (gelu, gelu_tanh,
+  // silu) rather than the activation's output (relu, tanh, sigmoid).
+  OpKind activation = OpKind::relu;
+  bool backward_reads_pre_activation = false;
 };
 
 std::optional<WholeStepPlan> match_whole_step(const Graph& graph);

@@ -45,7 +45,8 @@ std::unique_ptr<Trainer> trainer(const app::TrainConfig &c, const Dataset &data)
 
 TEST_CASE("the report's CNN step on CUDA follows the CPU backend: one step's state, twenty steps' losses") {
   const auto out = test::fresh_dir("stepgraph-cnn-gpu-vs-cpu");
-  for (const std::string kernels : {"auto", "cudnn"}) {
+  // auto: the fused CNN step (cnn_step); cudnn / implicit_gemm: the per-launch schedule with those convolutions.
+  for (const std::string kernels : {"auto", "cudnn", "implicit_gemm"}) {
     CAPTURE(kernels);
     const auto gpu_config = cnn_config(out, {"backend.conv_kernels=" + kernels});
     const auto cpu_config = cnn_config(out, {"backend.kind=cpu"});
@@ -53,6 +54,7 @@ TEST_CASE("the report's CNN step on CUDA follows the CPU backend: one step's sta
     const auto gpu = trainer(gpu_config, data);
     const auto cpu = trainer(cpu_config, data);
     REQUIRE(gpu->description().find("cuda") != std::string::npos);
+    CHECK((gpu->description().find("cnn_step") != std::string::npos) == (kernels == "auto"));
     // After one step every parameter and velocity (= the first gradient, with
     // dropout2d and dropout drawing the same masks on both backends) agrees to
     // fp16 rounding: the sums differ in order only.
@@ -81,8 +83,8 @@ TEST_CASE("the report's CNN step on CUDA follows the CPU backend: one step's sta
 
 TEST_CASE("the CNN's graph replay, stream launches and 5 steps per graph launch end in the same bits") {
   const auto out = test::fresh_dir("stepgraph-cnn-launch-paths");
-  // auto: the report CNN's convolutions are our kernels'; cudnn: cuDNN's.
-  for (const std::string kernels : {"auto", "cudnn"}) {
+  // auto: the fused CNN step; cudnn, implicit_gemm: per-launch convolutions by cuDNN or by ours.
+  for (const std::string kernels : {"auto", "cudnn", "implicit_gemm"}) {
     CAPTURE(kernels);
     const std::string choice = "backend.conv_kernels=" + kernels;
     const auto replay_config = cnn_config(out, {choice});

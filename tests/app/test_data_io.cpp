@@ -150,6 +150,53 @@ TEST_CASE("checkpoints round-trip and reject corruption") {
   fs::remove_all(dir);
 }
 
+// The writer hands the file over in pieces (small fields copied, tensors'
+// bytes as views); the file must still be the format's bytes in order,
+// built here field by field, with zlib's CRC-32 of all of them at the end.
+TEST_CASE("a checkpoint file is its fields in order, small and large tensors alike, then their CRC-32") {
+  const auto dir = fresh_dir("ckpt-layout");
+  std::mt19937 rng(std::random_device{}());
+  io::Checkpoint c;
+  c.step = 77;
+  c.data_seed = 5;
+  c.config_yaml = std::string(5000, 'y');  // longer than the writer copies
+  for (auto [name, dtype, shape] : std::vector<std::tuple<std::string, DType, Shape>>{
+           {"w_big", DType::f32, {3, 1500}}, {"b_small", DType::f16, {7}}, {"w_mid", DType::bf16, {2, 1024}},
+           {"empty", DType::f32, {0}}}) {
+    io::TensorBlob t{name, dtype, shape, std::string(static_cast<std::size_t>(element_count(shape)) * dtype_size(dtype), '\0')};
+    for (auto& ch : t.bytes) ch = static_cast<char>(rng());
+    c.tensors.push_back(t);
+  }
+  std::string expected("SGCKPT01", 8);
+  const auto put = [&expected](auto value) { expected.append(reinterpret_cast<const char*>(&value), sizeof value); };
+  const auto put_bytes = [&](const std::string& b) {
+    put(static_cast<std::uint64_t>(b.size()));
+    expected += b;
+  };
+  put(std::uint32_t{1});
+  put(std::int64_t{77});
+  put(std::uint64_t{5});
+  put_bytes(c.config_yaml);
+  put(static_cast<std::uint32_t>(c.tensors.size()));
+  for (const auto& t : c.tensors) {
+    put_bytes(t.name);
+    put(static_cast<std::uint8_t>(t.dtype));
+    put(static_cast<std::uint32_t>(t.shape.size()));
+    for (auto d : t.shape) put(static_cast<std::int64_t>(d));
+    put_bytes(t.bytes);
+  }
+  put(static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(expected.data()), static_cast<uInt>(expected.size()))));
+
+  const auto path = dir / "layout.sgck";
+  io::save_checkpoint(path, c);
+  const std::string bytes = io::read_file(path);
+  CHECK(bytes.size() == expected.size());
+  CHECK(bytes == expected);
+  CHECK(io::load_checkpoint(path) == c);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("atomic writes replace a file whole") {
   const auto dir = fresh_dir("atomic");
   const auto path = dir / "out.txt";

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
@@ -94,6 +95,102 @@ TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
   });
 }
 
+namespace {
+
+constexpr MlpActivation kOtherActivations[] = {MlpActivation::gelu, MlpActivation::gelu_tanh, MlpActivation::silu,
+                                               MlpActivation::tanh, MlpActivation::sigmoid};
+
+// A random MLP the whole-step kernels take: 1-3 hidden layers, every width a
+// multiple of 16 up to 128, 2-32 classes, batch 16/32/48/64.
+std::pair<std::vector<std::int64_t>, std::int64_t> random_whole_step_shape(std::mt19937_64& rng) {
+  const auto pick = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  std::vector<std::int64_t> layers{16 * pick(1, 8)};
+  for (std::int64_t h = pick(1, 3); h > 0; --h) layers.push_back(16 * pick(1, 8));
+  layers.push_back(pick(2, 32));
+  return {layers, 16 * pick(1, 4)};
+}
+
+}  // namespace
+
+TEST_CASE("every activation: the whole-step kernels follow the CPU backend and the per-launch schedule") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (const MlpActivation activation : kOtherActivations) {
+    INFO("activation " << activation_name(activation));
+    struct Case {
+      std::vector<std::int64_t> layers;
+      std::int64_t batch;
+      double weight_decay;
+    };
+    const auto [random_layers, random_batch] = random_whole_step_shape(rng);
+    for (const Case& c : std::vector<Case>{{{48, 64, 32, 10}, 32, 0.0},            // resident: 2 blocks of 32 / 16 columns
+                                           {{112, 96, 80, 48, 29}, 48, 1e-3},      // 3 hidden layers, 29 classes
+                                           {{64, 64, 10}, 64, 0.0},                // batch 64
+                                           {random_layers, random_batch, 0.0}}) {  // random
+      INFO("layers " << fmt::format("{}", fmt::join(c.layers, "-")) << " batch " << c.batch);
+      MlpTrainerSpec spec = f16_spec(c.layers, c.batch, c.weight_decay);
+      spec.mlp.activation = activation;
+      const Dataset data = random_dataset(c.batch * 12 + 5, c.layers.front(), c.layers.back(), rng);
+      auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
+      const auto first_cpu = losses(*cpu, 1);
+      const auto first_cpu_parameters = all_parameters(*cpu);
+      const auto cpu_curve = losses(*cpu, 59);
+      MlpTrainerSpec per_launch_spec = spec;
+      per_launch_spec.backend.whole_step = false;
+      cuda::CudaTrainer per_launch(cuda_spec(per_launch_spec, data), data);
+      REQUIRE_FALSE(per_launch.training_program().uses_whole_step());
+      per_launch.poison_activations();
+      const auto per_launch_curve = losses(per_launch, 60);
+      in_every_launch_mode([&](WholeStepMode mode) {
+        spec.backend.whole_step_mode = mode;
+        cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
+        REQUIRE(gpu.training_program().uses_whole_step());
+        CHECK(gpu.training_program().schedule().launches.size() == 1);
+        const std::string how = gpu.description();
+        INFO(how);
+        // (resident: the grid where no cluster's shared memory holds the weights)
+        const bool as_asked = how.find(mode == WholeStepMode::cluster ? "one cluster"
+                                       : mode == WholeStepMode::grid  ? "cooperative grid"
+                                                                      : "weights resident") != std::string::npos;
+        CHECK((as_asked || (mode == WholeStepMode::resident && how.find("cooperative grid") != std::string::npos)));
+        if (c.layers.size() == 4 && c.batch == 32 && mode == WholeStepMode::resident)
+          CHECK(how.find("weights resident") != std::string::npos);  // (the case that fits: so resident runs here)
+        gpu.poison_activations();  // scratch (a pre-activation too) the kernel forgot to write would show as NaN
+        const auto first_gpu = losses(gpu, 1);
+        CHECK(std::abs(first_gpu[0] - first_cpu[0]) / first_cpu[0] < 2e-3);
+        CHECK(sg::test::relative_error(all_parameters(gpu), first_cpu_parameters) < 2e-3);
+        const auto gpu_curve = losses(gpu, 59);
+        MESSAGE(activation_name(activation) << " " << whole_step_mode_name(mode) << ": step 60 loss gpu "
+                                            << gpu_curve.back() << " cpu " << cpu_curve.back() << " per-launch "
+                                            << per_launch_curve.back());
+        CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
+        CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
+        std::vector<float> whole_curve(first_gpu);
+        whole_curve.insert(whole_curve.end(), gpu_curve.begin(), gpu_curve.end());
+        CHECK(sg::test::relative_error(whole_curve, per_launch_curve) < 1e-2);
+        CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(per_launch)) < 2e-2);
+        CHECK(gpu.step() == 60);
+      });
+    }
+  }
+}
+
+TEST_CASE("every activation: replay, stream launches and K steps per graph are bit-identical") {
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(500, 64, 10, rng);
+  for (const MlpActivation activation : {MlpActivation::gelu_tanh, MlpActivation::sigmoid}) {  // input / output read
+    INFO("activation " << activation_name(activation));
+    in_every_launch_mode([&](WholeStepMode mode) {
+      MlpTrainerSpec spec = f16_spec({64, 96, 48, 10}, 32);
+      spec.mlp.activation = activation;
+      spec.backend.whole_step_mode = mode;
+      sg::test::check_launch_paths_agree(spec, data, 37, 4, [](cuda::CudaTrainer& replay) {
+        REQUIRE(replay.training_program().uses_whole_step());
+      });
+    });
+  }
+}
+
 TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") {
   const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
   // 59K parameters (at batch 32 the scheduler takes the per-group schedule: forced here)
@@ -123,6 +220,36 @@ TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") 
   // below that of the first 20 (single-batch losses are noisy).
   const auto mean20 = [](auto first) { return std::accumulate(first, first + 20, 0.0) / 20; };
   CHECK(mean20(a.end() - 20) < 0.85 * mean20(a.begin()));
+}
+
+TEST_CASE("on real MNIST at batch 48 every activation takes the whole-step kernels on its own and follows the per-group schedule") {
+  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
+  for (const MlpActivation activation : kOtherActivations) {
+    INFO("activation " << activation_name(activation));
+    // 59K parameters at batch 48: the automatic choice is the whole-step grid kernel, and with
+    // several steps per launch the resident-weights kernel.
+    MlpTrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 48);
+    spec.mlp.activation = activation;
+    spec.sgd.lr = 0.1;
+    cuda::CudaTrainer whole(cuda_spec(spec, data), data);
+    MlpTrainerSpec resident_spec = spec;
+    resident_spec.backend.steps_per_launch = 8;
+    cuda::CudaTrainer resident(cuda_spec(resident_spec, data), data);
+    spec.backend.whole_step = false;
+    cuda::CudaTrainer grouped(cuda_spec(spec, data), data);
+    REQUIRE(whole.description().find("cooperative grid") != std::string::npos);
+    REQUIRE(resident.description().find("weights resident") != std::string::npos);
+    REQUIRE_FALSE(grouped.training_program().uses_whole_step());
+    whole.poison_activations();
+    resident.poison_activations();
+    const auto a = losses(whole, 120), b = losses(grouped, 120), r = losses(resident, 120);
+    MESSAGE(activation_name(activation) << ": step 120 loss whole-step " << a.back() << " resident " << r.back()
+                                        << " per-group " << b.back());
+    CHECK(sg::test::relative_error(a, b) < 1e-2);
+    CHECK(sg::test::relative_error(r, b) < 1e-2);
+    CHECK(sg::test::relative_error(all_parameters(whole), all_parameters(grouped)) < 2e-2);
+    CHECK(sg::test::relative_error(all_parameters(resident), all_parameters(grouped)) < 2e-2);
+  }
 }
 
 TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group schedule, saying why") {

@@ -3,6 +3,7 @@
 // lowerings take none of them, and the SGD schedule is what it was.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "models/mlp.hpp"
@@ -39,7 +40,8 @@ const char* const kSgdOnly[] = {"whole_step", "resident_step", "output_layer_bac
 
 }  // namespace
 
-TEST_CASE("AdamW: bias updates fused with their column sums, the weights' updates in one launch with the step advance") {
+TEST_CASE("AdamW: bias updates fused with their column sums, the hidden weights' updates with their gradient "
+          "tiles, the rest in one launch with the step advance") {
   for (std::int64_t batch : {32, 128}) {
     INFO("batch " << batch);
     OptimizerSpec adamw;
@@ -48,6 +50,8 @@ TEST_CASE("AdamW: bias updates fused with their column sums, the weights' update
     std::pair<std::string, std::size_t> last;
     const auto counts = lowered_counts(bench_mlp(batch), adamw, &last);
     CHECK(counts.at("bias_grad_adam") == 3);
+    // fp16 weights: the buffered weight updates (measured faster than the gradient tiles' path)
+    CHECK(counts.count("wgrad_adam") == 0);
     CHECK(counts.at("adam_multi_tensor") == 1);
     for (const char* name : kSgdOnly) CHECK(counts.count(name) == 0);
     CHECK(counts.count("elementwise") == 0);  // the step advance rode on the Adam launch
@@ -64,6 +68,7 @@ TEST_CASE("clipping: one global-norm launch; Adam reads the scale, SGD through s
   CHECK(counts.at("grad_clip_scale") == 1);
   CHECK(counts.at("adam_multi_tensor") == 1);  // biases too: the scale exists only after every gradient
   CHECK(counts.count("bias_grad_adam") == 0);
+  CHECK(counts.count("wgrad_adam") == 0);  // and weights: no update from a gradient tile before the norm
 
   OptimizerSpec sgd;
   sgd.clip_grad_norm = 1.0;
@@ -73,6 +78,41 @@ TEST_CASE("clipping: one global-norm launch; Adam reads the scale, SGD through s
     CHECK(counts.at("scale_grad") == 6);
     for (const char* name : kSgdOnly) CHECK(counts.count(name) == 0);
   }
+}
+
+TEST_CASE("AdamW with fp32 master weights: the widened gradients' casts ride in the tile and bias launches") {
+  MlpSpec spec = bench_mlp(128);
+  spec.weight_dtype = DType::f32;
+  OptimizerSpec adamw;
+  adamw.kind = OptimizerKind::adamw;
+  const auto counts = lowered_counts(spec, adamw);
+  // W1 [1024, 784] and W2 [1024, 1024] straight from their gradient tiles; W3 [10, 1024]
+  // (10 rows: not a multiple of 8) in the multi-tensor launch.
+  CHECK(counts.at("wgrad_adam") == 2);
+  CHECK(counts.at("bias_grad_adam") == 3);
+  CHECK(counts.at("adam_multi_tensor") == 1);  // W3 (10 rows), with the step advance
+  CHECK(counts.at("elementwise") == 1);        // W3's gradient cast
+  // Where the buffered path measured faster, or the options say so, cuBLASLt keeps the weight gradients:
+  // batch 256; W over 1024 x 1024; fp16 accumulation; backend.one_pass_backward: false.
+  const auto tiles = [&](MlpSpec mlp, BackendOptions options) {
+    const Graph g = build_training_stages(mlp, adamw).fused;
+    const auto lowerings = cuda::cuda_lowerings(options, /*device_present=*/false);
+    const Schedule s = build_schedule(g, cuda::as_lowerings(lowerings));
+    check_schedule_order(g, s);
+    return std::count_if(s.launches.begin(), s.launches.end(),
+                         [](const Launch& l) { return l.lowering->name() == "wgrad_adam"; });
+  };
+  CHECK(tiles(spec, {}) == 2);
+  MlpSpec big_batch = spec, wide = spec;
+  big_batch.batch = 256;
+  wide.layers = {784, 2048, 2048, 10};
+  CHECK(tiles(big_batch, {}) == 0);
+  CHECK(tiles(wide, {}) == 0);
+  BackendOptions f16_accumulate, two_pass;
+  f16_accumulate.accumulate_f16 = true;
+  two_pass.one_pass_backward = false;
+  CHECK(tiles(spec, f16_accumulate) == 0);
+  CHECK(tiles(spec, two_pass) == 0);
 }
 
 TEST_CASE("Nesterov SGD: its own lowering, never the fused momentum matmul") {

@@ -42,7 +42,7 @@ namespace {
 std::optional<Match> match_one_pass(const Cover& cover, const CoverUnit& unit, OnePassKernel kernel, bool input_update) {
   const sg::Graph& g = cover.graph();
   const std::optional<ActivationDgrad> d = activation_dgrad_of(cover, unit);
-  if (!d || !one_pass_kernel_takes(kernel, d->activation)) return std::nullopt;
+  if (!d) return std::nullopt;
   OnePassNodes p;
   p.dgrad = d->matmul;
   p.activation_backward = d->backward;

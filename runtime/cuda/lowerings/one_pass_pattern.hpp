@@ -4,7 +4,7 @@
 // layer's weight W[N,K] (fp16 parameter, plain SGD), the dgrad of its output
 // gradient dY through the activation X = act(Z) before it, dX = act'(dY W)
 // (for ReLU masked by X > 0; other activations: a dgrad_dgelu group or a lone
-// matmul + activation backward, activation_nodes.hpp; not the wgmma kernel),
+// matmul + activation backward, activation_nodes.hpp),
 // and W's update from dY^T X run in ONE pass over W (ops/cuda/dgrad_wgrad.hpp).
 // The launch also takes the plain bias update that sums dX (the previous
 // layer's) and, where the kernel allows, the first layer's weight update,

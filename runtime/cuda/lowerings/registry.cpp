@@ -14,6 +14,7 @@
 
 namespace sg::cuda {
 
+std::unique_ptr<CudaLowering> make_cnn_step_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_resident_step_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_whole_step_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_output_layer_backward_lowering();
@@ -24,6 +25,7 @@ std::unique_ptr<CudaLowering> make_small_k_dgrad_relu_lowering();
 std::unique_ptr<CudaLowering> make_small_n_forward_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_small_batch_forward_lowering();
 std::unique_ptr<CudaLowering> make_small_m_wgrad_sgd_lowering(const BackendOptions&);
+std::unique_ptr<CudaLowering> make_wgrad_adam_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_cublaslt_matmul_lowering();
 std::unique_ptr<CudaLowering> make_softmax_xent_lowering();
 std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
@@ -59,6 +61,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   const bool ours = o.one_pass_backward && !o.accumulate_f16;
   std::vector<std::unique_ptr<CudaLowering>> l;
   if (o.whole_step) {
+    l.push_back(make_cnn_step_lowering(o));  // a small CNN's whole step (issue 22)
     l.push_back(make_resident_step_lowering(o));
     l.push_back(make_whole_step_lowering(o));
   }
@@ -72,6 +75,9 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_small_n_forward_lowering(o));
   if (ours && o.small_batch_forward) l.push_back(make_small_batch_forward_lowering());
   l.push_back(make_small_m_wgrad_sgd_lowering(o));
+  // A weight gradient's tile straight into its Adam/AdamW update (issue 21), before cuBLASLt takes the
+  // matmul; one of our fused weight updates (backend.one_pass_backward: false keeps cuBLASLt's and a buffer).
+  if (ours) l.push_back(make_wgrad_adam_lowering(o));
   l.push_back(make_cublaslt_matmul_lowering());
   l.push_back(make_softmax_xent_lowering());
   l.push_back(make_bias_grad_sgd_lowering());

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/resident_step.hpp"
+#include "runtime/cuda/lowerings/activation_nodes.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -44,6 +45,7 @@ WholeStepArgs shape_of(const sg::Graph& g, const WholeStepPlan& plan) {
   args.rows = g.value(plan.perm).shape[0];
   args.scale = float(plan.input_scale);
   args.shift = float(plan.input_shift);
+  args.activation = forward_activation(plan.activation).value_or(Activation::relu);
   return args;
 }
 
@@ -94,8 +96,13 @@ std::string whole_step_blocker(const sg::Graph& g, const BackendOptions& o, bool
   if (!o.whole_step) return "turned off";
   const auto plan = match_whole_step(g);
   if (!plan) return "the graph is not a plain MLP training step";
+  const auto activation = forward_activation(plan->activation);
+  if (!activation) return fmt::format("activation {}", op_name(plan->activation));
+  if (backward_reads_input(*activation) != plan->backward_reads_pre_activation)
+    return fmt::format("{}'s backward reads another value than the kernels keep", op_name(plan->activation));
   for (const WholeStepLayer& layer : plan->layers) {
-    if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16)
+    if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16 ||
+        (layer.pre_activation >= 0 && g.value(layer.pre_activation).dtype != DType::f16))
       return "parameters or activations are not fp16";
     const Node& sgd = g.node(layer.weight_sgd);
     if (sgd.inputs.size() != 2 || sgd.attr<SgdUpdateAttrs>().momentum != 0.0) return "SGD with momentum";
@@ -134,6 +141,8 @@ std::optional<Match> match_whole_graph(const Cover& cover, const CoverUnit& unit
     if (layer.pre_activation_grad >= 0) {
       m.scratch.push_back(layer.output);
       m.scratch.push_back(layer.pre_activation_grad);
+      // gelu, gelu_tanh, silu: the backward reads the pre-activation the forward keeps
+      if (plan.backward_reads_pre_activation) m.scratch.push_back(layer.pre_activation);
     }
   m.detail = plan;
   return m;
@@ -152,6 +161,7 @@ std::unique_ptr<RecordedLaunch> record_whole_step(const Launch& l, const BindCon
     if (layer.pre_activation_grad >= 0) {  // a hidden layer (the logits never leave the chip)
       args.act[i] = static_cast<__half*>(c.ptr(layer.output));
       args.grad[i] = static_cast<__half*>(c.ptr(layer.pre_activation_grad));
+      if (plan.backward_reads_pre_activation) args.pre[i] = static_cast<__half*>(c.ptr(layer.pre_activation));
     }
   }
   args.perm = static_cast<const std::int32_t*>(c.ptr(plan.perm));
@@ -180,7 +190,9 @@ class WholeGraphLowering final : public CudaLowering {
   }
   std::string describe(const sg::Graph&, const Launch& l) const override {
     const auto& plan = detail_of<WholeStepPlan>(l);
-    return fmt::format("dims={},batch={}", fmt::join(plan.dims, "-"), plan.batch);
+    const std::string activation =  // (ReLU steps print as they always did)
+        plan.activation == OpKind::relu ? "" : fmt::format(",activation={}", op_name(plan.activation));
+    return fmt::format("dims={},batch={}{}", fmt::join(plan.dims, "-"), plan.batch, activation);
   }
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     return record_whole_step(l, c, resident_);

@@ -1,0 +1,109 @@
+#pragma once
+// The whole training step of a small sequential CNN (issue 22) as two
+// kernels instead of ~26 launches:
+//   1. per example, one thread block: fetch the image row, run every layer's
+//      forward with all activations in shared memory, the softmax
+//      cross-entropy, and every layer's backward; the block adds the
+//      example's weight and bias gradients to its own slice of a workspace
+//      (a block takes examples k, k + blocks, ...; no atomics, so the sums
+//      have one order and every run gives the same bits);
+//   2. per parameter element: the blocks' slices summed in block order, the
+//      gradient rounded to the compute dtype as the graph's wgrad value is,
+//      the SGD (momentum, weight decay) update of the fp32 master weight
+//      (ops/cuda/sgd_step.cuh, as every SGD kernel), the batch's mean loss
+//      and the step advance.
+// At the report CNN's sizes an example's layers are a few hundred thousand
+// multiply-adds: too small to fill a GPU per layer, where every launch costs
+// more than its work, but one block each keeps every SM busy for the step.
+// Every intermediate is rounded to fp16 where the graph has an fp16 value, so
+// this follows the per-launch schedule's math (tests compare both with the
+// CPU backend). Dropout and dropout2d draw the same Philox bits as theirs.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/cuda/dropout.hpp"
+#include "ops/cuda/kernels.hpp"
+
+namespace sg::cuda {
+
+constexpr int kCnnStepMaxLayers = 24;
+constexpr int kCnnStepMaxTensors = 16;
+
+enum class CnnLayerOp : std::uint8_t { conv2d, max_pool2d, relu, dropout2d, dropout, view, linear };
+
+// One per-example layer: [in_c, in_h, in_w] -> [out_c, out_h, out_w]; a flat
+// layer of F features has c = F and h = w = 1.
+struct CnnLayer {
+  CnnLayerOp op = CnnLayerOp::view;
+  int in_c = 0, in_h = 1, in_w = 1;
+  int out_c = 0, out_h = 1, out_w = 1;
+  int kernel_h = 1, kernel_w = 1, stride = 1, padding = 0;  // conv2d; max_pool2d (square kernel, no padding)
+  int weight = -1, bias = -1;                               // tensor indices (conv2d, linear)
+  bool input_gradient = false;                              // the backward computes the input's gradient
+  DropoutParams dropout;                                    // dropout, dropout2d
+};
+
+struct CnnStepArgs {
+  int batch = 0;
+  int layers = 0;
+  CnnLayer layer[kCnnStepMaxLayers];
+  // Parameters: fp32 master tensors, their velocities (null: no momentum)
+  // and SGD scalars; a tensor's gradient sits at param_offset[t] of a block's
+  // workspace slice, param_offset[tensors] long.
+  int tensors = 0;
+  float* param[kCnnStepMaxTensors] = {};
+  float* velocity[kCnnStepMaxTensors] = {};
+  const SgdScalars* sgd[kCnnStepMaxTensors] = {};
+  std::int64_t param_offset[kCnnStepMaxTensors + 1] = {};
+  // Batch fetch: row perm[(step mod (rows/batch))*batch + i] of the u8
+  // tables, pixels scaled x*scale+shift (as launch_batch_fetch).
+  const std::int32_t* perm = nullptr;
+  std::int64_t rows = 0;
+  std::int32_t* step = nullptr;  // advanced by one at the end of the step
+  const std::uint8_t* images = nullptr;
+  const std::uint8_t* labels = nullptr;
+  float scale = 1.f, shift = 0.f;
+  float* loss = nullptr;  // mean cross-entropy of the batch
+  // cnn_step_workspace_bytes of device memory: the blocks' gradient slices,
+  // then one loss per example.
+  float* workspace = nullptr;
+  // Profiling only: when set, block 0 stores the GPU clock (ns) at the start
+  // and after each phase of its first example, and the update kernel's block
+  // 0 at its start and end; cnn_step_phase_names names the gaps.
+  unsigned long long* phase_clock = nullptr;
+};
+
+// How kernel 1 runs: its grid and its shared-memory layout (in floats).
+struct CnnStepLaunch {
+  int blocks = 0;
+  int threads = 0;
+  std::size_t shared_bytes = 0;
+  int act_offset[kCnnStepMaxLayers + 1] = {};  // [0]: the input image; [l+1]: layer l's output
+  int grad_offset[2] = {};                     // two gradient buffers, used in turn
+  // Every layer's weights as fp16, staged once per block (kernel 1 changes no
+  // parameter): conv2d / linear layer li's at weight_offset[li], a conv's
+  // data-gradient layout at weight_t_offset[li], its rounded bias at bias_offset[li].
+  int weights_offset = 0, weights_floats = 0;
+  int weight_offset[kCnnStepMaxLayers] = {};
+  int weight_t_offset[kCnnStepMaxLayers] = {};
+  int bias_offset[kCnnStepMaxLayers] = {};
+  int table_offset = 0;                        // a conv layer's index table (int2 per GEMM k)
+  int border_offset = 0;                       // dY with a zero border (a stride-1 conv's data gradient)
+  int reduce_offset = 0;                       // partial weight-gradient tiles of a conv layer; dropout2d's mask
+};
+
+// Empty when the kernels run these sizes on this GPU; otherwise why not.
+std::string cnn_step_unsupported(const CnnStepArgs& args);
+// The launch for these sizes on the current GPU (call cnn_step_unsupported first).
+CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& args);
+std::size_t cnn_step_workspace_bytes(const CnnStepArgs& args, const CnnStepLaunch& launch);
+// Names of the gaps between consecutive phase_clock entries.
+std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& args);
+// Both kernels on `stream` (capturable); args.workspace must be set.
+void launch_cnn_step(const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t stream);
+
+}  // namespace sg::cuda

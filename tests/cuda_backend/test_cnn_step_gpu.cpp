@@ -1,0 +1,188 @@
+// Issue 22's fused CNN step (ops/cuda/cnn_step.cu, lowering cnn_step) on
+// random sequential CNNs: odd image sizes, 1-3 input channels, stride 1 and
+// 2 (also in a layer whose input gradient is computed), padding 0-2, 3x3 and
+// 5x5 kernels, overlapping pooling windows, dropout2d
+// and dropout, batches from 5 to 200 (several examples per block). After one
+// step every parameter and velocity must agree with the CPU backend (fp16
+// rounding emulated) and with the per-launch CUDA schedule; the losses of
+// ten more steps must follow the CPU's; replay and stream launches give the
+// same bits. A NaN anywhere fails (test::relative_error).
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "models/sequential_program.hpp"
+#include "runtime/cuda/cuda_trainer.hpp"
+#include "runtime/tensor_blob.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/training_helpers.hpp"
+
+using namespace sg;
+
+namespace {
+
+struct RandomCnn {
+  SequentialTraining training;
+  std::int64_t classes = 0;
+  std::string text;
+};
+
+std::int64_t pick(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
+  return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
+}
+
+// A random CNN whose layer list fits its input (retried until it does);
+// `strided_second_conv`: always a second conv layer, of stride 2.
+RandomCnn random_cnn(std::mt19937_64& rng, std::int64_t batch, bool strided_second_conv = false) {
+  for (;;) {
+    RandomCnn r;
+    auto& m = r.training.model;
+    m.input_shape = {pick(rng, 1, 3), pick(rng, 9, 17), pick(rng, 9, 17)};
+    LayerSpec conv{LayerKind::conv2d};
+    conv.out = pick(rng, 3, 9);
+    conv.kernel = rng() % 2 ? 3 : 5;
+    conv.stride = pick(rng, 1, 2);
+    conv.padding = pick(rng, 0, 2);
+    m.layers = {conv};
+    if (rng() % 2) {
+      LayerSpec drop{LayerKind::dropout2d};
+      drop.p = 0.3;
+      m.layers.push_back(drop);
+    }
+    LayerSpec pool{LayerKind::max_pool2d};
+    pool.kernel = rng() % 2 ? 2 : 3;
+    pool.stride = 2;  // kernel 3: overlapping windows
+    m.layers.push_back(pool);
+    m.layers.push_back(LayerSpec{LayerKind::activation});
+    if (strided_second_conv || rng() % 2) {
+      LayerSpec conv2{LayerKind::conv2d};  // its input gradient: stride 1 from a zero-bordered dY, stride 2 tested
+      conv2.out = pick(rng, 4, 12);
+      conv2.kernel = 3;
+      conv2.stride = strided_second_conv ? 2 : pick(rng, 1, 2);
+      conv2.padding = pick(rng, 0, 1);
+      m.layers.push_back(conv2);
+      m.layers.push_back(LayerSpec{LayerKind::activation});
+    }
+    m.layers.push_back(LayerSpec{LayerKind::flatten});
+    LayerSpec hidden{LayerKind::linear};
+    hidden.out = pick(rng, 8, 40);
+    m.layers.push_back(hidden);
+    m.layers.push_back(LayerSpec{LayerKind::activation});
+    if (rng() % 2) {
+      LayerSpec drop{LayerKind::dropout};
+      drop.p = 0.25;
+      m.layers.push_back(drop);
+    }
+    r.classes = pick(rng, 3, 10);
+    LayerSpec logits{LayerKind::linear};
+    logits.out = r.classes;
+    m.layers.push_back(logits);
+    try {
+      infer_sequential_shapes(m.input_shape, m.layers);
+    } catch (const SequentialShapeError&) {
+      continue;
+    }
+    m.batch = batch;
+    m.weight_dtype = DType::f32;
+    m.compute_dtype = DType::f16;
+    r.training.sgd.lr = 0.05;
+    r.training.sgd.momentum = rng() % 2 ? 0.9 : 0.0;
+    r.training.sgd.weight_decay = rng() % 2 ? 1e-3 : 0.0;
+    r.training.eval_batch = 16;
+    r.training.init_seed = rng();
+    r.text = fmt::format("input {}x{}x{}, batch {}, momentum {}, weight decay {}:", m.input_shape[0],
+                         m.input_shape[1], m.input_shape[2], batch, r.training.sgd.momentum,
+                         r.training.sgd.weight_decay);
+    for (const LayerSpec& l : m.layers)
+      r.text += fmt::format(" {}{}", layer_name(l),
+                            l.kind == LayerKind::conv2d
+                                ? fmt::format("({}, k{}, s{}, p{})", l.out, l.kernel, layer_stride(l), l.padding)
+                            : l.kind == LayerKind::max_pool2d ? fmt::format("(k{}, s{})", l.kernel, layer_stride(l))
+                            : l.kind == LayerKind::linear     ? fmt::format("({})", l.out)
+                                                              : std::string());
+    return r;
+  }
+}
+
+std::unique_ptr<Trainer> make_trainer(const RandomCnn& r, const Dataset& data, ProgramTarget target,
+                                      bool whole_step = true, bool cuda_graph = true) {
+  TrainerSpec spec;
+  spec.program = build_sequential_program(r.training, data.train.images.count, data.test.images.count, target);
+  spec.backend.whole_step = whole_step;
+  spec.cuda_graph = cuda_graph;
+  return target == ProgramTarget::cpu ? make_cpu_trainer(spec, data) : cuda::make_cuda_trainer(spec, data);
+}
+
+void check_same_state(Trainer& a, Trainer& b, double tolerance) {
+  const auto x = a.save_state();
+  const auto y = b.save_state();
+  REQUIRE(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i].dtype == DType::i32) {
+      CHECK(x[i] == y[i]);  // the step counter
+      continue;
+    }
+    CAPTURE(x[i].name);
+    CHECK(test::relative_error(floats_from_blob(x[i]), floats_from_blob(y[i])) < tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("random CNNs: the fused CNN step follows the CPU backend and the per-launch schedule") {
+  std::mt19937_64 rng(22);
+  for (const std::int64_t batch : {5, 16, 33, 64, 200}) {
+    const RandomCnn r = random_cnn(rng, batch, /*strided_second_conv=*/batch == 33);
+    CAPTURE(r.text);
+    const auto& shape = r.training.model.input_shape;
+    const Dataset data = test::random_dataset(batch * 4, shape[0] * shape[1] * shape[2], r.classes, rng);
+    const auto fused = make_trainer(r, data, ProgramTarget::cuda);
+    const auto per_launch = make_trainer(r, data, ProgramTarget::cuda, /*whole_step=*/false);
+    const auto cpu = make_trainer(r, data, ProgramTarget::cpu);
+    INFO(fused->description());
+    REQUIRE(fused->description().find("cnn_step") != std::string::npos);
+    REQUIRE(per_launch->description().find("cnn_step") == std::string::npos);
+    // One step: the same masks and the same gradients up to summation order
+    // and fp16 rounding (the velocities hold the first gradients).
+    fused->train(1);
+    per_launch->train(1);
+    cpu->train(1);
+    check_same_state(*fused, *cpu, 1e-2);
+    check_same_state(*fused, *per_launch, 1e-2);
+    CHECK(std::abs(fused->last_loss() - cpu->last_loss()) < 1e-2 * std::abs(cpu->last_loss()) + 1e-3);
+    // Ten more steps (a new epoch permutation after the fourth): the losses follow each other.
+    for (int step = 1; step <= 10; ++step) {
+      fused->train(1);
+      cpu->train(1);
+      CAPTURE(step);
+      REQUIRE(std::isfinite(fused->last_loss()));
+      CHECK(std::abs(fused->last_loss() - cpu->last_loss()) < 2e-2 * std::abs(cpu->last_loss()) + 1e-3);
+    }
+  }
+}
+
+TEST_CASE("the fused CNN step: graph replay and stream launches end in the same bits") {
+  std::mt19937_64 rng(7);
+  const RandomCnn r = random_cnn(rng, 40);
+  CAPTURE(r.text);
+  const auto& shape = r.training.model.input_shape;
+  const Dataset data = test::random_dataset(160, shape[0] * shape[1] * shape[2], r.classes, rng);
+  const auto replay = make_trainer(r, data, ProgramTarget::cuda);
+  const auto stream = make_trainer(r, data, ProgramTarget::cuda, true, /*cuda_graph=*/false);
+  REQUIRE(replay->description().find("cnn_step") != std::string::npos);
+  REQUIRE(stream->description().find("cnn_step") != std::string::npos);
+  replay->train(9);
+  stream->train(9);
+  const auto a = replay->save_state();
+  const auto b = stream->save_state();
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(a[i].name);
+    CHECK(a[i] == b[i]);
+  }
+  CHECK(replay->last_loss() == stream->last_loss());
+}
