@@ -65,6 +65,22 @@ __device__ __forceinline__ void mark_phase(unsigned long long* clock, int k, boo
 // In a lane's fragments, rows are g = lane/4 and g+8, columns (k) 2t, 2t+1,
 // 2t+8, 2t+9 with t = lane%4; `column_of(t, j)` is the j-th of those.
 __device__ __forceinline__ int column_of(int t, int j) { return 2 * t + (j & 1) + (j >> 1) * 8; }
+// A lane's A registers from its values v[row r][j-th column].
+__device__ __forceinline__ void a_fragment(const float (&v)[2][4], std::uint32_t (&a)[4]) {
+  a[0] = pack2(v[0][0], v[0][1]);
+  a[1] = pack2(v[1][0], v[1][1]);
+  a[2] = pack2(v[0][2], v[0][3]);
+  a[3] = pack2(v[1][2], v[1][3]);
+}
+// One mma with B from staged fp16 weights: `w` is this lane's column (n0 + g) at k0 + 2t.
+__device__ __forceinline__ void mma_staged(float (&c)[4], const float (&v)[2][4], const __half* w) {
+  std::uint32_t a[4];
+  a_fragment(v, a);
+  mma_16x8x16(c, a, *reinterpret_cast<const std::uint32_t*>(w), *reinterpret_cast<const std::uint32_t*>(w + 8));
+}
+// Where a lane's accumulator c[i] sits in C: row m0 + g + 8 (i / 2), column n0 + 2t + i % 2.
+__device__ __forceinline__ int c_row(int m0, int g, int i) { return m0 + g + (i >> 1) * 8; }
+__device__ __forceinline__ int c_col(int n0, int t, int i) { return n0 + 2 * t + (i & 1); }
 
 // Row strides of the staged fp16 weights (CnnStepLaunch::weight_offset):
 // a conv layer's forward B is [co][tap], its data gradient's B [ci][(co, ky, kx)],
@@ -160,13 +176,10 @@ __device__ void conv_forward(const Block& b, const CnnLayer& L, const float* in,
           v[r][j] = ok ? in[e.x + y0[r] * L.in_w + x0[r]] : 0.f;
         }
       }
-      const std::uint32_t a[4] = {pack2(v[0][0], v[0][1]), pack2(v[1][0], v[1][1]), pack2(v[0][2], v[0][3]),
-                                  pack2(v[1][2], v[1][3])};
-      const __half* w = weights + (n0 + g) * ws + k0 + 2 * t;
-      mma_16x8x16(c, a, *reinterpret_cast<const std::uint32_t*>(w), *reinterpret_cast<const std::uint32_t*>(w + 8));
+      mma_staged(c, v, weights + (n0 + g) * ws + k0 + 2 * t);
     }
-    for (int i = 0; i < 4; ++i) {  // c[i] = C[g + 8 (i / 2)][2t + i % 2]
-      const int m = m0 + g + (i >> 1) * 8, n = n0 + 2 * t + (i & 1);
+    for (int i = 0; i < 4; ++i) {
+      const int m = c_row(m0, g, i), n = c_col(n0, t, i);
       if (m < M && n < N) out[n * M + m] = rounded(c[i] + bias[n]);
     }
   }
@@ -211,13 +224,10 @@ __device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const floa
           v[r][j] = ok && sy < L.out_h && sx < L.out_w ? gy[e.x + sy * L.out_w + sx] : 0.f;
         }
       }
-      const std::uint32_t a[4] = {pack2(v[0][0], v[0][1]), pack2(v[1][0], v[1][1]), pack2(v[0][2], v[0][3]),
-                                  pack2(v[1][2], v[1][3])};
-      const __half* w = weights + (n0 + g) * ws + k0 + 2 * t;
-      mma_16x8x16(c, a, *reinterpret_cast<const std::uint32_t*>(w), *reinterpret_cast<const std::uint32_t*>(w + 8));
+      mma_staged(c, v, weights + (n0 + g) * ws + k0 + 2 * t);
     }
     for (int i = 0; i < 4; ++i) {
-      const int m = m0 + g + (i >> 1) * 8, n = n0 + 2 * t + (i & 1);
+      const int m = c_row(m0, g, i), n = c_col(n0, t, i);
       if (m < M && n < N) g_in[n * M + m] = rounded(c[i]);
     }
   }
@@ -261,13 +271,10 @@ __device__ void conv_data_gradient_bordered(const Block& b, const CnnLayer& L, c
 #pragma unroll
         for (int r = 0; r < 2; ++r) v[r][j] = row_ok[r] && off >= 0 ? bordered[base[r] + off] : 0.f;
       }
-      const std::uint32_t a[4] = {pack2(v[0][0], v[0][1]), pack2(v[1][0], v[1][1]), pack2(v[0][2], v[0][3]),
-                                  pack2(v[1][2], v[1][3])};
-      const __half* w = weights + (n0 + g) * ws + k0 + 2 * t;
-      mma_16x8x16(c, a, *reinterpret_cast<const std::uint32_t*>(w), *reinterpret_cast<const std::uint32_t*>(w + 8));
+      mma_staged(c, v, weights + (n0 + g) * ws + k0 + 2 * t);
     }
     for (int i = 0; i < 4; ++i) {
-      const int m = m0 + g + (i >> 1) * 8, n = n0 + 2 * t + (i & 1);
+      const int m = c_row(m0, g, i), n = c_col(n0, t, i);
       if (m < M && n < N) g_in[n * M + m] = rounded(c[i]);
     }
   }
@@ -316,13 +323,13 @@ __device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const fl
 #pragma unroll
         for (int r = 0; r < 2; ++r) av[r][j] = m_row[r] < M && k < K ? gy[m_row[r] * K + k] : 0.f;
       }
-      const std::uint32_t a[4] = {pack2(av[0][0], av[0][1]), pack2(av[1][0], av[1][1]), pack2(av[0][2], av[0][3]),
-                                  pack2(av[1][2], av[1][3])};
+      std::uint32_t a[4];
+      a_fragment(av, a);
       mma_16x8x16(c, a, pack2(bv[0], bv[1]), pack2(bv[2], bv[3]));
     }
     if (parts == 1) {
       for (int i = 0; i < 4; ++i) {
-        const int m = m0 + g + (i >> 1) * 8, nn = n0 + 2 * t + (i & 1);
+        const int m = c_row(m0, g, i), nn = c_col(n0, t, i);
         if (m < M && nn < N) accumulate(dW + m * N + nn, c[i], first);
       }
     } else {
@@ -335,7 +342,7 @@ __device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const fl
     const int tile = i / 128, lane = (i / 4) % 32, j = i % 4;
     float sum = 0.f;
     for (int part = 0; part < parts; ++part) sum += partial[((part * tiles + tile) * 32 + lane) * 4 + j];
-    const int m = tile / tiles_n * 16 + lane / 4 + (j >> 1) * 8, nn = tile % tiles_n * 8 + 2 * (lane % 4) + (j & 1);
+    const int m = c_row(tile / tiles_n * 16, lane / 4, j), nn = c_col(tile % tiles_n * 8, lane % 4, j);
     if (m < M && nn < N) accumulate(dW + m * N + nn, sum, first);
   }
 }

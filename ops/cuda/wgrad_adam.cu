@@ -12,6 +12,7 @@
 
 #include "ops/cuda/adam_step.cuh"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/quad_access.cuh"
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/wgrad_adam.hpp"
@@ -27,37 +28,6 @@ constexpr int kBlockThreads = 256;        // 8 warps: 4 row tiles x 2 pairs of c
 constexpr int kHalfLd = kTile + 8;   // padded rows (halves) of the dY and X chunks
 constexpr int kAccLd = kTile + 4;    // padded rows (floats) of the gradient tile
 constexpr int kQuads = kTile * kTile / 4 / kBlockThreads;  // 4 quads of W per thread
-
-template <typename T>
-struct Quad {
-  T v[4];
-};
-
-template <typename T>
-__device__ __forceinline__ Quad<T> load_quad(const T* p) {
-  Quad<T> q;
-  if constexpr (sizeof(T) == 2) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    memcpy(&q, &raw, sizeof raw);
-  } else {
-    const float4 raw = *reinterpret_cast<const float4*>(p);
-    memcpy(&q, &raw, sizeof raw);
-  }
-  return q;
-}
-
-template <typename T>
-__device__ __forceinline__ void store_quad(T* p, const Quad<T>& q) {
-  if constexpr (sizeof(T) == 2) {
-    uint2 raw;
-    memcpy(&raw, &q, sizeof raw);
-    *reinterpret_cast<uint2*>(p) = raw;
-  } else {
-    float4 raw;
-    memcpy(&raw, &q, sizeof raw);
-    *reinterpret_cast<float4*>(p) = raw;
-  }
-}
 
 template <typename W, typename G>
 __global__ void __launch_bounds__(kBlockThreads) wgrad_adam_kernel(const __half* dy, const __half* x, int batch, int n,

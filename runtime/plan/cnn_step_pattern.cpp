@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include "runtime/plan/graph_queries.hpp"
+
 namespace sg {
 namespace {
 
@@ -266,27 +268,8 @@ class CnnStepWalker {
     return sgd->id;
   }
 
-  const Node* only_node(OpKind op) const {
-    const Node* found = nullptr;
-    for (const Node& n : g_.nodes())
-      if (n.op == op) {
-        if (found) return nullptr;
-        found = &n;
-      }
-    return found;
-  }
-
-  // The one node of kind `op` reading `v` in input `slot`.
-  const Node* reader(ValueId v, OpKind op, std::size_t slot) const {
-    const Node* found = nullptr;
-    for (NodeId id : g_.consumers(v)) {
-      const Node& n = g_.node(id);
-      if (n.op != op || n.inputs.size() <= slot || n.inputs[slot] != v) continue;
-      if (found) return nullptr;
-      found = &n;
-    }
-    return found;
-  }
+  const Node* only_node(OpKind op) const { return sole_node(g_, op); }
+  const Node* reader(ValueId v, OpKind op, std::size_t slot) const { return sole_reader(g_, v, op, slot); }
 
   const Graph& g_;
   const Node* labels_ = nullptr;

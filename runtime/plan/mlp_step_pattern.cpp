@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "runtime/plan/graph_queries.hpp"
+
 namespace sg {
 namespace {
 
@@ -137,31 +139,12 @@ class StepWalker {
   }
 
  private:
-  const Node* only_node(OpKind op) const {
-    const Node* found = nullptr;
-    for (const Node& n : g_.nodes())
-      if (n.op == op) {
-        if (found) return nullptr;
-        found = &n;
-      }
-    return found;
-  }
-
-  // The one node of kind `op` reading `v` in input `slot` (and passing `extra`).
+  const Node* only_node(OpKind op) const { return sole_node(g_, op); }
   template <typename Extra>
   const Node* reader(ValueId v, OpKind op, std::size_t slot, Extra extra) const {
-    const Node* found = nullptr;
-    for (NodeId id : g_.consumers(v)) {
-      const Node& n = g_.node(id);
-      if (n.op != op || n.inputs.size() <= slot || n.inputs[slot] != v || !extra(n)) continue;
-      if (found) return nullptr;
-      found = &n;
-    }
-    return found;
+    return sole_reader(g_, v, op, slot, extra);
   }
-  const Node* reader(ValueId v, OpKind op, std::size_t slot) const {
-    return reader(v, op, slot, [](const Node&) { return true; });
-  }
+  const Node* reader(ValueId v, OpKind op, std::size_t slot) const { return sole_reader(g_, v, op, slot); }
 
   // The one hidden-layer activation node (kActivations) reading `z`.
   const Node* activation_reader(ValueId z) const {

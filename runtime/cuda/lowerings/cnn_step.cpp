@@ -6,13 +6,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <algorithm>
-
 #include "ops/cuda/cnn_step.hpp"
 #include "ops/cuda/cuda_check.hpp"
-#include "ops/cuda/cuda_resources.hpp"
 #include "ops/philox.hpp"
-#include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/plan/cnn_step_pattern.hpp"
 
 namespace sg::cuda {
@@ -118,26 +115,14 @@ class CnnStepRecord final : public RecordedLaunch {
   }
   // Median GPU-clock time of each phase of block 0's first example over `repeats` steps.
   std::vector<std::pair<std::string, double>> profile_phases(int repeats, cudaStream_t stream) const override {
-    const auto names = cnn_step_phase_names(args_);
-    DeviceBuffer clock((names.size() + 1) * sizeof(unsigned long long));
-    CnnStepArgs a = args_;
-    a.workspace = static_cast<float*>(*workspace_);
-    a.phase_clock = clock.as<unsigned long long>();
-    std::vector<std::vector<double>> us(names.size());
-    std::vector<unsigned long long> ns(names.size() + 1);
-    for (int r = 0; r < repeats; ++r) {
+    return median_phase_times(cnn_step_phase_names(args_), repeats, stream, [&](unsigned long long* clock) {
+      CnnStepArgs a = args_;
+      a.workspace = static_cast<float*>(*workspace_);
+      a.phase_clock = clock;
       launch_cnn_step(a, launch_, stream);
-      SG_CUDA_CHECK(cudaStreamSynchronize(stream));
-      clock.download(ns.data(), ns.size() * sizeof(unsigned long long));
-      for (std::size_t i = 0; i < names.size(); ++i) us[i].push_back(double(ns[i + 1] - ns[i]) / 1e3);
-    }
-    std::vector<std::pair<std::string, double>> out;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      std::sort(us[i].begin(), us[i].end());
-      out.emplace_back(names[i], us[i][us[i].size() / 2]);
-    }
-    return out;
+    });
   }
+
 
  private:
   CnnStepArgs args_;

@@ -1,5 +1,9 @@
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
+#include <algorithm>
+
+#include "ops/cuda/cuda_resources.hpp"
+
 namespace sg::cuda {
 
 std::optional<ElemType> elem_type(DType dtype) {
@@ -78,6 +82,26 @@ Match single_unit(const CoverUnit& unit) {
   Match m;
   m.units = {unit.id};
   return m;
+}
+
+std::vector<std::pair<std::string, double>> median_phase_times(
+    const std::vector<std::string>& names, int repeats, cudaStream_t stream,
+    const std::function<void(unsigned long long* clock)>& step) {
+  DeviceBuffer clock((names.size() + 1) * sizeof(unsigned long long));
+  std::vector<std::vector<double>> us(names.size());
+  std::vector<unsigned long long> ns(names.size() + 1);
+  for (int r = 0; r < repeats; ++r) {
+    step(clock.as<unsigned long long>());
+    SG_CUDA_CHECK(cudaStreamSynchronize(stream));
+    clock.download(ns.data(), ns.size() * sizeof(unsigned long long));
+    for (std::size_t i = 0; i < names.size(); ++i) us[i].push_back(double(ns[i + 1] - ns[i]) / 1e3);
+  }
+  std::vector<std::pair<std::string, double>> out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::sort(us[i].begin(), us[i].end());
+    out.emplace_back(names[i], us[i][us[i].size() / 2]);
+  }
+  return out;
 }
 
 }  // namespace sg::cuda

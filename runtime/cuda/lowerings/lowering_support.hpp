@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ops/cuda/cublaslt_matmul.hpp"
 #include "ops/cuda/cuda_check.hpp"
@@ -69,5 +70,13 @@ const CoverUnit* free_weight_update(const Cover& cover, ValueId dy, ValueId weig
 
 // The one element of a match: the offered unit alone.
 Match single_unit(const CoverUnit& unit);
+
+// A whole-step kernel's phase profile (RecordedLaunch::profile_phases): runs
+// `step(clock)` `repeats` times, each storing GPU-clock nanoseconds at its
+// start and after each phase into `clock` (names.size() + 1 entries), and
+// returns the median microseconds of each gap under its name.
+std::vector<std::pair<std::string, double>> median_phase_times(
+    const std::vector<std::string>& names, int repeats, cudaStream_t stream,
+    const std::function<void(unsigned long long* clock)>& step);
 
 }  // namespace sg::cuda

@@ -65,24 +65,11 @@ class WholeStepRecord final : public RecordedLaunch {
                                          : "a cooperative grid");
   }
   std::vector<std::pair<std::string, double>> profile_phases(int repeats, cudaStream_t stream) const override {
-    const auto names = whole_step_phase_names(args_, launch_);
-    DeviceBuffer clock((names.size() + 1) * sizeof(unsigned long long));
-    WholeStepArgs args = args_;
-    args.phase_clock = clock.as<unsigned long long>();
-    std::vector<std::vector<double>> us(names.size());
-    std::vector<unsigned long long> ns(names.size() + 1);
-    for (int r = 0; r < repeats; ++r) {
+    return median_phase_times(whole_step_phase_names(args_, launch_), repeats, stream, [&](unsigned long long* clock) {
+      WholeStepArgs args = args_;
+      args.phase_clock = clock;
       launch_whole_step(args, launch_, stream);
-      SG_CUDA_CHECK(cudaStreamSynchronize(stream));
-      clock.download(ns.data(), ns.size() * sizeof(unsigned long long));
-      for (std::size_t i = 0; i < names.size(); ++i) us[i].push_back(double(ns[i + 1] - ns[i]) / 1e3);
-    }
-    std::vector<std::pair<std::string, double>> out;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      std::sort(us[i].begin(), us[i].end());
-      out.emplace_back(names[i], us[i][us[i].size() / 2]);
-    }
-    return out;
+    });
   }
 
  private:
