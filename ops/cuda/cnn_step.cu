@@ -108,7 +108,7 @@ __device__ void stage_parameters(const Block& b, const CnnStepArgs& a, const Cnn
   for (int i = b.tid; i < l.weights_floats; i += b.threads) smem[l.weights_offset + i] = 0.f;
   __syncthreads();
   for (int li = 0; li < a.layers; ++li) {
-    const CnnLayer& L = a.layer[li];
+    const CnnLayer L = a.layer[li];  // a copy in registers, as in the kernel's layer loops
     if (L.op != CnnLayerOp::conv2d && L.op != CnnLayerOp::linear) continue;
     const float* W = a.param[L.weight];
     const int k_count = L.op == CnnLayerOp::conv2d ? L.in_c * L.kernel_h * L.kernel_w : L.in_c * L.in_h * L.in_w;
@@ -123,7 +123,7 @@ __device__ void stage_parameters(const Block& b, const CnnStepArgs& a, const Cnn
   }
   __syncthreads();
   for (int li = 0; li < a.layers; ++li) {  // data-gradient layouts, from the forward ones
-    const CnnLayer& L = a.layer[li];
+    const CnnLayer L = a.layer[li];
     if (L.op != CnnLayerOp::conv2d || !L.input_gradient) continue;
     const int kk = L.kernel_h * L.kernel_w, fs = forward_stride(L), ds = data_stride(L);
     const __half* f = reinterpret_cast<const __half*>(smem + l.weight_offset[li]);
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
     mark_phase(a.phase_clock, phase++, first);
 
     for (int li = 0; li < a.layers; ++li) {
-      const CnnLayer L = a.layer[li];  // a copy in registers: the loops read its fields often
+      const CnnLayer L = a.layer[li];  // a copy in registers: indexed kernel-parameter loads are slow
       const float* in = smem + l.act_offset[li];
       float* out = smem + l.act_offset[li + 1];
       const int n = L.out_c * L.out_h * L.out_w;
@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
 
     int cur = 0;
     for (int li = a.layers; li-- > 0;) {
-      const CnnLayer L = a.layer[li];  // a copy in registers: the loops read its fields often
+      const CnnLayer L = a.layer[li];  // a copy in registers: indexed kernel-parameter loads are slow
       if (L.op == CnnLayerOp::view) continue;  // the gradient's bytes are the input gradient's
       const float* in = smem + l.act_offset[li];
       const float* out = smem + l.act_offset[li + 1];
