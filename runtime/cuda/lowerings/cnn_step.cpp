@@ -123,7 +123,6 @@ class CnnStepRecord final : public RecordedLaunch {
     });
   }
 
-
  private:
   CnnStepArgs args_;
   CnnStepLaunch launch_;
