@@ -26,10 +26,6 @@ bool same_launch(const sg::Graph& g, const Node& a, const Node& b) {
          g.value(a.inputs[1]).dtype == g.value(b.inputs[1]).dtype;
 }
 
-AdamHyper hyper_of(const AdamUpdateAttrs& a) {
-  return {float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
-}
-
 class AdamMultiTensorLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "adam_multi_tensor"; }

@@ -71,8 +71,7 @@ class BiasGradAdamLowering final : public CudaLowering {
     auto* v = static_cast<float*>(c.ptr(update.inputs[3]));
     const auto* step = static_cast<const std::int32_t*>(c.ptr(update.inputs[4]));
     const SgdScalars* scalars = c.sgd_scalars(update.id);
-    const auto& a = update.attr<AdamUpdateAttrs>();
-    const AdamHyper hyper{float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
+    const AdamHyper hyper = hyper_of(update.attr<AdamUpdateAttrs>());
     const bool dependent = c.options().dependent_launch;
     std::function<void(cudaStream_t)> run;
     with_update_types(g.value(update.inputs[0]).dtype, dy.dtype, [&](auto wt, auto gt) {

@@ -8,7 +8,6 @@
 
 #include "ops/cuda/cnn_step.hpp"
 #include "ops/cuda/cuda_check.hpp"
-#include "ops/philox.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/plan/cnn_step_pattern.hpp"
 
@@ -80,8 +79,7 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
       L.stride = static_cast<int>(p.pool.stride);
     }
     if (p.kind == Kind::dropout || p.kind == Kind::dropout2d)
-      L.dropout = DropoutParams{p.dropout.seed, p.dropout.stream, philox::dropout_threshold(p.dropout.p),
-                                static_cast<float>(1.0 / (1.0 - p.dropout.p))};
+      L.dropout = dropout_params_of(p.dropout);
     if (p.kind == Kind::conv2d || p.kind == Kind::linear) {
       L.weight = tensor(p.weight);
       L.bias = tensor(p.bias);

@@ -3,7 +3,6 @@
 // the captured graph draws a new mask each replay; the backward recomputes
 // the forward's mask from the same (seed, stream, step).
 #include "ops/cuda/dropout.hpp"
-#include "ops/philox.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
 namespace sg::cuda {
@@ -33,7 +32,7 @@ class DropoutLowering final : public CudaLowering {
     const sg::Graph& g = c.graph();
     const Node& n = g.node(l.nodes.front());
     const auto& a = n.attr<DropoutAttrs>();
-    const DropoutParams params{a.seed, a.stream, philox::dropout_threshold(a.p), static_cast<float>(1.0 / (1.0 - a.p))};
+    const DropoutParams params = dropout_params_of(a);
     const Value& x = g.value(n.inputs[0]);
     const auto count = element_count(x.shape);
     const void* in = c.ptr(x.id);

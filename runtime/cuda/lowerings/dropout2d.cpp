@@ -5,7 +5,6 @@
 // lowerings take them into their launch first.)
 #include "ops/cuda/dropout2d.hpp"
 
-#include "ops/philox.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
 namespace sg::cuda {
@@ -35,7 +34,7 @@ class Dropout2dLowering final : public CudaLowering {
     const sg::Graph& g = c.graph();
     const Node& n = g.node(l.nodes.front());
     const auto& a = n.attr<DropoutAttrs>();
-    const DropoutParams params{a.seed, a.stream, philox::dropout_threshold(a.p), static_cast<float>(1.0 / (1.0 - a.p))};
+    const DropoutParams params = dropout_params_of(a);
     const Value& x = g.value(n.inputs[0]);
     const std::int64_t planes = x.shape[0] * x.shape[1], plane = x.shape[2] * x.shape[3];
     const void* in = c.ptr(x.id);

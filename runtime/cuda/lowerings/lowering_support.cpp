@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ops/cuda/cuda_resources.hpp"
+#include "ops/philox.hpp"
 
 namespace sg::cuda {
 
@@ -82,6 +83,10 @@ Match single_unit(const CoverUnit& unit) {
   Match m;
   m.units = {unit.id};
   return m;
+}
+
+DropoutParams dropout_params_of(const DropoutAttrs& a) {
+  return {a.seed, a.stream, philox::dropout_threshold(a.p), static_cast<float>(1.0 / (1.0 - a.p))};
 }
 
 std::vector<std::pair<std::string, double>> median_phase_times(

@@ -14,6 +14,7 @@
 
 #include "ops/cuda/cublaslt_matmul.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dropout.hpp"
 #include "runtime/cuda/lowering.hpp"
 
 namespace sg::cuda {
@@ -67,6 +68,9 @@ const CoverUnit* free_plain_bias_update_of(const Cover& cover, ValueId grad);
 // The wgrad_sgd unit updating `weight` from a matmul that reads `dy` first
 // (plain SGD when `plain`), if free.
 const CoverUnit* free_weight_update(const Cover& cover, ValueId dy, ValueId weight, bool plain);
+
+// The dropout kernels' parameters of a dropout / dropout2d node (and their backwards).
+DropoutParams dropout_params_of(const DropoutAttrs& a);
 
 // The one element of a match: the offered unit alone.
 Match single_unit(const CoverUnit& unit);

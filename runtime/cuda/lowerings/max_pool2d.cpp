@@ -5,7 +5,6 @@
 // dropout2d output (the pooling's backward takes its argmax from it), the
 // relu output, and the pooled values only where something reads them.
 #include "ops/cuda/pooling.hpp"
-#include "ops/philox.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -69,7 +68,7 @@ class MaxPool2dLowering final : public CudaLowering {
     if (nodes.dropout >= 0) {
       const Node& d = g.node(nodes.dropout);
       const auto& da = d.attr<DropoutAttrs>();
-      dropout = {true, {da.seed, da.stream, philox::dropout_threshold(da.p), static_cast<float>(1.0 / (1.0 - da.p))}};
+      dropout = {true, dropout_params_of(da)};
       x = c.ptr(d.inputs[0]);
       step = static_cast<const std::int32_t*>(c.ptr(d.inputs[1]));
       dropped = out_ptr(d.outputs[0]);

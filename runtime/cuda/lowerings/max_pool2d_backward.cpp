@@ -9,7 +9,6 @@
 // dropout2d mask from Philox; intermediates are written only where a node
 // outside the launch reads them.
 #include "ops/cuda/pooling.hpp"
-#include "ops/philox.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -114,7 +113,7 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
     if (nodes.dropout >= 0) {
       const Node& d = g.node(nodes.dropout);
       const auto& da = d.attr<DropoutAttrs>();
-      dropout = {true, {da.seed, da.stream, philox::dropout_threshold(da.p), static_cast<float>(1.0 / (1.0 - da.p))}};
+      dropout = {true, dropout_params_of(da)};
       step = static_cast<const std::int32_t*>(c.ptr(d.inputs[1]));
       result = d.outputs[0];
     }

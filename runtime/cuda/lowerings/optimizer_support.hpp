@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include "graph/dtype.hpp"
+#include "graph/op.hpp"
+#include "ops/cuda/optimizer_kernels.hpp"
 
 namespace sg::cuda {
 
@@ -22,6 +24,11 @@ bool with_update_types(DType w, DType g, F&& f) {
 
 inline bool update_types_supported(DType w, DType g) {
   return with_update_types(w, g, [](auto, auto) {});
+}
+
+// The Adam kernels' hyper-parameters of an adam_update node.
+inline AdamHyper hyper_of(const AdamUpdateAttrs& a) {
+  return {float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
 }
 
 // ClipInput::type of a gradient dtype (-1 when the kernels do not read it).

@@ -9,6 +9,7 @@
 // gradient (adam_update then has a sixth input, and adam_multi_tensor takes it).
 #include "ops/cuda/wgrad_adam.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/optimizer_support.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -119,8 +120,7 @@ class WgradAdamLowering final : public CudaLowering {
     auto* v = static_cast<float*>(c.ptr(update.inputs[3]));
     const auto* step = static_cast<const std::int32_t*>(c.ptr(update.inputs[4]));
     const SgdScalars* scalars = c.sgd_scalars(update.id);
-    const auto& a = update.attr<AdamUpdateAttrs>();
-    const AdamHyper hyper{float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
+    const AdamHyper hyper = hyper_of(update.attr<AdamUpdateAttrs>());
     const bool dependent = c.options().dependent_launch;
     const DType grad = g.value(mm.outputs[0]).dtype;  // what the matmul would have written
     std::function<void(cudaStream_t)> run;
