@@ -31,9 +31,7 @@ struct RandomCnn {
   std::string text;
 };
 
-std::int64_t pick(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
-  return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
-}
+using sg::test::pick;
 
 // A random CNN whose layer list fits its input (retried until it does);
 // `strided_second_conv`: always a second conv layer, of stride 2.

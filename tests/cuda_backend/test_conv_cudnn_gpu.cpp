@@ -23,9 +23,7 @@ using namespace sg;
 
 namespace {
 
-std::int64_t pick(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
-  return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
-}
+using sg::test::pick;
 
 struct ConvCase {
   std::int64_t n, c, h, w, k, r, s, stride, padding;

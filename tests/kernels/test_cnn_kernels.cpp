@@ -119,9 +119,7 @@ class TwinRun {
   cuda::CudaProgram program_;
 };
 
-std::int64_t pick(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
-  return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
-}
+using sg::test::pick;
 
 // A random pooling problem: odd sizes, kernel 1..4, stride 1..4 (overlapping,
 // exact and gapped windows).

@@ -23,6 +23,11 @@ inline std::mt19937_64 fresh_rng() {
   return std::mt19937_64(last_seed());
 }
 
+// A uniform integer in [lo, hi] (the random shapes of the GPU tests).
+inline std::int64_t pick(std::mt19937_64& rng, std::int64_t lo, std::int64_t hi) {
+  return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1));
+}
+
 template <typename T>
 void fill_uniform(std::vector<T>& v, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0) {
   std::uniform_real_distribution<double> dist(lo, hi);
