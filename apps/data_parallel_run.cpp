@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "runtime/distributed/peer_watchdog.hpp"
 #include "runtime/distributed/rendezvous.hpp"
 #ifdef STEPGRAPH_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -64,11 +65,33 @@ DataParallelGroup join_data_parallel_run(const TrainConfig& config, const RankLa
   g.local_rank = launch.local_rank;
   g.timeout_s = launch.timeout_s;
 #ifdef STEPGRAPH_HAVE_NCCL
-  g.nccl_id = distributed::rendezvous(o, launch.rank == 0 ? cuda::new_nccl_unique_id() : std::string());
+  auto joined = distributed::rendezvous_keeping_links(o, launch.rank == 0 ? cuda::new_nccl_unique_id() : std::string());
+  g.nccl_id = std::move(joined.payload);
+  // From now until this rank's last step, a rank that dies (or an NCCL error)
+  // ends every rank with one line instead of leaving them blocked: NCCL setup
+  // and a captured all-reduce wait for peers without a timeout of their own.
+  distributed::WatchdogOptions watch;
+  watch.report = [](const std::string& line) {
+    spdlog::error("{}", line);
+    spdlog::default_logger()->flush();
+  };
+  g.watchdog = std::make_shared<distributed::PeerWatchdog>(std::move(joined.links), std::move(watch));
   spdlog::info("data parallel: rank {} of {} on GPU {} joined the rendezvous at {}:{} (NCCL {})", g.rank, g.world_size,
                g.local_rank, o.master_addr, o.master_port, cuda::nccl_version_string());
 #endif
   return g;
+}
+
+void end_data_parallel_steps(Trainer& trainer, const DataParallelGroup& group, bool completed) {
+  if (!group.watchdog) return;
+#ifdef STEPGRAPH_HAVE_CUDA
+  // The goodbye promises that this rank's last all-reduce has run: wait for the device first.
+  if (completed)
+    if (auto* cuda_trainer = dynamic_cast<cuda::CudaTrainer*>(&trainer)) cuda_trainer->synchronize();
+#else
+  (void)trainer;
+#endif
+  group.watchdog->end(completed);
 }
 
 std::unique_ptr<Trainer> make_data_parallel_trainer(const TrainConfig& config, const Dataset& data,

@@ -26,6 +26,13 @@ void check_can_supervise(const TrainConfig& config, int gpus);
 DataParallelGroup join_data_parallel_run(const TrainConfig& config, const RankLaunch& launch,
                                          const std::string& resolved_config);
 
+// This rank has run its last training step (`completed`) or stops early:
+// its peer watchdog stops (what follows, evaluation and outputs, has no
+// collective) and, only when completed, first tells every peer goodbye, so
+// its exit is not taken for a death. A rank that stops early closes its
+// connections without one, and every rank still in its steps ends too.
+void end_data_parallel_steps(Trainer& trainer, const DataParallelGroup& group, bool completed);
+
 // The CUDA trainer of this rank: trainer_spec's, with the program rebuilt for
 // rank `group.rank` of `group.world_size`.
 std::unique_ptr<Trainer> make_data_parallel_trainer(const TrainConfig& config, const Dataset& data,

@@ -20,6 +20,7 @@
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/stream_plan.hpp"
 #endif
 
 namespace sg::app {
@@ -95,7 +96,16 @@ CudaCover cuda_cover(const TrainConfig& config, const Graph& g) {
 std::string schedule_dump(const TrainConfig& config, const Graph& g) {
 #ifdef STEPGRAPH_HAVE_CUDA
   const CudaCover c = cuda_cover(config, g);
-  return c.note + dump_schedule(g, c.schedule);
+  // Data parallel: where each all-reduce leaves the step's stream and where the step waits for it.
+  const cuda::StreamPlan streams = cuda::plan_streams(g, c.schedule);
+  std::string forks;
+  for (std::size_t i = 0; i < c.schedule.launches.size(); ++i)
+    if (streams.on_communication[i])
+      forks += fmt::format("# L{} runs on the communication stream: forked there, joined before {}\n", i,
+                           streams.join_before[i] == c.schedule.launches.size()
+                               ? std::string("the step's end")
+                               : fmt::format("L{}", streams.join_before[i]));
+  return c.note + dump_schedule(g, c.schedule) + forks;
 #else
   (void)config;
   (void)g;
@@ -119,7 +129,9 @@ std::string memory_dump(const TrainConfig& config, const Graph& g) {
                                            "after another on the step's stream), sized by the largest plan chosen on "
                                            "the GPU\n",
                                            fmt::join(cudnn_launches, ", "));
-  return c.note + dump_memory_plan(plan_memory(arena_request(g, c.schedule, bytes, masks).buffers)) + workspace;
+  ArenaRequest request = arena_request(g, c.schedule, bytes, masks);
+  cuda::keep_live_until_joined(request, c.schedule, cuda::plan_streams(g, c.schedule));  // as CudaProgram plans it
+  return c.note + dump_memory_plan(plan_memory(std::move(request.buffers))) + workspace;
 #else
   (void)config;
   (void)g;

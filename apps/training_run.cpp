@@ -92,6 +92,7 @@ class TrainingLoop {
     if (resume_from) resume(*resume_from);
     phase_start = Clock::now();
     train_until_done();
+    if (data_parallel()) end_data_parallel_steps(*trainer_, group_, !summary_.interrupted);  // goodbye to the peers
     summary_.timing.add("training steps (incl. logging, periodic checkpoints)", seconds_since(phase_start) - eval_seconds_);
     const double eval_in_loop = eval_seconds_;
     phase_start = Clock::now();

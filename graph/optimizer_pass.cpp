@@ -84,18 +84,35 @@ OptimizerKind optimizer_from_name(std::string_view name) {
   throw std::invalid_argument(fmt::format("unknown optimizer '{}' (sgd, adam, adamw)", name));
 }
 
+namespace {
+// The updates (and what they need: clip scale, scaled gradients). With
+// `after_every_gradient` (data parallel) every SGD update also waits for the
+// last gradient, as Adam's always do: each bucket's all-reduce then runs
+// beside the earlier layers' backward (runtime/cuda/stream_plan.hpp) instead
+// of being waited for by its own layer's update right after it.
+void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step,
+                    bool after_every_gradient);
+}  // namespace
+
 void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step) {
+  if (spec.all_reduce_gradients && !grads.of_param.empty()) {
+    OptimizerSpec local = spec;
+    local.all_reduce_gradients = false;
+    append_updates(g, append_all_reduce(g, grads), local, step, /*after_every_gradient=*/true);
+    return;
+  }
+  append_updates(g, grads, spec, step, false);
+}
+
+namespace {
+
+void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step,
+                    bool after_every_gradient) {
   const bool adam = spec.kind != OptimizerKind::sgd;
   if (adam && !step) throw GraphError(fmt::format("{} needs the graph's step counter (bias correction)", optimizer_name(spec.kind)));
   if (spec.kind == OptimizerKind::sgd && spec.nesterov && !(spec.momentum > 0.0))
     throw GraphError("sgd: nesterov needs momentum > 0");
   if (grads.of_param.empty()) return;
-  if (spec.all_reduce_gradients) {
-    OptimizerSpec local = spec;
-    local.all_reduce_gradients = false;
-    append_optimizer(g, append_all_reduce(g, grads), local, step);
-    return;
-  }
   std::optional<ValueId> scale;
   if (spec.clip_grad_norm > 0.0) scale = append_clip_scale(g, grads, spec.clip_grad_norm);
 
@@ -122,8 +139,12 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
     std::vector<ValueId> inputs{param, grad};
     if (spec.momentum > 0.0) inputs.push_back(g.state("vel_" + p.name, p.shape, p.dtype));
     const SgdUpdateAttrs attrs{spec.momentum, spec.weight_decay, spec.nesterov};  // spec.lr is the executors' run state
-    g.insert_node(earliest_update_position(g, param, inputs), OpKind::sgd_update, inputs, attrs, Role::activation, {});
+    const std::size_t earliest = earliest_update_position(g, param, inputs);
+    g.insert_node(after_every_gradient ? std::max(earliest, after_last_gradient(g, grads)) : earliest,
+                  OpKind::sgd_update, inputs, attrs, Role::activation, {});
   }
 }
+
+}  // namespace
 
 }  // namespace sg

@@ -14,6 +14,10 @@
 
 namespace sg {
 
+namespace distributed {
+class PeerWatchdog;  // runtime/distributed/peer_watchdog.hpp
+}
+
 // This process's place in a data-parallel run (issue 25; CUDA backend with
 // NCCL only): rank `rank` of `world_size` on CUDA device `local_rank`, joining
 // the NCCL communicator named by `nccl_id` (rank 0's ncclUniqueId, handed out
@@ -29,6 +33,10 @@ struct DataParallelGroup {
   // and enqueues bounded by timeout_s; off by default (blocking is NCCL's
   // documented capture path).
   bool nonblocking_nccl = false;
+  // Watches the other ranks from the rendezvous on and ends this one when a
+  // peer dies or NCCL reports an error; the trainer registers its
+  // communicator with it. Null: nothing watches (tests of one rank).
+  std::shared_ptr<distributed::PeerWatchdog> watchdog;
 };
 
 struct TrainerSpec {

@@ -10,6 +10,10 @@ namespace sg::cuda {
 __device__ __forceinline__ void copy_async16(std::uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
+// 4 bytes from global memory into shared memory (shared-space address), for sources not 16-byte aligned.
+__device__ __forceinline__ void copy_async4(std::uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
 __device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `Pending` of this thread's commit groups are in flight.
 template <int Pending>

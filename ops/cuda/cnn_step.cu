@@ -1,9 +1,11 @@
 // The CNN training step in two kernels (cnn_step.hpp says why). Kernel 1
-// reads top to bottom as one example's step: stage the weights (once per
-// block), fetch, each layer's forward, the loss, each layer's backward in
-// reverse, with a barrier between layers. Convolutions are implicit GEMMs on
-// tensor cores whose operands are gathered from the activations through
-// index tables; everything else is a plain loop over the layer's elements.
+// reads top to bottom as one example's step: copy the arguments and stage
+// the weights in shared memory (once per block), fetch, each layer's
+// forward, the loss, each layer's backward in reverse, with a barrier
+// between layers. Convolutions are implicit GEMMs on tensor cores whose
+// operands are gathered from the activations through index tables and whose
+// work is cut evenly over the warps; everything else is a plain loop over
+// the layer's elements.
 #include <cuda_fp16.h>
 
 #include <fmt/format.h>
@@ -11,6 +13,8 @@
 #include <algorithm>
 
 #include "ops/cuda/cnn_step.hpp"
+#include "ops/cuda/async_copy.cuh"
+#include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/mma_fragments.cuh"
 #include "ops/cuda/sgd_step.cuh"
@@ -53,15 +57,28 @@ __device__ __forceinline__ void mark_phase(unsigned long long* clock, int k, boo
   }
 }
 
-// ---- conv2d on tensor cores ---------------------------------------------
-// Each convolution of an example is an implicit GEMM C[M][N] = sum_k
-// A[m][k] B[k][n], a warp per 16 x 8 tile of C, 16 k per mma.m16n8k16
-// (mma_fragments.cuh: fp16 operands, which the graph's fp16 values are
-// exactly, and fp32 sums). Operands come straight from the activations in
-// shared memory through a per-layer index table, so nothing is unfolded:
-//   forward          C = out [pos][co]  A = in unfolded [pos][tap]         B = W [tap][co]
-//   data gradient    C = g_in [pos][ci] A = g unfolded [pos][(co, ky, kx)] B = W [(co, ky, kx)][ci]
-//   weight gradient  C = dW [co][tap]   A = g [co][pos]                     B = in unfolded [pos][tap]
+// `bytes` (a multiple of 4) from `src` to `dst`, a word per thread.
+__device__ __forceinline__ void copy_words(const Block& b, const void* src, void* dst, std::size_t bytes) {
+  const auto* from = static_cast<const std::uint32_t*>(src);
+  auto* to = static_cast<std::uint32_t*>(dst);
+  for (std::size_t i = b.tid; i < bytes / 4; i += b.threads) to[i] = from[i];
+}
+
+// ---- convolutions as block GEMMs on tensor cores ---------------------------
+// Each convolution of an example is an implicit GEMM C[M][N] = sum_k A[m][k]
+// B[k][n] (mma.m16n8k16: fp16 operands, which the graph's fp16 values are
+// exactly, and fp32 sums), its A gathered from an activation in shared
+// memory, so nothing is unfolded:
+//   forward          C = out [pos][co]   A = in unfolded [pos][tap]           B = W [tap][co]
+//   weight gradient  C = dW^T [tap][co]  A = in unfolded^T [tap][pos]         B = dY^T [pos][co]
+//   data gradient    C = dX [pos][ci]    A = dY bordered, unfolded [pos][tap]  B = W flipped [tap][ci]
+// A's element (row, column) is src[row.offset + column.offset]: one index is
+// a window (its corner in the input) and the other a tap (its displacement),
+// so the forward and the weight gradient are the same gather with rows and
+// columns swapped. With padding a window reaches outside the input, and the
+// sum of corner and displacement is bounds-checked. The data gradient runs
+// on a copy of dY dilated by the stride with a zero border, which needs no
+// check.
 // In a lane's fragments, rows are g = lane/4 and g+8, columns (k) 2t, 2t+1,
 // 2t+8, 2t+9 with t = lane%4; `column_of(t, j)` is the j-th of those.
 __device__ __forceinline__ int column_of(int t, int j) { return 2 * t + (j & 1) + (j >> 1) * 8; }
@@ -72,15 +89,164 @@ __device__ __forceinline__ void a_fragment(const float (&v)[2][4], std::uint32_t
   a[2] = pack2(v[0][2], v[0][3]);
   a[3] = pack2(v[1][2], v[1][3]);
 }
-// One mma with B from staged fp16 weights: `w` is this lane's column (n0 + g) at k0 + 2t.
-__device__ __forceinline__ void mma_staged(float (&c)[4], const float (&v)[2][4], const __half* w) {
-  std::uint32_t a[4];
-  a_fragment(v, a);
-  mma_16x8x16(c, a, *reinterpret_cast<const std::uint32_t*>(w), *reinterpret_cast<const std::uint32_t*>(w + 8));
-}
 // Where a lane's accumulator c[i] sits in C: row m0 + g + 8 (i / 2), column n0 + 2t + i % 2.
 __device__ __forceinline__ int c_row(int m0, int g, int i) { return m0 + g + (i >> 1) * 8; }
 __device__ __forceinline__ int c_col(int n0, int t, int i) { return n0 + 2 * t + (i & 1); }
+
+// A warp takes a 16-row tile of C times kColumnTiles 8-column tiles, so one
+// gathered A fragment feeds that many mma. One width for every GEMM keeps
+// one copy of each GEMM's code: each runs once per example, so its code is
+// fetched again every step (with a width per layer, 17% of kernel 1's
+// stalls in ncu waited on instruction fetch), which cost more than the mma
+// a narrow layer saves.
+constexpr int kColumnTiles = 3;
+
+// A row or column of a gather: x = offset in the source, y = the window
+// corner or tap displacement as (dy << 16 | dx & 0xffff); kNoIndex marks a
+// row or column past the GEMM's end (it reads 0).
+constexpr int kNoIndex = int(0x80000000u);
+__device__ __forceinline__ int2 patch_index(int offset, int dy, int dx) {
+  return make_int2(offset, int((unsigned(dy) << 16) | (unsigned(dx) & 0xffffu)));
+}
+__device__ __forceinline__ int2 no_patch_index() { return make_int2(0, kNoIndex); }
+__device__ __forceinline__ int index_dy(int yx) { return yx >> 16; }
+__device__ __forceinline__ int index_dx(int yx) { return static_cast<short>(yx & 0xffff); }
+
+// Window `p` of a convolution (row-major over its output) and tap `k` (ci, ky, kx) of its kernel.
+__device__ __forceinline__ int2 window_index(const CnnLayer& L, int p) {
+  const int y = (p / L.out_w) * L.stride - L.padding, x = (p % L.out_w) * L.stride - L.padding;
+  return patch_index(y * L.in_w + x, y, x);
+}
+__device__ __forceinline__ int2 tap_index(const CnnLayer& L, int k) {
+  const int kk = L.kernel_h * L.kernel_w, ci = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
+  return patch_index(ci * L.in_h * L.in_w + ky * L.in_w + kx, ky, kx);
+}
+
+template <bool Padded>
+__device__ __forceinline__ float gather(const float* src, int h, int w, int2 row, int2 column) {
+  if (Padded) {  // kNoIndex's dy (-32768) fails the bounds check too
+    const int y = index_dy(row.y) + index_dy(column.y), x = index_dx(row.y) + index_dx(column.y);
+    return y >= 0 && y < h && x >= 0 && x < w ? src[row.x + column.x] : 0.f;
+  }
+  return row.y != kNoIndex && column.y != kNoIndex ? src[row.x + column.x] : 0.f;
+}
+
+// B from staged fp16 rows: column n of B is row n, its k contiguous with
+// zeros past K. Columns past N give C columns that are never stored, so they
+// read the last row again instead of rows of zeros.
+struct StagedRows {
+  const __half* w;
+  int stride, last_row;
+  __device__ __forceinline__ void operator()(int n, int k, std::uint32_t& b0, std::uint32_t& b1) const {
+    const __half* p = w + min(n, last_row) * stride + k;
+    b0 = *reinterpret_cast<const std::uint32_t*>(p);
+    b1 = *reinterpret_cast<const std::uint32_t*>(p + 8);
+  }
+};
+
+// C = A B over the block's warps. The work, units (a 16-row tile by NT
+// column tiles) of K/16 mma steps each laid end to end, is cut into ranges
+// of ceil(work / warps) steps, one per warp, so no warp does more steps than
+// that whatever the shape. A unit cut between warps is summed in warp order:
+// a warp whose range ends inside a unit leaves that piece in its slot
+// (warps x NT x 128 floats), and after a barrier the warp holding the unit's
+// final piece adds the slots before it to its own. The order is fixed by the
+// shape, so every run gives the same bits. `rows` and `columns` hold A's
+// row and column indices (M and K rounded up to 16), `b_of` gives a lane's
+// B registers and `store(m, n, c)` takes each element of C. Every thread of
+// the block calls it.
+template <int NT, bool Padded, class BOf, class Store>
+__device__ void block_gemm(const Block& b, int M, int N, int K, const float* src, int src_h, int src_w,
+                           const int2* rows, const int2* columns, BOf b_of, Store store, float* slots) {
+  const int g = b.lane >> 2, t = b.lane & 3;
+  const int groups = (N + 8 * NT - 1) / (8 * NT), steps = (K + 15) / 16, total = (M + 15) / 16 * groups * steps;
+  const int per = (total + b.warps - 1) / b.warps;
+  const auto finish = [&](int m0, int n0, const float (&c)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = c_row(m0, g, i), n = c_col(n0 + 8 * nt, t, i);
+        if (m < M && n < N) store(m, n, c[nt][i]);
+      }
+  };
+  const auto slot = [&](int warp, int nt, int i) -> float& { return slots[((warp * NT + nt) * 4 + i) * 32 + b.lane]; };
+  float held[NT][4];  // a unit's final piece, when earlier warps began the unit
+  int held_unit = -1, held_m0 = 0, held_n0 = 0;
+  const int begin = min(total, b.warp * per), end = min(total, begin + per);
+  int unit = begin / steps, s0 = begin - unit * steps;
+  int tile_m = unit / groups, group = unit - tile_m * groups;
+  for (int at = begin; at < end; ++unit, s0 = 0) {
+    const int s1 = min(steps, s0 + end - at), m0 = tile_m * 16, n0 = group * 8 * NT;
+    const int2 row[2] = {rows[m0 + g], rows[m0 + g + 8]};
+    float c[NT][4] = {};
+#pragma unroll 2
+    for (int s = s0; s < s1; ++s) {
+      const int k0 = s * 16;
+      float v[2][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int2 column = columns[k0 + column_of(t, j)];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) v[r][j] = gather<Padded>(src, src_h, src_w, row[r], column);
+      }
+      std::uint32_t a[4];
+      a_fragment(v, a);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        std::uint32_t b0, b1;
+        b_of(n0 + 8 * nt + g, k0 + 2 * t, b0, b1);
+        mma_16x8x16(c[nt], a, b0, b1);
+      }
+    }
+    if (s1 < steps) {  // the unit goes on in the next warp
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) slot(b.warp, nt, i) = c[nt][i];
+    } else if (s0 > 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) held[nt][i] = c[nt][i];
+      held_unit = unit;
+      held_m0 = m0;
+      held_n0 = n0;
+    } else {
+      finish(m0, n0, c);
+    }
+    at += s1 - s0;
+    if (++group == groups) {
+      group = 0;
+      ++tile_m;
+    }
+  }
+  __syncthreads();
+  if (held_unit < 0) return;
+  // Every warp before this one has a whole range; those from the one holding
+  // the unit's first step on each left a piece of it.
+  float c[NT][4] = {};
+  for (int w = held_unit * steps / per; w < b.warp; ++w) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[nt][i] += slot(w, nt, i);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[nt][i] += held[nt][i];
+  finish(held_m0, held_n0, c);
+}
+
+// A GEMM's row and column indices, computed once per call in parallel
+// (`rows_of(m)` for m < M, `columns_of(k)` for k < K; past them kNoIndex).
+template <class RowsOf, class ColumnsOf>
+__device__ void index_tables(const Block& b, int M, int K, int2* rows, int2* columns, RowsOf rows_of,
+                             ColumnsOf columns_of) {
+  for (int m = b.tid; m < round_up(M, 16); m += b.threads) rows[m] = m < M ? rows_of(m) : no_patch_index();
+  for (int k = b.tid; k < round_up(K, 16); k += b.threads) columns[k] = k < K ? columns_of(k) : no_patch_index();
+}
 
 // Row strides of the staged fp16 weights (CnnStepLaunch::weight_offset):
 // a conv layer's forward B is [co][tap], its data gradient's B [ci][(co, ky, kx)],
@@ -92,259 +258,152 @@ __host__ __device__ inline int forward_stride(const CnnLayer& L) {
 __host__ __device__ inline int data_stride(const CnnLayer& L) {
   return round_up(L.out_c * L.kernel_h * L.kernel_w, 16) + 8;
 }
-// Whether a conv layer's data gradient runs on a zero-bordered copy of dY.
-__host__ __device__ inline bool bordered_data_gradient(const CnnLayer& L) {
-  return L.input_gradient && L.stride == 1 && L.padding < L.kernel_h && L.padding < L.kernel_w;
-}
+// Row stride of a conv layer's dY^T staged as fp16 rows [co][pos] (its weight gradient's B).
+__host__ __device__ inline int dy_stride(const CnnLayer& L) { return round_up(L.out_h * L.out_w, 16) + 8; }
+// The data gradient's dY copy: dilated by the stride, with a border of
+// kernel - 1 - padding, (in_h + kernel_h - 1) x (in_w + kernel_w - 1) per channel.
 __host__ __device__ inline int bordered_size(const CnnLayer& L) {
-  return L.out_c * (L.out_h + 2 * (L.kernel_h - 1 - L.padding)) * (L.out_w + 2 * (L.kernel_w - 1 - L.padding));
+  return L.out_c * (L.in_h + L.kernel_h - 1) * (L.in_w + L.kernel_w - 1);
+}
+__host__ __device__ inline int weight_count(const CnnLayer& L) {
+  return L.op == CnnLayerOp::conv2d ? L.out_c * L.in_c * L.kernel_h * L.kernel_w : L.out_c * L.in_c * L.in_h * L.in_w;
+}
+__host__ __device__ inline bool has_parameters(const CnnLayer& L) {
+  return L.op == CnnLayerOp::conv2d || L.op == CnnLayerOp::linear;
+}
+// Whether layer li (pooling or linear) also applies the ReLU layer after it,
+// which then runs no phase of its own (one barrier and pass fewer each way).
+__host__ __device__ inline bool relu_fused_into(const CnnStepArgs& a, int li) {
+  return li + 1 < a.layers && a.layer[li + 1].op == CnnLayerOp::relu &&
+         (a.layer[li].op == CnnLayerOp::max_pool2d || a.layer[li].op == CnnLayerOp::linear);
+}
+__host__ __device__ inline bool fused_relu(const CnnStepArgs& a, int li) {
+  return li > 0 && a.layer[li].op == CnnLayerOp::relu && relu_fused_into(a, li - 1);
+}
+
+// `count` floats from global to shared memory, asynchronously (cp.async):
+// 16 bytes a copy where the source is aligned so (`dst` always is).
+__device__ void copy_to_shared(const Block& b, const float* src, int count, float* dst) {
+  const int vectors = reinterpret_cast<std::uintptr_t>(src) % 16 == 0 ? count / 4 : 0;
+  for (int q = b.tid; q < vectors; q += b.threads) copy_async16(shared_address(dst + 4 * q), src + 4 * q);
+  for (int i = 4 * vectors + b.tid; i < count; i += b.threads) copy_async4(shared_address(dst + i), src + i);
 }
 
 // Once per block (kernel 1 updates no parameter): every layer's weights as
 // their fp16 cast (the graph's cast nodes) and its bias rounded the same, in
-// the layouts the layers' loops read; zeros in every padding.
+// the layouts the layers' loops read, with zeros in every padding; and the
+// zero borders of the data gradients' dY copies. The fp32 tensors are first
+// copied whole into scratch space, every copy in flight at once (a load per
+// element and layer in turn waited on the L2 latency again and again).
 __device__ void stage_parameters(const Block& b, const CnnStepArgs& a, const CnnStepLaunch& l) {
   float* const smem = b.smem;
-  for (int i = b.tid; i < l.weights_floats; i += b.threads) smem[l.weights_offset + i] = 0.f;
-  __syncthreads();
   for (int li = 0; li < a.layers; ++li) {
-    const CnnLayer L = a.layer[li];  // a copy in registers, as in the kernel's layer loops
-    if (L.op != CnnLayerOp::conv2d && L.op != CnnLayerOp::linear) continue;
-    const float* W = a.param[L.weight];
-    const int k_count = L.op == CnnLayerOp::conv2d ? L.in_c * L.kernel_h * L.kernel_w : L.in_c * L.in_h * L.in_w;
-    const int stride = L.op == CnnLayerOp::conv2d ? forward_stride(L) : k_count;
-    __half* dst = reinterpret_cast<__half*>(smem + l.weight_offset[li]);
-    for (int row = b.warp; row < L.out_c; row += b.warps) {  // a warp per output row, coalesced
-      const float* src = W + std::int64_t(row) * k_count;
-#pragma unroll 4
-      for (int k = b.lane; k < k_count; k += 32) dst[row * stride + k] = __float2half_rn(__ldg(src + k));
-    }
-    for (int j = b.tid; j < L.out_c; j += b.threads) smem[l.bias_offset[li] + j] = rounded(__ldg(a.param[L.bias] + j));
-  }
-  __syncthreads();
-  for (int li = 0; li < a.layers; ++li) {  // data-gradient layouts, from the forward ones
     const CnnLayer L = a.layer[li];
-    if (L.op != CnnLayerOp::conv2d || !L.input_gradient) continue;
-    const int kk = L.kernel_h * L.kernel_w, fs = forward_stride(L), ds = data_stride(L);
-    const __half* f = reinterpret_cast<const __half*>(smem + l.weight_offset[li]);
-    __half* d = reinterpret_cast<__half*>(smem + l.weight_t_offset[li]);
-    for (int pair = b.warp; pair < L.in_c * L.out_c; pair += b.warps) {  // a warp per (ci, co) kernel
-      const int ci = pair / L.out_c, co = pair % L.out_c;
-      for (int k = b.lane; k < kk; k += 32) d[ci * ds + co * kk + k] = f[co * fs + ci * kk + k];
+    if (!has_parameters(L)) continue;
+    copy_to_shared(b, a.param[L.weight], weight_count(L), smem + l.raw_weight_offset[li]);
+    copy_to_shared(b, a.param[L.bias], L.out_c, smem + l.raw_bias_offset[li]);
+  }
+  commit_copies();
+  for (int i = b.tid; i < l.zeroed_floats; i += b.threads) smem[l.weights_offset + i] = 0.f;
+  wait_copies<0>();
+  __syncthreads();
+  mark_phase(a.phase_clock, 2, true);
+  for (int li = 0; li < a.layers; ++li) {
+    const CnnLayer L = a.layer[li];
+    if (!has_parameters(L)) continue;
+    const float* src = smem + l.raw_weight_offset[li];
+    __half* dst = reinterpret_cast<__half*>(smem + l.weight_offset[li]);
+    // Several independent elements per thread in flight: one at a time, each
+    // waited on its shared-memory load in turn.
+    if (L.op == CnnLayerOp::linear) {  // the same [out][in] layout: four elements at a time
+      const int count = weight_count(L), quads = count / 4;
+      const auto* src4 = reinterpret_cast<const float4*>(src);
+      auto* dst2 = reinterpret_cast<__half2*>(dst);
+#pragma unroll 4
+      for (int q = b.tid; q < quads; q += b.threads) {
+        const float4 v = src4[q];
+        dst2[2 * q] = __floats2half2_rn(v.x, v.y);
+        dst2[2 * q + 1] = __floats2half2_rn(v.z, v.w);
+      }
+      for (int i = 4 * quads + b.tid; i < count; i += b.threads) dst[i] = __float2half_rn(src[i]);
+    } else {  // [co][ci][tap] into the forward rows [co][(ci, tap)] and the data-gradient rows [ci][(co, tap)]
+      const int kk = L.kernel_h * L.kernel_w, fs = forward_stride(L), ds = data_stride(L);
+      __half* data = reinterpret_cast<__half*>(smem + l.weight_t_offset[li]);
+      for (int co = b.warp; co < L.out_c; co += b.warps)  // a warp per output channel
+#pragma unroll 4
+        for (int ci = 0; ci < L.in_c; ++ci)
+          for (int tap = b.lane; tap < kk; tap += 32) {
+            const __half h = __float2half_rn(src[(co * L.in_c + ci) * kk + tap]);
+            dst[co * fs + ci * kk + tap] = h;
+            if (L.input_gradient) data[ci * ds + co * kk + tap] = h;
+          }
     }
+    for (int j = b.tid; j < L.out_c; j += b.threads) smem[l.bias_offset[li] + j] = rounded(smem[l.raw_bias_offset[li] + j]);
   }
   __syncthreads();
+  mark_phase(a.phase_clock, 3, true);
 }
 
-// Padded: some windows reach outside the input (padding > 0), so every
-// operand is bounds-checked; without padding none is.
 template <bool Padded>
 __device__ void conv_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const __half* weights,
-                             const float* bias, int2* table) {
-  const int kk = L.kernel_h * L.kernel_w, K = L.in_c * kk, kp = round_up(K, 16), N = L.out_c, ws = forward_stride(L);
-  const int M = L.out_h * L.out_w, in_plane = L.in_h * L.in_w;
-  for (int k = b.tid; k < kp; k += b.threads) {  // tap -> (offset in the input, ky, kx); -1: padding of K
-    const int ci = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
-    table[k] = k < K ? make_int2(ci * in_plane + ky * L.in_w + kx, (ky << 16) | kx) : make_int2(0, -1);
-  }
+                             const float* bias, int2* rows, int2* columns, float* slots) {
+  const int K = L.in_c * L.kernel_h * L.kernel_w, N = L.out_c, M = L.out_h * L.out_w;
+  index_tables(
+      b, M, K, rows, columns, [&](int m) { return window_index(L, m); }, [&](int k) { return tap_index(L, k); });
   __syncthreads();
-  const int g = b.lane >> 2, t = b.lane & 3, tiles_n = round_up(N, 8) / 8, tiles = round_up(M, 16) / 16 * tiles_n;
-  for (int tile = b.warp; tile < tiles; tile += b.warps) {
-    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 8;
-    int y0[2], x0[2];
-    bool row_ok[2];
-    for (int r = 0; r < 2; ++r) {
-      const int m = m0 + g + 8 * r;
-      row_ok[r] = m < M;
-      y0[r] = (m / L.out_w) * L.stride - L.padding;
-      x0[r] = (m % L.out_w) * L.stride - L.padding;
-    }
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-    for (int k0 = 0; k0 < kp; k0 += 16) {
-      float v[2][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int2 e = table[k0 + column_of(t, j)];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          bool ok = row_ok[r] && e.y >= 0;
-          if (Padded) {
-            const int iy = y0[r] + (e.y >> 16), ix = x0[r] + (e.y & 0xffff);
-            ok = ok && iy >= 0 && iy < L.in_h && ix >= 0 && ix < L.in_w;
-          }
-          v[r][j] = ok ? in[e.x + y0[r] * L.in_w + x0[r]] : 0.f;
-        }
-      }
-      mma_staged(c, v, weights + (n0 + g) * ws + k0 + 2 * t);
-    }
-    for (int i = 0; i < 4; ++i) {
-      const int m = c_row(m0, g, i), n = c_col(n0, t, i);
-      if (m < M && n < N) out[n * M + m] = rounded(c[i] + bias[n]);
-    }
-  }
-}
-
-// The data gradient of any convolution (strided, or padded beyond the
-// kernel): each operand tests whether its output exists.
-__device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const float* gy, float* g_in,
-                                   const __half* weights, int2* table) {
-  const int s = L.stride;
-  const int kk = L.kernel_h * L.kernel_w, K = L.out_c * kk, kp = round_up(K, 16), N = L.in_c, ws = data_stride(L);
-  const int M = L.in_h * L.in_w, plane = L.out_h * L.out_w;
-  for (int k = b.tid; k < kp; k += b.threads) {  // (co, ky, kx) -> (co's plane, ky, kx)
-    const int co = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
-    table[k] = k < K ? make_int2(co * plane, (ky << 16) | kx) : make_int2(0, -1);
-  }
-  __syncthreads();
-  const int g = b.lane >> 2, t = b.lane & 3, tiles_n = round_up(N, 8) / 8, tiles = round_up(M, 16) / 16 * tiles_n;
-  for (int tile = b.warp; tile < tiles; tile += b.warps) {
-    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 8;
-    int ty[2], tx[2];
-    bool row_ok[2];
-    for (int r = 0; r < 2; ++r) {
-      const int m = m0 + g + 8 * r;
-      row_ok[r] = m < M;
-      ty[r] = m / L.in_w + L.padding;
-      tx[r] = m % L.in_w + L.padding;
-    }
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-    for (int k0 = 0; k0 < kp; k0 += 16) {
-      float v[2][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int2 e = table[k0 + column_of(t, j)];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          int sy = ty[r] - (e.y >> 16), sx = tx[r] - (e.y & 0xffff);
-          const bool ok = row_ok[r] && e.y >= 0 && sy >= 0 && sx >= 0 && sy % s == 0 && sx % s == 0;
-          sy /= s;
-          sx /= s;
-          v[r][j] = ok && sy < L.out_h && sx < L.out_w ? gy[e.x + sy * L.out_w + sx] : 0.f;
-        }
-      }
-      mma_staged(c, v, weights + (n0 + g) * ws + k0 + 2 * t);
-    }
-    for (int i = 0; i < 4; ++i) {
-      const int m = c_row(m0, g, i), n = c_col(n0, t, i);
-      if (m < M && n < N) g_in[n * M + m] = rounded(c[i]);
-    }
-  }
-}
-
-// The data gradient of a stride-1 convolution as a correlation of dY,
-// copied with a zero border of kernel-1-padding (`bordered`), with the
-// flipped kernel: no operand needs a bounds check.
-__device__ void conv_data_gradient_bordered(const Block& b, const CnnLayer& L, const float* gy, float* bordered,
-                                            float* g_in, const __half* weights, int* table) {
-  const int kk = L.kernel_h * L.kernel_w, K = L.out_c * kk, kp = round_up(K, 16), N = L.in_c, ws = data_stride(L);
-  const int M = L.in_h * L.in_w, plane = L.out_h * L.out_w;
-  const int bh = L.kernel_h - 1 - L.padding, bw = L.kernel_w - 1 - L.padding;
-  const int rows = L.out_h + 2 * bh, cols = L.out_w + 2 * bw, bplane = rows * cols;
-  for (int i = b.tid; i < L.out_c * bplane; i += b.threads) {
-    const int co = i / bplane, y = (i % bplane) / cols - bh, x = i % cols - bw;
-    bordered[i] = y >= 0 && y < L.out_h && x >= 0 && x < L.out_w ? gy[co * plane + y * L.out_w + x] : 0.f;
-  }
-  for (int k = b.tid; k < kp; k += b.threads) {  // (co, ky, kx) -> its offset; -1: padding of K
-    const int co = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
-    table[k] = k < K ? co * bplane + (L.kernel_h - 1 - ky) * cols + (L.kernel_w - 1 - kx) : -1;
-  }
-  __syncthreads();
-  const int g = b.lane >> 2, t = b.lane & 3, tiles_n = round_up(N, 8) / 8, tiles = round_up(M, 16) / 16 * tiles_n;
-  for (int tile = b.warp; tile < tiles; tile += b.warps) {
-    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 8;
-    int base[2];
-    bool row_ok[2];
-    for (int r = 0; r < 2; ++r) {
-      const int m = m0 + g + 8 * r;
-      row_ok[r] = m < M;
-      base[r] = (m / L.in_w) * cols + m % L.in_w;
-    }
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-    for (int k0 = 0; k0 < kp; k0 += 16) {
-      float v[2][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int off = table[k0 + column_of(t, j)];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) v[r][j] = row_ok[r] && off >= 0 ? bordered[base[r] + off] : 0.f;
-      }
-      mma_staged(c, v, weights + (n0 + g) * ws + k0 + 2 * t);
-    }
-    for (int i = 0; i < 4; ++i) {
-      const int m = c_row(m0, g, i), n = c_col(n0, t, i);
-      if (m < M && n < N) g_in[n * M + m] = rounded(c[i]);
-    }
-  }
+  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, rows, columns, StagedRows{weights, forward_stride(L), N - 1},
+                    [&](int m, int n, float c) { out[n * M + m] = rounded(c + bias[n]); }, slots);
 }
 
 // Conv weight and bias gradients of one example, added to the block's slice.
-// Where there are fewer tiles than warps, each tile's positions (K) are cut
-// into parts whose sums `partial` holds until they are added in part order.
+// dY^T, B of the GEMM, is first staged as fp16 rows [co][pos] in `scratch`.
 template <bool Padded>
-__device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const float* gy, const float* in, int2* table,
-                                     float* partial, float* dW, float* db, bool first) {
-  const int kk = L.kernel_h * L.kernel_w, N = L.in_c * kk, M = L.out_c;
-  const int K = L.out_h * L.out_w, kp = round_up(K, 16), in_plane = L.in_h * L.in_w;
-  for (int k = b.tid; k < kp; k += b.threads)  // position -> its window's corner in the input
-    table[k] = k < K ? make_int2((k / L.out_w) * L.stride - L.padding, (k % L.out_w) * L.stride - L.padding)
-                     : make_int2(-(1 << 20), -(1 << 20));
-  for (int co = b.warp; co < M; co += b.warps) {  // bias: a warp per channel
+__device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const float* gy, const float* in, int2* rows,
+                                     int2* columns, float* scratch, float* slots, float* dW, float* db, bool first) {
+  const int M = L.in_c * L.kernel_h * L.kernel_w, N = L.out_c, K = L.out_h * L.out_w, ks = dy_stride(L);
+  index_tables(
+      b, M, K, rows, columns, [&](int m) { return tap_index(L, m); }, [&](int k) { return window_index(L, k); });
+  __half* dy = reinterpret_cast<__half*>(scratch);
+  for (int co = b.warp; co < N; co += b.warps)  // zeros past K
+    for (int k = b.lane; k < ks; k += 32) dy[co * ks + k] = __float2half_rn(k < K ? gy[co * K + k] : 0.f);
+  for (int co = b.warp; co < N; co += b.warps) {  // bias: a warp per channel
     float sum = 0.f;
     for (int k = b.lane; k < K; k += 32) sum += gy[co * K + k];
     sum = warp_sum(sum);
     if (b.lane == 0) accumulate(db + co, sum, first);
   }
   __syncthreads();
-  const int g = b.lane >> 2, t = b.lane & 3, tiles_n = round_up(N, 8) / 8, tiles = round_up(M, 16) / 16 * tiles_n;
-  const int steps = kp / 16, parts = max(1, min(steps, b.warps / tiles));
-  for (int w = b.warp; w < tiles * parts; w += b.warps) {
-    const int tile = w % tiles, part = w / tiles;
-    const int m0 = tile / tiles_n * 16, n0 = tile % tiles_n * 8;
-    const int n = n0 + g, tap = n % kk;  // this lane's B column: (ci, ky, kx)
-    const bool col_ok = n < N;
-    const int base = (n / kk) * in_plane, ky = tap / L.kernel_w, kx = tap % L.kernel_w;
-    const int m_row[2] = {m0 + g, m0 + g + 8};
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-    for (int step = part * steps / parts; step < (part + 1) * steps / parts; ++step) {
-      const int k0 = step * 16;
-      float av[2][4], bv[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int k = k0 + column_of(t, j);
-        const int2 e = table[k];
-        const int iy = e.x + ky, ix = e.y + kx;
-        bool ok = col_ok && k < K;
-        if (Padded) ok = ok && iy >= 0 && iy < L.in_h && ix >= 0 && ix < L.in_w;
-        bv[j] = ok ? in[base + iy * L.in_w + ix] : 0.f;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) av[r][j] = m_row[r] < M && k < K ? gy[m_row[r] * K + k] : 0.f;
+  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, rows, columns, StagedRows{dy, ks, N - 1},
+                    [&](int m, int n, float c) { accumulate(dW + n * M + m, c, first); }, slots);
+}
+
+// The data gradient: a correlation of dY, dilated by the stride and with a
+// zero border, with the flipped kernel; no operand needs a check. The
+// layer's copy `bordered` keeps its zeros from stage_parameters: each
+// example writes only dY's elements into it.
+__device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const float* gy, float* bordered, float* g_in,
+                                   const __half* weights, int2* rows, int2* columns, float* slots) {
+  const int kk = L.kernel_h * L.kernel_w, K = L.out_c * kk, N = L.in_c, M = L.in_h * L.in_w;
+  const int bh = L.kernel_h - 1 - L.padding, bw = L.kernel_w - 1 - L.padding;
+  const int height = L.in_h + L.kernel_h - 1, width = L.in_w + L.kernel_w - 1, bplane = height * width;
+  for (int co = b.warp; co < L.out_c; co += b.warps)  // a warp per channel of dY
+    for (int oy = 0; oy < L.out_h; ++oy) {
+      const int y = oy * L.stride + bh;
+      for (int ox = b.lane; ox < L.out_w; ox += 32) {
+        const int x = ox * L.stride + bw;  // a negative border cuts off elements no tap reads
+        if (y >= 0 && y < height && x >= 0 && x < width)
+          bordered[co * bplane + y * width + x] = gy[(co * L.out_h + oy) * L.out_w + ox];
       }
-      std::uint32_t a[4];
-      a_fragment(av, a);
-      mma_16x8x16(c, a, pack2(bv[0], bv[1]), pack2(bv[2], bv[3]));
     }
-    if (parts == 1) {
-      for (int i = 0; i < 4; ++i) {
-        const int m = c_row(m0, g, i), nn = c_col(n0, t, i);
-        if (m < M && nn < N) accumulate(dW + m * N + nn, c[i], first);
-      }
-    } else {
-      for (int i = 0; i < 4; ++i) partial[((part * tiles + tile) * 32 + b.lane) * 4 + i] = c[i];
-    }
-  }
-  if (parts == 1) return;
+  index_tables(
+      b, M, K, rows, columns, [&](int m) { return make_int2((m / L.in_w) * width + m % L.in_w, 0); },
+      [&](int k) {  // (co, ky, kx) -> its flipped offset
+        const int co = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
+        return make_int2(co * bplane + (L.kernel_h - 1 - ky) * width + (L.kernel_w - 1 - kx), 0);
+      });
   __syncthreads();
-  for (int i = b.tid; i < tiles * 128; i += b.threads) {
-    const int tile = i / 128, lane = (i / 4) % 32, j = i % 4;
-    float sum = 0.f;
-    for (int part = 0; part < parts; ++part) sum += partial[((part * tiles + tile) * 32 + lane) * 4 + j];
-    const int m = c_row(tile / tiles_n * 16, lane / 4, j), nn = c_col(tile % tiles_n * 8, lane % 4, j);
-    if (m < M && nn < N) accumulate(dW + m * N + nn, sum, first);
-  }
+  block_gemm<kColumnTiles, false>(b, M, N, K, bordered, 0, 0, rows, columns, StagedRows{weights, data_stride(L), N - 1},
+                   [&](int m, int n, float c) { g_in[n * M + m] = rounded(c); }, slots);
 }
 
 // ---- pooling, dropout, linear -------------------------------------------
@@ -352,27 +411,43 @@ __device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const fl
 // Index in its plane of the maximum of window (oy, ox): the first maximum in
 // row-major order wins a tie and a NaN wins over numbers (ref::max_pool2d_argmax).
 __device__ __forceinline__ int window_argmax(const float* plane, const CnnLayer& L, int oy, int ox) {
-  int best = oy * L.stride * L.in_w + ox * L.stride;
+  const int corner = oy * L.stride * L.in_w + ox * L.stride;
+  int best = corner;
+  float top = plane[best];
   for (int i = 0; i < L.kernel_h; ++i)
     for (int j = 0; j < L.kernel_h; ++j) {
-      const int at = (oy * L.stride + i) * L.in_w + ox * L.stride + j;
-      if (plane[at] > plane[best] || (isnan(plane[at]) && !isnan(plane[best]))) best = at;
+      const int at = corner + i * L.in_w + j;
+      const float v = plane[at];
+      if (top == top && !(v <= top)) {  // top a number, v above it or NaN
+        best = at;
+        top = v;
+      }
     }
   return best;
 }
 
-__device__ void max_pool_forward(const Block& b, const CnnLayer& L, const float* in, float* out) {
+// A ReLU right after a pooling or linear layer runs inside it
+// (CnnStepLaunch::relu): the forward writes the ReLU's output, and the backward
+// takes the ReLU's output gradient through the ReLU as it reads it.
+__device__ __forceinline__ float relu(float x) { return x > 0.f ? x : 0.f; }
+__device__ __forceinline__ float through_relu(const float* relu_out, const float* g, int i) {
+  return relu_out && !(relu_out[i] > 0.f) ? 0.f : g[i];
+}
+
+__device__ void max_pool_forward(const Block& b, const CnnLayer& L, const float* in, float* out, bool with_relu) {
   const int plane = L.out_h * L.out_w;
   for (int i = b.tid; i < L.out_c * plane; i += b.threads) {
     const float* p = in + (i / plane) * L.in_h * L.in_w;
-    out[i] = p[window_argmax(p, L, (i % plane) / L.out_w, (i % plane) % L.out_w)];
+    const float v = p[window_argmax(p, L, (i % plane) / L.out_w, (i % plane) % L.out_w)];
+    out[i] = with_relu ? relu(v) : v;
   }
 }
 
 // dX: each input element gets the gradients of the windows whose argmax it
 // is. Windows that do not overlap (stride = kernel) scatter: zero dX, then
 // each window writes its one element.
-__device__ void max_pool_backward(const Block& b, const CnnLayer& L, const float* gy, const float* in, float* g_in) {
+__device__ void max_pool_backward(const Block& b, const CnnLayer& L, const float* gy, const float* in, float* g_in,
+                                  const float* relu_out) {
   const int in_plane = L.in_h * L.in_w, k = L.kernel_h, s = L.stride;
   if (k == s) {
     for (int i = b.tid; i < L.in_c * in_plane; i += b.threads) g_in[i] = 0.f;
@@ -380,7 +455,7 @@ __device__ void max_pool_backward(const Block& b, const CnnLayer& L, const float
     const int plane = L.out_h * L.out_w;
     for (int i = b.tid; i < L.out_c * plane; i += b.threads) {
       const int c = i / plane, oy = (i % plane) / L.out_w, ox = (i % plane) % L.out_w;
-      g_in[c * in_plane + window_argmax(in + c * in_plane, L, oy, ox)] = gy[i];
+      g_in[c * in_plane + window_argmax(in + c * in_plane, L, oy, ox)] = through_relu(relu_out, gy, i);
     }
     return;
   }
@@ -392,7 +467,7 @@ __device__ void max_pool_backward(const Block& b, const CnnLayer& L, const float
     float sum = 0.f;
     for (int oy = oy0; oy <= oy1; ++oy)
       for (int ox = ox0; ox <= ox1; ++ox)
-        if (window_argmax(p, L, oy, ox) == at) sum += gy[(c * L.out_h + oy) * L.out_w + ox];
+        if (window_argmax(p, L, oy, ox) == at) sum += through_relu(relu_out, gy, (c * L.out_h + oy) * L.out_w + ox);
     g_in[i] = rounded(sum);
   }
 }
@@ -409,42 +484,72 @@ __device__ __forceinline__ bool kept(const CnnLayer& L, int example, int i, std:
 
 // out[j] = bias[j] + sum_i in[i] W[j][i]: a warp per output.
 __device__ void linear_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const __half* weights,
-                               const float* bias) {
+                               const float* bias, bool with_relu) {
   const int n_in = L.in_c * L.in_h * L.in_w;
   for (int j = b.warp; j < L.out_c; j += b.warps) {
     float s = 0.f;
     for (int i = b.lane; i < n_in; i += 32) s += in[i] * __half2float(weights[j * n_in + i]);
     s = warp_sum(s);
-    if (b.lane == 0) out[j] = rounded(s + bias[j]);
+    if (b.lane == 0) out[j] = with_relu ? relu(rounded(s + bias[j])) : rounded(s + bias[j]);
   }
 }
 
 __device__ void linear_backward(const Block& b, const CnnLayer& L, const float* gy, const float* in, float* g_in,
-                                const __half* weights, float* dW, float* db, bool first) {
+                                const __half* weights, float* dW, float* db, bool first, const float* relu_out,
+                                float* masked) {
   const int n_in = L.in_c * L.in_h * L.in_w;
+  if (relu_out) {  // the gradient through the ReLU once, for the three loops below
+    for (int j = b.tid; j < L.out_c; j += b.threads) masked[j] = through_relu(relu_out, gy, j);
+    __syncthreads();
+    gy = masked;
+  }
   for (int j = b.warp; j < L.out_c; j += b.warps)
     for (int i = b.lane; i < n_in; i += 32) accumulate(dW + j * n_in + i, gy[j] * in[i], first);
   for (int j = b.tid; j < L.out_c; j += b.threads) accumulate(db + j, gy[j], first);
   if (!L.input_gradient) return;
   for (int i = b.tid; i < n_in; i += b.threads) {
-    float s = 0.f;
-    for (int j = 0; j < L.out_c; ++j) s += gy[j] * __half2float(weights[j * n_in + i]);
-    g_in[i] = rounded(s);
+    float even = 0.f, odd = 0.f;  // two chains of adds in flight
+    int j = 0;
+    for (; j + 1 < L.out_c; j += 2) {
+      even += gy[j] * __half2float(weights[j * n_in + i]);
+      odd += gy[j + 1] * __half2float(weights[(j + 1) * n_in + i]);
+    }
+    if (j < L.out_c) even += gy[j] * __half2float(weights[j * n_in + i]);
+    g_in[i] = rounded(even + odd);
   }
 }
 
 // ---- kernel 1: one example per block at a time ----------------------------
 
-__global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepArgs a, const CnnStepLaunch l) {
+// The arguments as copied into shared memory at the start: read by every
+// warp in every layer with indices known only at run time, which are slow
+// loads from the kernel parameters' constant bank.
+struct SharedArguments {
+  CnnStepArgs args;
+  CnnStepLaunch launch;
+};
+
+__global__ void __launch_bounds__(kThreads, 1)
+    cnn_step_examples(const __grid_constant__ CnnStepArgs args, const __grid_constant__ CnnStepLaunch launch) {
   extern __shared__ float4 shared4[];
+  __shared__ SharedArguments arguments;
   Block b{reinterpret_cast<float*>(shared4), int(threadIdx.x), int(blockDim.x), int(threadIdx.x) / 32,
           int(threadIdx.x) % 32, int(blockDim.x) / 32};
+  mark_phase(args.phase_clock, 0, true);
+  allow_next_kernel_to_start();  // the update kernel's blocks wait on the free SMs (cnn_step_update)
+  copy_words(b, &args, &arguments.args, sizeof(CnnStepArgs));
+  copy_words(b, &launch, &arguments.launch, sizeof(CnnStepLaunch));
+  __syncthreads();
+  mark_phase(args.phase_clock, 1, true);
+  const CnnStepArgs& a = arguments.args;
+  const CnnStepLaunch& l = arguments.launch;
   float* const smem = b.smem;
-  auto* table = reinterpret_cast<int2*>(smem + l.table_offset);
+  auto* rows = reinterpret_cast<int2*>(smem + l.rows_offset);
+  auto* columns = reinterpret_cast<int2*>(smem + l.columns_offset);
   const auto weights = [&](int li) { return reinterpret_cast<const __half*>(smem + l.weight_offset[li]); };
-  mark_phase(a.phase_clock, 0, true);
+  const auto keep_mask = [&](int li) { return reinterpret_cast<bool*>(smem + l.mask_offset[li]); };
   stage_parameters(b, a, l);
-  float* const partial = smem + l.reduce_offset;
+  float* const slots = smem + l.reduce_offset;  // the conv GEMMs' slots; a linear layer's gradient through its ReLU
   const std::int32_t step = *a.step;
   const std::int64_t slice = a.param_offset[a.tensors];
   float* const grads = a.workspace + blockIdx.x * slice;
@@ -455,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
 
   for (int example = blockIdx.x; example < a.batch; example += gridDim.x) {
     const bool first = example == int(blockIdx.x);
-    int phase = 1;
+    int phase = 4;
     mark_phase(a.phase_clock, phase++, first);
     // Fetch (as launch_batch_fetch: x * scale + shift, rounded to fp16).
     const std::int64_t row = a.perm[(std::int64_t(step) % (a.rows / a.batch)) * a.batch + example];
@@ -467,32 +572,39 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
     mark_phase(a.phase_clock, phase++, first);
 
     for (int li = 0; li < a.layers; ++li) {
-      const CnnLayer L = a.layer[li];  // a copy in registers: indexed kernel-parameter loads are slow
+      if (l.relu[li] == kReluRunByLayerBefore) continue;  // the layer before ran it
+      const CnnLayer L = a.layer[li];  // a copy in registers
+      const bool with_relu = l.relu[li] == kReluAfter;
       const float* in = smem + l.act_offset[li];
-      float* out = smem + l.act_offset[li + 1];
+      float* out = smem + l.act_offset[li + (with_relu ? 2 : 1)];
       const int n = L.out_c * L.out_h * L.out_w;
       switch (L.op) {
         case CnnLayerOp::conv2d:
-          if (L.padding > 0) conv_forward<true>(b, L, in, out, weights(li), smem + l.bias_offset[li], table);
-          else conv_forward<false>(b, L, in, out, weights(li), smem + l.bias_offset[li], table);
+          if (L.padding > 0)
+            conv_forward<true>(b, L, in, out, weights(li), smem + l.bias_offset[li], rows, columns, slots);
+          else
+            conv_forward<false>(b, L, in, out, weights(li), smem + l.bias_offset[li], rows, columns, slots);
           break;
-        case CnnLayerOp::max_pool2d: max_pool_forward(b, L, in, out); break;
+        case CnnLayerOp::max_pool2d: max_pool_forward(b, L, in, out, with_relu); break;
         case CnnLayerOp::relu:
           for (int i = b.tid; i < n; i += b.threads) out[i] = in[i] > 0.f ? in[i] : 0.f;
           break;
-        case CnnLayerOp::dropout:
-          for (int i = b.tid; i < n; i += b.threads)
-            out[i] = kept(L, example, i, step) ? rounded(in[i] * L.dropout.scale) : 0.f;
+        case CnnLayerOp::dropout:  // the keep bits stay for the backward (keep_mask)
+          for (int i = b.tid; i < n; i += b.threads) {
+            const bool keep = kept(L, example, i, step);
+            keep_mask(li)[i] = keep;
+            out[i] = keep ? rounded(in[i] * L.dropout.scale) : 0.f;
+          }
           break;
         case CnnLayerOp::dropout2d: {  // one draw per channel
           const int plane = L.out_h * L.out_w;
-          for (int c = b.tid; c < L.out_c; c += b.threads) partial[c] = kept(L, example, c * plane, step) ? 1.f : 0.f;
+          for (int c = b.tid; c < L.out_c; c += b.threads) keep_mask(li)[c] = kept(L, example, c * plane, step);
           __syncthreads();
           for (int i = b.tid; i < n; i += b.threads)
-            out[i] = partial[i / plane] != 0.f ? rounded(in[i] * L.dropout.scale) : 0.f;
+            out[i] = keep_mask(li)[i / plane] ? rounded(in[i] * L.dropout.scale) : 0.f;
           break;
         }
-        case CnnLayerOp::linear: linear_forward(b, L, in, out, weights(li), smem + l.bias_offset[li]); break;
+        case CnnLayerOp::linear: linear_forward(b, L, in, out, weights(li), smem + l.bias_offset[li], with_relu); break;
         case CnnLayerOp::view: break;  // same bytes (act_offset aliases them)
       }
       __syncthreads();
@@ -518,8 +630,10 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
 
     int cur = 0;
     for (int li = a.layers; li-- > 0;) {
-      const CnnLayer L = a.layer[li];  // a copy in registers: indexed kernel-parameter loads are slow
+      const CnnLayer L = a.layer[li];  // a copy in registers
       if (L.op == CnnLayerOp::view) continue;  // the gradient's bytes are the input gradient's
+      if (l.relu[li] == kReluRunByLayerBefore) continue;  // the layer before takes the gradient through it
+      const float* relu_out = l.relu[li] == kReluAfter ? smem + l.act_offset[li + 2] : nullptr;
       const float* in = smem + l.act_offset[li];
       const float* out = smem + l.act_offset[li + 1];
       g = smem + l.grad_offset[cur];
@@ -527,40 +641,36 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
       const int n = L.in_c * L.in_h * L.in_w;
       switch (L.op) {
         case CnnLayerOp::conv2d:
-          if (L.padding > 0)
-            conv_weight_gradient<true>(b, L, g, in, table, partial, grads + a.param_offset[L.weight],
-                                       grads + a.param_offset[L.bias], first);
-          else
-            conv_weight_gradient<false>(b, L, g, in, table, partial, grads + a.param_offset[L.weight],
-                                        grads + a.param_offset[L.bias], first);
+        {
+          // dY^T's fp16 rows: in the input gradient's buffer until that is written, where they fit
+          float* const scratch = l.dy_offset < 0 ? g_in : smem + l.dy_offset;
+          float* const dW = grads + a.param_offset[L.weight];
+          float* const db = grads + a.param_offset[L.bias];
+          if (L.padding > 0) conv_weight_gradient<true>(b, L, g, in, rows, columns, scratch, slots, dW, db, first);
+          else conv_weight_gradient<false>(b, L, g, in, rows, columns, scratch, slots, dW, db, first);
           if (L.input_gradient) {
-            __syncthreads();  // the weight gradient's table is still being read until here
+            __syncthreads();  // the weight gradient reads its tables and scratch until here
             mark_phase(a.phase_clock, phase++, first);
             const auto* wt = reinterpret_cast<const __half*>(smem + l.weight_t_offset[li]);
-            if (bordered_data_gradient(L))
-              conv_data_gradient_bordered(b, L, g, smem + l.border_offset, g_in, wt, reinterpret_cast<int*>(table));
-            else
-              conv_data_gradient(b, L, g, g_in, wt, table);
+            conv_data_gradient(b, L, g, smem + l.border_offset[li], g_in, wt, rows, columns, slots);
           }
+        }
           break;
         case CnnLayerOp::linear:
           linear_backward(b, L, g, in, g_in, weights(li), grads + a.param_offset[L.weight],
-                          grads + a.param_offset[L.bias], first);
+                          grads + a.param_offset[L.bias], first, relu_out, slots);
           break;
-        case CnnLayerOp::max_pool2d: max_pool_backward(b, L, g, in, g_in); break;
+        case CnnLayerOp::max_pool2d: max_pool_backward(b, L, g, in, g_in, relu_out); break;
         case CnnLayerOp::relu:
           for (int i = b.tid; i < n; i += b.threads) g_in[i] = out[i] > 0.f ? g[i] : 0.f;
           break;
         case CnnLayerOp::dropout:
-          for (int i = b.tid; i < n; i += b.threads)
-            g_in[i] = kept(L, example, i, step) ? rounded(g[i] * L.dropout.scale) : 0.f;
+          for (int i = b.tid; i < n; i += b.threads) g_in[i] = keep_mask(li)[i] ? rounded(g[i] * L.dropout.scale) : 0.f;
           break;
         case CnnLayerOp::dropout2d: {
           const int plane = L.out_h * L.out_w;
-          for (int c = b.tid; c < L.out_c; c += b.threads) partial[c] = kept(L, example, c * plane, step) ? 1.f : 0.f;
-          __syncthreads();
           for (int i = b.tid; i < n; i += b.threads)
-            g_in[i] = partial[i / plane] != 0.f ? rounded(g[i] * L.dropout.scale) : 0.f;
+            g_in[i] = keep_mask(li)[i / plane] ? rounded(g[i] * L.dropout.scale) : 0.f;
           break;
         }
         case CnnLayerOp::view: break;
@@ -575,18 +685,38 @@ __global__ void __launch_bounds__(kThreads, 1) cnn_step_examples(const CnnStepAr
 
 // ---- kernel 2: sum the blocks' gradients, update, loss, step --------------
 
+// Launched as a dependent of kernel 1 (where the backend allows it), so its
+// blocks are resident and have read their parameters when kernel 1 ends.
 __global__ void __launch_bounds__(kUpdateThreads) cnn_step_update(const CnnStepArgs a, int blocks, int phase) {
+  // The tensors' pointers and ranges, once per block: indexing the kernel
+  // parameters' arrays per element is slow.
+  __shared__ std::int64_t offset[kCnnStepMaxTensors + 1];
+  __shared__ float* param[kCnnStepMaxTensors];
+  __shared__ float* velocity[kCnnStepMaxTensors];
+  __shared__ const SgdScalars* sgd[kCnnStepMaxTensors];
+  for (int t = threadIdx.x; t <= a.tensors; t += blockDim.x) {
+    offset[t] = a.param_offset[t];
+    if (t < a.tensors) {
+      param[t] = a.param[t];
+      velocity[t] = a.velocity[t];
+      sgd[t] = a.sgd[t];
+    }
+  }
+  __syncthreads();
+  wait_for_previous_kernel();
   mark_phase(a.phase_clock, phase, true);
-  const std::int64_t slice = a.param_offset[a.tensors];
+  const std::int64_t slice = offset[a.tensors];
   for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < slice;
        e += std::int64_t(gridDim.x) * blockDim.x) {
     int t = 0;
-    while (e >= a.param_offset[t + 1]) ++t;
+    while (e >= offset[t + 1]) ++t;
     float sum = 0.f;
+    // Eight loads in flight; the adds in block order. (Measured on the H100:
+    // unrolling 32, or loading the weight before the sums, made this kernel slower.)
+#pragma unroll 8
     for (int k = 0; k < blocks; ++k) sum += a.workspace[k * slice + e];
-    const std::int64_t i = e - a.param_offset[t];
-    float* v = a.velocity[t] ? a.velocity[t] + i : nullptr;
-    a.param[t][i] = sgd_step(a.param[t][i], rounded(sum), v, *a.sgd[t]);
+    const std::int64_t i = e - offset[t];
+    param[t][i] = sgd_step(param[t][i], rounded(sum), velocity[t] ? velocity[t] + i : nullptr, *sgd[t]);
   }
   if (blockIdx.x == 0 && threadIdx.x < 32) {
     const float* example_loss = a.workspace + std::int64_t(blocks) * slice;
@@ -619,53 +749,86 @@ SharedLayout shared_layout(const CnnStepArgs& a) {
   };
   const CnnLayer& first = a.layer[0];
   s.launch.act_offset[0] = take(first.in_c * first.in_h * first.in_w);
-  int grad = 0, table = 0;
+  int grad = 0, rows = 0, columns = 0, dy = 0;
   for (int i = 0; i < a.layers; ++i) {
     const CnnLayer& L = a.layer[i];
     const int in = L.in_c * L.in_h * L.in_w, out = L.out_c * L.out_h * L.out_w;
     s.launch.act_offset[i + 1] = L.op == CnnLayerOp::view ? s.launch.act_offset[i] : take(out);
     grad = std::max({grad, in, out});
-    if (L.op == CnnLayerOp::conv2d) {  // the implicit GEMMs' index tables
-      const int kk = L.kernel_h * L.kernel_w;
-      table = std::max({table, round_up(L.in_c * kk, 16), round_up(L.out_c * kk, 16), round_up(L.out_h * L.out_w, 16)});
+    if (L.op == CnnLayerOp::conv2d) {  // the GEMMs' index tables: forward, weight gradient, data gradient
+      const int taps = L.in_c * L.kernel_h * L.kernel_w, windows = L.out_h * L.out_w;
+      rows = std::max({rows, round_up(windows, 16), round_up(taps, 16)});
+      columns = std::max({columns, round_up(taps, 16), round_up(windows, 16)});
+      if (L.input_gradient) {
+        rows = std::max(rows, round_up(L.in_h * L.in_w, 16));
+        columns = std::max(columns, round_up(L.out_c * L.kernel_h * L.kernel_w, 16));
+      }
+      dy = std::max(dy, (L.out_c * dy_stride(L) + 1) / 2);
     }
   }
   s.launch.grad_offset[0] = take(grad);
   s.launch.grad_offset[1] = take(grad);
-  // Every layer's fp16 weights (forward / linear layout, then a conv's data-gradient layout) and rounded biases.
-  const int weights_start = at;
+  // Zeroed once per block: every layer's fp16 weights (forward / linear
+  // layout, then a conv's data-gradient layout), rounded biases, and each
+  // conv layer's bordered dY.
+  const int zeroed_start = at;
   for (int i = 0; i < a.layers; ++i) {
     const CnnLayer& L = a.layer[i];
     if (L.op == CnnLayerOp::conv2d) {
-      s.launch.weight_offset[i] = take((round_up(L.out_c, 8) * forward_stride(L) + 1) / 2);
-      if (L.input_gradient) s.launch.weight_t_offset[i] = take((round_up(L.in_c, 8) * data_stride(L) + 1) / 2);
+      s.launch.weight_offset[i] = take((L.out_c * forward_stride(L) + 1) / 2);
+      if (L.input_gradient) s.launch.weight_t_offset[i] = take((L.in_c * data_stride(L) + 1) / 2);
     }
     if (L.op == CnnLayerOp::linear) s.launch.weight_offset[i] = take((L.out_c * L.in_c * L.in_h * L.in_w + 1) / 2);
-    if (L.op == CnnLayerOp::conv2d || L.op == CnnLayerOp::linear) s.launch.bias_offset[i] = take(L.out_c);
+    if (has_parameters(L)) s.launch.bias_offset[i] = take(L.out_c);
+    if (L.op == CnnLayerOp::conv2d && L.input_gradient) s.launch.border_offset[i] = take(bordered_size(L));
   }
-  s.launch.weights_offset = weights_start;
-  s.launch.weights_floats = at - weights_start;
-  s.launch.table_offset = take(2 * table);
-  int border = 0, channels = 0;
+  s.launch.weights_offset = zeroed_start;
+  for (int i = 0; i < a.layers; ++i) {  // a dropout layer's keep bits: per element, or per channel (dropout2d)
+    const CnnLayer& L = a.layer[i];
+    if (L.op == CnnLayerOp::dropout) s.launch.mask_offset[i] = take((L.out_c * L.out_h * L.out_w + 3) / 4);
+    if (L.op == CnnLayerOp::dropout2d) s.launch.mask_offset[i] = take((L.out_c + 3) / 4);
+  }
+  s.launch.zeroed_floats = at - zeroed_start;
+  s.launch.rows_offset = take(2 * rows);
+  s.launch.columns_offset = take(2 * columns);
+  s.launch.dy_offset = dy <= grad ? -1 : take(dy);
+  // Each warp's slot of the conv GEMMs (block_gemm); a linear layer's gradient through its ReLU.
+  int outputs = 0;
+  for (int i = 0; i < a.layers; ++i) outputs = std::max(outputs, a.layer[i].out_c);
+  s.launch.reduce_offset = take(std::max(kThreads / 32 * kColumnTiles * 128, outputs));
+  // The fp32 weights and biases as copied in, before their fp16 layouts are
+  // made: the activations' and gradients' space when it is large enough
+  // (nothing is there yet when the block stages its weights), else their own.
+  int raw = 0;
   for (int i = 0; i < a.layers; ++i) {
-    if (a.layer[i].op == CnnLayerOp::conv2d && bordered_data_gradient(a.layer[i]))
-      border = std::max(border, bordered_size(a.layer[i]));
-    if (a.layer[i].op == CnnLayerOp::dropout2d) channels = std::max(channels, a.layer[i].out_c);
+    const CnnLayer& L = a.layer[i];
+    if (!has_parameters(L)) continue;
+    s.launch.raw_weight_offset[i] = raw;
+    raw += align4(weight_count(L));
+    s.launch.raw_bias_offset[i] = raw;
+    raw += align4(L.out_c);
   }
-  s.launch.border_offset = take(border);
-  // A 16 x 8 fp32 tile per warp (conv weight gradients), or a dropout2d layer's channel mask.
-  s.launch.reduce_offset = take(std::max(kThreads / 32 * 128, channels));
+  const int raw_start = raw <= zeroed_start ? 0 : take(raw);
+  for (int i = 0; i < a.layers; ++i) {
+    s.launch.raw_weight_offset[i] += raw_start;
+    s.launch.raw_bias_offset[i] += raw_start;
+  }
+  for (int i = 0; i < a.layers; ++i)
+    s.launch.relu[i] = relu_fused_into(a, i) ? kReluAfter : fused_relu(a, i) ? kReluRunByLayerBefore : 0;
   s.launch.threads = kThreads;
   s.bytes = std::size_t(at) * sizeof(float);
   s.launch.shared_bytes = s.bytes;
   return s;
 }
 
-int shared_limit() {
+// Shared memory a block may have beyond the kernel's static arguments copy.
+std::size_t dynamic_shared_limit() {
   int device = 0, limit = 0;
   SG_CUDA_CHECK(cudaGetDevice(&device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return limit;
+  cudaFuncAttributes attributes{};
+  SG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, cnn_step_examples));
+  return std::size_t(limit) - attributes.sharedSizeBytes;
 }
 
 }  // namespace
@@ -674,10 +837,11 @@ std::string cnn_step_unsupported(const CnnStepArgs& a) {
   if (a.layers < 1 || a.layers > kCnnStepMaxLayers) return fmt::format("{} layers (1 to {})", a.layers, kCnnStepMaxLayers);
   if (a.tensors > kCnnStepMaxTensors) return fmt::format("{} parameter tensors (at most {})", a.tensors, kCnnStepMaxTensors);
   if (a.batch < 1 || a.rows < a.batch) return "fewer rows than a batch";
-  const std::size_t bytes = shared_layout(a).bytes;
-  if (bytes > std::size_t(shared_limit()))
-    return fmt::format("an example's activations need {} bytes of shared memory (the GPU has {})", bytes,
-                       shared_limit());
+  const std::size_t bytes = shared_layout(a).bytes, limit = dynamic_shared_limit();
+  if (bytes > limit)
+    return fmt::format("an example's activations, weights and work space need {} bytes of shared memory (the GPU "
+                       "has {} beyond the step's arguments)",
+                       bytes, limit);
   return {};
 }
 
@@ -696,21 +860,30 @@ CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& a) {
   return launch;
 }
 
+std::size_t cnn_step_shared_bytes(const CnnStepArgs& a) { return shared_layout(a).bytes + sizeof(SharedArguments); }
+
 std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& a) {
   static constexpr const char* kOps[] = {"conv2d", "max_pool2d", "relu", "dropout2d", "dropout", "view", "linear"};
-  std::vector<std::string> names{"weights staged in shared memory (once per block)", "fetch (block 0, its first example)"};
+  std::vector<std::string> names{"arguments copied into shared memory (once per block)",
+                                 "weights and biases copied in, fp32 (cp.async)",
+                                 "fp16 weight layouts made (once per block)", "the step counter read",
+                                 "fetch (block 0, its first example)"};
+  const auto op_text = [&](int i) {
+    return relu_fused_into(a, i) ? fmt::format("{}+relu", kOps[int(a.layer[i].op)]) : std::string(kOps[int(a.layer[i].op)]);
+  };
   for (int i = 0; i < a.layers; ++i)
-    if (a.layer[i].op != CnnLayerOp::view) names.push_back(fmt::format("forward layer {} {}", i, kOps[int(a.layer[i].op)]));
+    if (a.layer[i].op != CnnLayerOp::view && !fused_relu(a, i))
+      names.push_back(fmt::format("forward layer {} {}", i, op_text(i)));
   names.push_back("softmax cross-entropy");
   for (int i = a.layers; i-- > 0;) {
     const CnnLayer& L = a.layer[i];
-    if (L.op == CnnLayerOp::view) continue;
+    if (L.op == CnnLayerOp::view || fused_relu(a, i)) continue;
     if (L.op == CnnLayerOp::conv2d && L.input_gradient) {
       names.push_back(fmt::format("backward layer {} conv2d: weight and bias gradients", i));
       names.push_back(fmt::format("backward layer {} conv2d: input gradient", i));
       continue;
     }
-    names.push_back(fmt::format("backward layer {} {}", i, kOps[int(L.op)]));
+    names.push_back(fmt::format("backward layer {} {}", i, op_text(i)));
     if ((L.op == CnnLayerOp::conv2d || L.op == CnnLayerOp::linear) && !L.input_gradient) break;
   }
   names.push_back("other blocks and examples, then the update kernel's start");
@@ -722,14 +895,14 @@ std::size_t cnn_step_workspace_bytes(const CnnStepArgs& a, const CnnStepLaunch& 
   return (std::size_t(l.blocks) * std::size_t(a.param_offset[a.tensors]) + std::size_t(a.batch)) * sizeof(float);
 }
 
-void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream) {
+void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
   cnn_step_examples<<<l.blocks, l.threads, l.shared_bytes, stream>>>(a, l);
   SG_LAUNCH_CHECK("cnn_step_examples");
   const std::int64_t slice = a.param_offset[a.tensors];
   const int update_blocks = int(std::max<std::int64_t>(1, (slice + kUpdateThreads - 1) / kUpdateThreads));
-  cnn_step_update<<<update_blocks, kUpdateThreads, 0, stream>>>(a, l.blocks,
-                                                                 static_cast<int>(cnn_step_phase_names(a).size()) - 1);
-  SG_LAUNCH_CHECK("cnn_step_update");
+  const int update_phase = a.phase_clock ? static_cast<int>(cnn_step_phase_names(a).size()) - 1 : 0;
+  launch_dependent(cnn_step_update, LaunchGeometry{dim3(update_blocks), dim3(kUpdateThreads)}, stream, dependent, a,
+                   l.blocks, update_phase);
 }
 
 }  // namespace sg::cuda

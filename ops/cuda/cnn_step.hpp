@@ -77,6 +77,8 @@ struct CnnStepArgs {
   unsigned long long* phase_clock = nullptr;
 };
 
+constexpr std::uint8_t kReluAfter = 1, kReluRunByLayerBefore = 2;
+
 // How kernel 1 runs: its grid and its shared-memory layout (in floats).
 struct CnnStepLaunch {
   int blocks = 0;
@@ -86,24 +88,39 @@ struct CnnStepLaunch {
   int grad_offset[2] = {};                     // two gradient buffers, used in turn
   // Every layer's weights as fp16, staged once per block (kernel 1 changes no
   // parameter): conv2d / linear layer li's at weight_offset[li], a conv's
-  // data-gradient layout at weight_t_offset[li], its rounded bias at bias_offset[li].
-  int weights_offset = 0, weights_floats = 0;
+  // data-gradient layout at weight_t_offset[li], its rounded bias at
+  // bias_offset[li], its bordered dY (data gradient) at border_offset[li];
+  // these zeroed_floats from weights_offset on are zeroed once per block.
+  int weights_offset = 0, zeroed_floats = 0;
   int weight_offset[kCnnStepMaxLayers] = {};
   int weight_t_offset[kCnnStepMaxLayers] = {};
   int bias_offset[kCnnStepMaxLayers] = {};
-  int table_offset = 0;                        // a conv layer's index table (int2 per GEMM k)
-  int border_offset = 0;                       // dY with a zero border (a stride-1 conv's data gradient)
-  int reduce_offset = 0;                       // partial weight-gradient tiles of a conv layer; dropout2d's mask
+  int border_offset[kCnnStepMaxLayers] = {};
+  // Where the fp32 weights and biases are copied in before those layouts are made.
+  int raw_weight_offset[kCnnStepMaxLayers] = {};
+  int raw_bias_offset[kCnnStepMaxLayers] = {};
+  int rows_offset = 0, columns_offset = 0;  // a conv GEMM's row and column indices (int2 each)
+  int dy_offset = -1;                        // dY^T as fp16 rows (-1: in the input gradient's buffer)
+  // A ReLU right after a pooling or linear layer runs inside it: relu[li] is
+  // kReluAfter for such a layer and kReluRunByLayerBefore for the ReLU.
+  std::uint8_t relu[kCnnStepMaxLayers] = {};
+  int mask_offset[kCnnStepMaxLayers] = {};  // a dropout layer's keep bits (bytes), from its forward to its backward
+  int reduce_offset = 0;                     // the conv GEMMs' per-warp slots; a linear layer's gradient through its ReLU
 };
 
 // Empty when the kernels run these sizes on this GPU; otherwise why not.
 std::string cnn_step_unsupported(const CnnStepArgs& args);
+// Shared memory a block of kernel 1 takes for these sizes, its copy of the
+// arguments included (computed on the host: no GPU needed).
+std::size_t cnn_step_shared_bytes(const CnnStepArgs& args);
 // The launch for these sizes on the current GPU (call cnn_step_unsupported first).
 CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& args);
 std::size_t cnn_step_workspace_bytes(const CnnStepArgs& args, const CnnStepLaunch& launch);
 // Names of the gaps between consecutive phase_clock entries.
 std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& args);
-// Both kernels on `stream` (capturable); args.workspace must be set.
-void launch_cnn_step(const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t stream);
+// Both kernels on `stream` (capturable); args.workspace must be set. With
+// `dependent` (BackendOptions::dependent_launch) the update kernel is a
+// programmatic dependent of kernel 1 (ops/cuda/dependent_launch.cuh).
+void launch_cnn_step(const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t stream, bool dependent);
 
 }  // namespace sg::cuda

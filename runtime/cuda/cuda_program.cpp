@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <map>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #ifdef STEPGRAPH_HAVE_CUDNN
 #include "ops/cuda/cudnn_graph.hpp"
 #endif
+#include "runtime/cuda/lowerings/cnn_step.hpp"
 #include "runtime/cuda/lowerings/whole_step_support.hpp"
 #include "runtime/cuda/scalar_uploader.hpp"
 
@@ -28,13 +30,67 @@ struct MatmulConstants {
 
 std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
 
-bool runs_whole_step(const Schedule& s) {
-  if (s.launches.size() != 1) return false;
-  const std::string_view name = s.launches[0].lowering->name();
-  return name == "whole_step" || name == "resident_step" || name == "cnn_step";
-}
+bool runs_whole_step(const Schedule& s) { return s.launches.size() == 1 && cuda_lowering_of(s.launches[0]).covers_whole_step(); }
 
 }  // namespace
+
+// The second stream of a step with communication launches, and one event
+// pair per such launch: `forked` recorded on the step's stream where the
+// launch sits, `done` on this stream after it (stream_plan.hpp). The stream
+// has the device's highest priority, so an all-reduce's blocks are scheduled
+// as soon as SMs free up rather than after the queued backward kernels.
+class CudaProgram::CommunicationStream {
+ public:
+  explicit CommunicationStream(const StreamPlan& plan) {
+    try {
+      int least = 0, greatest = 0;
+      SG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      SG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+      forked_.assign(plan.on_communication.size(), nullptr);
+      done_.assign(plan.on_communication.size(), nullptr);
+      for (std::size_t i = 0; i < plan.on_communication.size(); ++i) {
+        if (!plan.on_communication[i]) continue;
+        SG_CUDA_CHECK(cudaEventCreateWithFlags(&forked_[i], cudaEventDisableTiming));
+        SG_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CommunicationStream() { release(); }
+  CommunicationStream(const CommunicationStream&) = delete;
+  CommunicationStream& operator=(const CommunicationStream&) = delete;
+
+  // Launch `index` on this stream, after everything enqueued on `step` so far.
+  void fork(std::size_t index, cudaStream_t step, const RecordedLaunch& launch) const {
+    SG_CUDA_CHECK(cudaEventRecord(forked_[index], step));
+    SG_CUDA_CHECK(cudaStreamWaitEvent(stream_, forked_[index], 0));
+    launch.enqueue(stream_);
+    SG_CUDA_CHECK(cudaEventRecord(done_[index], stream_));
+  }
+  // `step` waits for communication launch `index`.
+  void join(std::size_t index, cudaStream_t step) const { SG_CUDA_CHECK(cudaStreamWaitEvent(step, done_[index], 0)); }
+
+ private:
+  void release() noexcept {
+    for (auto* events : {&forked_, &done_})
+      for (cudaEvent_t& e : *events)
+        if (e) {
+          if (const cudaError_t status = cudaEventDestroy(e); status != cudaSuccess)
+            std::fprintf(stderr, "warning: cudaEventDestroy failed: %s\n", cudaGetErrorString(status));
+          e = nullptr;
+        }
+    if (stream_) {
+      if (const cudaError_t status = cudaStreamDestroy(stream_); status != cudaSuccess)
+        std::fprintf(stderr, "warning: cudaStreamDestroy failed: %s\n", cudaGetErrorString(status));
+      stream_ = nullptr;
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaEvent_t> forked_, done_;  // per launch; null for the step stream's
+};
 
 // What a lowering's record step sees of this program.
 class CudaProgram::Binding final : public BindContext {
@@ -95,8 +151,14 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   };
   lowerings_ = cuda_lowerings(options_.backend);
   schedule_ = build_schedule(graph_, as_lowerings(lowerings_));
-  whole_step_note_ = runs_whole_step(schedule_) ? "" : whole_step_blocker(graph_, options_.backend, false);
+  const bool convolutional = std::any_of(graph_.nodes().begin(), graph_.nodes().end(),
+                                         [](const Node& n) { return n.op == OpKind::conv2d; });
+  if (!runs_whole_step(schedule_))  // why not, from the whole-step lowering a graph of its kind would take
+    whole_step_note_ = convolutional ? cnn_step_blocker(graph_, options_.backend)
+                                     : whole_step_blocker(graph_, options_.backend, false);
   if (whole_step_note_.empty() && !runs_whole_step(schedule_)) whole_step_note_ = "not chosen by the cover";
+  streams_ = plan_streams(graph_, schedule_);
+  if (streams_.forks()) communication_ = std::make_unique<CommunicationStream>(streams_);
   end_part("cover (schedule)");
   bind_values();
   for (const Node& n : graph_.nodes())
@@ -146,6 +208,7 @@ void CudaProgram::bind_values() {
   std::vector<std::size_t> mask_bytes;
   for (const AuxBuffer& aux : schedule_.aux) mask_bytes.push_back(relu_aux_bytes(aux.rows, aux.cols));
   auto request = arena_request(graph_, schedule_, bytes, mask_bytes);
+  keep_live_until_joined(request, schedule_, streams_);  // launches beside an all-reduce do not reuse its buffers
   buffer_of_value_ = std::move(request.buffer_of_value);
   buffer_of_mask_ = std::move(request.buffer_of_mask);
   plan_ = plan_memory(std::move(request.buffers));
@@ -177,7 +240,16 @@ void CudaProgram::upload_scalars(double lr, cudaStream_t stream, bool synchronou
 }
 
 void CudaProgram::record(cudaStream_t stream) const {
-  for (std::size_t i = 0; i < recorded_.size(); ++i) recorded_[i]->enqueue(stream);
+  if (!communication_) {  // one stream: every launch in schedule order
+    for (std::size_t i = 0; i < recorded_.size(); ++i) recorded_[i]->enqueue(stream);
+    return;
+  }
+  for (std::size_t i = 0; i < recorded_.size(); ++i) {
+    for (std::size_t c : streams_.joined_before(i)) communication_->join(c, stream);
+    if (streams_.on_communication[i]) communication_->fork(i, stream, *recorded_[i]);
+    else recorded_[i]->enqueue(stream);
+  }
+  for (std::size_t c : streams_.joined_before(recorded_.size())) communication_->join(c, stream);
 }
 
 void CudaProgram::record_steps(cudaStream_t stream, std::int64_t steps) const {

@@ -20,6 +20,7 @@
 #include "runtime/cuda/device_values.hpp"
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/scalar_uploader.hpp"
+#include "runtime/cuda/stream_plan.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/schedule.hpp"
 
@@ -50,8 +51,15 @@ class CudaProgram {
   // buffers, recording the launches), for the run's time breakdown.
   const std::vector<std::pair<std::string, double>>& setup_parts() const { return setup_parts_; }
 
-  void record(cudaStream_t stream) const;  // one step, every launch
+  // Which launches run on the communication stream, and where it forks and
+  // joins (stream_plan.hpp); empty (no second stream) without an all-reduce.
+  const StreamPlan& stream_plan() const { return streams_; }
+
+  // One step, every launch: on `stream`, and communication launches on the
+  // program's second stream, forked from and joined back to `stream`.
+  void record(cudaStream_t stream) const;
   void record_steps(cudaStream_t stream, std::int64_t steps) const;
+  // One launch alone on `stream`, whatever its stream in a step (warm-up, per-launch profiles).
   void record_launch(std::size_t index, cudaStream_t stream) const;
   // e.g. "L3 cublaslt_matmul (matmul+bias_add+relu) cuBLASLt"
   std::string launch_label(std::size_t index) const;
@@ -67,6 +75,7 @@ class CudaProgram {
 
  private:
   class Binding;
+  class CommunicationStream;
   void bind_values();
   void upload_scalars(double lr, cudaStream_t stream, bool synchronous);
 
@@ -75,6 +84,8 @@ class CudaProgram {
   std::vector<std::unique_ptr<CudaLowering>> lowerings_;
   std::string whole_step_note_;
   Schedule schedule_;
+  StreamPlan streams_;
+  std::unique_ptr<CommunicationStream> communication_;  // only when streams_.forks()
   MemoryPlan plan_;
   std::vector<int> buffer_of_value_, buffer_of_mask_;
   DeviceBuffer arena_;

@@ -142,6 +142,9 @@ struct CudaTrainer::Impl {
       communicator = std::make_unique<NcclCommunicator>(s.data_parallel.nccl_id, s.data_parallel.rank,
                                                         s.data_parallel.world_size, timeout,
                                                         s.data_parallel.nonblocking_nccl);
+      // From here on a dead peer or an NCCL error aborts the communicator
+      // (releasing a stuck replay) and ends this rank: no hang.
+      if (s.data_parallel.watchdog) communicator->watched_by(*s.data_parallel.watchdog);
       options.communicator = communicator.get();
       end_part("joining the NCCL communicator");
     }

@@ -68,8 +68,18 @@ class BindContext {
   virtual void* const* workspace(std::size_t bytes) const = 0;
 };
 
+// Which stream a launch runs on: the step's, or the program's communication
+// stream, forked from the step's stream and joined back inside the same
+// capture so the launch overlaps the launches between (runtime/cuda/stream_plan.hpp).
+enum class LaunchStream { step, communication };
+
 class CudaLowering : public Lowering {
  public:
+  // The gradient all-reduce (nccl_all_reduce) says communication; every other lowering the step's stream.
+  virtual LaunchStream launch_stream() const { return LaunchStream::step; }
+  // Whether its one launch is a whole training step (whole_step,
+  // resident_step, cnn_step): such a schedule has no other launch.
+  virtual bool covers_whole_step() const { return false; }
   // Binds `launch` (the launch at `index` of the schedule; one of this
   // lowering's) to the program's buffers.
   virtual std::unique_ptr<RecordedLaunch> record(const Launch& launch, std::size_t index,

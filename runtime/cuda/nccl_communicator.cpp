@@ -51,6 +51,8 @@ NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int w
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  watch_.release();  // first: from here on the watchdog's thread does not touch this communicator
+  const std::lock_guard lock(mutex_);
   if (!comm_ || aborted_) return;
   // Finalize flushes this rank's outstanding work; a peer that is gone keeps
   // it in progress (non-blocking mode), so after the timeout the communicator
@@ -70,23 +72,38 @@ NcclCommunicator::~NcclCommunicator() {
   else ncclCommAbort(comm_);
 }
 
+NcclCommunicator::AsyncState NcclCommunicator::async_state() const {
+  const std::lock_guard lock(mutex_);
+  AsyncState s;
+  if (aborted_ || !comm_) {
+    s.aborted = true;
+    return s;
+  }
+  s.call = ncclCommGetAsyncError(comm_, &s.state);
+  if (s.call == ncclSuccess && s.state != ncclSuccess && s.state != ncclInProgress) s.last_error = ncclGetLastError(comm_);
+  return s;
+}
+
 void NcclCommunicator::abort_and_throw(const std::string& why) const {
-  if (comm_ && !aborted_) ncclCommAbort(comm_);
-  aborted_ = true;
+  {
+    const std::lock_guard lock(mutex_);
+    if (comm_ && !aborted_) ncclCommAbort(comm_);
+    aborted_ = true;
+  }
   throw CudaError(why);
 }
 
 void NcclCommunicator::wait_ready(const char* what) const {
-  if (aborted_) throw CudaError(fmt::format("{}: the NCCL communicator was aborted earlier", what));
   const auto deadline = Clock::now() + timeout_;
   for (;;) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
-    if (rc != ncclSuccess) abort_and_throw(fmt::format("{}: ncclCommGetAsyncError failed: {}", what, ncclGetErrorString(rc)));
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress)
+    const AsyncState s = async_state();
+    if (s.aborted) throw CudaError(fmt::format("{}: the NCCL communicator was aborted", what));
+    if (s.call != ncclSuccess)
+      abort_and_throw(fmt::format("{}: ncclCommGetAsyncError failed: {}", what, ncclGetErrorString(s.call)));
+    if (s.state == ncclSuccess) return;
+    if (s.state != ncclInProgress)
       abort_and_throw(fmt::format("{} failed on rank {} of {}: {} ({})", what, rank_, world_size_,
-                                  ncclGetErrorString(state), ncclGetLastError(comm_)));
+                                  ncclGetErrorString(s.state), s.last_error));
     if (Clock::now() >= deadline)
       abort_and_throw(fmt::format("{} did not complete on rank {} of {} within {}: a rank died or never came", what,
                                   rank_, world_size_, seconds(timeout_)));
@@ -95,12 +112,29 @@ void NcclCommunicator::wait_ready(const char* what) const {
 }
 
 void NcclCommunicator::check_async() const {
-  if (aborted_) throw CudaError("the NCCL communicator was aborted earlier");
-  ncclResult_t state = ncclSuccess;
-  SG_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-  if (state != ncclSuccess && state != ncclInProgress)
+  const AsyncState s = async_state();
+  if (s.aborted) throw CudaError("the NCCL communicator was aborted");
+  if (s.call != ncclSuccess)
+    throw CudaError(fmt::format("ncclCommGetAsyncError failed: {}", ncclGetErrorString(s.call)));
+  if (s.state != ncclSuccess && s.state != ncclInProgress)
     abort_and_throw(fmt::format("NCCL reported an error on rank {} of {}: {} ({})", rank_, world_size_,
-                                ncclGetErrorString(state), ncclGetLastError(comm_)));
+                                ncclGetErrorString(s.state), s.last_error));
+}
+
+void NcclCommunicator::watched_by(distributed::PeerWatchdog& watchdog) { watch_ = watchdog.watch(*this); }
+
+std::optional<std::string> NcclCommunicator::async_error() {
+  const AsyncState s = async_state();
+  if (s.aborted) return std::nullopt;  // the main thread aborted it and reports why itself
+  if (s.call != ncclSuccess) return fmt::format("ncclCommGetAsyncError failed: {}", ncclGetErrorString(s.call));
+  if (s.state == ncclSuccess || s.state == ncclInProgress) return std::nullopt;
+  return fmt::format("{}: {}", ncclGetErrorString(s.state), s.last_error);
+}
+
+void NcclCommunicator::abort() {
+  const std::lock_guard lock(mutex_);
+  if (comm_ && !aborted_) ncclCommAbort(comm_);  // releases kernels waiting for a dead peer
+  aborted_ = true;
 }
 
 }  // namespace sg::cuda

@@ -12,12 +12,22 @@
 // bounds setup and every enqueue by `timeout` (abort and throw), but NCCL then
 // launches a group's kernels from a helper thread; whether that captures as
 // reliably is what tests/cuda_backend/test_data_parallel_gpu.cpp checks.
+//
+// A rank's peer watchdog (runtime/distributed/peer_watchdog.hpp) reads the
+// asynchronous error from its own thread and aborts the communicator when a
+// peer dies, which releases NCCL kernels stuck in a graph replay. Every use
+// of the handle that may race that thread takes `mutex_`; the destructor
+// first drops the watchdog's registration (waiting for a check in progress),
+// so the thread never sees a communicator being destroyed.
 #include <nccl.h>
 
 #include <chrono>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "runtime/distributed/peer_watchdog.hpp"
 
 namespace sg::cuda {
 
@@ -29,7 +39,7 @@ std::string new_nccl_unique_id();
 // "2.28.9": the NCCL library this process runs.
 std::string nccl_version_string();
 
-class NcclCommunicator {
+class NcclCommunicator final : public distributed::WatchedCollective {
  public:
   // Joins the communicator of `world_size` ranks named by `unique_id` as
   // `rank`, on the current CUDA device. Throws (after aborting) when not
@@ -51,15 +61,32 @@ class NcclCommunicator {
   // Throws after aborting if NCCL reported an asynchronous error (a peer died).
   void check_async() const;
 
+  // Lets the rank's peer watchdog check this communicator's asynchronous
+  // error and abort it (once) when the rank must end; until destruction.
+  void watched_by(distributed::PeerWatchdog& watchdog);
+  // distributed::WatchedCollective, called from the watchdog's thread.
+  std::string collective_name() const override { return "NCCL"; }
+  std::optional<std::string> async_error() override;
+  void abort() override;
+
  private:
   [[noreturn]] void abort_and_throw(const std::string& why) const;
+  struct AsyncState {
+    bool aborted = false;           // aborted already (by either thread): nothing to read
+    ncclResult_t call = ncclSuccess;  // ncclCommGetAsyncError's own status
+    ncclResult_t state = ncclSuccess;
+    std::string last_error;         // ncclGetLastError when `state` is an error
+  };
+  AsyncState async_state() const;  // under the lock
 
+  mutable std::mutex mutex_;  // comm_'s abort and status reads: the main thread and the watchdog's
   mutable ncclComm_t comm_ = nullptr;
   int rank_ = 0;
   int world_size_ = 1;
   std::chrono::milliseconds timeout_;
   bool nonblocking_ = false;
   mutable bool aborted_ = false;
+  distributed::PeerWatchdog::Watch watch_;  // released first in the destructor
 };
 
 }  // namespace sg::cuda

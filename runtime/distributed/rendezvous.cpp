@@ -37,32 +37,6 @@ struct Hello {
   std::uint64_t config_hash = 0;
 };
 
-// A socket closed on scope exit.
-class Socket {
- public:
-  Socket() = default;
-  explicit Socket(int fd) : fd_(fd) {}
-  Socket(Socket&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Socket& operator=(Socket&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  ~Socket() { reset(); }
-  int fd() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 std::string where(const RendezvousOptions& o) { return fmt::format("{}:{}", o.master_addr, o.master_port); }
 
 std::string seconds(std::chrono::milliseconds ms) { return fmt::format("{:g} s", double(ms.count()) / 1000.0); }
@@ -139,6 +113,19 @@ addrinfo* resolve(const RendezvousOptions& o, bool passive) {
   return found;
 }
 
+// TCP keepalive on a kept connection: a peer whose machine vanishes (no FIN,
+// no RST) shows as a failed connection after about 25 s instead of never.
+// Best effort: without it a vanished machine is still seen by NCCL's own
+// error (peer_watchdog.hpp), and a dead process by its closed socket.
+void keep_alive(int fd) {
+  const int on = 1, idle_s = 10, interval_s = 5, probes = 3;
+  const bool all = ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) == 0 &&
+                   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s) == 0 &&
+                   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof interval_s) == 0 &&
+                   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) == 0;
+  (void)all;
+}
+
 Socket listen_on(const RendezvousOptions& o) {
   addrinfo* found = resolve(o, true);
   std::string last_error = "no address";
@@ -184,7 +171,7 @@ Socket connect_to(const RendezvousOptions& o, Clock::time_point deadline) {
                                     o.rank, where(o), seconds(o.timeout), last_error.empty() ? "timed out" : last_error));
 }
 
-std::string run_rank0(const RendezvousOptions& o, const std::string& payload, Clock::time_point deadline) {
+RendezvousResult run_rank0(const RendezvousOptions& o, const std::string& payload, Clock::time_point deadline) {
   Socket listener = listen_on(o);
   std::vector<Socket> peers(static_cast<std::size_t>(o.world_size));
   int joined = 1;
@@ -247,12 +234,17 @@ std::string run_rank0(const RendezvousOptions& o, const std::string& payload, Cl
     peers[static_cast<std::size_t>(h.rank)] = std::move(peer);
     ++joined;
   }
-  for (int r = 1; r < o.world_size; ++r)
-    send_reply(peers[static_cast<std::size_t>(r)].fd(), true, payload, deadline, fmt::format("rank {}", r));
-  return payload;
+  RendezvousResult result{payload, {o.rank, o.world_size, {}}};
+  for (int r = 1; r < o.world_size; ++r) {
+    Socket& s = peers[static_cast<std::size_t>(r)];
+    send_reply(s.fd(), true, payload, deadline, fmt::format("rank {}", r));
+    keep_alive(s.fd());
+    result.links.links.push_back({r, std::move(s)});
+  }
+  return result;
 }
 
-std::string run_peer(const RendezvousOptions& o, Clock::time_point deadline) {
+RendezvousResult run_peer(const RendezvousOptions& o, Clock::time_point deadline) {
   Socket s = connect_to(o, deadline);
   const Hello h{kMagic, kVersion, o.rank, o.world_size, o.config_hash};
   const std::string rank0 = fmt::format("rank 0 at {}", where(o));
@@ -267,7 +259,10 @@ std::string run_peer(const RendezvousOptions& o, Clock::time_point deadline) {
   if (!recv_all(s.fd(), text.data(), text.size(), deadline, rank0))
     throw RendezvousError(fmt::format("rendezvous: rank {} timed out reading rank 0's reply", o.rank));
   if (head[1] != 0) throw RendezvousError(text);  // rank 0's reason, one line
-  return text;
+  keep_alive(s.fd());
+  RendezvousResult result{std::move(text), {o.rank, o.world_size, {}}};
+  result.links.links.push_back({0, std::move(s)});
+  return result;
 }
 
 }  // namespace
@@ -281,7 +276,7 @@ std::uint64_t config_hash(const std::string& text) {
   return h;
 }
 
-std::string rendezvous(const RendezvousOptions& o, const std::string& payload) {
+RendezvousResult rendezvous_keeping_links(const RendezvousOptions& o, const std::string& payload) {
   if (o.world_size < 1) throw RendezvousError(fmt::format("rendezvous: world size {} must be >= 1", o.world_size));
   if (o.rank < 0 || o.rank >= o.world_size)
     throw RendezvousError(fmt::format("rendezvous: rank {} is not in 0..{} (world size {})", o.rank, o.world_size - 1,
@@ -289,9 +284,13 @@ std::string rendezvous(const RendezvousOptions& o, const std::string& payload) {
   if (o.master_port < 1 || o.master_port > 65535)
     throw RendezvousError(fmt::format("rendezvous: master port {} is not in 1..65535", o.master_port));
   if (payload.size() > kMaxPayload) throw RendezvousError("rendezvous: payload larger than 64 KiB");
-  if (o.world_size == 1) return payload;
+  if (o.world_size == 1) return {payload, {0, 1, {}}};
   const auto deadline = Clock::now() + o.timeout;
   return o.rank == 0 ? run_rank0(o, payload, deadline) : run_peer(o, deadline);
+}
+
+std::string rendezvous(const RendezvousOptions& o, const std::string& payload) {
+  return rendezvous_keeping_links(o, payload).payload;
 }
 
 }  // namespace sg::distributed

@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "runtime/distributed/tcp_socket.hpp"
 
 namespace sg::distributed {
 
@@ -28,10 +31,32 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{60'000};  // for the whole rendezvous, on every rank
 };
 
+// The rendezvous's TCP connections, kept open after it: rank 0 holds one per
+// peer, every other rank its one to rank 0. The peer watchdog
+// (peer_watchdog.hpp) watches them for the rest of the run, so a rank that
+// dies (its kernel closes the connection) is noticed by the others.
+struct PeerLink {
+  int rank = 0;  // the rank at the other end
+  Socket socket;
+};
+struct PeerLinks {
+  int rank = 0;  // this process's
+  int world_size = 1;
+  std::vector<PeerLink> links;
+};
+
+struct RendezvousResult {
+  std::string payload;
+  PeerLinks links;
+};
+
 // Rank 0 passes the payload (at most 64 KiB) and gets it back; every other
 // rank gets rank 0's. Returns once all world_size ranks have checked in; at
-// world size 1, at once. Throws RendezvousError on a bad option, a world-size
-// or config mismatch, a duplicate rank, a timeout or a peer that went away.
+// world size 1, at once (and with no links). Throws RendezvousError on a bad
+// option, a world-size or config mismatch, a duplicate rank, a timeout or a
+// peer that went away.
+RendezvousResult rendezvous_keeping_links(const RendezvousOptions& options, const std::string& payload);
+// The same, closing the connections at once (nothing watches the peers).
 std::string rendezvous(const RendezvousOptions& options, const std::string& payload);
 
 // FNV-1a 64 of `text` (the resolved config every rank compares).

@@ -3,18 +3,34 @@
 // NCCL path (rendezvous-free world of one: ncclCommInitRank, the gradient
 // buckets' ncclAllReduce captured in the CUDA graph) against the CPU backend
 // running the same program, against the single-process CUDA step, rerun
-// bit-identically and resumed bit-exactly. Two ranks need two GPUs
+// bit-identically and resumed bit-exactly; the all-reduces on their own
+// stream (forked and joined inside the capture) and a peer watchdog polling
+// NCCL's asynchronous error during the replays change no bit; when the
+// watchdog's peer link closes mid-replay it aborts the real communicator and
+// ends the process with its line (a re-executed child). Two ranks need two GPUs
 // (docs/data_parallel.md says what that leaves unverified).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <numeric>
+#include <thread>
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/table_fetch.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
+#include "runtime/distributed/peer_watchdog.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
 #include "tests/support/training_helpers.hpp"
@@ -74,7 +90,16 @@ TrainerSpec spec_for(const MlpTraining& t, const Dataset& data, ProgramTarget ta
 }
 
 // A world of one rank: this process makes the id itself (no rendezvous needed).
-DataParallelGroup single_rank(bool nonblocking = false) { return {0, 1, 0, cuda::new_nccl_unique_id(), 60, nonblocking}; }
+DataParallelGroup single_rank(bool nonblocking = false) {
+  DataParallelGroup g;
+  g.rank = 0;
+  g.world_size = 1;
+  g.local_rank = 0;
+  g.nccl_id = cuda::new_nccl_unique_id();
+  g.timeout_s = 60;
+  g.nonblocking_nccl = nonblocking;
+  return g;
+}
 
 std::size_t nccl_launches(const cuda::CudaTrainer& t) {
   std::size_t n = 0;
@@ -139,6 +164,9 @@ TEST_CASE("a single-rank NCCL run (all-reduce captured in the graph) follows the
   auto cpu = make_cpu_trainer(spec_for(t, data, ProgramTarget::cpu), data);  // all_reduce_mean over one rank: a copy
   cuda::CudaTrainer plain(spec_for(odd_training(0), data, ProgramTarget::cuda), data);
   CHECK(nccl_launches(plain) == 0);
+  // The all-reduces run on the communication stream, forked and joined inside the capture; the plain step has none.
+  CHECK(gpu.training_program().stream_plan().forks());
+  CHECK_FALSE(plain.training_program().stream_plan().forks());
   gpu.poison_activations();
   const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
   CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-3);
@@ -159,8 +187,20 @@ TEST_CASE("single-rank NCCL runs: reruns are bit-identical, resume at the same r
   TrainerSpec dp = spec_for(t, data, ProgramTarget::cuda);
   dp.data_parallel = single_rank();
   cuda::CudaTrainer a(dp, data);
+  // b runs with a peer watchdog reading NCCL's asynchronous error from its
+  // own thread every millisecond while the step is captured and replayed: no
+  // false alarm, and the same bits as a (no peers: world size 1).
+  std::atomic<int> reports{0};
+  distributed::WatchdogOptions watch;
+  watch.check_every = std::chrono::milliseconds(1);
+  watch.report = [&](const std::string& line) {
+    ++reports;
+    MESSAGE(line);
+  };
   dp.data_parallel = single_rank();
+  dp.data_parallel.watchdog = std::make_shared<distributed::PeerWatchdog>(distributed::PeerLinks{}, watch);
   cuda::CudaTrainer b(dp, data);
+  dp.data_parallel.watchdog = nullptr;
   // One trainer's graphs at a time: NCCL warns that graphs of several
   // communicators launched from one thread may deadlock.
   a.train(50);
@@ -168,6 +208,7 @@ TEST_CASE("single-rank NCCL runs: reruns are bit-identical, resume at the same r
   b.train(50);
   b.synchronize();
   sg::test::check_same_state(a, b);
+  CHECK(reports.load() == 0);
   // 50 + save + load + 50 == 100 straight.
   dp.data_parallel = single_rank();
   cuda::CudaTrainer resumed(dp, data);
@@ -191,4 +232,103 @@ TEST_CASE("a trainer refuses a program built for another rank count than its gro
   CHECK_THROWS_WITH(cuda::CudaTrainer(spec, data), doctest::Contains("has no process group"));
   spec.data_parallel = single_rank();
   CHECK_THROWS_WITH(cuda::CudaTrainer(spec, data), doctest::Contains("built for 2 ranks but the process group has 1"));
+}
+
+namespace {
+
+// The descriptor a re-executed child of the test below finds its "peer" on.
+constexpr int kChildLinkFd = 100;
+constexpr int kChildExitStatus = 3;
+constexpr const char* kChildCase = "peer watchdog child: replays a single-rank NCCL step until its watchdog ends it";
+
+}  // namespace
+
+// Not a test of its own (skipped unless selected): the process the next test
+// starts. It trains a single-rank NCCL step (CUDA graph replays with the
+// all-reduces on the communication stream) with a peer watchdog whose one
+// link, to a "rank 1", is the parent's socket; when the parent closes it the
+// watchdog must print its line, abort the real communicator while replays
+// run, and end this process with kChildExitStatus.
+TEST_CASE("peer watchdog child: replays a single-rank NCCL step until its watchdog ends it" * doctest::skip()) {
+  REQUIRE(::fcntl(kChildLinkFd, F_GETFD) >= 0);
+  auto rng = sg::test::fresh_rng();
+  const Dataset data = random_dataset(400, 37, 11, rng);
+  TrainerSpec dp = spec_for(odd_training(1), data, ProgramTarget::cuda);
+  dp.data_parallel = single_rank();
+  distributed::PeerLinks links;
+  links.rank = 0;
+  links.world_size = 2;
+  links.links.push_back({1, distributed::Socket(kChildLinkFd)});
+  distributed::WatchdogOptions watch;
+  watch.check_every = std::chrono::milliseconds(10);
+  watch.abort_grace = std::chrono::milliseconds(5000);
+  watch.exit_status = kChildExitStatus;
+  dp.data_parallel.watchdog = std::make_shared<distributed::PeerWatchdog>(std::move(links), watch);
+  cuda::CudaTrainer trainer(dp, data);
+  trainer.train(20);
+  trainer.synchronize();
+  std::fprintf(stderr, "replaying\n");
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < until) trainer.train(20);  // graph replays until the watchdog ends us
+  trainer.synchronize();
+  FAIL("the watchdog did not end this process within 60 s of replays");
+}
+
+TEST_CASE("a rank whose peer goes away mid-run: its watchdog aborts the real NCCL communicator during replays and "
+          "ends the process with one line") {
+  int link[2], err[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, link) == 0);
+  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // exec a fresh copy of this binary: CUDA is not usable in a forked child
+    ::dup2(link[1], kChildLinkFd);  // dup2 clears close-on-exec on the copy
+    ::dup2(err[1], 2);
+    const std::string select = std::string("--test-case=") + kChildCase;
+    ::execl("/proc/self/exe", "test_data_parallel_gpu", "--no-skip", select.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(link[1]);
+  ::close(err[1]);
+  std::string text;
+  const auto read_some = [&](int timeout_ms) {
+    pollfd p{err[0], POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return false;
+    char buf[4096];
+    const ssize_t k = ::read(err[0], buf, sizeof buf);
+    if (k <= 0) return false;
+    text.append(buf, static_cast<std::size_t>(k));
+    return true;
+  };
+  const auto start = std::chrono::steady_clock::now();
+  while (text.find("replaying") == std::string::npos &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(90))
+    if (!read_some(1000) && ::waitpid(pid, nullptr, WNOHANG) != 0) break;
+  INFO("child stderr: " << text);
+  REQUIRE(text.find("replaying") != std::string::npos);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // well inside the replays
+  const auto closed = std::chrono::steady_clock::now();
+  ::close(link[0]);  // "rank 1" is gone without a goodbye
+  int status = 0;
+  bool ended = false;
+  while (!ended && std::chrono::steady_clock::now() - closed < std::chrono::seconds(20)) {
+    read_some(50);
+    ended = ::waitpid(pid, &status, WNOHANG) == pid;
+  }
+  if (!ended) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  while (read_some(100)) {
+  }
+  ::close(err[0]);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - closed).count();
+  INFO("child stderr: " << text);
+  MESSAGE("the watchdog ended the replaying rank " << seconds << " s after its peer went away");
+  CHECK(ended);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == kChildExitStatus);
+  CHECK(text.find("data parallel: rank 0 lost rank 1 (its connection closed without a goodbye): aborting NCCL and "
+                  "ending this rank") != std::string::npos);
+  CHECK(seconds < 5.0);
 }

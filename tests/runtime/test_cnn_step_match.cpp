@@ -3,47 +3,17 @@
 // would compute differently.
 #include <doctest/doctest.h>
 
-#include "models/sequential_program.hpp"
 #include "runtime/plan/cnn_step_pattern.hpp"
+#include "tests/runtime/report_cnn.hpp"
 
 using namespace sg;
 
-namespace {
-
-LayerSpec layer(LayerKind kind, std::int64_t out = 0, std::int64_t kernel = 0) {
-  LayerSpec l{kind};
-  l.out = out;
-  l.kernel = kernel;
-  return l;
-}
-
-// The report CNN of configs/mnist_cnn.yaml.
-SequentialTraining report_cnn() {
-  SequentialTraining t;
-  t.model.input_shape = {1, 28, 28};
-  LayerSpec drop2d = layer(LayerKind::dropout2d);
-  drop2d.p = 0.5;
-  LayerSpec drop = layer(LayerKind::dropout);
-  drop.p = 0.5;
-  t.model.layers = {layer(LayerKind::conv2d, 10, 5), layer(LayerKind::max_pool2d, 0, 2), layer(LayerKind::activation),
-                    layer(LayerKind::conv2d, 20, 5), drop2d, layer(LayerKind::max_pool2d, 0, 2),
-                    layer(LayerKind::activation), layer(LayerKind::flatten), layer(LayerKind::linear, 50),
-                    layer(LayerKind::activation), drop, layer(LayerKind::linear, 10)};
-  t.model.batch = 64;
-  t.model.weight_dtype = DType::f32;
-  t.sgd.lr = 0.01;
-  t.sgd.momentum = 0.5;
-  return t;
-}
-
-Graph cuda_training_graph(const SequentialTraining& t) {
-  return build_sequential_program(t, 1280, 200, ProgramTarget::cuda).train;
-}
-
-}  // namespace
+using test::cnn_layer;
+using test::report_cnn;
+using test::report_cnn_cuda_graph;
 
 TEST_CASE("the report CNN's fused CUDA training step is recognised, layer by layer") {
-  const Graph g = cuda_training_graph(report_cnn());
+  const Graph g = report_cnn_cuda_graph(report_cnn());
   const CnnStepMatch found = match_cnn_step(g);
   INFO(found.why_not);
   REQUIRE(found.plan);
@@ -86,36 +56,36 @@ TEST_CASE("graphs the CNN step kernels would compute differently are not recogni
   SUBCASE("fp16 weights without master copies") {
     auto t = report_cnn();
     t.model.weight_dtype = DType::f16;
-    CHECK(match_cnn_step(cuda_training_graph(t)).why_not.find("master") != std::string::npos);
+    CHECK(match_cnn_step(report_cnn_cuda_graph(t)).why_not.find("master") != std::string::npos);
   }
   SUBCASE("AdamW") {
     auto t = report_cnn();
     t.sgd.kind = OptimizerKind::adamw;
-    CHECK_FALSE(match_cnn_step(cuda_training_graph(t)).plan);
+    CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("Nesterov momentum") {
     auto t = report_cnn();
     t.sgd.nesterov = true;
-    CHECK_FALSE(match_cnn_step(cuda_training_graph(t)).plan);
+    CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("gradient clipping") {
     auto t = report_cnn();
     t.sgd.clip_grad_norm = 1.0;
-    CHECK_FALSE(match_cnn_step(cuda_training_graph(t)).plan);
+    CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("a GELU activation") {
     auto t = report_cnn();
     t.model.layers[2].activation = MlpActivation::gelu;
-    CHECK_FALSE(match_cnn_step(cuda_training_graph(t)).plan);
+    CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("an MLP (it has its own kernels)") {
     auto t = report_cnn();
     t.model.input_shape = {784};
-    t.model.layers = {layer(LayerKind::linear, 50), layer(LayerKind::activation), layer(LayerKind::linear, 10)};
-    CHECK(match_cnn_step(cuda_training_graph(t)).why_not == "no conv2d layer");
+    t.model.layers = {cnn_layer(LayerKind::linear, 50), cnn_layer(LayerKind::activation), cnn_layer(LayerKind::linear, 10)};
+    CHECK(match_cnn_step(report_cnn_cuda_graph(t)).why_not == "no conv2d layer");
   }
   SUBCASE("an extra output") {
-    Graph g = cuda_training_graph(report_cnn());
+    Graph g = report_cnn_cuda_graph(report_cnn());
     g.mark_output(g.value_named("relu"));
     CHECK_FALSE(match_cnn_step(g).plan);
   }

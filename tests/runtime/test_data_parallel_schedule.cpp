@@ -3,14 +3,23 @@
 // launch reads a value before the launch that produces it (in particular no
 // update runs before its bucket's all-reduce: the fused update lowerings,
 // which read no gradient buffer, take nothing across it). World size 1 (the
-// default, no --gpus) keeps the single-process schedule.
+// default, no --gpus) keeps the single-process schedule. Each all-reduce runs
+// on the communication stream (runtime/cuda/stream_plan.hpp): forked after
+// its bucket, joined before the first reader of the reduced gradients, its
+// buffers kept out of reuse in between; the last layer's is in flight while
+// the earlier layers' backward runs.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <map>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "models/mlp_program.hpp"
 #include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/stream_plan.hpp"
+#include "runtime/plan/memory_plan.hpp"
 
 using namespace sg;
 
@@ -54,19 +63,26 @@ void check_dependencies(const Graph& g, const Schedule& s) {
       }
 }
 
+// The data-parallel rank's MLP of the checks below: 0 plain SGD, 1 momentum,
+// 2 Adam, 3 fp32 master weights with clipping.
+MlpTraining variant_of(std::int64_t batch, int variant) {
+  MlpTraining t = mlp(batch, 2);
+  if (variant == 1) t.sgd.momentum = 0.9;
+  if (variant == 2) t.sgd.kind = OptimizerKind::adam;
+  if (variant == 3) {
+    t.mlp.weight_dtype = DType::f32;
+    t.sgd.clip_grad_norm = 1.0;
+  }
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("data parallel: each gradient bucket is one nccl_all_reduce launch, before the updates that read it") {
   for (const std::int64_t batch : {32, 64, 256}) {
     for (const int variant : {0, 1, 2, 3}) {  // plain SGD, momentum, Adam, fp32 master weights + clipping
       INFO("batch " << batch << ", variant " << variant);
-      MlpTraining t = mlp(batch, 2);
-      if (variant == 1) t.sgd.momentum = 0.9;
-      if (variant == 2) t.sgd.kind = OptimizerKind::adam;
-      if (variant == 3) {
-        t.mlp.weight_dtype = DType::f32;
-        t.sgd.clip_grad_norm = 1.0;
-      }
+      const MlpTraining t = variant_of(batch, variant);
       const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
       const Lowered l = lower(p.train);
       std::size_t all_reduce = 0;
@@ -92,7 +108,7 @@ TEST_CASE("data parallel: each gradient bucket is one nccl_all_reduce launch, be
   }
 }
 
-TEST_CASE("data parallel: world size 1 through the data-parallel path still reduces; a plain run is unchanged") {
+TEST_CASE("data parallel: world size 1 through the data-parallel path still reduces, a plain run is unchanged") {
   // --gpus 1: the same graph as N ranks (all-reduce over one rank), so one GPU runs the whole NCCL path.
   const TrainingProgram one = build_mlp_program(mlp(32, 1), 60000, 10000, ProgramTarget::cuda);
   const Lowered l1 = lower(one.train);
@@ -106,4 +122,125 @@ TEST_CASE("data parallel: world size 1 through the data-parallel path still redu
   for (const auto& launch : lp.schedule.launches) CHECK(launch.lowering->name() != "nccl_all_reduce");
   // The reduced gradients must exist before their updates, so the fused updates give way to separate launches.
   CHECK(lp.schedule.launches.size() + 4 < l1.schedule.launches.size());
+}
+
+namespace {
+
+bool reads_any(const Launch& l, const std::vector<ValueId>& values) {
+  return std::any_of(l.reads.begin(), l.reads.end(),
+                     [&](ValueId v) { return std::find(values.begin(), values.end(), v) != values.end(); });
+}
+
+// The schedule with the streams: "L7 nccl_all_reduce [communication; joined before L15]", "[join L3]" marks.
+std::string annotated(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan) {
+  std::string out;
+  for (std::size_t i = 0; i <= s.launches.size(); ++i) {
+    for (std::size_t c : plan.joined_before(i)) out += fmt::format("  -- the step stream waits for L{}\n", c);
+    if (i == s.launches.size()) break;
+    const Launch& l = s.launches[i];
+    std::vector<std::string_view> ops;
+    for (NodeId n : l.nodes) ops.push_back(op_name(g.node(n).op));
+    out += fmt::format("  L{} {} ({})", i, l.lowering->name(), fmt::join(ops, "+"));
+    if (plan.on_communication[i])
+      out += fmt::format("  <- forked to the communication stream, joined before {}",
+                         plan.join_before[i] == s.launches.size() ? std::string("the step's end")
+                                                                   : fmt::format("L{}", plan.join_before[i]));
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("data parallel: each all-reduce is forked to the communication stream after its bucket and joined before "
+          "its first reader; the last layer's overlaps the earlier layers' backward") {
+  for (const std::int64_t batch : {32, 256}) {
+    for (const int variant : {0, 1, 2, 3}) {  // plain SGD, momentum, Adam, fp32 master weights + clipping
+      INFO("batch " << batch << ", variant " << variant);
+      const MlpTraining t = variant_of(batch, variant);
+      const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
+      const Lowered l = lower(p.train);
+      const Schedule& s = l.schedule;
+      const cuda::StreamPlan plan = cuda::plan_streams(p.train, s);
+      REQUIRE(plan.on_communication.size() == s.launches.size());
+      std::vector<std::size_t> comms;
+      for (std::size_t i = 0; i < s.launches.size(); ++i) {
+        CHECK(plan.on_communication[i] == (s.launches[i].lowering->name() == "nccl_all_reduce"));
+        if (plan.on_communication[i]) comms.push_back(i);
+      }
+      REQUIRE(comms.size() == t.mlp.layers.size() - 1);
+      for (std::size_t c : comms) {
+        const std::size_t join = plan.join_before[c];
+        CHECK(join > c);
+        // Every reader of a reduced gradient sits at or after the join ...
+        for (std::size_t k = c + 1; k < s.launches.size(); ++k)
+          if (reads_any(s.launches[k], s.launches[c].writes)) CHECK(k >= join);
+        // ... and the join is at the first of them (the step's end only when nothing reads them).
+        if (join < s.launches.size()) CHECK(reads_any(s.launches[join], s.launches[c].writes));
+        // Forked where it sits: after the launches producing the gradients it reduces.
+        for (ValueId v : s.launches[c].reads)
+          for (std::size_t k = c; k < s.launches.size(); ++k)
+            for (ValueId w : s.launches[k].writes) CHECK(w != v);
+      }
+      // The first all-reduce is the last layer's (the backward runs from the output layer down), and
+      // the earlier layers' gradients, which the other all-reduces reduce, are all produced while it is in flight.
+      const std::size_t last_layer = comms.front();
+      for (std::size_t c : comms) {
+        if (c == last_layer) continue;
+        for (ValueId v : s.launches[c].reads) {
+          const NodeId producer = p.train.value(v).producer;
+          std::size_t at = 0;
+          while (at < s.launches.size() &&
+                 std::find(s.launches[at].nodes.begin(), s.launches[at].nodes.end(), producer) == s.launches[at].nodes.end())
+            ++at;
+          INFO("'" << p.train.value(v).name << "' is produced by L" << at);
+          CHECK(at > last_layer);
+          CHECK(at < plan.join_before[last_layer]);
+        }
+      }
+      if (batch == 32 && (variant == 0 || variant == 2))
+        MESSAGE("784-128-128-128-10 batch 32 " << std::string(variant == 0 ? "SGD" : "Adam") << ", rank 1 of 2:\n"
+                                                << annotated(p.train, s, plan));
+    }
+  }
+}
+
+TEST_CASE("data parallel: buffers an all-reduce reads or writes stay live until its join") {
+  const TrainingProgram p = build_mlp_program(mlp(64, 2), 60000, 10000, ProgramTarget::cuda);
+  const Lowered l = lower(p.train);
+  const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule);
+  const std::vector<std::size_t> bytes(p.train.values().size(), 64);
+  std::vector<std::size_t> masks(l.schedule.aux.size(), 64);
+  ArenaRequest request = arena_request(p.train, l.schedule, bytes, masks);
+  cuda::keep_live_until_joined(request, l.schedule, plan);
+  const MemoryPlan memory = plan_memory(request.buffers);
+  const int end = static_cast<int>(l.schedule.launches.size()) - 1;
+  for (std::size_t c = 0; c < l.schedule.launches.size(); ++c) {
+    if (!plan.on_communication[c]) continue;
+    const Launch& comm = l.schedule.launches[c];
+    for (const auto* ids : {&comm.reads, &comm.writes})
+      for (ValueId v : *ids) {
+        const int b = request.buffer_of_value[static_cast<std::size_t>(v)];
+        REQUIRE(b >= 0);
+        CHECK(request.buffers[static_cast<std::size_t>(b)].last >= std::min<int>(static_cast<int>(plan.join_before[c]), end));
+        // No other buffer live between the fork and the join shares its bytes.
+        const ArenaSlot& mine = memory.slots[static_cast<std::size_t>(b)];
+        for (std::size_t o = 0; o < memory.buffers.size(); ++o) {
+          if (static_cast<int>(o) == b) continue;
+          const auto& other = memory.buffers[o];
+          const bool live_beside = other.last > static_cast<int>(c) && other.first < static_cast<int>(plan.join_before[c]);
+          const ArenaSlot& theirs = memory.slots[o];
+          const bool overlap = theirs.offset < mine.offset + mine.bytes && mine.offset < theirs.offset + theirs.bytes;
+          if (live_beside) CHECK_FALSE(overlap);
+        }
+      }
+  }
+}
+
+TEST_CASE("a single-process schedule has no communication launch: no second stream, no fork or join") {
+  const TrainingProgram plain = build_mlp_program(mlp(32, 0), 60000, 10000, ProgramTarget::cuda);
+  const Lowered lp = lower(plain.train);
+  const cuda::StreamPlan plan = cuda::plan_streams(plain.train, lp.schedule);
+  CHECK_FALSE(plan.forks());
+  for (std::size_t i = 0; i <= lp.schedule.launches.size(); ++i) CHECK(plan.joined_before(i).empty());
 }

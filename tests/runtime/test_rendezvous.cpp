@@ -4,8 +4,6 @@
 // got that far with one clear line, within the timeout.
 #include <doctest/doctest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,23 +13,13 @@
 #include <vector>
 
 #include "runtime/distributed/rendezvous.hpp"
+#include "tests/runtime/child_process.hpp"
 
 using namespace sg::distributed;
 
 namespace {
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using sg::test::free_port;
 
 RendezvousOptions options(int rank, int world, int port, std::uint64_t hash = 42, int timeout_ms = 5000) {
   RendezvousOptions o;
@@ -46,14 +34,9 @@ RendezvousOptions options(int rank, int world, int port, std::uint64_t hash = 42
 // Runs each function in its own process; returns what each returned, or
 // "error: <what()>" when it threw.
 std::vector<std::string> in_processes(const std::vector<std::function<std::string()>>& ranks) {
-  std::vector<std::pair<pid_t, int>> children;
-  for (const auto& f : ranks) {
-    int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      ::close(fds[0]);
+  std::vector<sg::test::Child> children;
+  for (const auto& f : ranks)
+    children.push_back(sg::test::fork_child([&](int fd) {
       std::string out;
       try {
         out = f();
@@ -62,25 +45,17 @@ std::vector<std::string> in_processes(const std::vector<std::function<std::strin
       }
       std::size_t done = 0;
       while (done < out.size()) {
-        const ssize_t k = ::write(fds[1], out.data() + done, out.size() - done);
+        const ssize_t k = ::write(fd, out.data() + done, out.size() - done);
         if (k <= 0) break;
         done += static_cast<std::size_t>(k);
       }
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    children.emplace_back(pid, fds[0]);
-  }
+      return 0;
+    }));
   std::vector<std::string> results;
-  for (const auto& [pid, fd] : children) {
-    std::string out;
-    char buf[4096];
-    for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(k));
-    ::close(fd);
+  for (const sg::test::Child& child : children) {
     int status = 0;
-    ::waitpid(pid, &status, 0);
+    results.push_back(sg::test::read_until_exit(child, status));
     CHECK(WIFEXITED(status));
-    results.push_back(out);
   }
   return results;
 }

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "runtime/cuda/lowerings/cnn_step.hpp"
+
 #include "ops/cuda/cnn_step.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -94,18 +96,38 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
     for (NodeId sgd : {p.weight_sgd, p.bias_sgd})
       if (sgd >= 0 && g.node(sgd).inputs.size() > 2 && g.value(g.node(sgd).inputs[2]).dtype != DType::f32)
         why = "velocities are not fp32";
-  if (why.empty()) why = cnn_step_unsupported(a);
   return a;
+}
+
+// The plan when the fused step runs `g` under `o`; otherwise none and why not.
+std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& o, std::string& why) {
+  if (!o.whole_step) {
+    why = "turned off (backend.whole_step: false)";
+    return std::nullopt;
+  }
+  if (o.conv_kernels != ConvKernels::automatic) {  // cudnn / implicit_gemm ask for those per-launch convolutions
+    why = "backend.conv_kernels asks for per-launch convolutions";
+    return std::nullopt;
+  }
+  CnnStepMatch found = match_cnn_step(g);
+  if (!found.plan) {
+    why = "the graph is not a plain CNN training step: " + found.why_not;
+    return std::nullopt;
+  }
+  const CnnStepArgs a = shape_of(g, *found.plan, why);
+  if (why.empty()) why = cnn_step_unsupported(a);  // asks the device
+  if (!why.empty()) return std::nullopt;
+  return std::move(found.plan);
 }
 
 class CnnStepRecord final : public RecordedLaunch {
  public:
-  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, void* const* workspace)
-      : args_(args), launch_(launch), workspace_(workspace) {}
+  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, void* const* workspace, bool dependent)
+      : args_(args), launch_(launch), workspace_(workspace), dependent_(dependent) {}
   void enqueue(cudaStream_t s) const override {
     CnnStepArgs a = args_;
     a.workspace = static_cast<float*>(*workspace_);
-    launch_cnn_step(a, launch_, s);
+    launch_cnn_step(a, launch_, s, dependent_);
   }
   std::string label() const override {
     return fmt::format("{} blocks of {} threads, one example each at a time, {} KB shared; then the updates",
@@ -117,7 +139,7 @@ class CnnStepRecord final : public RecordedLaunch {
       CnnStepArgs a = args_;
       a.workspace = static_cast<float*>(*workspace_);
       a.phase_clock = clock;
-      launch_cnn_step(a, launch_, stream);
+      launch_cnn_step(a, launch_, stream, dependent_);
     });
   }
 
@@ -125,6 +147,7 @@ class CnnStepRecord final : public RecordedLaunch {
   CnnStepArgs args_;
   CnnStepLaunch launch_;
   void* const* workspace_;
+  bool dependent_;
 };
 
 std::string layer_text(const sg::Graph& g, const CnnStepLayer& l) {
@@ -150,20 +173,17 @@ class CnnStepLowering final : public CudaLowering {
  public:
   explicit CnnStepLowering(const BackendOptions& options) : options_(options) {}
   std::string_view name() const override { return "cnn_step"; }
+  bool covers_whole_step() const override { return true; }
   bool asks_device() const override { return true; }
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
-    // backend.conv_kernels cudnn / implicit_gemm ask for those per-launch convolutions.
-    if (unit.id != 0 || !options_.whole_step || options_.conv_kernels != ConvKernels::automatic) return std::nullopt;
-    const sg::Graph& g = cover.graph();
-    CnnStepMatch found = match_cnn_step(g);
-    if (!found.plan) return std::nullopt;
+    if (unit.id != 0) return std::nullopt;
     std::string why;
-    shape_of(g, *found.plan, why);
-    if (!why.empty()) return std::nullopt;
+    std::optional<CnnStepPlan> plan = fused_plan(cover.graph(), options_, why);
+    if (!plan) return std::nullopt;
     Match m;
     for (const CoverUnit& u : cover.units()) m.units.push_back(u.id);
     m.graph_order = true;
-    m.detail = std::move(*found.plan);
+    m.detail = std::move(*plan);
     return m;
   }
   std::string describe(const sg::Graph& g, const Launch& l) const override {
@@ -195,7 +215,8 @@ class CnnStepLowering final : public CudaLowering {
     a.labels = static_cast<const std::uint8_t*>(c.ptr(plan.labels));
     a.loss = static_cast<float*>(c.ptr(plan.loss));
     const CnnStepLaunch launch = plan_cnn_step_launch(a);
-    return std::make_unique<CnnStepRecord>(a, launch, c.workspace(cnn_step_workspace_bytes(a, launch)));
+    return std::make_unique<CnnStepRecord>(a, launch, c.workspace(cnn_step_workspace_bytes(a, launch)),
+                                           c.options().dependent_launch);
   }
 
  private:
@@ -203,6 +224,12 @@ class CnnStepLowering final : public CudaLowering {
 };
 
 }  // namespace
+
+std::string cnn_step_blocker(const sg::Graph& graph, const BackendOptions& options) {
+  std::string why;
+  fused_plan(graph, options, why);
+  return why;
+}
 
 std::unique_ptr<CudaLowering> make_cnn_step_lowering(const BackendOptions& options) {
   return std::make_unique<CnnStepLowering>(options);

@@ -1,8 +1,11 @@
 // Lowering: one all_reduce_mean bucket (a layer's gradients) as one NCCL
 // group of ncclAllReduce(ncclAvg) calls, in place, in each gradient's own
 // dtype (fp32 for fp32 master weights' gradients, else the compute dtype).
-// Enqueued on the step's stream, so CUDA-graph capture records it with the
-// rest of the step (NCCL >= 2.9 supports capture with one process per GPU).
+// It runs on the program's communication stream (launch_stream), forked from
+// the step's stream right after the bucket's gradients and joined back before
+// the first launch that reads the reduced gradients, all inside the one
+// capture (runtime/cuda/stream_plan.hpp), so it overlaps the backward pass of
+// the layers before (NCCL >= 2.9 supports capture with one process per GPU).
 // The updates that read the reduced gradients are separate launches: a
 // reduced gradient is materialised before its update (docs/data_parallel.md).
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -23,6 +26,7 @@ std::optional<ncclDataType_t> nccl_type(DType dtype) {
 class NcclAllReduceLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "nccl_all_reduce"; }
+  LaunchStream launch_stream() const override { return LaunchStream::communication; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     const sg::Graph& g = cover.graph();

@@ -171,6 +171,7 @@ class WholeGraphLowering final : public CudaLowering {
   WholeGraphLowering(std::string_view name, const BackendOptions& options, bool resident)
       : name_(name), options_(options), resident_(resident) {}
   std::string_view name() const override { return name_; }
+  bool covers_whole_step() const override { return true; }
   bool asks_device() const override { return true; }
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     return match_whole_graph(cover, unit, options_, resident_);
