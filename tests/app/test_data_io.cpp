@@ -62,7 +62,7 @@ TEST_CASE("raw (uncompressed) IDX files read the same as gzipped ones") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("a gzip file inflates whole (libdeflate) to zlib's bytes; anything else is left to zlib's stream") {
+TEST_CASE("a gzip file inflates whole (libdeflate) to zlib's bytes, anything else is left to zlib's stream") {
   const auto gz = sg::test::mnist_dir() / "t10k-labels-idx1-ubyte.gz";
   const auto whole = data::inflate_whole_gzip(gz);
   if (!data::have_fast_inflate()) {

@@ -73,7 +73,7 @@ TEST_CASE("configs/mnist_bf16.yaml is the default MLP with bf16 compute and buil
   CHECK(mlp_training(low).mlp.weight_dtype == DType::bf16);
 }
 
-TEST_CASE("bf16 tensors round-trip through checkpoints; an unknown dtype code is a clear IoError") {
+TEST_CASE("bf16 tensors round-trip through checkpoints, an unknown dtype code is a clear IoError") {
   const auto dir = sg::test::fresh_dir("ckpt-bf16");
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> uniform(-3.f, 3.f);

@@ -99,7 +99,7 @@ TEST_CASE("rank launch: the ranks get the command line without --gpus") {
   CHECK(app::rank_child_args(9, argv) == std::vector<std::string>{"train", "-c", "x.yaml", "--set", "run.steps=5"});
 }
 
-TEST_CASE("rank supervisor: every rank succeeding is success; one failing ends the others at once") {
+TEST_CASE("rank supervisor: every rank succeeding is success, one failing ends the others at once") {
   RankLaunch l;
   l.gpus = 3;
   l.master_addr = "127.0.0.1";
@@ -134,7 +134,7 @@ TEST_CASE("rank supervisor: every rank succeeding is success; one failing ends t
   CHECK(stopped < 15.0);
 }
 
-TEST_CASE("checkpoints record the rank count; a resume at another one is refused with one line") {
+TEST_CASE("checkpoints record the rank count, a resume at another one is refused with one line") {
   const fs::path out = fs::temp_directory_path() / ("stepgraph-ranks-" + std::to_string(std::random_device{}()));
   const auto config = [&](std::vector<std::string> extra) {
     extra.push_back("data.dir=" + sg::test::mnist_dir().string());

@@ -248,7 +248,7 @@ app::TrainConfig cnn_config(const fs::path& out, std::vector<std::string> extra 
 }
 }  // namespace
 
-TEST_CASE("configs/mnist_cnn.yaml loads and builds the report's network; CUDA takes it only in a build with cuDNN") {
+TEST_CASE("configs/mnist_cnn.yaml loads and builds the report's network, CUDA takes it only in a build with cuDNN") {
   const auto c = app::load_config(test::source_dir() / "configs/mnist_cnn.yaml");
   CHECK(c.model.input_shape == std::vector<std::int64_t>{1, 28, 28});
   CHECK(c.model.sequential.size() == 12);

@@ -290,7 +290,7 @@ TEST_CASE("every activation through our small-batch kernels (forward, one-pass, 
   }
 }
 
-TEST_CASE("mse and l1 regression: CUDA steps follow the CPU backend; the eval reports loss only") {
+TEST_CASE("mse and l1 regression: CUDA steps follow the CPU backend, the eval reports loss only") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const Dataset data = regression_dataset(400, 37, 3, rng);

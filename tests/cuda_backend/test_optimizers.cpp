@@ -218,7 +218,7 @@ TEST_CASE("the tile's Adam and the multi-tensor Adam agree bit for bit on the sa
   CHECK(w_tile.download() != w);  // and something happened
 }
 
-TEST_CASE("the clip scale over several gradients equals clip_grad_norm_'s factor; scale_grad applies it") {
+TEST_CASE("the clip scale over several gradients equals clip_grad_norm_'s factor, scale_grad applies it") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   for (float max_norm : {0.5f, 1e6f}) {

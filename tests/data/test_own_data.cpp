@@ -78,7 +78,7 @@ app::TrainConfig own_config(const fs::path& dir, std::vector<std::string> sets) 
 
 }  // namespace
 
-TEST_CASE("npy: u8, f16, f32, f64 and int labels parse; the writer's output reads back") {
+TEST_CASE("npy: u8, f16, f32, f64 and int labels parse, the writer's output reads back") {
   const auto a = data::parse_npy(test::npy_f32({2, 3}, {1, 2, 3, 4, 5, 6}), "a.npy");
   CHECK(a.kind == 'f');
   CHECK(a.item_size == 4);
@@ -110,7 +110,7 @@ TEST_CASE("npy: corrupt or unsupported files are one clear error naming the file
   CHECK(expect_error([&] { data::parse_npy(huge, "x.npy"); }).find("x.npy: ") == 0);
 }
 
-TEST_CASE("npz: stored and deflated members read back; a bad CRC, a cut file and a missing array are clear errors") {
+TEST_CASE("npz: stored and deflated members read back, a bad CRC, a cut file and a missing array are clear errors") {
   const auto dir = test::fresh_dir("npz");
   const std::string x = test::npy_f32({2, 2}, {1, 2, 3, 4});
   const std::string y = test::npy_i64({2}, {0, 1});
@@ -137,7 +137,7 @@ TEST_CASE("npz: stored and deflated members read back; a bad CRC, a cut file and
   fs::remove_all(dir);
 }
 
-TEST_CASE("csv: header and numbers; a missing column, a word and a short row are clear errors") {
+TEST_CASE("csv: header and numbers, a missing column, a word and a short row are clear errors") {
   const auto t = data::parse_csv("a, b ,\"label\"\n1,2.5,0\n-3e1, 4 ,1\n\n", "t.csv");
   CHECK(t.columns == std::vector<std::string>{"a", "b", "label"});
   CHECK(t.rows() == 2);
@@ -149,7 +149,7 @@ TEST_CASE("csv: header and numbers; a missing column, a word and a short row are
   CHECK(expect_error([] { data::parse_csv("a,a\n1,2\n", "t.csv"); }).find("appears twice") != std::string::npos);
 }
 
-TEST_CASE("each format trains end to end on the CPU backend; predict and export agree with the trained model") {
+TEST_CASE("each format trains end to end on the CPU backend, predict and export agree with the trained model") {
   const auto dir = test::fresh_dir("own-data");
   const Blobs train = make_blobs(300, 6, 1), test_set = make_blobs(90, 6, 2);
   test::write_file(dir / "x.npy", test::npy_f32({train.n, train.d}, train.x));
@@ -317,7 +317,7 @@ TEST_CASE("mismatched data is one clear error before training") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("float targets (model.loss mse) train end to end on the CPU backend; predict writes the outputs") {
+TEST_CASE("float targets (model.loss mse) train end to end on the CPU backend, predict writes the outputs") {
   const auto dir = test::fresh_dir("own-data-regression");
   std::mt19937_64 rng(4);
   std::normal_distribution<float> normal;

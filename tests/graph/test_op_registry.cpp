@@ -203,7 +203,7 @@ TEST_CASE("gelu: shape rule, gradient rule gelu_backward(dy, x), dumps") {
   CHECK(dump_text(g).find("gelu(matmul) -> gelu:[4,6]f32 fused=-") != std::string::npos);
 }
 
-TEST_CASE("typed attributes in the dumps; multi-output nodes round-trip through JSON") {
+TEST_CASE("typed attributes in the dumps, multi-output nodes round-trip through JSON") {
   Graph g;
   const auto x = g.input("x", {4, 3}, DType::f32);
   const auto w = g.param("w", {5, 3}, DType::f32);

@@ -328,7 +328,7 @@ TEST_CASE("dropout2d drops whole channels, keeps close to 1 - p of them, with dr
   }
 }
 
-TEST_CASE("dropout2d: the same bits on a rerun, other bits at another step, seed or stream; p = 0 keeps all") {
+TEST_CASE("dropout2d: the same bits on a rerun, other bits at another step, seed or stream, p = 0 keeps all") {
   const std::int64_t n = 16, c = 20, h = 3, w = 3;
   const DropoutAttrs attrs{0.5, 42, 1};
   const auto a = checked_mask(n, c, attrs, 3);

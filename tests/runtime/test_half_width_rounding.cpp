@@ -73,7 +73,7 @@ TEST_CASE("bf16 rounding: nearest, ties to even, NaN stays NaN, overflow goes to
   CHECK(bits_of(round_to_dtype(0.1f, DType::f32)) == bits_of(0.1f));
 }
 
-TEST_CASE("the f32 CPU backend rounds every f16 / bf16 value a node writes; f64 keeps them exact") {
+TEST_CASE("the f32 CPU backend rounds every f16 / bf16 value a node writes, f64 keeps them exact") {
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   for (const DType low : {DType::f16, DType::bf16}) {

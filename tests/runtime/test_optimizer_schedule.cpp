@@ -60,7 +60,7 @@ TEST_CASE("AdamW: bias updates fused with their column sums, the hidden weights'
   }
 }
 
-TEST_CASE("clipping: one global-norm launch; Adam reads the scale, SGD through scale_grad; no fused SGD") {
+TEST_CASE("clipping: one global-norm launch, Adam reads the scale, SGD through scale_grad, no fused SGD") {
   OptimizerSpec adam;
   adam.kind = OptimizerKind::adam;
   adam.clip_grad_norm = 1.0;

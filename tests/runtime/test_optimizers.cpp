@@ -159,7 +159,7 @@ TEST_CASE("Nesterov SGD's CPU reference equals PyTorch's SGD(nesterov=True)") {
                        doctest::Contains("nesterov needs momentum"), GraphError);
 }
 
-TEST_CASE("grad_clip_scale is clip_grad_norm_'s factor over every gradient; scale_grad applies it") {
+TEST_CASE("grad_clip_scale is clip_grad_norm_'s factor over every gradient, scale_grad applies it") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   for (double max_norm : {0.5, 1000.0}) {
