@@ -33,6 +33,13 @@ void copy_t10k(const fs::path& dir, const std::function<void(std::string&, std::
   write(dir / "t10k-labels-idx1-ubyte", labels);
 }
 
+// A checkpoint tensor of random bytes.
+io::TensorBlob random_blob(const std::string& name, DType dtype, const Shape& shape, std::mt19937& rng) {
+  io::TensorBlob t{name, dtype, shape, std::string(static_cast<std::size_t>(element_count(shape)) * dtype_size(dtype), '\0')};
+  for (auto& ch : t.bytes) ch = static_cast<char>(rng());
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("real MNIST loads with the right counts, shapes and classes") {
@@ -123,9 +130,7 @@ TEST_CASE("checkpoints round-trip and reject corruption") {
   c.config_yaml = "model:\n  layers: [784, 10]\n";
   for (auto [name, dtype, shape] : std::vector<std::tuple<std::string, DType, Shape>>{
            {"w1", DType::f16, {10, 784}}, {"b1", DType::f32, {10}}, {"step", DType::i32, {1}}}) {
-    io::TensorBlob t{name, dtype, shape, std::string(static_cast<std::size_t>(element_count(shape)) * dtype_size(dtype), '\0')};
-    for (auto& ch : t.bytes) ch = static_cast<char>(rng());
-    c.tensors.push_back(t);
+    c.tensors.push_back(random_blob(name, dtype, shape, rng));
   }
   const auto path = dir / "sub" / "model.sgck";
   io::save_checkpoint(path, c);
@@ -163,9 +168,7 @@ TEST_CASE("a checkpoint file is its fields in order, small and large tensors ali
   for (auto [name, dtype, shape] : std::vector<std::tuple<std::string, DType, Shape>>{
            {"w_big", DType::f32, {3, 1500}}, {"b_small", DType::f16, {7}}, {"w_mid", DType::bf16, {2, 1024}},
            {"empty", DType::f32, {0}}}) {
-    io::TensorBlob t{name, dtype, shape, std::string(static_cast<std::size_t>(element_count(shape)) * dtype_size(dtype), '\0')};
-    for (auto& ch : t.bytes) ch = static_cast<char>(rng());
-    c.tensors.push_back(t);
+    c.tensors.push_back(random_blob(name, dtype, shape, rng));
   }
   std::string expected("SGCKPT01", 8);
   const auto put = [&expected](auto value) { expected.append(reinterpret_cast<const char*>(&value), sizeof value); };
