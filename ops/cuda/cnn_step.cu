@@ -1,6 +1,7 @@
 // The CNN training step in two kernels (cnn_step.hpp says why). Kernel 1
-// reads top to bottom as one example's step: copy the arguments and stage
-// the weights in shared memory (once per block), fetch, each layer's
+// reads top to bottom as one example's step: copy the arguments, the conv
+// GEMMs' index tables and the parameter image (the weights as the layers
+// read them) into shared memory (once per block), fetch, each layer's
 // forward, the loss, each layer's backward in reverse, with a barrier
 // between layers. Convolutions are implicit GEMMs on tensor cores whose
 // operands are gathered from the activations through index tables and whose
@@ -105,19 +106,19 @@ constexpr int kColumnTiles = 3;
 // corner or tap displacement as (dy << 16 | dx & 0xffff); kNoIndex marks a
 // row or column past the GEMM's end (it reads 0).
 constexpr int kNoIndex = int(0x80000000u);
-__device__ __forceinline__ int2 patch_index(int offset, int dy, int dx) {
+__host__ __device__ inline int2 patch_index(int offset, int dy, int dx) {
   return make_int2(offset, int((unsigned(dy) << 16) | (unsigned(dx) & 0xffffu)));
 }
-__device__ __forceinline__ int2 no_patch_index() { return make_int2(0, kNoIndex); }
+__host__ __device__ inline int2 no_patch_index() { return make_int2(0, kNoIndex); }
 __device__ __forceinline__ int index_dy(int yx) { return yx >> 16; }
 __device__ __forceinline__ int index_dx(int yx) { return static_cast<short>(yx & 0xffff); }
 
 // Window `p` of a convolution (row-major over its output) and tap `k` (ci, ky, kx) of its kernel.
-__device__ __forceinline__ int2 window_index(const CnnLayer& L, int p) {
+__host__ __device__ inline int2 window_index(const CnnLayer& L, int p) {
   const int y = (p / L.out_w) * L.stride - L.padding, x = (p % L.out_w) * L.stride - L.padding;
   return patch_index(y * L.in_w + x, y, x);
 }
-__device__ __forceinline__ int2 tap_index(const CnnLayer& L, int k) {
+__host__ __device__ inline int2 tap_index(const CnnLayer& L, int k) {
   const int kk = L.kernel_h * L.kernel_w, ci = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
   return patch_index(ci * L.in_h * L.in_w + ky * L.in_w + kx, ky, kx);
 }
@@ -239,15 +240,6 @@ __device__ void block_gemm(const Block& b, int M, int N, int K, const float* src
   finish(held_m0, held_n0, c);
 }
 
-// A GEMM's row and column indices, computed once per call in parallel
-// (`rows_of(m)` for m < M, `columns_of(k)` for k < K; past them kNoIndex).
-template <class RowsOf, class ColumnsOf>
-__device__ void index_tables(const Block& b, int M, int K, int2* rows, int2* columns, RowsOf rows_of,
-                             ColumnsOf columns_of) {
-  for (int m = b.tid; m < round_up(M, 16); m += b.threads) rows[m] = m < M ? rows_of(m) : no_patch_index();
-  for (int k = b.tid; k < round_up(K, 16); k += b.threads) columns[k] = k < K ? columns_of(k) : no_patch_index();
-}
-
 // Row strides of the staged fp16 weights (CnnStepLaunch::weight_offset):
 // a conv layer's forward B is [co][tap], its data gradient's B [ci][(co, ky, kx)],
 // each row padded to 16 k and 8 more halves, so the 8 rows a warp's B
@@ -265,19 +257,16 @@ __host__ __device__ inline int dy_stride(const CnnLayer& L) { return round_up(L.
 __host__ __device__ inline int bordered_size(const CnnLayer& L) {
   return L.out_c * (L.in_h + L.kernel_h - 1) * (L.in_w + L.kernel_w - 1);
 }
-__host__ __device__ inline int weight_count(const CnnLayer& L) {
-  return L.op == CnnLayerOp::conv2d ? L.out_c * L.in_c * L.kernel_h * L.kernel_w : L.out_c * L.in_c * L.in_h * L.in_w;
-}
 __host__ __device__ inline bool has_parameters(const CnnLayer& L) {
   return L.op == CnnLayerOp::conv2d || L.op == CnnLayerOp::linear;
 }
 // Whether layer li (pooling or linear) also applies the ReLU layer after it,
 // which then runs no phase of its own (one barrier and pass fewer each way).
-__host__ __device__ inline bool relu_fused_into(const CnnStepArgs& a, int li) {
+inline bool relu_fused_into(const CnnStepArgs& a, int li) {
   return li + 1 < a.layers && a.layer[li + 1].op == CnnLayerOp::relu &&
          (a.layer[li].op == CnnLayerOp::max_pool2d || a.layer[li].op == CnnLayerOp::linear);
 }
-__host__ __device__ inline bool fused_relu(const CnnStepArgs& a, int li) {
+inline bool fused_relu(const CnnStepArgs& a, int li) {
   return li > 0 && a.layer[li].op == CnnLayerOp::relu && relu_fused_into(a, li - 1);
 }
 
@@ -289,80 +278,90 @@ __device__ void copy_to_shared(const Block& b, const float* src, int count, floa
   for (int i = 4 * vectors + b.tid; i < count; i += b.threads) copy_async4(shared_address(dst + i), src + i);
 }
 
-// Once per block (kernel 1 updates no parameter): every layer's weights as
-// their fp16 cast (the graph's cast nodes) and its bias rounded the same, in
-// the layouts the layers' loops read, with zeros in every padding; and the
-// zero borders of the data gradients' dY copies. The fp32 tensors are first
-// copied whole into scratch space, every copy in flight at once (a load per
-// element and layer in turn waited on the L2 latency again and again).
-__device__ void stage_parameters(const Block& b, const CnnStepArgs& a, const CnnStepLaunch& l) {
-  float* const smem = b.smem;
-  for (int li = 0; li < a.layers; ++li) {
-    const CnnLayer L = a.layer[li];
-    if (!has_parameters(L)) continue;
-    copy_to_shared(b, a.param[L.weight], weight_count(L), smem + l.raw_weight_offset[li]);
-    copy_to_shared(b, a.param[L.bias], L.out_c, smem + l.raw_bias_offset[li]);
-  }
+// Part `p` of the parameter image (CnnStepLaunch::part_start) into its place
+// in shared memory, as one group of asynchronous copies: once per block,
+// kernel 1 updates no parameter. Parts arrive in order; layer_ready waits
+// for those up to a layer's.
+__device__ void copy_image_part(const Block& b, const CnnStepArgs& a, const CnnStepLaunch& l, int p) {
+  const int start = p == 0 ? 0 : l.part_start[p - 1], end = p == kImageParts - 1 ? l.image_floats : l.part_start[p];
+  copy_to_shared(b, a.image + start, end - start, b.smem + l.image_offset + start);
+  if (p == 0) copy_to_shared(b, a.index_tables, l.tables_floats, b.smem + l.tables_offset);  // the first GEMM's too
   commit_copies();
-  for (int i = b.tid; i < l.zeroed_floats; i += b.threads) smem[l.weights_offset + i] = 0.f;
-  wait_copies<0>();
-  __syncthreads();
-  mark_phase(a.phase_clock, 2, true);
-  for (int li = 0; li < a.layers; ++li) {
-    const CnnLayer L = a.layer[li];
-    if (!has_parameters(L)) continue;
-    const float* src = smem + l.raw_weight_offset[li];
-    __half* dst = reinterpret_cast<__half*>(smem + l.weight_offset[li]);
-    // Several independent elements per thread in flight: one at a time, each
-    // waited on its shared-memory load in turn.
-    if (L.op == CnnLayerOp::linear) {  // the same [out][in] layout: four elements at a time
-      const int count = weight_count(L), quads = count / 4;
-      const auto* src4 = reinterpret_cast<const float4*>(src);
-      auto* dst2 = reinterpret_cast<__half2*>(dst);
-#pragma unroll 4
-      for (int q = b.tid; q < quads; q += b.threads) {
-        const float4 v = src4[q];
-        dst2[2 * q] = __floats2half2_rn(v.x, v.y);
-        dst2[2 * q + 1] = __floats2half2_rn(v.z, v.w);
-      }
-      for (int i = 4 * quads + b.tid; i < count; i += b.threads) dst[i] = __float2half_rn(src[i]);
-    } else {  // [co][ci][tap] into the forward rows [co][(ci, tap)] and the data-gradient rows [ci][(co, tap)]
-      const int kk = L.kernel_h * L.kernel_w, fs = forward_stride(L), ds = data_stride(L);
-      __half* data = reinterpret_cast<__half*>(smem + l.weight_t_offset[li]);
-      for (int co = b.warp; co < L.out_c; co += b.warps)  // a warp per output channel
-#pragma unroll 4
-        for (int ci = 0; ci < L.in_c; ++ci)
-          for (int tap = b.lane; tap < kk; tap += 32) {
-            const __half h = __float2half_rn(src[(co * L.in_c + ci) * kk + tap]);
-            dst[co * fs + ci * kk + tap] = h;
-            if (L.input_gradient) data[ci * ds + co * kk + tap] = h;
-          }
-    }
-    for (int j = b.tid; j < L.out_c; j += b.threads) smem[l.bias_offset[li] + j] = rounded(smem[l.raw_bias_offset[li] + j]);
+}
+// Before layer li of the first example: where it opens part 1 or 2 of the
+// image, that part's copies (and those before) have landed, for every thread.
+__device__ void layer_ready(const CnnStepLaunch& l, int li) {
+  if (li == l.part_layer[1]) {  // (part 1 may be empty and open here too)
+    wait_copies<0>();
+    __syncthreads();
+  } else if (li == l.part_layer[0]) {
+    wait_copies<1>();
+    __syncthreads();
   }
-  __syncthreads();
-  mark_phase(a.phase_clock, 3, true);
+}
+
+// Where tensor t's elements sit in the parameter image: element i of a conv
+// weight [co][ci][tap] (a linear one [out][in], as one tap) at half
+// forward + co * forward_stride + (ci, tap), and where the layer computes
+// its input gradient also at half data + ci * data_stride + co * taps + tap;
+// a bias element at float bias + i. Offsets from the image's start.
+struct ImageTarget {
+  int forward = -1, data = -1, bias = -1;
+  int row = 1, taps = 1, forward_stride = 0, data_stride = 0;
+};
+
+__host__ __device__ inline ImageTarget image_target(const CnnStepArgs& a, const CnnStepLaunch& l, int t) {
+  ImageTarget x;
+  for (int li = 0; li < a.layers; ++li) {
+    const CnnLayer& L = a.layer[li];
+    if (!has_parameters(L)) continue;
+    if (L.bias == t) x.bias = l.bias_offset[li] - l.image_offset;
+    if (L.weight != t) continue;
+    const bool conv = L.op == CnnLayerOp::conv2d;
+    x.row = conv ? L.in_c * L.kernel_h * L.kernel_w : L.in_c * L.in_h * L.in_w;
+    x.taps = conv ? L.kernel_h * L.kernel_w : 1;
+    x.forward = 2 * (l.weight_offset[li] - l.image_offset);
+    x.forward_stride = conv ? forward_stride(L) : x.row;
+    if (conv && L.input_gradient) {
+      x.data = 2 * (l.weight_t_offset[li] - l.image_offset);
+      x.data_stride = data_stride(L);
+    }
+  }
+  return x;
+}
+
+// Element i of a tensor, `value` (its fp32 master), into the image as the
+// graph's cast makes it: fp16 weights, biases rounded to fp16 values.
+__device__ __forceinline__ void store_in_image(float* image, const ImageTarget& x, int i, float value) {
+  if (x.bias >= 0) {
+    image[x.bias + i] = rounded(value);
+    return;
+  }
+  auto* h = reinterpret_cast<__half*>(image);
+  const __half v = __float2half_rn(value);
+  const int co = i / x.row, r = i - co * x.row;
+  h[x.forward + co * x.forward_stride + r] = v;
+  if (x.data >= 0) {
+    const int ci = r / x.taps, tap = r - ci * x.taps;
+    h[x.data + ci * x.data_stride + co * x.taps + tap] = v;
+  }
 }
 
 template <bool Padded>
 __device__ void conv_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const __half* weights,
-                             const float* bias, int2* rows, int2* columns, float* slots) {
+                             const float* bias, const int2* windows, const int2* taps, float* slots) {
   const int K = L.in_c * L.kernel_h * L.kernel_w, N = L.out_c, M = L.out_h * L.out_w;
-  index_tables(
-      b, M, K, rows, columns, [&](int m) { return window_index(L, m); }, [&](int k) { return tap_index(L, k); });
-  __syncthreads();
-  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, rows, columns, StagedRows{weights, forward_stride(L), N - 1},
+  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, windows, taps, StagedRows{weights, forward_stride(L), N - 1},
                     [&](int m, int n, float c) { out[n * M + m] = rounded(c + bias[n]); }, slots);
 }
 
 // Conv weight and bias gradients of one example, added to the block's slice.
 // dY^T, B of the GEMM, is first staged as fp16 rows [co][pos] in `scratch`.
 template <bool Padded>
-__device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const float* gy, const float* in, int2* rows,
-                                     int2* columns, float* scratch, float* slots, float* dW, float* db, bool first) {
+__device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const float* gy, const float* in,
+                                     const int2* windows, const int2* taps, float* scratch, float* slots, float* dW,
+                                     float* db, bool first) {
   const int M = L.in_c * L.kernel_h * L.kernel_w, N = L.out_c, K = L.out_h * L.out_w, ks = dy_stride(L);
-  index_tables(
-      b, M, K, rows, columns, [&](int m) { return tap_index(L, m); }, [&](int k) { return window_index(L, k); });
   __half* dy = reinterpret_cast<__half*>(scratch);
   for (int co = b.warp; co < N; co += b.warps)  // zeros past K
     for (int k = b.lane; k < ks; k += 32) dy[co * ks + k] = __float2half_rn(k < K ? gy[co * K + k] : 0.f);
@@ -373,16 +372,16 @@ __device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const fl
     if (b.lane == 0) accumulate(db + co, sum, first);
   }
   __syncthreads();
-  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, rows, columns, StagedRows{dy, ks, N - 1},
+  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, taps, windows, StagedRows{dy, ks, N - 1},
                     [&](int m, int n, float c) { accumulate(dW + n * M + m, c, first); }, slots);
 }
 
 // The data gradient: a correlation of dY, dilated by the stride and with a
 // zero border, with the flipped kernel; no operand needs a check. The
-// layer's copy `bordered` keeps its zeros from stage_parameters: each
+// layer's copy `bordered` keeps the zeros kernel 1 writes once per block: each
 // example writes only dY's elements into it.
 __device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const float* gy, float* bordered, float* g_in,
-                                   const __half* weights, int2* rows, int2* columns, float* slots) {
+                                   const __half* weights, const int2* rows, const int2* columns, float* slots) {
   const int kk = L.kernel_h * L.kernel_w, K = L.out_c * kk, N = L.in_c, M = L.in_h * L.in_w;
   const int bh = L.kernel_h - 1 - L.padding, bw = L.kernel_w - 1 - L.padding;
   const int height = L.in_h + L.kernel_h - 1, width = L.in_w + L.kernel_w - 1, bplane = height * width;
@@ -395,12 +394,6 @@ __device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const floa
           bordered[co * bplane + y * width + x] = gy[(co * L.out_h + oy) * L.out_w + ox];
       }
     }
-  index_tables(
-      b, M, K, rows, columns, [&](int m) { return make_int2((m / L.in_w) * width + m % L.in_w, 0); },
-      [&](int k) {  // (co, ky, kx) -> its flipped offset
-        const int co = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
-        return make_int2(co * bplane + (L.kernel_h - 1 - ky) * width + (L.kernel_w - 1 - kx), 0);
-      });
   __syncthreads();
   block_gemm<kColumnTiles, false>(b, M, N, K, bordered, 0, 0, rows, columns, StagedRows{weights, data_stride(L), N - 1},
                    [&](int m, int n, float c) { g_in[n * M + m] = rounded(c); }, slots);
@@ -494,18 +487,28 @@ __device__ void linear_forward(const Block& b, const CnnLayer& L, const float* i
   }
 }
 
+// The example's weight gradient is the outer product dZ x^T. With one
+// example per block its two factors go to the example's row of the workspace
+// (`factors`: dZ, then x) and the update kernel sums the products over the
+// batch; with several, the block adds the product to its slice (dW, db), so
+// the update kernel reads one sum per block instead of one pair per example.
 __device__ void linear_backward(const Block& b, const CnnLayer& L, const float* gy, const float* in, float* g_in,
-                                const __half* weights, float* dW, float* db, bool first, const float* relu_out,
-                                float* masked) {
+                                const __half* weights, float* factors, float* dW, float* db, bool first,
+                                const float* relu_out, float* masked) {
   const int n_in = L.in_c * L.in_h * L.in_w;
-  if (relu_out) {  // the gradient through the ReLU once, for the three loops below
+  if (relu_out) {  // the gradient through the ReLU once, for the loops below
     for (int j = b.tid; j < L.out_c; j += b.threads) masked[j] = through_relu(relu_out, gy, j);
     __syncthreads();
     gy = masked;
   }
-  for (int j = b.warp; j < L.out_c; j += b.warps)
-    for (int i = b.lane; i < n_in; i += 32) accumulate(dW + j * n_in + i, gy[j] * in[i], first);
-  for (int j = b.tid; j < L.out_c; j += b.threads) accumulate(db + j, gy[j], first);
+  if (factors) {
+    for (int j = b.tid; j < L.out_c; j += b.threads) factors[j] = gy[j];
+    for (int i = b.tid; i < n_in; i += b.threads) factors[L.out_c + i] = in[i];
+  } else {
+    for (int j = b.warp; j < L.out_c; j += b.warps)
+      for (int i = b.lane; i < n_in; i += 32) accumulate(dW + j * n_in + i, gy[j] * in[i], first);
+    for (int j = b.tid; j < L.out_c; j += b.threads) accumulate(db + j, gy[j], first);
+  }
   if (!L.input_gradient) return;
   for (int i = b.tid; i < n_in; i += b.threads) {
     float even = 0.f, odd = 0.f;  // two chains of adds in flight
@@ -520,6 +523,19 @@ __device__ void linear_backward(const Block& b, const CnnLayer& L, const float* 
 }
 
 // ---- kernel 1: one example per block at a time ----------------------------
+
+// One example's fetch (as launch_batch_fetch: x * scale + shift, rounded to
+// fp16) into the input's place in shared memory; returns its label. The
+// caller's barrier publishes the pixels.
+__device__ int fetch_example(const Block& b, const CnnStepArgs& a, const CnnStepLaunch& l, std::int32_t step,
+                             int example) {
+  const CnnLayer& first = a.layer[0];
+  const int pixels = first.in_c * first.in_h * first.in_w;
+  const std::int64_t row = a.perm[(std::int64_t(step) % (a.rows / a.batch)) * a.batch + example];
+  const std::uint8_t* src = a.images + row * pixels;
+  for (int i = b.tid; i < pixels; i += b.threads) b.smem[l.act_offset[0] + i] = rounded(float(src[i]) * a.scale + a.shift);
+  return a.labels[row];
+}
 
 // The arguments as copied into shared memory at the start: read by every
 // warp in every layer with indices known only at run time, which are slow
@@ -537,41 +553,48 @@ __global__ void __launch_bounds__(kThreads, 1)
           int(threadIdx.x) % 32, int(blockDim.x) / 32};
   mark_phase(args.phase_clock, 0, true);
   allow_next_kernel_to_start();  // the update kernel's blocks wait on the free SMs (cnn_step_update)
-  copy_words(b, &args, &arguments.args, sizeof(CnnStepArgs));
+  // The first layer's part of the image, the arguments, the first example's
+  // fetch, then the rest of the image: the fetch is three loads in turn (step
+  // counter, permutation, pixels), each waiting behind every copy issued before
+  // it, and the rest of the image arrives while the first layers run. Until
+  // the barrier below, only fields every thread reads alike are read from the
+  // kernel parameters.
+  copy_image_part(b, args, launch, 0);
+  constexpr std::size_t kLayersAt = offsetof(CnnStepArgs, layer), kAfterLayers = offsetof(CnnStepArgs, tensors);
+  copy_words(b, &args, &arguments.args, kLayersAt + std::size_t(args.layers) * sizeof(CnnLayer));
+  copy_words(b, reinterpret_cast<const char*>(&args) + kAfterLayers,
+             reinterpret_cast<char*>(&arguments.args) + kAfterLayers, sizeof(CnnStepArgs) - kAfterLayers);
   copy_words(b, &launch, &arguments.launch, sizeof(CnnStepLaunch));
+  const std::int32_t step = *args.step;
+  int label = fetch_example(b, args, launch, step, blockIdx.x);
+  for (int p = 1; p < kImageParts; ++p) copy_image_part(b, args, launch, p);
+  for (int i = b.tid; i < launch.zeroed_floats; i += b.threads) b.smem[launch.zeroed_offset + i] = 0.f;
+  static_assert(kImageParts == 3, "the waits below and in layer_ready count three groups");
+  wait_copies<2>();
   __syncthreads();
   mark_phase(args.phase_clock, 1, true);
   const CnnStepArgs& a = arguments.args;
   const CnnStepLaunch& l = arguments.launch;
   float* const smem = b.smem;
-  auto* rows = reinterpret_cast<int2*>(smem + l.rows_offset);
-  auto* columns = reinterpret_cast<int2*>(smem + l.columns_offset);
+  const auto table = [&](int offset) { return reinterpret_cast<const int2*>(smem + offset); };
   const auto weights = [&](int li) { return reinterpret_cast<const __half*>(smem + l.weight_offset[li]); };
   const auto keep_mask = [&](int li) { return reinterpret_cast<bool*>(smem + l.mask_offset[li]); };
-  stage_parameters(b, a, l);
   float* const slots = smem + l.reduce_offset;  // the conv GEMMs' slots; a linear layer's gradient through its ReLU
-  const std::int32_t step = *a.step;
-  const std::int64_t slice = a.param_offset[a.tensors];
-  float* const grads = a.workspace + blockIdx.x * slice;
-  float* const example_loss = a.workspace + std::int64_t(gridDim.x) * slice;
-  const CnnLayer& first_layer = a.layer[0];
-  const int pixels = first_layer.in_c * first_layer.in_h * first_layer.in_w;
+  float* const grads = a.workspace + std::int64_t(blockIdx.x) * l.slice_floats;  // this block's slice
+  float* const factors = a.workspace + std::int64_t(gridDim.x) * l.slice_floats;  // row 0 of the examples' factors
+  float* const example_loss = factors + std::int64_t(a.batch) * l.factor_floats;
   const int classes = a.layer[a.layers - 1].out_c;
 
   for (int example = blockIdx.x; example < a.batch; example += gridDim.x) {
     const bool first = example == int(blockIdx.x);
-    int phase = 4;
-    mark_phase(a.phase_clock, phase++, first);
-    // Fetch (as launch_batch_fetch: x * scale + shift, rounded to fp16).
-    const std::int64_t row = a.perm[(std::int64_t(step) % (a.rows / a.batch)) * a.batch + example];
-    const std::uint8_t* src = a.images + row * pixels;
-    for (int i = b.tid; i < pixels; i += b.threads)
-      smem[l.act_offset[0] + i] = rounded(float(src[i]) * a.scale + a.shift);
-    const int label = a.labels[row];
-    __syncthreads();
-    mark_phase(a.phase_clock, phase++, first);
+    int phase = 2;
+    if (!first) {  // (the first was fetched with the arguments)
+      label = fetch_example(b, a, l, step, example);
+      __syncthreads();
+    }
 
     for (int li = 0; li < a.layers; ++li) {
+      if (first) layer_ready(l, li);
       if (l.relu[li] == kReluRunByLayerBefore) continue;  // the layer before ran it
       const CnnLayer L = a.layer[li];  // a copy in registers
       const bool with_relu = l.relu[li] == kReluAfter;
@@ -581,9 +604,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       switch (L.op) {
         case CnnLayerOp::conv2d:
           if (L.padding > 0)
-            conv_forward<true>(b, L, in, out, weights(li), smem + l.bias_offset[li], rows, columns, slots);
+            conv_forward<true>(b, L, in, out, weights(li), smem + l.bias_offset[li], table(l.windows_offset[li]),
+                               table(l.taps_offset[li]), slots);
           else
-            conv_forward<false>(b, L, in, out, weights(li), smem + l.bias_offset[li], rows, columns, slots);
+            conv_forward<false>(b, L, in, out, weights(li), smem + l.bias_offset[li], table(l.windows_offset[li]),
+                                table(l.taps_offset[li]), slots);
           break;
         case CnnLayerOp::max_pool2d: max_pool_forward(b, L, in, out, with_relu); break;
         case CnnLayerOp::relu:
@@ -644,21 +669,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         {
           // dY^T's fp16 rows: in the input gradient's buffer until that is written, where they fit
           float* const scratch = l.dy_offset < 0 ? g_in : smem + l.dy_offset;
-          float* const dW = grads + a.param_offset[L.weight];
-          float* const db = grads + a.param_offset[L.bias];
-          if (L.padding > 0) conv_weight_gradient<true>(b, L, g, in, rows, columns, scratch, slots, dW, db, first);
-          else conv_weight_gradient<false>(b, L, g, in, rows, columns, scratch, slots, dW, db, first);
+          float* const dW = grads + l.slice_offset[L.weight];
+          float* const db = grads + l.slice_offset[L.bias];
+          const int2* windows = table(l.windows_offset[li]);
+          const int2* taps = table(l.taps_offset[li]);
+          if (L.padding > 0) conv_weight_gradient<true>(b, L, g, in, windows, taps, scratch, slots, dW, db, first);
+          else conv_weight_gradient<false>(b, L, g, in, windows, taps, scratch, slots, dW, db, first);
           if (L.input_gradient) {
             __syncthreads();  // the weight gradient reads its tables and scratch until here
             mark_phase(a.phase_clock, phase++, first);
             const auto* wt = reinterpret_cast<const __half*>(smem + l.weight_t_offset[li]);
-            conv_data_gradient(b, L, g, smem + l.border_offset[li], g_in, wt, rows, columns, slots);
+            conv_data_gradient(b, L, g, smem + l.border_offset[li], g_in, wt, table(l.data_rows_offset[li]),
+                               table(l.data_columns_offset[li]), slots);
           }
         }
           break;
         case CnnLayerOp::linear:
-          linear_backward(b, L, g, in, g_in, weights(li), grads + a.param_offset[L.weight],
-                          grads + a.param_offset[L.bias], first, relu_out, slots);
+          linear_backward(b, L, g, in, g_in, weights(li),
+                          l.factor_offset[li] < 0 ? nullptr
+                                                  : factors + std::int64_t(example) * l.factor_floats + l.factor_offset[li],
+                          grads + l.slice_offset[L.weight], grads + l.slice_offset[L.bias], first, relu_out, slots);
           break;
         case CnnLayerOp::max_pool2d: max_pool_backward(b, L, g, in, g_in, relu_out); break;
         case CnnLayerOp::relu:
@@ -685,51 +715,164 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- kernel 2: sum the blocks' gradients, update, loss, step --------------
 
-// Launched as a dependent of kernel 1 (where the backend allows it), so its
-// blocks are resident and have read their parameters when kernel 1 ends.
-__global__ void __launch_bounds__(kUpdateThreads) cnn_step_update(const CnnStepArgs a, int blocks, int phase) {
-  // The tensors' pointers and ranges, once per block: indexing the kernel
-  // parameters' arrays per element is slow.
-  __shared__ std::int64_t offset[kCnnStepMaxTensors + 1];
-  __shared__ float* param[kCnnStepMaxTensors];
-  __shared__ float* velocity[kCnnStepMaxTensors];
-  __shared__ const SgdScalars* sgd[kCnnStepMaxTensors];
+// kSumParts lanes per parameter element, each summing a contiguous part of
+// the blocks' slices (or of the examples' factor products) with all its
+// loads in flight, so the sum is one round trip to L2 instead of one per few
+// loads (3.9 us of a 56 us step at batch 64, with one lane summing all 64
+// slices eight loads at a time).
+constexpr int kSumParts = 4;
+static_assert(kSumParts == 4, "cnn_step_update's two shuffles add four parts");
+
+// Where tensor t's gradient comes from (CnnStepLaunch): a conv tensor's
+// element i from i + `slice` of every block's slice; a linear weight's
+// element (j, c) of its `row`-wide rows from the sum over the examples of
+// dZ[j] x[c], with dZ at `factor` of an example's factor row and x at
+// factor + input_at; a linear bias's element j from the sum of dZ[j] (row 0).
+struct GradientSource {
+  int slice = -1, factor = -1, input_at = 0, row = 0;
+};
+
+inline __host__ __device__ GradientSource gradient_source(const CnnStepArgs& a, const CnnStepLaunch& l, int t) {
+  GradientSource x;
+  x.slice = l.slice_offset[t];
+  if (x.slice >= 0) return x;
+  for (int li = 0; li < a.layers; ++li) {
+    const CnnLayer& L = a.layer[li];
+    if (L.op != CnnLayerOp::linear || (L.weight != t && L.bias != t)) continue;
+    x.factor = l.factor_offset[li];
+    if (L.weight == t) {
+      x.input_at = L.out_c;
+      x.row = L.in_c * L.in_h * L.in_w;
+    }
+  }
+  return x;
+}
+
+// Element i's part of its batch gradient: slices or examples [k0, k1).
+__device__ __forceinline__ float gradient_part(const CnnStepArgs& a, const CnnStepLaunch& l, const GradientSource& x,
+                                               int blocks, int i, int k0, int k1) {
+  float sum = 0.f;
+  if (x.slice >= 0) {
+    const float* g = a.workspace + std::int64_t(k0) * l.slice_floats + x.slice + i;
+#pragma unroll 16
+    for (int k = k0; k < k1; ++k, g += l.slice_floats) sum += *g;
+    return sum;
+  }
+  const float* f = a.workspace + std::int64_t(blocks) * l.slice_floats + std::int64_t(k0) * l.factor_floats + x.factor;
+  if (x.row == 0) {
+#pragma unroll 16
+    for (int k = k0; k < k1; ++k, f += l.factor_floats) sum += f[i];
+    return sum;
+  }
+  const int j = i / x.row, c = x.input_at + i - j * x.row;
+#pragma unroll 16
+  for (int k = k0; k < k1; ++k, f += l.factor_floats) sum += f[j] * f[c];
+  return sum;
+}
+
+// The tensors' pointers, ranges, gradient sources and image targets in
+// shared memory, once per block: indexing the kernel parameters' arrays per
+// element is slow.
+struct TensorTable {
+  std::int64_t offset[kCnnStepMaxTensors + 1];
+  float* param[kCnnStepMaxTensors];
+  float* velocity[kCnnStepMaxTensors];
+  const SgdScalars* sgd[kCnnStepMaxTensors];
+  GradientSource source[kCnnStepMaxTensors];
+  ImageTarget target[kCnnStepMaxTensors];
+  __device__ int tensor_of(std::int64_t e) const {
+    int t = 0;
+    while (e >= offset[t + 1]) ++t;
+    return t;
+  }
+};
+
+__device__ void load_tensor_table(TensorTable& table, const CnnStepArgs& a, const CnnStepLaunch& l) {
   for (int t = threadIdx.x; t <= a.tensors; t += blockDim.x) {
-    offset[t] = a.param_offset[t];
+    table.offset[t] = a.param_offset[t];
     if (t < a.tensors) {
-      param[t] = a.param[t];
-      velocity[t] = a.velocity[t];
-      sgd[t] = a.sgd[t];
+      table.param[t] = a.param[t];
+      table.velocity[t] = a.velocity[t];
+      table.sgd[t] = a.sgd[t];
+      table.source[t] = gradient_source(a, l, t);
+      table.target[t] = image_target(a, l, t);
     }
   }
   __syncthreads();
-  wait_for_previous_kernel();
-  mark_phase(a.phase_clock, phase, true);
-  const std::int64_t slice = offset[a.tensors];
-  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < slice;
-       e += std::int64_t(gridDim.x) * blockDim.x) {
-    int t = 0;
-    while (e >= offset[t + 1]) ++t;
-    float sum = 0.f;
-    // Eight loads in flight; the adds in block order. (Measured on the H100:
-    // unrolling 32, or loading the weight before the sums, made this kernel slower.)
-#pragma unroll 8
-    for (int k = 0; k < blocks; ++k) sum += a.workspace[k * slice + e];
-    const std::int64_t i = e - offset[t];
-    param[t][i] = sgd_step(param[t][i], rounded(sum), velocity[t] ? velocity[t] + i : nullptr, *sgd[t]);
-  }
-  if (blockIdx.x == 0 && threadIdx.x < 32) {
-    const float* example_loss = a.workspace + std::int64_t(blocks) * slice;
+}
+
+// Launched as a dependent of kernel 1 (where the backend allows it), so its
+// blocks are resident and have read what kernel 1 does not write (weights,
+// velocities, SGD scalars, the step counter) when kernel 1 ends: after that
+// an element costs one round of loads, its gradient's parts, all in flight.
+// The grid has one lane per part of every element (element_blocks), and one
+// block more, the last, for the batch's mean loss and the step advance.
+__global__ void __launch_bounds__(kUpdateThreads)
+    cnn_step_update(const __grid_constant__ CnnStepArgs a, const __grid_constant__ CnnStepLaunch l, int blocks,
+                    int phase) {
+  if (blockIdx.x == gridDim.x - 1) {
+    if (threadIdx.x >= 32) return;
+    const std::int32_t step = *a.step;  // written only by the previous step's update
+    wait_for_previous_kernel();
+    const float* example_loss =
+        a.workspace + std::int64_t(blocks) * l.slice_floats + std::int64_t(a.batch) * l.factor_floats;
     float sum = 0.f;
     for (int i = threadIdx.x; i < a.batch; i += 32) sum += example_loss[i];
     sum = warp_sum(sum);
     if (threadIdx.x == 0) {
       *a.loss = sum / float(a.batch);
-      *a.step += 1;
+      *a.step = step + 1;
     }
+    return;
+  }
+  __shared__ TensorTable table;
+  load_tensor_table(table, a, l);
+  const std::int64_t elements = table.offset[a.tensors];
+  const int part = threadIdx.x % kSumParts;
+  const std::int64_t e = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) / kSumParts;
+  const int t = e < elements ? table.tensor_of(e) : 0;
+  const int i = int(e - table.offset[t]);
+  const bool updates = part == 0 && e < elements;  // the lane that updates element e
+  float* const velocity = table.velocity[t];
+  float w = 0.f, v = 0.f;
+  SgdScalars scalars{};
+  if (updates) {
+    w = table.param[t][i];
+    if (velocity) v = velocity[i];
+    scalars = *table.sgd[t];
+  }
+  wait_for_previous_kernel();
+  mark_phase(a.phase_clock, phase, true);
+  const GradientSource& source = table.source[t];
+  const int parts_of = source.slice >= 0 ? blocks : a.batch;  // slices or examples
+  const float part_sum = e < elements ? gradient_part(a, l, source, blocks, i, part * parts_of / kSumParts,
+                                                      (part + 1) * parts_of / kSumParts)
+                                      : 0.f;
+  // The parts' sums in one order for every element: (p0 + p1) + (p2 + p3).
+  float sum = part_sum + __shfl_xor_sync(0xffffffffu, part_sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (updates) {
+    w = sgd_step(w, rounded(sum), velocity != nullptr, v, scalars);
+    table.param[t][i] = w;
+    if (velocity) velocity[i] = v;
+    store_in_image(a.image, table.target[t], i, w);
   }
   __syncthreads();
   mark_phase(a.phase_clock, phase + 1, true);
+}
+
+// The parameter image from the fp32 parameters (launch_cnn_step_image).
+__global__ void __launch_bounds__(kUpdateThreads)
+    cnn_step_build_image(const __grid_constant__ CnnStepArgs a, const __grid_constant__ CnnStepLaunch l) {
+  __shared__ TensorTable table;
+  load_tensor_table(table, a, l);
+  const std::int64_t elements = table.offset[a.tensors];
+  for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < elements;
+       e += std::int64_t(gridDim.x) * blockDim.x) {
+    const int t = table.tensor_of(e);
+    const int i = int(e - table.offset[t]);
+    store_in_image(a.image, table.target[t], i, table.param[t][i]);
+  }
 }
 
 int align4(int floats) { return (floats + 3) / 4 * 4; }
@@ -749,76 +892,102 @@ SharedLayout shared_layout(const CnnStepArgs& a) {
   };
   const CnnLayer& first = a.layer[0];
   s.launch.act_offset[0] = take(first.in_c * first.in_h * first.in_w);
-  int grad = 0, rows = 0, columns = 0, dy = 0;
+  int grad = 0, dy = 0;
   for (int i = 0; i < a.layers; ++i) {
     const CnnLayer& L = a.layer[i];
     const int in = L.in_c * L.in_h * L.in_w, out = L.out_c * L.out_h * L.out_w;
     s.launch.act_offset[i + 1] = L.op == CnnLayerOp::view ? s.launch.act_offset[i] : take(out);
     grad = std::max({grad, in, out});
-    if (L.op == CnnLayerOp::conv2d) {  // the GEMMs' index tables: forward, weight gradient, data gradient
-      const int taps = L.in_c * L.kernel_h * L.kernel_w, windows = L.out_h * L.out_w;
-      rows = std::max({rows, round_up(windows, 16), round_up(taps, 16)});
-      columns = std::max({columns, round_up(taps, 16), round_up(windows, 16)});
-      if (L.input_gradient) {
-        rows = std::max(rows, round_up(L.in_h * L.in_w, 16));
-        columns = std::max(columns, round_up(L.out_c * L.kernel_h * L.kernel_w, 16));
-      }
-      dy = std::max(dy, (L.out_c * dy_stride(L) + 1) / 2);
-    }
+    if (L.op == CnnLayerOp::conv2d) dy = std::max(dy, (L.out_c * dy_stride(L) + 1) / 2);
   }
   s.launch.grad_offset[0] = take(grad);
   s.launch.grad_offset[1] = take(grad);
-  // Zeroed once per block: every layer's fp16 weights (forward / linear
-  // layout, then a conv's data-gradient layout), rounded biases, and each
-  // conv layer's bordered dY.
-  const int zeroed_start = at;
+  // The parameter image (copied in as it is), in layer order: every layer's
+  // fp16 weights (forward / linear layout, then a conv's data-gradient
+  // layout) and rounded bias, in kImageParts parts (CnnStepLaunch::part_start).
+  s.launch.image_offset = at;
+  int part = 0;
   for (int i = 0; i < a.layers; ++i) {
     const CnnLayer& L = a.layer[i];
+    if (!has_parameters(L)) continue;
+    // Part 1 opens at the second parameter layer, part 2 at the first linear
+    // layer after the first parameter layer (so part 1 may be empty).
+    const int opens = at == s.launch.image_offset ? 0 : part == 0 && L.op == CnnLayerOp::conv2d ? 1
+                      : part < 2 && L.op == CnnLayerOp::linear                                  ? 2
+                                                                                                : part;
+    for (; part < opens; ++part) {
+      s.launch.part_start[part] = at - s.launch.image_offset;
+      s.launch.part_layer[part] = i;
+    }
     if (L.op == CnnLayerOp::conv2d) {
       s.launch.weight_offset[i] = take((L.out_c * forward_stride(L) + 1) / 2);
       if (L.input_gradient) s.launch.weight_t_offset[i] = take((L.in_c * data_stride(L) + 1) / 2);
     }
     if (L.op == CnnLayerOp::linear) s.launch.weight_offset[i] = take((L.out_c * L.in_c * L.in_h * L.in_w + 1) / 2);
-    if (has_parameters(L)) s.launch.bias_offset[i] = take(L.out_c);
+    s.launch.bias_offset[i] = take(L.out_c);
+  }
+  s.launch.image_floats = at - s.launch.image_offset;
+  for (; part < kImageParts - 1; ++part) s.launch.part_start[part] = s.launch.image_floats;  // empty parts at the end
+  // Zeroed once per block: each conv layer's bordered dY.
+  s.launch.zeroed_offset = at;
+  for (int i = 0; i < a.layers; ++i) {
+    const CnnLayer& L = a.layer[i];
     if (L.op == CnnLayerOp::conv2d && L.input_gradient) s.launch.border_offset[i] = take(bordered_size(L));
   }
-  s.launch.weights_offset = zeroed_start;
+  s.launch.zeroed_floats = at - s.launch.zeroed_offset;
   for (int i = 0; i < a.layers; ++i) {  // a dropout layer's keep bits: per element, or per channel (dropout2d)
     const CnnLayer& L = a.layer[i];
     if (L.op == CnnLayerOp::dropout) s.launch.mask_offset[i] = take((L.out_c * L.out_h * L.out_w + 3) / 4);
     if (L.op == CnnLayerOp::dropout2d) s.launch.mask_offset[i] = take((L.out_c + 3) / 4);
   }
-  s.launch.zeroed_floats = at - zeroed_start;
-  s.launch.rows_offset = take(2 * rows);
-  s.launch.columns_offset = take(2 * columns);
+  s.launch.tables_offset = at;
+  for (int i = 0; i < a.layers; ++i) {  // every conv GEMM's index tables (cnn_step_index_tables), int2 each
+    const CnnLayer& L = a.layer[i];
+    if (L.op != CnnLayerOp::conv2d) continue;
+    s.launch.windows_offset[i] = take(2 * round_up(L.out_h * L.out_w, 16));
+    s.launch.taps_offset[i] = take(2 * round_up(L.in_c * L.kernel_h * L.kernel_w, 16));
+    if (!L.input_gradient) continue;
+    s.launch.data_rows_offset[i] = take(2 * round_up(L.in_h * L.in_w, 16));
+    s.launch.data_columns_offset[i] = take(2 * round_up(L.out_c * L.kernel_h * L.kernel_w, 16));
+  }
+  s.launch.tables_floats = at - s.launch.tables_offset;
   s.launch.dy_offset = dy <= grad ? -1 : take(dy);
   // Each warp's slot of the conv GEMMs (block_gemm); a linear layer's gradient through its ReLU.
   int outputs = 0;
   for (int i = 0; i < a.layers; ++i) outputs = std::max(outputs, a.layer[i].out_c);
   s.launch.reduce_offset = take(std::max(kThreads / 32 * kColumnTiles * 128, outputs));
-  // The fp32 weights and biases as copied in, before their fp16 layouts are
-  // made: the activations' and gradients' space when it is large enough
-  // (nothing is there yet when the block stages its weights), else their own.
-  int raw = 0;
-  for (int i = 0; i < a.layers; ++i) {
-    const CnnLayer& L = a.layer[i];
-    if (!has_parameters(L)) continue;
-    s.launch.raw_weight_offset[i] = raw;
-    raw += align4(weight_count(L));
-    s.launch.raw_bias_offset[i] = raw;
-    raw += align4(L.out_c);
-  }
-  const int raw_start = raw <= zeroed_start ? 0 : take(raw);
-  for (int i = 0; i < a.layers; ++i) {
-    s.launch.raw_weight_offset[i] += raw_start;
-    s.launch.raw_bias_offset[i] += raw_start;
-  }
   for (int i = 0; i < a.layers; ++i)
     s.launch.relu[i] = relu_fused_into(a, i) ? kReluAfter : fused_relu(a, i) ? kReluRunByLayerBefore : 0;
   s.launch.threads = kThreads;
   s.bytes = std::size_t(at) * sizeof(float);
   s.launch.shared_bytes = s.bytes;
   return s;
+}
+
+// The gradient workspace (CnnStepLaunch::slice_offset, factor_offset): conv
+// tensors in the blocks' slices, in tensor order; with one example per
+// block each linear layer's dZ and x in an example's factor row, in layer
+// order, else its tensors in the slices too (linear_backward says why).
+void plan_gradients(const CnnStepArgs& a, int examples_per_block, CnnStepLaunch& l) {
+  const bool factored = examples_per_block == 1;
+  l.slice_floats = l.factor_floats = 0;
+  for (int i = 0; i < a.layers; ++i) {
+    const CnnLayer& L = a.layer[i];
+    l.factor_offset[i] = -1;
+    if (L.op == CnnLayerOp::linear && factored) {
+      l.factor_offset[i] = l.factor_floats;
+      l.factor_floats += L.out_c + L.in_c * L.in_h * L.in_w;
+    }
+  }
+  for (int t = 0; t < kCnnStepMaxTensors; ++t) l.slice_offset[t] = -1;
+  for (int t = 0; t < a.tensors && t < kCnnStepMaxTensors; ++t)
+    for (int i = 0; i < a.layers; ++i) {
+      const CnnLayer& L = a.layer[i];
+      if ((L.weight == t || L.bias == t) && (L.op == CnnLayerOp::conv2d || !factored)) {
+        l.slice_offset[t] = l.slice_floats;
+        l.slice_floats += int(a.param_offset[t + 1] - a.param_offset[t]);
+      }
+    }
 }
 
 // Shared memory a block may have beyond the kernel's static arguments copy.
@@ -829,6 +998,12 @@ std::size_t dynamic_shared_limit() {
   cudaFuncAttributes attributes{};
   SG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, cnn_step_examples));
   return std::size_t(limit) - attributes.sharedSizeBytes;
+}
+
+// Blocks of kUpdateThreads for `lanes_per_element` lanes per parameter element.
+int element_blocks(const CnnStepArgs& a, int lanes_per_element) {
+  const std::int64_t threads = std::int64_t(a.param_offset[a.tensors]) * lanes_per_element;
+  return int(std::max<std::int64_t>(1, (threads + kUpdateThreads - 1) / kUpdateThreads));
 }
 
 }  // namespace
@@ -857,6 +1032,35 @@ CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& a) {
   const int per_block = (a.batch + resident - 1) / resident;
   CnnStepLaunch launch = s.launch;
   launch.blocks = (a.batch + per_block - 1) / per_block;
+  plan_gradients(a, per_block, launch);
+  return launch;
+}
+
+std::vector<int2> cnn_step_index_tables(const CnnStepArgs& a, const CnnStepLaunch& l) {
+  std::vector<int2> tables(std::size_t(l.tables_floats / 2), no_patch_index());
+  const auto fill = [&](int offset, int count, auto of) {
+    for (int i = 0; i < count; ++i) tables[std::size_t((offset - l.tables_offset) / 2 + i)] = of(i);
+  };
+  for (int li = 0; li < a.layers; ++li) {
+    const CnnLayer& L = a.layer[li];
+    if (L.op != CnnLayerOp::conv2d) continue;
+    fill(l.windows_offset[li], L.out_h * L.out_w, [&](int p) { return window_index(L, p); });
+    fill(l.taps_offset[li], L.in_c * L.kernel_h * L.kernel_w, [&](int k) { return tap_index(L, k); });
+    if (!L.input_gradient) continue;
+    const int kk = L.kernel_h * L.kernel_w, width = L.in_w + L.kernel_w - 1;
+    const int bplane = (L.in_h + L.kernel_h - 1) * width;
+    fill(l.data_rows_offset[li], L.in_h * L.in_w, [&](int m) { return make_int2((m / L.in_w) * width + m % L.in_w, 0); });
+    fill(l.data_columns_offset[li], L.out_c * kk, [&](int k) {  // (co, ky, kx) -> its flipped offset
+      const int co = k / kk, ky = (k % kk) / L.kernel_w, kx = k % L.kernel_w;
+      return make_int2(co * bplane + (L.kernel_h - 1 - ky) * width + (L.kernel_w - 1 - kx), 0);
+    });
+  }
+  return tables;
+}
+
+CnnStepLaunch cnn_step_layout(const CnnStepArgs& a, int examples_per_block) {
+  CnnStepLaunch launch = shared_layout(a).launch;
+  plan_gradients(a, examples_per_block, launch);
   return launch;
 }
 
@@ -864,10 +1068,8 @@ std::size_t cnn_step_shared_bytes(const CnnStepArgs& a) { return shared_layout(a
 
 std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& a) {
   static constexpr const char* kOps[] = {"conv2d", "max_pool2d", "relu", "dropout2d", "dropout", "view", "linear"};
-  std::vector<std::string> names{"arguments copied into shared memory (once per block)",
-                                 "weights and biases copied in, fp32 (cp.async)",
-                                 "fp16 weight layouts made (once per block)", "the step counter read",
-                                 "fetch (block 0, its first example)"};
+  std::vector<std::string> names{
+      "arguments, the first example's pixels and the image's first part into shared memory"};
   const auto op_text = [&](int i) {
     return relu_fused_into(a, i) ? fmt::format("{}+relu", kOps[int(a.layer[i].op)]) : std::string(kOps[int(a.layer[i].op)]);
   };
@@ -892,17 +1094,24 @@ std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& a) {
 }
 
 std::size_t cnn_step_workspace_bytes(const CnnStepArgs& a, const CnnStepLaunch& l) {
-  return (std::size_t(l.blocks) * std::size_t(a.param_offset[a.tensors]) + std::size_t(a.batch)) * sizeof(float);
+  return (std::size_t(l.blocks) * std::size_t(l.slice_floats) +
+          std::size_t(a.batch) * (std::size_t(l.factor_floats) + 1)) * sizeof(float);
+}
+
+std::size_t cnn_step_image_bytes(const CnnStepLaunch& l) { return std::size_t(l.image_floats) * sizeof(float); }
+
+void launch_cnn_step_image(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream) {
+  SG_CUDA_CHECK(cudaMemsetAsync(a.image, 0, cnn_step_image_bytes(l), stream));  // every padding zero
+  cnn_step_build_image<<<element_blocks(a, 1), kUpdateThreads, 0, stream>>>(a, l);
+  SG_LAUNCH_CHECK("cnn_step_build_image");
 }
 
 void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
   cnn_step_examples<<<l.blocks, l.threads, l.shared_bytes, stream>>>(a, l);
   SG_LAUNCH_CHECK("cnn_step_examples");
-  const std::int64_t slice = a.param_offset[a.tensors];
-  const int update_blocks = int(std::max<std::int64_t>(1, (slice + kUpdateThreads - 1) / kUpdateThreads));
   const int update_phase = a.phase_clock ? static_cast<int>(cnn_step_phase_names(a).size()) - 1 : 0;
-  launch_dependent(cnn_step_update, LaunchGeometry{dim3(update_blocks), dim3(kUpdateThreads)}, stream, dependent, a,
-                   l.blocks, update_phase);
+  launch_dependent(cnn_step_update, LaunchGeometry{dim3(element_blocks(a, kSumParts) + 1), dim3(kUpdateThreads)},
+                   stream, dependent, a, l, l.blocks, update_phase);
 }
 
 }  // namespace sg::cuda

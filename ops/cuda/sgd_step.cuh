@@ -15,4 +15,15 @@ __device__ __forceinline__ float sgd_step(float w, float g, float* v, const SgdS
   return w - s.lr * grad;
 }
 
+// The same step with the velocity in a register (updated in place; read only
+// with `momentum`): the same operations as above, so the same bits.
+__device__ __forceinline__ float sgd_step(float w, float g, bool momentum, float& v, const SgdScalars& s) {
+  const float grad = g + s.weight_decay * w;
+  if (momentum) {
+    v = s.momentum * v + grad;
+    return w - s.lr * v;
+  }
+  return w - s.lr * grad;
+}
+
 }  // namespace sg::cuda

@@ -257,6 +257,10 @@ void CudaProgram::record_steps(cudaStream_t stream, std::int64_t steps) const {
   for (std::int64_t s = 0; s < steps; ++s) record(stream);
 }
 
+void CudaProgram::parameters_written(cudaStream_t stream) const {
+  for (const auto& r : recorded_) r->parameters_written(stream);
+}
+
 void CudaProgram::record_launch(std::size_t index, cudaStream_t stream) const { recorded_.at(index)->enqueue(stream); }
 
 std::string CudaProgram::launch_label(std::size_t index) const {

@@ -66,6 +66,10 @@ class CudaProgram {
 
   void* device_ptr(ValueId id) const;
   DeviceBuffer& owned(const std::string& name);  // this program's graph-owned buffers
+  // To be called, in stream order before the next step, whenever the host
+  // wrote parameters (initial values, a resumed checkpoint): launches that
+  // keep state derived from them rebuild it (RecordedLaunch::parameters_written).
+  void parameters_written(cudaStream_t stream) const;
   // New learning rate for every sgd_update, in stream order, no re-capture.
   void set_learning_rate(double lr, cudaStream_t stream);
   // Per-phase profile (median us) of a launch that runs a whole step; empty otherwise.

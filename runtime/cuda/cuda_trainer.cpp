@@ -166,6 +166,7 @@ struct CudaTrainer::Impl {
       const auto bytes = float_blob_bytes(v, p.values);
       params.at(p.name).upload(bytes.data(), bytes.size());
     }
+    train->parameters_written(stream.get());
     train->set_learning_rate(s.program.learning_rate, stream.get());
     stream.synchronize();
     end_part("uploading the dataset and initial parameters");
@@ -337,6 +338,10 @@ void CudaTrainer::load_state(const std::vector<io::TensorBlob>& blobs) {
     const std::string bytes = blob.dtype == v.dtype ? blob.bytes : float_blob_bytes(v, floats_from_blob(blob));
     SG_CUDA_CHECK(cudaMemcpy(impl_->train->device_ptr(*id), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
   }
+  // Pageable copies may return before their DMA lands, and the stream below
+  // does not wait for the default stream (DeviceBuffer::upload says more).
+  SG_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  impl_->train->parameters_written(impl_->stream.get());
   step_ = step_from_blobs(blobs);
   impl_->set_device_step(*impl_->train, impl_->train_data, step_);
   impl_->reset_loss_watch();

@@ -32,6 +32,10 @@ class RecordedLaunch {
   // `steps` training steps in one launch, where the lowering keeps state on
   // chip across steps (resident weights); false when it cannot.
   virtual bool enqueue_steps(cudaStream_t /*stream*/, int /*steps*/) const { return false; }
+  // After the host wrote parameters (CudaProgram::parameters_written): a
+  // launch that keeps state derived from them (cnn_step's fp16 parameter
+  // image) rebuilds it on `stream`.
+  virtual void parameters_written(cudaStream_t /*stream*/) const {}
   // What runs, beyond the lowering's name (e.g. "cuBLASLt", "one cluster").
   virtual std::string label() const { return {}; }
   // Per-phase GPU clock profile of `repeats` steps (median us per phase), for

@@ -184,3 +184,36 @@ TEST_CASE("the fused CNN step: graph replay and stream launches end in the same 
   }
   CHECK(replay->last_loss() == stream->last_loss());
 }
+
+// The parameter image (ops/cuda/cnn_step.hpp: the fp16 weight layouts every
+// block copies in) is written by the update kernel after each step and
+// rebuilt from the fp32 weights after the host writes them. Both must give
+// the same bits, and a loaded state must not run on the image of the weights
+// it replaced.
+TEST_CASE("the fused CNN step's parameter image: kept by the updates == rebuilt after a loaded state") {
+  std::mt19937_64 rng(25);
+  const RandomCnn r = random_cnn(rng, 40, /*strided_second_conv=*/true);
+  CAPTURE(r.text);
+  const auto& shape = r.training.model.input_shape;
+  const Dataset data = test::random_dataset(160, shape[0] * shape[1] * shape[2], r.classes, rng);
+  const auto a = make_trainer(r, data, ProgramTarget::cuda);
+  const auto b = make_trainer(r, data, ProgramTarget::cuda);
+  REQUIRE(a->description().find("cnn_step") != std::string::npos);
+  a->train(3);
+  const auto saved = a->save_state();
+  a->train(2);
+  const auto kept = a->save_state();  // steps 4 and 5 on the image the updates wrote
+  a->load_state(saved);               // over the image of step 5's weights
+  a->train(2);
+  const auto reloaded = a->save_state();
+  b->load_state(saved);  // over the image of b's initial weights
+  b->train(2);
+  const auto fresh = b->save_state();
+  REQUIRE(kept.size() == reloaded.size());
+  REQUIRE(kept.size() == fresh.size());
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    CAPTURE(kept[i].name);
+    CHECK(kept[i] == reloaded[i]);
+    CHECK(kept[i] == fresh[i]);
+  }
+}

@@ -122,13 +122,23 @@ std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& 
 
 class CnnStepRecord final : public RecordedLaunch {
  public:
-  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, void* const* workspace, bool dependent)
-      : args_(args), launch_(launch), workspace_(workspace), dependent_(dependent) {}
-  void enqueue(cudaStream_t s) const override {
-    CnnStepArgs a = args_;
-    a.workspace = static_cast<float*>(*workspace_);
-    launch_cnn_step(a, launch_, s, dependent_);
+  // Owns the parameter image (CnnStepArgs::image) and builds it from the
+  // parameters as they are now, on `stream`.
+  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, void* const* workspace, bool dependent, cudaStream_t stream)
+      : args_(args),
+        launch_(launch),
+        image_(cnn_step_image_bytes(launch)),
+        index_tables_(std::size_t(launch.tables_floats) * sizeof(float)),
+        workspace_(workspace),
+        dependent_(dependent) {
+    const std::vector<int2> tables = cnn_step_index_tables(args_, launch_);
+    index_tables_.upload(tables.data(), tables.size() * sizeof(int2));
+    args_.index_tables = index_tables_.as<const float>();
+    args_.image = image_.as<float>();
+    launch_cnn_step_image(args_, launch_, stream);
   }
+  void enqueue(cudaStream_t s) const override { launch_cnn_step(with_workspace(), launch_, s, dependent_); }
+  void parameters_written(cudaStream_t s) const override { launch_cnn_step_image(args_, launch_, s); }
   std::string label() const override {
     return fmt::format("{} blocks of {} threads, one example each at a time, {} KB shared; then the updates",
                        launch_.blocks, launch_.threads, launch_.shared_bytes / 1024);
@@ -136,16 +146,23 @@ class CnnStepRecord final : public RecordedLaunch {
   // Median GPU-clock time of each phase of block 0's first example over `repeats` steps.
   std::vector<std::pair<std::string, double>> profile_phases(int repeats, cudaStream_t stream) const override {
     return median_phase_times(cnn_step_phase_names(args_), repeats, stream, [&](unsigned long long* clock) {
-      CnnStepArgs a = args_;
-      a.workspace = static_cast<float*>(*workspace_);
+      CnnStepArgs a = with_workspace();
       a.phase_clock = clock;
       launch_cnn_step(a, launch_, stream, dependent_);
     });
   }
 
  private:
+  CnnStepArgs with_workspace() const {
+    CnnStepArgs a = args_;
+    a.workspace = static_cast<float*>(*workspace_);
+    return a;
+  }
+
   CnnStepArgs args_;
   CnnStepLaunch launch_;
+  DeviceBuffer image_;
+  DeviceBuffer index_tables_;  // cnn_step_index_tables
   void* const* workspace_;
   bool dependent_;
 };
@@ -216,7 +233,7 @@ class CnnStepLowering final : public CudaLowering {
     a.loss = static_cast<float*>(c.ptr(plan.loss));
     const CnnStepLaunch launch = plan_cnn_step_launch(a);
     return std::make_unique<CnnStepRecord>(a, launch, c.workspace(cnn_step_workspace_bytes(a, launch)),
-                                           c.options().dependent_launch);
+                                           c.options().dependent_launch, c.stream());
   }
 
  private:
