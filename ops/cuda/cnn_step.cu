@@ -557,8 +557,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // fetch, then the rest of the image: the fetch is three loads in turn (step
   // counter, permutation, pixels), each waiting behind every copy issued before
   // it, and the rest of the image arrives while the first layers run. Until
-  // the barrier below, only fields every thread reads alike are read from the
-  // kernel parameters.
+  // the barrier below, the kernel parameters are read as the arguments' copy
+  // and otherwise only in fields every thread reads alike.
   copy_image_part(b, args, launch, 0);
   constexpr std::size_t kLayersAt = offsetof(CnnStepArgs, layer), kAfterLayers = offsetof(CnnStepArgs, tensors);
   copy_words(b, &args, &arguments.args, kLayersAt + std::size_t(args.layers) * sizeof(CnnLayer));
