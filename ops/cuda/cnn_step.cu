@@ -522,6 +522,16 @@ __device__ void linear_backward(const Block& b, const CnnLayer& L, const float* 
   }
 }
 
+// The workspace (cnn_step_workspace_bytes), for a kernel 1 grid of
+// `blocks`: the blocks' gradient slices, then the examples' factor rows,
+// then the examples' losses.
+__device__ __forceinline__ float* factor_rows(const CnnStepArgs& a, const CnnStepLaunch& l, int blocks) {
+  return a.workspace + std::int64_t(blocks) * l.slice_floats;
+}
+__device__ __forceinline__ float* example_losses(const CnnStepArgs& a, const CnnStepLaunch& l, int blocks) {
+  return factor_rows(a, l, blocks) + std::int64_t(a.batch) * l.factor_floats;
+}
+
 // ---- kernel 1: one example per block at a time ----------------------------
 
 // One example's fetch (as launch_batch_fetch: x * scale + shift, rounded to
@@ -581,8 +591,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto keep_mask = [&](int li) { return reinterpret_cast<bool*>(smem + l.mask_offset[li]); };
   float* const slots = smem + l.reduce_offset;  // the conv GEMMs' slots; a linear layer's gradient through its ReLU
   float* const grads = a.workspace + std::int64_t(blockIdx.x) * l.slice_floats;  // this block's slice
-  float* const factors = a.workspace + std::int64_t(gridDim.x) * l.slice_floats;  // row 0 of the examples' factors
-  float* const example_loss = factors + std::int64_t(a.batch) * l.factor_floats;
+  float* const factors = factor_rows(a, l, gridDim.x);
+  float* const example_loss = example_losses(a, l, gridDim.x);
   const int classes = a.layer[a.layers - 1].out_c;
 
   for (int example = blockIdx.x; example < a.batch; example += gridDim.x) {
@@ -684,12 +694,14 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
           break;
-        case CnnLayerOp::linear:
+        case CnnLayerOp::linear: {
+          const bool factored = l.factor_offset[li] >= 0;  // else its tensors are in the block's slice
           linear_backward(b, L, g, in, g_in, weights(li),
-                          l.factor_offset[li] < 0 ? nullptr
-                                                  : factors + std::int64_t(example) * l.factor_floats + l.factor_offset[li],
-                          grads + l.slice_offset[L.weight], grads + l.slice_offset[L.bias], first, relu_out, slots);
+                          factored ? factors + std::int64_t(example) * l.factor_floats + l.factor_offset[li] : nullptr,
+                          factored ? nullptr : grads + l.slice_offset[L.weight],
+                          factored ? nullptr : grads + l.slice_offset[L.bias], first, relu_out, slots);
           break;
+        }
         case CnnLayerOp::max_pool2d: max_pool_backward(b, L, g, in, g_in, relu_out); break;
         case CnnLayerOp::relu:
           for (int i = b.tid; i < n; i += b.threads) g_in[i] = out[i] > 0.f ? g[i] : 0.f;
@@ -814,8 +826,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
     if (threadIdx.x >= 32) return;
     const std::int32_t step = *a.step;  // written only by the previous step's update
     wait_for_previous_kernel();
-    const float* example_loss =
-        a.workspace + std::int64_t(blocks) * l.slice_floats + std::int64_t(a.batch) * l.factor_floats;
+    const float* example_loss = example_losses(a, l, blocks);
     float sum = 0.f;
     for (int i = threadIdx.x; i < a.batch; i += 32) sum += example_loss[i];
     sum = warp_sum(sum);

@@ -16,6 +16,7 @@
 #include "runtime/tensor_blob.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/checkpoint_checks.hpp"
+#include "tests/support/training_helpers.hpp"
 #include "tests/support/temp_files.hpp"
 #include "tests/support/test_data.hpp"
 
@@ -96,15 +97,8 @@ TEST_CASE("the CNN's graph replay, stream launches and 5 steps per graph launch 
     stream->train(15);
     unrolled->train(15);
     const auto a = replay->save_state();
-    const auto b = stream->save_state();
-    const auto c = unrolled->save_state();
-    REQUIRE(a.size() == b.size());
-    REQUIRE(a.size() == c.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      CAPTURE(a[i].name);
-      CHECK(a[i] == b[i]);
-      CHECK(a[i] == c[i]);
-    }
+    test::check_same_state(a, stream->save_state());
+    test::check_same_state(a, unrolled->save_state());
     CHECK(replay->last_loss() == stream->last_loss());
   }
   fs::remove_all(out);

@@ -175,13 +175,7 @@ TEST_CASE("the fused CNN step: graph replay and stream launches end in the same 
   REQUIRE(stream->description().find("cnn_step") != std::string::npos);
   replay->train(9);
   stream->train(9);
-  const auto a = replay->save_state();
-  const auto b = stream->save_state();
-  REQUIRE(a.size() == b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    CAPTURE(a[i].name);
-    CHECK(a[i] == b[i]);
-  }
+  test::check_same_state(*replay, *stream);
   CHECK(replay->last_loss() == stream->last_loss());
 }
 
@@ -209,11 +203,6 @@ TEST_CASE("the fused CNN step's parameter image: kept by the updates == rebuilt 
   b->load_state(saved);  // over the image of b's initial weights
   b->train(2);
   const auto fresh = b->save_state();
-  REQUIRE(kept.size() == reloaded.size());
-  REQUIRE(kept.size() == fresh.size());
-  for (std::size_t i = 0; i < kept.size(); ++i) {
-    CAPTURE(kept[i].name);
-    CHECK(kept[i] == reloaded[i]);
-    CHECK(kept[i] == fresh[i]);
-  }
+  test::check_same_state(kept, reloaded);
+  test::check_same_state(kept, fresh);
 }

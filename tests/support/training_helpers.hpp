@@ -79,15 +79,16 @@ inline std::vector<float> all_parameters(Trainer& t) {
   return out;
 }
 
-// Every entry of the two trainers' saved state (parameters, optimizer state,
-// step, shuffle) is bit-identical.
-inline void check_same_state(Trainer& a, Trainer& b) {
-  const auto x = a.save_state(), y = b.save_state();
+// Every entry of two saved states (parameters, optimizer state, step,
+// shuffle) is bit-identical.
+inline void check_same_state(const std::vector<io::TensorBlob>& x, const std::vector<io::TensorBlob>& y) {
   REQUIRE(x.size() == y.size());
   for (std::size_t i = 0; i < x.size(); ++i) {
     INFO("entry " << x[i].name);
     CHECK(x[i] == y[i]);
   }
 }
+// The same for the two trainers' states now.
+inline void check_same_state(Trainer& a, Trainer& b) { check_same_state(a.save_state(), b.save_state()); }
 
 }  // namespace sg::test
