@@ -28,8 +28,8 @@ int run_export(const ExportRequest& r) {
   const std::string bytes = r.format == "onnx" ? exporting::onnx_bytes(model) : exporting::safetensors_bytes(model);
   io::write_file_atomically(r.out, bytes);
   spdlog::info("wrote {} ({}, {} bytes) from {}", r.out, r.format, bytes.size(), r.checkpoint);
-  spdlog::info("model: {}; it expects inputs scaled as x * {} + {} ({} features, {})",
-               exporting::torch_sequential_text(model), model.input_scale, model.input_shift, saved.inputs(),
+  spdlog::info("model: {}; it expects inputs scaled as {} ({} features, {})", exporting::torch_sequential_text(model),
+               exporting::input_scaling_text(model), saved.inputs(),
                r.format == "onnx" ? (model.regression ? "ONNX input 'input', output 'outputs'"
                                                       : "ONNX input 'input', outputs 'logits' and 'probabilities'; "
                                                         "the scaling is inside the graph")

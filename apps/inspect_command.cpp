@@ -165,7 +165,9 @@ std::string run_inspect(const TrainConfig& config, const InspectRequest& request
   std::string out;
   const auto& f = request.format;
   if (!request.out.empty()) io::check_writable_file(request.out, "inspect -o");  // before any work
-  if (request.world_size < 0 || (request.world_size > 0 && (request.rank < 0 || request.rank >= request.world_size)))
+  if (request.world_size < 0)
+    throw ConfigError(fmt::format("inspect: --world-size must be >= 0 (got {}; 0: a single-process run)", request.world_size));
+  if (request.world_size > 0 && (request.rank < 0 || request.rank >= request.world_size))
     throw ConfigError(fmt::format("inspect: --rank {} is not in 0..{} (--world-size {})", request.rank,
                                   request.world_size - 1, request.world_size));
   if (f == "cuda-graph") {

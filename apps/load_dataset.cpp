@@ -4,6 +4,7 @@
 #include <future>
 
 #include "apps/backend_choice.hpp"
+#include "runtime/data/data_file_checks.hpp"
 #include "runtime/data/idx_reader.hpp"
 
 namespace sg::app {
@@ -59,6 +60,7 @@ Dataset load_dataset(const TrainConfig& config) {
     auto splits = data::load_dataset_files(files);
     return Dataset{std::move(splits.train), std::move(splits.test)};
   }
+  data::check_data_paths(files, "idx");  // data.dir named in one line, before the readers' threads start
   auto test = std::async(std::launch::async, [&] { return data::load_split(d.dir, "t10k", d.test_limit); });
   auto train = data::load_split(d.dir, "train", d.train_limit);
   return Dataset{std::move(train), test.get()};

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/cli_bounds.hpp"
 #include "apps/config/backend_options_from_config.hpp"
 #include "apps/saved_model.hpp"
 #include "graph/fusion_pass.hpp"
@@ -47,7 +48,7 @@ void add_predict_options(CLI::App& cmd, PredictRequest& r) {
   cmd.add_option("-i,--input", r.input, "features: x.npy (N x D or N x C x H x W) or file.npz:array")->required();
   cmd.add_option("-o,--out", r.out, "predictions .npy to write (f32 [N, outputs])")->required();
   cmd.add_option("--backend", r.backend, "auto | cuda | cpu")->capture_default_str();
-  cmd.add_option("--batch-size", r.batch_size, "rows per forward pass")->capture_default_str();
+  cmd.add_option("--batch-size", r.batch_size, "rows per forward pass")->capture_default_str()->check(integer_in(1));
   cmd.add_option("--output", r.output, "probabilities | logits (classifiers; regression writes its outputs)")
       ->capture_default_str();
 }
@@ -57,7 +58,7 @@ int run_predict(const PredictRequest& r) {
     throw ConfigError(fmt::format("--backend '{}' is not one of auto, cuda, cpu", r.backend));
   if (r.output != "probabilities" && r.output != "logits")
     throw ConfigError(fmt::format("--output '{}' is not one of probabilities, logits", r.output));
-  if (r.batch_size <= 0) throw ConfigError(fmt::format("--batch-size {} must be > 0", r.batch_size));
+  if (r.batch_size <= 0) throw ConfigError(fmt::format("--batch-size must be >= 1 (got {})", r.batch_size));
   io::check_writable_file(r.out, "-o");
   const SavedModel saved = load_saved_model(r.checkpoint);
   data::ImageSet table = data::read_feature_table("--input", r.input, "x");

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/cli_bounds.hpp"
 #include "apps/load_dataset.hpp"
 #include "apps/profile_cost.hpp"
 #include "apps/report/sm_clock.hpp"
@@ -30,8 +31,8 @@
 namespace sg::app {
 
 void add_profile_options(CLI::App& cmd, ProfileRequest& r) {
-  cmd.add_option("--steps", r.steps, "profiled steps (median and min over these)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd.add_option("--warmup", r.warmup, "untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd.add_option("--steps", r.steps, "profiled steps (median and min over these)")->capture_default_str()->check(integer_in(1));
+  cmd.add_option("--warmup", r.warmup, "untimed steps first")->capture_default_str()->check(integer_in(0));
   cmd.add_option("--trace", r.trace, "Chrome/Perfetto trace path (default <out-dir>/trace.json)");
   cmd.add_option("--out-dir", r.out_dir, "where profile.{txt,csv,json,svg} go (default <run.out_dir>/profile)");
   cmd.add_flag("!--no-floors", r.floors, "CUDA: skip measuring the bench floors (rates then read against nominal H100 peaks)");
@@ -239,8 +240,7 @@ ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req,
   const std::size_t count = launches.size();
   for (std::size_t i = 0; i < count; ++i) {
     const Launch& l = launches[i];
-    std::vector<NodeId> nodes = l.nodes;
-    nodes.insert(nodes.end(), l.riders.begin(), l.riders.end());
+    const std::vector<NodeId>& nodes = l.nodes;  // riders (the step advance) are among them already
     report::ProfileRow row;
     row.index = int(i);
     row.name = std::string(l.lowering->name());

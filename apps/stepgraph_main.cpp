@@ -17,20 +17,34 @@
 #include "apps/inspect_command.hpp"
 #include "apps/profile_command.hpp"
 #include "apps/rank_supervisor.hpp"
+#include "apps/run_lock.hpp"
 #include "apps/training_run.hpp"
 
 namespace {
 
 std::atomic<bool> g_stop_requested{false};
+// Set once training steps begin (or a supervisor starts its ranks): before,
+// during the config, the data load and the backend's construction, there is
+// nothing to checkpoint.
+std::atomic<bool> g_training_started{false};
 volatile std::sig_atomic_t g_stop_signal = SIGINT;
 
-// SIGINT (Ctrl-C) and SIGTERM (schedulers, timeout) stop training after the
-// current launch and write a checkpoint; exit 128 + signal (130 / 143). A
-// second signal exits at once, without a checkpoint.
+// SIGINT (Ctrl-C) and SIGTERM (schedulers, timeout) before training exit at
+// once (128 + signal), removing the run's lock file and any folder it
+// created. Once training, they stop it after the current launch (or eval
+// batch) and write a checkpoint; exit 128 + signal (130 / 143). A second
+// signal exits at once, without a checkpoint.
 extern "C" void on_stop_signal(int sig) {
+  if (!g_training_started.load()) {
+    static const char msg[] = "\nstepgraph: stopped before training started: nothing to checkpoint\n";
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    sg::app::abandon_run_outputs_from_signal();
+    std::_Exit(128 + sig);
+  }
   if (g_stop_requested.exchange(true)) {
     static const char msg[] = "\nstepgraph: second interrupt: exiting now, without a checkpoint\n";
     [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    sg::app::abandon_run_outputs_from_signal();  // the lock file (the run's folders stay: it has outputs)
     std::_Exit(128 + sig);
   }
   g_stop_signal = sig;
@@ -49,26 +63,27 @@ struct ConfigArgs {
 };
 
 int train(const ConfigArgs& args, const sg::app::RankLaunch& cli_launch, int argc, char** argv) {
+  // First thing: a stop while a huge config parses or the data loads must end the process.
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   const auto launch = sg::app::resolve_rank_launch(cli_launch);  // --gpus, --rank ... or the torchrun variables
   if (launch.gpus > 0) {  // start and supervise the ranks; this process trains nothing
     sg::app::check_can_supervise(args.load(), launch.gpus);  // a bad config fails here once, not in every rank
-    std::signal(SIGINT, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
+    g_training_started = true;  // from here a stop is forwarded to the ranks, which write the checkpoint
     return sg::app::supervise_ranks(launch, "/proc/self/exe", sg::app::rank_child_args(argc, argv), &g_stop_requested,
                                     &g_stop_signal);
   }
   if (launch.data_parallel()) {
     // A rank stops with its supervisor or launcher (default SIGINT/SIGTERM
     // action): ranks stopping at different steps could not agree on a checkpoint.
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
     spdlog::set_pattern(fmt::format("[%Y-%m-%d %H:%M:%S.%e] [rank {}] [%^%l%$] %v", launch.rank));
     if (launch.rank > 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports the run
-  } else {
-    std::signal(SIGINT, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
   }
   const auto config = args.load();
-  const auto summary =
-      sg::app::run_training(config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0 && launch.rank <= 0, true}, launch);
+  const auto summary = sg::app::run_training(
+      config, {&g_stop_requested, ::isatty(STDOUT_FILENO) != 0 && launch.rank <= 0, true, &g_training_started}, launch);
   if (summary.interrupted) return 128 + g_stop_signal;
   if (launch.rank > 0) return 0;  // rank 0 prints the result
   if (std::isnan(summary.final_eval.accuracy))  // a regression run (model.loss mse/l1): test loss only
@@ -79,7 +94,7 @@ int train(const ConfigArgs& args, const sg::app::RankLaunch& cli_launch, int arg
     std::printf("test accuracy %.2f%%  (test loss %.4f, final train loss %.4f, %lld steps, %.2f s, %s)\n",
                 100 * summary.final_eval.accuracy, summary.final_eval.loss, summary.final_train_loss,
                 static_cast<long long>(summary.steps), summary.seconds, summary.backend.c_str());
-  return 0;
+  return g_stop_requested ? 128 + g_stop_signal : 0;  // a stop that came after the final evaluation still says so
 }
 
 }  // namespace

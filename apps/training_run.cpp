@@ -17,6 +17,9 @@
 #include "apps/data_parallel_run.hpp"
 #include "apps/load_dataset.hpp"
 #include "apps/lr_schedule.hpp"
+#include "apps/memory_estimate.hpp"
+#include "apps/resume_check.hpp"
+#include "apps/run_lock.hpp"
 #include "apps/saved_model.hpp"
 #include "apps/report/metrics_log.hpp"
 #include "apps/report/progress.hpp"
@@ -36,6 +39,27 @@ std::int64_t next_multiple(std::int64_t step, std::int64_t every, std::int64_t t
   return std::min(total, (step / every + 1) * every);
 }
 
+// The resolved config for the log: at most a screenful (a model.layers list
+// of thousands of entries is one very long line), the rest left to the file.
+std::string config_for_log(const std::string& yaml, const std::filesystem::path& full) {
+  constexpr std::size_t kMaxLines = 100, kMaxWidth = 160;
+  std::string shown;
+  std::size_t lines = 0, start = 0;
+  while (start < yaml.size()) {
+    auto end = yaml.find('\n', start);
+    if (end == std::string::npos) end = yaml.size();
+    if (lines < kMaxLines) {
+      const auto line = yaml.substr(start, std::min(end - start, kMaxWidth));
+      shown += line + (end - start > kMaxWidth ? " ...\n" : "\n");
+    }
+    ++lines;
+    start = end + 1;
+  }
+  if (lines > kMaxLines) shown += fmt::format("... {} more lines\n", lines - kMaxLines);
+  if (lines > kMaxLines || shown.size() < yaml.size()) shown += fmt::format("(the full config: {})\n", full.string());
+  return shown;
+}
+
 class TrainingLoop {
  public:
   TrainingLoop(const TrainConfig& config, const RunControls& controls, const RankLaunch& rank_launch)
@@ -46,14 +70,16 @@ class TrainingLoop {
         launch_steps_(std::max<std::int64_t>(1, config.backend.steps_per_launch)) {}
 
   TrainSummary run() {
-    if (writes_outputs_) check_outputs();  // before any work: a bad output path must not cost a whole run
-    std::optional<io::Checkpoint> resume_from;
-    if (!config_.run.resume.empty()) resume_from = load_resume_checkpoint();
+    // Before any work: a bad output path or an out_dir in use must not cost a whole run.
+    if (writes_outputs_) claim_outputs();
+    if (!config_.run.resume.empty()) resume_from_ = load_resume_point(config_, rank_launch_.world_size);
+    // The model alone (tables of one batch), before the data is read: a model
+    // that cannot fit fails here instead of in an allocation after the data load.
+    check_memory(data_shape_before_loading(config_), config_.backend.kind != "cpu" || data_parallel(), false);
     // The CUDA start-up (driver, context, cuBLASLt) begins on worker threads
     // now, once the output paths and the resume checkpoint are known to be
-    // good, so writing config.yaml and reading the data both overlap it. A
-    // data-parallel rank starts none: that would land on GPU 0 for every
-    // rank; its trainer selects its own GPU.
+    // good, so reading the data overlaps it. A data-parallel rank starts
+    // none: that would land on GPU 0 for every rank; its trainer selects its own GPU.
     std::future<DeviceWarmup> device_ready;
     if (!data_parallel()) device_ready = start_device_warmup(config_);
     const std::string resolved = to_yaml(config_);
@@ -62,14 +88,15 @@ class TrainingLoop {
       group_ = join_data_parallel_run(config_, rank_launch_, resolved);
       summary_.timing.add("data-parallel rendezvous (every rank, NCCL id)", seconds_since(start));
     }
-    if (writes_outputs_) {
-      spdlog::info("resolved config ({}):\n{}", config_.source, resolved);
-      io::write_file_atomically(out_dir_ / "config.yaml", resolved);
-    }
+    if (writes_outputs_)
+      spdlog::info("resolved config ({}):\n{}", config_.source, config_for_log(resolved, out_dir_ / "config.yaml"));
 
     Dataset data = data_parallel() ? load_dataset(config_)
                                    : load_dataset_while_device_starts(config_, std::move(device_ready), summary_.timing);
     check_data(data);
+    const bool cuda = data_parallel() || config_.backend.kind == "cuda" ||
+                      (config_.backend.kind == "auto" && cuda_backend_usable());
+    check_memory(data_shape_of(data), cuda, true);
     feature_dtype_ = data.train.images.dtype;
     spdlog::info("data: {} training and {} test {} of {}x{} {} from {}", data.train.images.count,
                  data.test.images.count, data.train.images.dtype == DType::u8 ? "images" : "rows",
@@ -89,7 +116,13 @@ class TrainingLoop {
                                       group_.world_size, group_.world_size, config_.data.batch_size);
     spdlog::info("backend: {}", summary_.backend);
     total_ = total_steps(config_, data.train.images.count / ranks());  // epochs of global batches of ranks x batch rows
-    if (resume_from) resume(*resume_from);
+    if (resume_from_) resume(data.train.images.count / ranks());
+    // Every check passed and the trainer stands: from here the run has outputs.
+    if (writes_outputs_) {
+      io::write_file_atomically(out_dir_ / "config.yaml", resolved);
+      new_folders_.keep();
+    }
+    if (controls_.training_started) controls_.training_started->store(true);
     phase_start = Clock::now();
     train_until_done();
     if (data_parallel()) end_data_parallel_steps(*trainer_, group_, !summary_.interrupted);  // goodbye to the peers
@@ -106,79 +139,39 @@ class TrainingLoop {
   }
 
  private:
-  void check_outputs() const {
-    io::check_writable_dir(out_dir_, "run.out_dir");
-    io::check_writable_file(checkpoint_path(), config_.run.checkpoint.empty() ? "the checkpoint in run.out_dir" : "run.checkpoint");
+  // The out_dir (created if missing, removed again if this run fails before
+  // it writes an output), locked against a second run writing into it, and
+  // the checkpoint's folder.
+  void claim_outputs() {
+    new_folders_.create(out_dir_, "run.out_dir");
+    lock_.emplace(out_dir_);
+    const auto checkpoint = checkpoint_path();
+    if (std::filesystem::is_directory(checkpoint))
+      throw io::IoError(fmt::format("{} {}: is a folder, expected a file path", checkpoint_key(), checkpoint.string()));
+    new_folders_.create(checkpoint.parent_path(), checkpoint_key());
+    // A config written for the old rule (a path relative to the working
+    // folder that repeats run.out_dir) now lands one level deeper: say so.
+    const std::filesystem::path given = config_.run.checkpoint;
+    const auto inside_out_dir = given.lexically_normal().lexically_relative(out_dir_.lexically_normal());
+    if (!given.empty() && given.is_relative() && !inside_out_dir.empty() && *inside_out_dir.begin() != ".." &&
+        inside_out_dir != given.lexically_normal())
+      spdlog::warn("run.checkpoint {} is relative, so it goes under run.out_dir: {} (for {}, give run.checkpoint: {})",
+                   given.string(), checkpoint.string(), (out_dir_ / inside_out_dir).string(), inside_out_dir.string());
   }
 
-  // The checkpoint to resume from, refused when this config would train it
-  // differently from the run that wrote it.
-  io::Checkpoint load_resume_checkpoint() const {
-    auto ckpt = io::load_checkpoint(config_.run.resume);
-    // A step's batches depend on the rank count: resume at the one that wrote it.
-    if (const int saved = data_parallel_ranks_of(ckpt.tensors); saved != rank_launch_.world_size)
-      throw ConfigError(fmt::format("{}: run.resume {} was written by {} but this run is {}; resume it as it was written{}",
-                                    config_.source, config_.run.resume,
-                                    saved > 0 ? fmt::format("a data-parallel run over {} ranks", saved)
-                                              : std::string("a single-process run"),
-                                    data_parallel() ? fmt::format("data parallel over {} ranks", ranks())
-                                                    : std::string("a single-process run"),
-                                    saved > 0 ? fmt::format(" (--gpus {})", saved) : std::string(" (without --gpus)")));
-    TrainConfig saved;
-    try {
-      saved = parse_config(ckpt.config_yaml, config_.run.resume + " (its saved config)");
-    } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("run.resume {}: cannot read the config saved in the checkpoint: {}", config_.run.resume, e.what()));
-    }
-    auto differs = [&](const char* key, auto a, auto b) {
-      if (a != b)
-        throw ConfigError(fmt::format("{}: run.resume {}: {} is {} here but {} in the checkpoint's run; resuming would "
-                                      "change the training trajectory (use the checkpoint's value or start a fresh run)",
-                                      config_.source, config_.run.resume, key, fmt::format("{}", b), fmt::format("{}", a)));
-    };
-    differs("model.layers", fmt::format("{}", fmt::join(saved.model.layers, ",")), fmt::format("{}", fmt::join(config_.model.layers, ",")));
-    differs("model.input", fmt::format("[{}]", fmt::join(saved.model.input_shape, ",")),
-            fmt::format("[{}]", fmt::join(config_.model.input_shape, ",")));
-    const auto layer_list = [](const ModelConfig& m) {
-      std::vector<std::string> texts;
-      for (const auto& l : m.sequential) texts.push_back(layer_text(l));
-      return fmt::format("[{}]", fmt::join(texts, ", "));
-    };
-    differs("model.sequential", layer_list(saved.model), layer_list(config_.model));
-    differs("model.activation", saved.model.activation, config_.model.activation);
-    differs("model.loss", saved.model.loss, config_.model.loss);
-    differs("model.label_smoothing", saved.model.label_smoothing, config_.model.label_smoothing);
-    differs("model.dropout", saved.model.dropout, config_.model.dropout);
-    differs("data.batch_size", saved.data.batch_size, config_.data.batch_size);
-    differs("data.shuffle_seed", saved.data.shuffle_seed, config_.data.shuffle_seed);
-    differs("data.train_limit", saved.data.train_limit, config_.data.train_limit);
-    differs("data.normalize", saved.data.normalize, config_.data.normalize);
-    differs("data.mean", saved.data.mean, config_.data.mean);
-    differs("data.std", saved.data.std, config_.data.std);
-    differs("data.format", saved.data.format, config_.data.format);
-    differs("data.train_x", saved.data.train_x, config_.data.train_x);
-    differs("data.train_y", saved.data.train_y, config_.data.train_y);
-    differs("data.label_column", saved.data.label_column, config_.data.label_column);
-    differs("data.test_fraction", saved.data.test_fraction, config_.data.test_fraction);
-    differs("data.split_seed", saved.data.split_seed, config_.data.split_seed);
-    differs("optim.lr", saved.optim.lr, config_.optim.lr);
-    differs("optim.momentum", saved.optim.momentum, config_.optim.momentum);
-    differs("optim.weight_decay", saved.optim.weight_decay, config_.optim.weight_decay);
-    differs("optim.name", saved.optim.name, config_.optim.name);
-    differs("optim.nesterov", saved.optim.nesterov, config_.optim.nesterov);
-    differs("optim.betas[0]", saved.optim.beta1, config_.optim.beta1);
-    differs("optim.betas[1]", saved.optim.beta2, config_.optim.beta2);
-    differs("optim.eps", saved.optim.eps, config_.optim.eps);
-    differs("optim.clip_grad_norm", saved.optim.clip_grad_norm, config_.optim.clip_grad_norm);
-    differs("optim.schedule.kind", saved.optim.schedule.kind, config_.optim.schedule.kind);
-    differs("optim.schedule.warmup_steps", saved.optim.schedule.warmup_steps, config_.optim.schedule.warmup_steps);
-    differs("optim.schedule.step_size", saved.optim.schedule.step_size, config_.optim.schedule.step_size);
-    differs("optim.schedule.gamma", saved.optim.schedule.gamma, config_.optim.schedule.gamma);
-    differs("optim.schedule.min_lr", saved.optim.schedule.min_lr, config_.optim.schedule.min_lr);
-    differs("precision.weights", saved.precision.weights, config_.precision.weights);
-    differs("precision.accumulate", saved.precision.accumulate, config_.precision.accumulate);
-    differs("precision.compute", saved.precision.compute, config_.precision.compute);
-    return ckpt;
+  std::string checkpoint_key() const {
+    return config_.run.checkpoint.empty() ? "the checkpoint in run.out_dir" : "run.checkpoint";
+  }
+
+  // Refuses (ConfigError naming the model key and the GB) a run whose
+  // estimated memory exceeds the host's or the GPU's; warns above half when `warn`.
+  void check_memory(const DataShape& shape, bool cuda, bool warn) const {
+    const auto need = estimate_run_memory(config_, shape, cuda);
+    // A data-parallel rank's GPU is selected by its trainer: only the host is checked here.
+    const auto available = available_memory(cuda && !data_parallel());
+    const auto warnings = check_memory_fits(config_, need, available, shape.loaded_bytes);
+    if (warn)
+      for (const auto& warning : warnings) spdlog::warn("{}", warning);
   }
 
   // Where the training (or test) data came from, for messages: data.dir's IDX
@@ -221,7 +214,11 @@ class TrainingLoop {
                                     config_.data.batch_size, data.train.images.count));
   }
 
-  void resume(const io::Checkpoint& ckpt) {
+  void resume(std::int64_t train_rows) {
+    const auto& ckpt = resume_from_->checkpoint;
+    for (const auto& warning :
+         resume_trajectory_warnings(config_, *resume_from_, total_, total_steps(resume_from_->saved, train_rows)))
+      spdlog::warn("{}", warning);
     trainer_->load_state(without_data_parallel_ranks(without_feature_dtype(ckpt.tensors)));
     first_step_ = last_finite_step_ = trainer_->step();
     // Continue the metrics of the interrupted run in the same out_dir: its rows
@@ -236,6 +233,7 @@ class TrainingLoop {
     }
     spdlog::info("resumed from {} at step {}{}", config_.run.resume, trainer_->step(),
                  metrics_.rows().empty() ? "" : fmt::format(" (appending to {})", csv.string()));
+    resume_from_.reset();  // its tensors are in the trainer now
   }
 
   void train_until_done() {
@@ -276,7 +274,7 @@ class TrainingLoop {
       }
       if (config_.run.eval_every > 0 && now_step % config_.run.eval_every == 0 && now_step < total_) {
         progress.finish();
-        evaluate(now_step, elapsed_before_ + seconds_since(start));
+        if (!evaluate(now_step, elapsed_before_ + seconds_since(start))) break;  // stopped
         window_start = Clock::now();  // keep evaluation out of the step timing
       }
       if (config_.run.checkpoint_every > 0 && now_step % config_.run.checkpoint_every == 0) save_checkpoint(checkpoint_path());
@@ -303,10 +301,16 @@ class TrainingLoop {
     return loss;
   }
 
-  EvalResult evaluate(std::int64_t step, double elapsed) {
+  // The test set's loss (and accuracy), logged and recorded; nullopt when a
+  // stop request ended it early (within one eval batch).
+  std::optional<EvalResult> evaluate(std::int64_t step, double elapsed) {
     const auto eval_start = Clock::now();
-    const EvalResult r = trainer_->evaluate();
+    const EvalResult r = trainer_->evaluate_cancellable([this] { return stop_requested(); });
     eval_seconds_ += seconds_since(eval_start);
+    if (r.stopped) {
+      spdlog::info("evaluation at step {} stopped after {} test examples", step, r.examples);
+      return std::nullopt;
+    }
     // A regression run (model.loss mse/l1) measures no accuracy (NaN): its eval is the test loss alone.
     if (std::isnan(r.accuracy))
       spdlog::info("eval at step {}: test loss {:.4f} ({} examples)", step, r.loss, r.examples);
@@ -317,9 +321,12 @@ class TrainingLoop {
     return r;
   }
 
+  // run.checkpoint, a relative one under run.out_dir (so a run given another
+  // out_dir never overwrites the config's checkpoint); OUT_DIR/checkpoint.sgck without one.
   std::filesystem::path checkpoint_path() const {
-    if (!config_.run.checkpoint.empty()) return config_.run.checkpoint;
-    return out_dir_ / "checkpoint.sgck";
+    const std::filesystem::path given = config_.run.checkpoint;
+    if (given.empty()) return out_dir_ / "checkpoint.sgck";
+    return given.is_absolute() ? given : out_dir_ / given;
   }
 
   // The trainer's state now, as a checkpoint (host copies of the device state).
@@ -354,14 +361,17 @@ class TrainingLoop {
   void finish() {
     std::future<double> checkpoint_written;
     std::filesystem::path final_checkpoint;
+    if (!summary_.interrupted) {
+      if (summary_.steps == first_step_ && first_step_ > 0)
+        spdlog::warn("nothing to train: {} is already at step {} of {}", config_.run.resume, first_step_, total_);
+      if (const auto eval = evaluate(summary_.steps, elapsed_before_ + summary_.seconds)) summary_.final_eval = *eval;
+      else summary_.interrupted = true;  // stopped during the final evaluation: a stopped run like any other
+    }
     if (summary_.interrupted) {
       spdlog::warn("interrupted at step {} of {}", summary_.steps, total_);
       final_checkpoint = checkpoint_path();
-    } else {
-      if (summary_.steps == first_step_ && first_step_ > 0)
-        spdlog::warn("nothing to train: {} is already at step {} of {}", config_.run.resume, first_step_, total_);
-      summary_.final_eval = evaluate(summary_.steps, elapsed_before_ + summary_.seconds);
-      if (!config_.run.checkpoint.empty()) final_checkpoint = config_.run.checkpoint;
+    } else if (!config_.run.checkpoint.empty()) {
+      final_checkpoint = checkpoint_path();
     }
     if (!final_checkpoint.empty()) checkpoint_written = start_final_checkpoint(final_checkpoint);
     const auto steps_here = summary_.steps - first_step_;  // this run's steps, not the resumed ones
@@ -391,7 +401,8 @@ class TrainingLoop {
     part_start = Clock::now();
     if (writes_outputs_) {
       metrics_.write(out_dir_);
-      metrics_.write_loss_plot(out_dir_, fmt::format("{} ({})", config_.source, summary_.backend));
+      metrics_.write_loss_plot(out_dir_, fmt::format("{} ({})", config_.source, summary_.backend),
+                               report::loss_plot_scale(config_.run.loss_plot_scale));
       output_parts_.emplace_back("metrics.csv, metrics.json, loss.svg", seconds_since(part_start));
     }
     if (released.valid())
@@ -423,6 +434,9 @@ class TrainingLoop {
 
   const TrainConfig& config_;
   RunControls controls_;
+  NewFolders new_folders_;        // destroyed after lock_: the lock file goes first
+  std::optional<RunLock> lock_;   // the out_dir's, held by the run that writes outputs
+  std::optional<ResumePoint> resume_from_;
   RankLaunch rank_launch_;
   bool writes_outputs_ = !rank_launch_.data_parallel() || rank_launch_.rank == 0;
   DataParallelGroup group_;  // data parallel: this rank's place (world_size 0 otherwise)

@@ -36,11 +36,17 @@ struct RunControls {
   // destroys the CUDA context itself, beside writing its outputs, instead of
   // leaving that to the exit (runtime/cuda/device_release.hpp).
   bool release_device_at_end = false;
+  // Set when the run starts its training steps (the config, data and backend
+  // are ready and config.yaml is written): until then a stop has nothing to
+  // checkpoint (the CLI's signal handler exits at once).
+  std::atomic<bool>* training_started = nullptr;
 };
 
 // `rank_launch`: one rank of a data-parallel run (issue 25) when its world_size
 // > 0: every rank trains, rank 0 alone writes config.yaml, metrics, loss.svg
-// and checkpoints.
+// and checkpoints (and locks run.out_dir). A stop request (controls) ends the
+// steps within one launch and an evaluation within one eval batch; the
+// summary is then `interrupted` and a checkpoint is written.
 TrainSummary run_training(const TrainConfig& config, const RunControls& controls = {},
                           const RankLaunch& rank_launch = {});
 

@@ -2,6 +2,7 @@
 // What the training app drives, whatever the backend: run steps, read the
 // loss, evaluate, change the learning rate, save and restore state.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -60,7 +61,13 @@ struct EvalResult {
   double loss = 0;
   double accuracy = 0;
   std::int64_t examples = 0;
+  // A stop request ended the evaluation early: loss and accuracy cover the
+  // `examples` evaluated until then, not the test split.
+  bool stopped = false;
 };
+
+// Asked between evaluation batches; true ends the evaluation there (Ctrl-C).
+using EvalStopCheck = std::function<bool()>;
 
 class Trainer {
  public:
@@ -68,7 +75,10 @@ class Trainer {
   virtual std::string description() const = 0;
   virtual void train(std::int64_t steps) = 0;
   virtual double last_loss() = 0;  // loss of the most recent step
-  virtual EvalResult evaluate() = 0;
+  // The whole test split, one eval batch at a time.
+  EvalResult evaluate() { return evaluate_cancellable({}); }
+  // The same, asking `stop_requested` (when set) before every eval batch.
+  virtual EvalResult evaluate_cancellable(const EvalStopCheck& stop_requested) = 0;
   virtual void set_learning_rate(double lr) = 0;
   // Parameters, then optimizer state (the step counter excluded), in graph
   // order and by value name, then the global step (i32 [1] kStepEntry).

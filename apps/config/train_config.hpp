@@ -102,7 +102,9 @@ struct PrecisionConfig {
 };
 
 struct RunConfig {
-  std::int64_t steps = 0;          // exactly one of steps / epochs is > 0
+  // Exactly one of steps / epochs is > 0. A --set of one over a file that sets the other replaces it
+  // (`--set run.steps=50` on an epochs config trains 50 steps; parse_config logs that).
+  std::int64_t steps = 0;
   std::int64_t epochs = 0;
   std::uint64_t seed = 0;          // parameter initialisation
   std::int64_t eval_every = 0;     // 0 = only at the end
@@ -111,6 +113,9 @@ struct RunConfig {
   std::string checkpoint;          // path to write at the end / on Ctrl-C ("" = none)
   std::int64_t checkpoint_every = 0;
   std::string resume;              // checkpoint to resume from ("" = fresh)
+  // loss.svg's y axis: linear | log | auto (log when every loss is > 0 and they span more than two decades,
+  // as a regression run's late losses do; linear otherwise).
+  std::string loss_plot_scale = "auto";
 };
 
 struct BackendConfig {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -62,7 +63,18 @@ void MetricsLog::write(const std::filesystem::path& dir) const {
   io::write_file_atomically(dir / "metrics.json", nlohmann::json{{"rows", rows}}.dump(2) + "\n");
 }
 
-void MetricsLog::write_loss_plot(const std::filesystem::path& dir, const std::string& title) const {
+LossPlotScale loss_plot_scale(const std::string& name) {
+  if (name == "linear") return LossPlotScale::linear;
+  if (name == "log") return LossPlotScale::log;
+  if (name == "auto") return LossPlotScale::automatic;
+  throw std::invalid_argument(fmt::format("loss plot scale '{}' is not one of linear, log, auto", name));
+}
+
+void MetricsLog::write_loss_plot(const std::filesystem::path& dir, const std::string& title, LossPlotScale scale) const {
+  io::write_file_atomically(dir / "loss.svg", loss_plot_svg(title, scale));
+}
+
+std::string MetricsLog::loss_plot_svg(const std::string& title, LossPlotScale scale) const {
   Series train{"train loss", {}, {}}, test{"test loss", {}, {}}, acc{"test error (1 - accuracy)", {}, {}};
   for (const auto& r : rows_) {
     if (std::isfinite(r.train_loss)) {
@@ -81,7 +93,21 @@ void MetricsLog::write_loss_plot(const std::filesystem::path& dir, const std::st
   std::vector<Series> series;
   for (auto* s : {&train, &test, &acc})
     if (!s->x.empty()) series.push_back(*s);
-  io::write_file_atomically(dir / "loss.svg", render_svg({title, "step", "loss / error", false, false}, series));
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const auto& s : series)
+    for (double y : s.y) {
+      lo = std::min(lo, y);
+      hi = std::max(hi, y);
+    }
+  const bool log = scale == LossPlotScale::log || (scale == LossPlotScale::automatic && lo > 0 && hi > 100 * lo);
+  if (log)  // a log axis has no place for 0 (a test error of 0 at 100% accuracy): those points are left out
+    for (auto& s : series)
+      for (std::size_t i = s.y.size(); i-- > 0;)
+        if (!(s.y[i] > 0)) {
+          s.x.erase(s.x.begin() + static_cast<std::ptrdiff_t>(i));
+          s.y.erase(s.y.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+  return render_svg({title, "step", log ? "loss / error (log scale)" : "loss / error", false, log}, series);
 }
 
 }  // namespace sg::report

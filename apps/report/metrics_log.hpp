@@ -19,6 +19,12 @@ struct MetricsRow {
   double elapsed_s = 0;
 };
 
+// loss.svg's y axis (run.loss_plot_scale): automatic is log when every plotted value is > 0 and
+// they span more than two decades (a regression run's late losses are otherwise a flat line at 0).
+enum class LossPlotScale { linear, log, automatic };
+// "linear" | "log" | "auto"; throws std::invalid_argument for another name.
+LossPlotScale loss_plot_scale(const std::string& name);
+
 class MetricsLog {
  public:
   void add(const MetricsRow& row) { rows_.push_back(row); }
@@ -29,7 +35,10 @@ class MetricsLog {
   // Writes <dir>/metrics.csv and <dir>/metrics.json (NaN -> empty / null).
   void write(const std::filesystem::path& dir) const;
   // Writes <dir>/loss.svg: train loss and test loss over steps, test accuracy if any.
-  void write_loss_plot(const std::filesystem::path& dir, const std::string& title) const;
+  void write_loss_plot(const std::filesystem::path& dir, const std::string& title,
+                       LossPlotScale scale = LossPlotScale::automatic) const;
+  // That plot's SVG text.
+  std::string loss_plot_svg(const std::string& title, LossPlotScale scale = LossPlotScale::automatic) const;
 
  private:
   std::vector<MetricsRow> rows_;

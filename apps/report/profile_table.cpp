@@ -28,6 +28,20 @@ std::string xml_escape(const std::string& s) {
 
 std::string short_text(const std::string& s, std::size_t n) { return s.size() <= n ? s : s.substr(0, n - 3) + "..."; }
 
+// `text` in lines of at most `width` characters, broken at spaces (a longer word gets a line of its own).
+std::vector<std::string> wrap_words(const std::string& text, std::size_t width) {
+  std::vector<std::string> lines(1);
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const auto space = text.find(' ', start);
+    const std::string word = text.substr(start, space == std::string::npos ? std::string::npos : space - start);
+    start = space == std::string::npos ? text.size() : space + 1;
+    if (!lines.back().empty() && lines.back().size() + 1 + word.size() > width) lines.emplace_back();
+    lines.back() += (lines.back().empty() ? "" : " ") + word;
+  }
+  return lines;
+}
+
 std::string human_bytes(double b) {
   if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
@@ -105,8 +119,22 @@ nlohmann::json to_json(const ProfileReport& r) {
 }
 
 std::string to_svg(const ProfileReport& r) {
-  const int bar_h = 22, left = 330, right = 170, top = 50, width = 1000;
-  const int height = top + bar_h * int(r.rows.size() + r.totals.size()) + 40;
+  // Sized from the text (a fixed label column clipped long launch names on the left and the subtitle on
+  // the right): about 7 px per character at 12 px sans-serif, 8 px at 14 px, generous rather than clipped.
+  constexpr double char_px = 7.0, title_char_px = 8.0;
+  const int bar_h = 22, bars = 500, right = 170;
+  std::vector<std::string> labels;
+  for (const auto& row : r.rows) labels.push_back(short_text(fmt::format("{} {} ({})", row.index, row.name, row.ops), 100));
+  for (const auto& t : r.totals) labels.push_back(short_text(t.name, 100));
+  std::size_t longest = 0;
+  for (const auto& l : labels) longest = std::max(longest, l.size());
+  const int left = 16 + static_cast<int>(std::ceil(double(longest) * char_px));
+  const int width = std::max(1000, left + bars + right);
+  const auto title = wrap_words("stepgraph profile: " + r.config, static_cast<std::size_t>((width - 20) / title_char_px));
+  const auto subtitle =
+      wrap_words(r.backend + " — median us per launch, " + r.method, static_cast<std::size_t>((width - 20) / char_px));
+  const int top = 16 + 18 * int(title.size()) + 16 * int(subtitle.size());
+  const int height = top + bar_h * int(labels.size()) + 40;
   double max_us = 0;
   for (const auto& row : r.rows) max_us = std::max(max_us, row.median_us);
   for (const auto& t : r.totals) max_us = std::max(max_us, t.us);
@@ -114,12 +142,21 @@ std::string to_svg(const ProfileReport& r) {
   const double scale = double(width - left - right) / max_us;
   std::string out = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n<text x=\"10\" y=\"38\">{}</text>\n",
-      width, height, xml_escape("stepgraph profile: " + r.config), xml_escape(r.backend + " — median us per launch, " + r.method));
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      width, height);
+  int text_y = 20;
+  for (const auto& line : title) {
+    out += fmt::format("<text x=\"10\" y=\"{}\" font-size=\"14\">{}</text>\n", text_y, xml_escape(line));
+    text_y += 18;
+  }
+  for (const auto& line : subtitle) {
+    out += fmt::format("<text x=\"10\" y=\"{}\">{}</text>\n", text_y, xml_escape(line));
+    text_y += 16;
+  }
   int y = top;
-  const auto bar = [&](const std::string& name, double us, double min_us, const char* color) {
-    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 15, xml_escape(short_text(name, 52)));
+  std::size_t label = 0;
+  const auto bar = [&](double us, double min_us, const char* color) {
+    out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n", left - 6, y + 15, xml_escape(labels[label++]));
     out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\"/>\n", left, y + 3, std::max(0.5, us * scale), bar_h - 6, color);
     if (min_us > 0)
       out += fmt::format("<line x1=\"{:.1f}\" x2=\"{:.1f}\" y1=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", left + min_us * scale,
@@ -127,8 +164,8 @@ std::string to_svg(const ProfileReport& r) {
     out += fmt::format("<text x=\"{:.1f}\" y=\"{}\">{:.2f} us</text>\n", left + us * scale + 5, y + 15, us);
     y += bar_h;
   };
-  for (const auto& row : r.rows) bar(fmt::format("{} {} ({})", row.index, row.name, row.ops), row.median_us, row.min_us, "#4878cf");
-  for (const auto& t : r.totals) bar(t.name, t.us, 0, "#d65f5f");
+  for (const auto& row : r.rows) bar(row.median_us, row.min_us, "#4878cf");
+  for (const auto& t : r.totals) bar(t.us, 0, "#d65f5f");
   out += fmt::format("<text x=\"10\" y=\"{}\">blue: rows (median; tick: min); red: totals</text>\n</svg>\n", y + 20);
   return out;
 }

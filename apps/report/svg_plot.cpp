@@ -49,7 +49,11 @@ struct Axis {
     const double raw = (hi - lo) / 5.0;
     const double mag = std::pow(10.0, std::floor(std::log10(raw)));
     const double step = raw / mag < 1.5 ? mag : raw / mag < 3.5 ? 2 * mag : raw / mag < 7.5 ? 5 * mag : 10 * mag;
-    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push_back(v);
+    // k * step, not a running sum (no drift); "+ 0.0" and the snap make the zero tick "0", never "-0".
+    for (double k = std::ceil(lo / step); k * step <= hi + step * 1e-9; k += 1) {
+      const double v = k * step + 0.0;
+      out.push_back(std::abs(v) < step * 1e-9 ? 0.0 : v);
+    }
     return out;
   }
 };

@@ -1,6 +1,7 @@
 // The CPU reference backend behind the Trainer interface: the fallback when
 // no GPU exists and the oracle the CUDA trainer is compared with. Runs the
 // program's graphs as given; values are bound through its DataBindings.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -78,7 +79,7 @@ class CpuTrainer final : public Trainer {
 
   double last_loss() override { return train_.tensor(train_data_.loss).real[0]; }
 
-  EvalResult evaluate() override {
+  EvalResult evaluate_cancellable(const EvalStopCheck& stop_requested) override {
     for (ValueId p : eval_.graph().values_with_role(Role::param)) {
       const auto& name = eval_.graph().value(p).name;
       eval_.tensor(p).real = train_.tensor(name).real;
@@ -86,14 +87,20 @@ class CpuTrainer final : public Trainer {
     eval_.tensor(eval_data_.step).i32[0] = 0;
     const auto batch = eval_data_.batch;
     double loss_sum = 0, correct = 0;
-    for (std::int64_t b = 0; b < eval_batches_; ++b) {
+    std::int64_t b = 0;
+    bool stopped = false;
+    for (; b < eval_batches_; ++b) {
+      if (stop_requested && stop_requested()) {
+        stopped = true;
+        break;
+      }
       eval_.run();
       loss_sum += eval_.tensor(eval_data_.loss).real[0] * static_cast<double>(batch);
       if (eval_data_.correct) correct += eval_.tensor(*eval_data_.correct).i32[0];
     }
-    const double n = static_cast<double>(eval_batches_ * batch);
+    const double n = static_cast<double>(std::max<std::int64_t>(1, b * batch));
     // A regression eval counts nothing correct: its accuracy is NaN (not measured).
-    return {loss_sum / n, eval_data_.correct ? correct / n : NAN, eval_batches_ * batch};
+    return {loss_sum / n, eval_data_.correct ? correct / n : NAN, b * batch, stopped};
   }
 
   void set_learning_rate(double lr) override { train_.set_learning_rate(lr); }

@@ -284,12 +284,18 @@ double CudaTrainer::last_loss() {
   return loss;
 }
 
-EvalResult CudaTrainer::evaluate() {
+EvalResult CudaTrainer::evaluate_cancellable(const EvalStopCheck& stop_requested) {
   auto& im = *impl_;
   im.set_device_step(*im.eval, im.eval_data, 0);
   const auto batch = im.eval_data.batch;
   double loss_sum = 0, correct = 0;
-  for (std::int64_t b = 0; b < im.eval_batches; ++b) {
+  std::int64_t b = 0;
+  bool stopped = false;
+  for (; b < im.eval_batches; ++b) {
+    if (stop_requested && stop_requested()) {  // each batch is synchronized below: a stop waits for one batch at most
+      stopped = true;
+      break;
+    }
     if (im.eval_step.steps == 1) im.eval_step.exec.launch(im.stream.get());
     else im.eval->record(im.stream.get());
     im.stream.synchronize();
@@ -301,8 +307,8 @@ EvalResult CudaTrainer::evaluate() {
     loss_sum += double(loss) * double(batch);
     correct += hits;
   }
-  const double n = double(im.eval_batches * batch);
-  return {loss_sum / n, im.eval_data.correct ? correct / n : NAN, im.eval_batches * batch};
+  const double n = double(std::max<std::int64_t>(1, b * batch));
+  return {loss_sum / n, im.eval_data.correct ? correct / n : NAN, b * batch, stopped};
 }
 
 void CudaTrainer::set_learning_rate(double lr) { impl_->train->set_learning_rate(lr, impl_->stream.get()); }

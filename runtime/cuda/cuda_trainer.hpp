@@ -42,7 +42,7 @@ class CudaTrainer final : public Trainer {
   std::string description() const override;
   void train(std::int64_t steps) override;
   double last_loss() override;
-  EvalResult evaluate() override;
+  EvalResult evaluate_cancellable(const EvalStopCheck& stop_requested) override;
   void set_learning_rate(double lr) override;
   std::vector<io::TensorBlob> save_state() override;
   void load_state(const std::vector<io::TensorBlob>& blobs) override;

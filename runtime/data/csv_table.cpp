@@ -88,6 +88,7 @@ CsvTable parse_csv(std::string_view text, const std::string& source) {
                                         scratch));
       t.values.push_back(v);
     }
+    t.lines.push_back(line_no);
   }
   if (t.values.empty()) throw DataFileError(fmt::format("{}: no data rows after the header row", source));
   return t;

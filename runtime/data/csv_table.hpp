@@ -18,6 +18,7 @@ namespace sg::data {
 struct CsvTable {
   std::vector<std::string> columns;
   std::vector<double> values;  // rows() * columns.size(), row-major
+  std::vector<std::int64_t> lines;  // each row's line in the file (from 1), for messages
   std::string source;
 
   std::int64_t rows() const {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "runtime/data/csv_table.hpp"
+#include "runtime/data/data_file_checks.hpp"
 #include "runtime/data/npy_array.hpp"
 #include "runtime/data/npz_archive.hpp"
 
@@ -128,9 +130,18 @@ ImageSet features_from_array(const std::string& key, const NpyArray& a) {
   return set;
 }
 
+// Where value (row, column) of a label array is, as messages name it: "y.npy: label 7 at row 3" for an
+// array, "t.csv:5: column 'label' (data.label_column): label 7" for a CSV table (named by file line, as its
+// other errors are).
+using ValueLocator = std::function<std::string(std::int64_t row, std::int64_t column, const std::string& value)>;
+
 // Class labels (target_width 0) or float targets of `target_width` values.
-LabelSet labels_from_array(const std::string& key, const NpyArray& a, std::int64_t target_width,
-                           std::int64_t& classes) {
+LabelSet labels_from_array(const std::string& key, const NpyArray& a, std::int64_t target_width, std::int64_t& classes,
+                           ValueLocator locate = {}) {
+  if (!locate)
+    locate = [&a](std::int64_t row, std::int64_t, const std::string& value) {
+      return fmt::format("{}: {} at row {}", a.source, value, row);
+    };
   LabelSet set;
   const std::int64_t n = a.shape.empty() ? 0 : a.shape[0];
   if (target_width == 0) {
@@ -141,10 +152,9 @@ LabelSet labels_from_array(const std::string& key, const NpyArray& a, std::int64
     for (std::int64_t i = 0; i < n; ++i) {
       const double v = npy_element(a, i);
       if (!(v >= 0 && v <= 255 && v == std::floor(v)))
-        fail(key, a.source,
-             fmt::format("label {} at row {} is not a class index in 0..255 (class labels must be whole numbers; "
-                         "for float targets use a regression loss, model.loss: mse or l1)",
-                         v, i));
+        throw DataFileError(fmt::format("{} {} is not a class index in 0..255 (class labels must be whole numbers; "
+                                        "for float targets use a regression loss, model.loss: mse or l1)",
+                                        key, locate(i, 0, fmt::format("label {}", v))));
       set.labels[i] = static_cast<std::uint8_t>(v);
       top = std::max(top, v);
     }
@@ -163,7 +173,8 @@ LabelSet labels_from_array(const std::string& key, const NpyArray& a, std::int64
     const double v = npy_element(a, i);
     const float f = static_cast<float>(v);
     if (!std::isfinite(f))
-      fail(key, a.source, fmt::format("target value {} at row {}: targets must be finite float32 values", v, i / width));
+      throw DataFileError(fmt::format("{} {}: targets must be finite float32 values", key,
+                                      locate(i / width, i % width, fmt::format("target value {}", v))));
     set.targets[i] = f;
   }
   classes = 0;
@@ -320,8 +331,8 @@ LoadedSplit load_csv_split(const std::string& key, const std::string& file, cons
       if (is_target[c]) continue;
       const float x = static_cast<float>(v);
       if (!std::isfinite(x))
-        throw DataFileError(fmt::format("{} {}: data row {}, column '{}': feature value {} is not a finite float32",
-                                        key, file, r + 1, table.columns[c], v));
+        throw DataFileError(fmt::format("{} {}:{}: column '{}': feature value {} is not a finite float32", key, file,
+                                        table.lines[r], table.columns[c], v));
       features.push_back(x);
     }
     for (auto c : target_cols) ys.push_back(static_cast<float>(table.values[r * width + c]));
@@ -335,11 +346,18 @@ LoadedSplit load_csv_split(const std::string& key, const std::string& file, cons
   out.split.images.dtype = DType::f32;
   out.split.images.pixels.resize(features.size() * sizeof(float));
   std::memcpy(out.split.images.pixels.data(), features.data(), out.split.images.pixels.size());
-  out.split.labels = labels_from_array("data.label_column", y, f.target_width, out.split.classes);
+  // A bad label is named by its file line, as the table's other errors are.
+  out.split.labels = labels_from_array(
+      key, y, f.target_width, out.split.classes, [&](std::int64_t row, std::int64_t column, const std::string& value) {
+        return fmt::format("{}:{}: column '{}' (data.label_column): {}", file, table.lines[row],
+                           table.columns[target_cols[column]], value);
+      });
   return out;
 }
 
 }  // namespace
+
+std::string referenced_file(const std::string& text) { return parse_ref(text).file; }
 
 std::string dataset_format(const DatasetFiles& f) {
   if (!f.format.empty()) return f.format;
@@ -354,6 +372,7 @@ std::string dataset_format(const DatasetFiles& f) {
 
 TrainTestSplits load_dataset_files(const DatasetFiles& f) {
   const std::string format = dataset_format(f);
+  check_data_paths(f, format);
   TrainTestSplits out;
   if (format == "idx") {
     out.train = load_split(f.dir, "train", f.train_limit);

@@ -42,6 +42,9 @@ struct DatasetFiles {
 // extension (.npy/.npz -> npy, .csv -> csv; no train_x -> idx).
 std::string dataset_format(const DatasetFiles& files);
 
+// The file a data.train_x-style text names: "d.npz:x_train" -> "d.npz"; any other text as it is.
+std::string referenced_file(const std::string& text);
+
 struct TrainTestSplits {
   Split train, test;
   std::string description;  // "npy: 1000 training and 200 test rows of 20 float32 features from x.npy"

@@ -131,8 +131,13 @@ class IdxFile {
 };
 
 std::filesystem::path find_file(const std::filesystem::path& dir, const std::string& name) {
-  for (const auto& candidate : {dir / (name + ".gz"), dir / name})
-    if (std::filesystem::exists(candidate)) return candidate;
+  for (const auto& candidate : {dir / (name + ".gz"), dir / name}) {
+    std::error_code ec;  // a folder without permission or a symlink loop: one line, not a filesystem_error
+    const auto type = std::filesystem::status(candidate, ec).type();
+    if (type == std::filesystem::file_type::none)
+      throw IdxError(fmt::format("{}: cannot read {}: {}", dir.string(), candidate.filename().string(), ec.message()));
+    if (type != std::filesystem::file_type::not_found) return candidate;
+  }
   throw IdxError(fmt::format("{}: neither {}.gz nor {} exists (get MNIST with scripts/fetch_mnist.sh {})",
                              dir.string(), name, name, dir.string()));
 }

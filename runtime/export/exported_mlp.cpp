@@ -36,4 +36,11 @@ std::string torch_sequential_text(const ExportedMlp& m) {
   return s + ")";
 }
 
+std::string input_scaling_text(const ExportedMlp& m) {
+  std::string s = m.input_scale == 1.0 ? "x" : fmt::format("x * {}", m.input_scale);
+  if (m.input_shift > 0) s += fmt::format(" + {}", m.input_shift);
+  if (m.input_shift < 0) s += fmt::format(" - {}", -m.input_shift);
+  return s;
+}
+
 }  // namespace sg::exporting

@@ -102,8 +102,7 @@ std::string onnx_bytes(const ExportedMlp& m) {
   onnx::ModelProto model;
   model.set_ir_version(onnx::IR_VERSION);
   model.set_producer_name("stepgraph");
-  model.set_doc_string(fmt::format("stepgraph MLP {}; input scaled as x * {} + {}", torch_sequential_text(m),
-                                   m.input_scale, m.input_shift));
+  model.set_doc_string(fmt::format("stepgraph MLP {}; input scaled as {}", torch_sequential_text(m), input_scaling_text(m)));
   auto* opset = model.add_opset_import();
   opset->set_domain("");
   opset->set_version(kOnnxOpset);

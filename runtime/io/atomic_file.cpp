@@ -13,8 +13,19 @@
 namespace sg::io {
 namespace {
 
-[[noreturn]] void fail(const std::filesystem::path& path, const std::string& what) {
-  throw IoError(fmt::format("{}: {}: {}", path.string(), what, std::strerror(errno)));
+// "PATH: cannot write (writing the temp file PATH.tmp.PID): No space left on device": the file asked
+// for comes first, the temp file (which is what failed, and what a stray leftover is named) after it.
+// `step` says what failed, "{}" standing for the temp file.
+[[noreturn]] void fail_write(const std::filesystem::path& path, const std::filesystem::path& tmp, const char* step,
+                             const std::string& reason) {
+  throw IoError(fmt::format("{}: cannot write ({}): {}", path.string(), fmt::format(fmt::runtime(step), tmp.string()), reason));
+}
+
+// Removes the temp file after a failure, keeping `err` (errno of the failure) for the message.
+std::string remove_after_failure(const std::filesystem::path& tmp, int err) {
+  std::error_code ignored;
+  std::filesystem::remove(tmp, ignored);
+  return std::strerror(err);
 }
 
 void create_parent(const std::filesystem::path& dir, const std::filesystem::path& for_path) {
@@ -35,29 +46,31 @@ void write_file_atomically(const std::filesystem::path& path, const std::vector<
   if (path.has_parent_path()) create_parent(path.parent_path(), path);
   const auto tmp = std::filesystem::path(fmt::format("{}.tmp.{}", path.string(), ::getpid()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail(tmp, "cannot create");
+  if (fd < 0) fail_write(path, tmp, "creating the temp file {}", std::strerror(errno));
   for (const std::string_view bytes : pieces) {
     std::size_t done = 0;
     while (done < bytes.size()) {
       const auto n = ::write(fd, bytes.data() + done, bytes.size() - done);
       if (n < 0) {
+        const int err = errno;
         ::close(fd);
-        std::filesystem::remove(tmp);
-        fail(tmp, "write failed");
+        fail_write(path, tmp, "writing the temp file {}", remove_after_failure(tmp, err));
       }
       done += static_cast<std::size_t>(n);
     }
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    std::filesystem::remove(tmp);
-    fail(tmp, "flush failed");
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail_write(path, tmp, "flushing the temp file {}", remove_after_failure(tmp, err));
   }
+  if (::close(fd) != 0) fail_write(path, tmp, "closing the temp file {}", remove_after_failure(tmp, errno));
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
     std::error_code ignored;
     std::filesystem::remove(tmp, ignored);
-    throw IoError(fmt::format("{}: cannot replace: {}", path.string(), ec.message()));
+    fail_write(path, tmp, "renaming the temp file {} over it", ec.message());
   }
 }
 

@@ -13,7 +13,9 @@ struct IoError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws IoError naming the file on any failure, and leaves no temp file behind.
+// Throws IoError naming the file and the temp file on any failure ("PATH:
+// cannot write (writing the temp file PATH.tmp.PID): REASON"), and leaves no
+// temp file behind.
 void write_file_atomically(const std::filesystem::path& path, std::string_view bytes);
 // The same for a file made of `pieces` in order (a checkpoint's header fields
 // and its tensors' own bytes), with no copy of them joined in memory.

@@ -28,7 +28,7 @@ namespace {
 app::TrainConfig cnn_config(const fs::path &out, std::vector<std::string> extra = {}) {
   // A test's own backend.kind and run.steps come later and win.
   extra.insert(extra.begin(), {"backend.kind=cuda", "run.steps=20"});
-  extra.push_back("data.dir=" + test::mnist_dir().string());
+  extra.push_back("data.dir=" + test::mnist_dir_or_skip().string());
   extra.push_back("run.out_dir=" + out.string());
   extra.push_back("data.train_limit=1280");
   extra.push_back("data.test_limit=200");
@@ -118,7 +118,7 @@ TEST_CASE("configs/mnist_cnn_fast.yaml reaches at least 99.0% MNIST test accurac
   const auto out = test::fresh_dir("stepgraph-cnn-fast");
   const auto config =
       app::load_config(test::source_dir() / "configs/mnist_cnn_fast.yaml",
-                       {"data.dir=" + test::mnist_dir().string(), "run.out_dir=" + out.string(), "backend.kind=cuda"});
+                       {"data.dir=" + test::mnist_dir_or_skip().string(), "run.out_dir=" + out.string(), "backend.kind=cuda"});
   const auto summary = app::run_training(config);
   MESSAGE("mnist_cnn_fast: " << summary.steps << " steps in " << summary.seconds << " s, test accuracy "
                              << 100 * summary.final_eval.accuracy << "% on " << summary.backend);

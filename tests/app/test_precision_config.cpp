@@ -111,7 +111,7 @@ TEST_CASE("precision.compute: bf16 trains on the CPU backend, resumes bit-exactl
   namespace fs = std::filesystem;
   const auto out = sg::test::fresh_dir("bf16-run");
   const auto config = [&](const std::string& dir, std::vector<std::string> extra) {
-    extra.push_back("data.dir=" + sg::test::mnist_dir().string());
+    extra.push_back("data.dir=" + sg::test::mnist_dir_or_skip().string());
     extra.push_back("run.out_dir=" + (out / dir).string());
     extra.push_back("precision.compute=bf16");
     extra.push_back("precision.weights=bf16");

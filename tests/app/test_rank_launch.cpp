@@ -137,7 +137,7 @@ TEST_CASE("rank supervisor: every rank succeeding is success, one failing ends t
 TEST_CASE("checkpoints record the rank count, a resume at another one is refused with one line") {
   const fs::path out = fs::temp_directory_path() / ("stepgraph-ranks-" + std::to_string(std::random_device{}()));
   const auto config = [&](std::vector<std::string> extra) {
-    extra.push_back("data.dir=" + sg::test::mnist_dir().string());
+    extra.push_back("data.dir=" + sg::test::mnist_dir_or_skip().string());
     extra.push_back("run.out_dir=" + out.string());
     extra.push_back("run.steps=20");
     extra.push_back("run.eval_every=0");

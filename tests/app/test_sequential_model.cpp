@@ -237,7 +237,7 @@ TEST_CASE("a tiny CNN (conv 2ch k3, pool 2, relu, flatten, linear 4) learns on t
 
 namespace {
 app::TrainConfig cnn_config(const fs::path& out, std::vector<std::string> extra = {}) {
-  extra.push_back("data.dir=" + test::mnist_dir().string());
+  extra.push_back("data.dir=" + test::mnist_dir_or_skip().string());
   extra.push_back("run.out_dir=" + out.string());
   extra.insert(extra.begin(), "backend.kind=cpu");  // a test's own backend.kind comes later and wins
   extra.push_back("data.train_limit=640");

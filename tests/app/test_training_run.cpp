@@ -20,7 +20,7 @@ fs::path fresh_dir() {
 }
 
 app::TrainConfig ci_config(const fs::path& out, std::vector<std::string> extra = {}) {
-  extra.push_back("data.dir=" + sg::test::mnist_dir().string());
+  extra.push_back("data.dir=" + sg::test::mnist_dir_or_skip().string());
   extra.push_back("run.out_dir=" + out.string());
   return app::load_config(sg::test::source_dir() / "configs/ci_small.yaml", extra);
 }

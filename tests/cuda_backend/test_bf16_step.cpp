@@ -106,7 +106,8 @@ TEST_CASE("bf16: resume on the GPU is bit-exact, and the checkpoint holds bf16 w
 }
 
 TEST_CASE("bf16: the default-style MLP learns real MNIST") {
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train"), data::load_split(sg::test::mnist_dir(), "t10k")};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train"),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k")};
   MlpTrainerSpec spec = bf16_spec({784, 1024, 1024, 10}, 128, DType::f32, 0.9);
   spec.sgd = {0.05, 0.9, 1e-4};
   spec.eval_batch = 1000;

@@ -16,6 +16,7 @@
 #include "tests/cuda_backend/launch_paths_check.hpp"
 #include "tests/cuda_backend/learning_rate_check.hpp"
 #include "tests/support/training_helpers.hpp"
+#include "tests/support/case_skips.hpp"
 
 using namespace sg;
 using sg::test::all_parameters;
@@ -137,7 +138,8 @@ TEST_CASE("a learning-rate change reaches the replayed graph") {
 }
 
 TEST_CASE("the reference network trains on real MNIST through CUDA graph replay") {
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train"), data::load_split(sg::test::mnist_dir(), "t10k")};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train"),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k")};
   MlpTrainerSpec spec;
   spec.mlp.layers = {784, 128, 128, 128, 10};
   spec.mlp.batch = 32;
@@ -157,7 +159,8 @@ TEST_CASE("the reference network trains on real MNIST through CUDA graph replay"
 }
 
 TEST_CASE("one-pass dgrad + SGD and the fused output layer follow the unfused backward on real MNIST") {
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 4000),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 500)};
   // width 1024: the hidden layer's 1024 x 1024 W is shared by clusters of 2 blocks per column strip
   for (const std::int64_t width : {256, 1024}) {
   INFO("width " << width);
@@ -198,10 +201,10 @@ TEST_CASE("one-pass dgrad + SGD and the fused output layer follow the unfused ba
 
 TEST_CASE("batch 256: the one-pass wgmma backward follows the two-pass cuBLASLt backward on real MNIST") {
   if (const std::string why = cuda::one_pass::wgmma_unsupported(256, 8192, 8192); !why.empty()) {
-    MESSAGE("SKIPPED: " << why);
-    return;
+    SG_SKIP_CASE(why);
   }
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4096), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 4096),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 500)};
   // ReLU; silu (the backward reads the pre-activation); tanh (it reads the output)
   for (const MlpActivation activation : {MlpActivation::relu, MlpActivation::silu, MlpActivation::tanh}) {
   INFO(activation_name(activation));

@@ -192,7 +192,8 @@ TEST_CASE("every activation: replay, stream launches and K steps per graph are b
 }
 
 TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") {
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 4000),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 500)};
   // 59K parameters (at batch 32 the scheduler takes the per-group schedule: forced here)
   MlpTrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 32);
   spec.sgd.lr = 0.1;
@@ -223,7 +224,8 @@ TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") 
 }
 
 TEST_CASE("on real MNIST at batch 48 every activation takes the whole-step kernels on its own and follows the per-group schedule") {
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 4000), data::load_split(sg::test::mnist_dir(), "t10k", 500)};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 4000),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 500)};
   for (const MlpActivation activation : kOtherActivations) {
     INFO("activation " << activation_name(activation));
     // 59K parameters at batch 48: the automatic choice is the whole-step grid kernel, and with

@@ -11,6 +11,7 @@
 #include "tests/support/activation_reference.hpp"
 #include "tests/support/late_producer.hpp"
 #include "tests/support/device_array.hpp"
+#include "tests/support/case_skips.hpp"
 
 using namespace sg;
 using sg::test::DeviceArray;
@@ -138,8 +139,7 @@ TEST_CASE("one pass over W through every activation: dX = act'(dY W) from X = ac
 
 TEST_CASE("blocks per column strip: 2 for a 1024 x 1024 W on an H100, 1 where a warp would keep fewer than 4 chunks") {
   if (cuda::multiprocessor_count() != 132) {
-    MESSAGE("SKIPPED: the rule's numbers are for a 132-SM H100");
-    return;
+    SG_SKIP_CASE("the rule's numbers are for a 132-SM H100");
   }
   CHECK(cuda::DgradWgradSgd(32, 1024, 1024).strip_splits() == 2);  // 64 strips, 64 chunks of rows
   CHECK(cuda::DgradWgradSgd(32, 512, 512).strip_splits() == 1);    // 32 strips, 32 chunks
@@ -196,8 +196,7 @@ TEST_CASE("a second launch sees the first one's weights and finishes its own dX 
 
 TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias against the CPU reference") {
   if (const std::string why = cuda::one_pass::wgmma_unsupported(256, 128, 64); !why.empty()) {
-    MESSAGE("SKIPPED: " << why);
-    return;
+    SG_SKIP_CASE(why);
   }
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
@@ -245,8 +244,7 @@ TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias agai
 
 TEST_CASE("batch 256 (wgmma) through every activation: dX = act'(dY W) from X = act(Z) (or Z), W' and the bias") {
   if (const std::string why = cuda::one_pass::wgmma_unsupported(256, 128, 64); !why.empty()) {
-    MESSAGE("SKIPPED: " << why);
-    return;
+    SG_SKIP_CASE(why);
   }
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());

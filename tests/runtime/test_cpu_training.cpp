@@ -13,7 +13,8 @@ using sg::test::MlpTrainerSpec;
 namespace {
 
 Dataset small_mnist() {
-  return {data::load_split(sg::test::mnist_dir(), "train", 2000), data::load_split(sg::test::mnist_dir(), "t10k", 1000)};
+  return {data::load_split(sg::test::mnist_dir_or_skip(), "train", 2000),
+          data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 1000)};
 }
 
 MlpTrainerSpec small_spec() {

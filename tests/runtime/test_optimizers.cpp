@@ -303,8 +303,8 @@ TEST_CASE("the optimizer pass: Adam's f32 moments are state, clipping leaves no 
 }
 
 TEST_CASE("AdamW with clipping on the CPU: learns MNIST and resumes bit-exactly (moments and step in the checkpoint)") {
-  const Dataset data{data::load_split(sg::test::mnist_dir(), "train", 2000),
-                     data::load_split(sg::test::mnist_dir(), "t10k", 1000)};
+  const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 2000),
+                     data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 1000)};
   sg::test::MlpTrainerSpec spec;
   spec.mlp.layers = {784, 64, 10};
   spec.mlp.batch = 32;

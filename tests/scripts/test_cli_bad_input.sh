@@ -7,8 +7,8 @@
 set -uo pipefail
 bin=$1
 src=$2
-mnist=${SG_MNIST_DIR:-${SG_TEST_MNIST_DIR:-}}
-[[ -f $mnist/train-images-idx3-ubyte.gz ]] || { echo "SKIPPED: no MNIST in '$mnist'"; exit 77; }
+source "$src/tests/support/mnist_dir.sh"
+sg_mnist_dir_or_skip mnist
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 fails=0
@@ -47,7 +47,7 @@ start_run() {  # start_run <out dir> [--set key=value ...]
 
 # Waits for the run; one that has not stopped 20 s after the signal is killed (rc 137).
 stop_wait() {
-  (sleep 20; kill -KILL "$pid" 2>/dev/null) &
+  (sleep 20; kill -KILL "$pid" 2>/dev/null) >/dev/null 2>&1 &  # not holding ctest's output pipe
   local watchdog=$!
   wait "$pid"; rc=$?
   kill "$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null

@@ -4,11 +4,8 @@
 # non-zero exit, leaving no half-written file. No network is used.
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-source="${SG_MNIST_DIR:-${SG_TEST_MNIST_DIR:-$repo/../shared/data/mnist}}"
-if [ ! -f "$source/train-images-idx3-ubyte.gz" ]; then
-  echo "SKIPPED: no local MNIST copy at $source (set SG_MNIST_DIR)"
-  exit 77
-fi
+source "$repo/tests/support/mnist_dir.sh"
+sg_mnist_dir_or_skip source  # the local copy fed to the script
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
