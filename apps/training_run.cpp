@@ -74,8 +74,10 @@ class TrainingLoop {
     if (writes_outputs_) claim_outputs();
     if (!config_.run.resume.empty()) resume_from_ = load_resume_point(config_, rank_launch_.world_size);
     // The model alone (tables of one batch), before the data is read: a model
-    // that cannot fit fails here instead of in an allocation after the data load.
-    check_memory(data_shape_before_loading(config_), config_.backend.kind != "cpu" || data_parallel(), false);
+    // that cannot fit the host fails here instead of in an allocation after
+    // the data load. The GPU is asked only after the data load: asking now
+    // would start the CUDA context on this thread instead of beside the load.
+    check_memory(data_shape_before_loading(config_), config_.backend.kind != "cpu" || data_parallel(), false, false);
     // The CUDA start-up (driver, context, cuBLASLt) begins on worker threads
     // now, once the output paths and the resume checkpoint are known to be
     // good, so reading the data overlaps it. A data-parallel rank starts
@@ -96,7 +98,7 @@ class TrainingLoop {
     check_data(data);
     const bool cuda = data_parallel() || config_.backend.kind == "cuda" ||
                       (config_.backend.kind == "auto" && cuda_backend_usable());
-    check_memory(data_shape_of(data), cuda, true);
+    check_memory(data_shape_of(data), cuda, true, true);
     feature_dtype_ = data.train.images.dtype;
     spdlog::info("data: {} training and {} test {} of {}x{} {} from {}", data.train.images.count,
                  data.test.images.count, data.train.images.dtype == DType::u8 ? "images" : "rows",
@@ -164,11 +166,12 @@ class TrainingLoop {
   }
 
   // Refuses (ConfigError naming the model key and the GB) a run whose
-  // estimated memory exceeds the host's or the GPU's; warns above half when `warn`.
-  void check_memory(const DataShape& shape, bool cuda, bool warn) const {
+  // estimated memory exceeds the host's or (with `ask_gpu`) the GPU's; warns
+  // above half when `warn`.
+  void check_memory(const DataShape& shape, bool cuda, bool ask_gpu, bool warn) const {
     const auto need = estimate_run_memory(config_, shape, cuda);
     // A data-parallel rank's GPU is selected by its trainer: only the host is checked here.
-    const auto available = available_memory(cuda && !data_parallel());
+    const auto available = available_memory(ask_gpu && cuda && !data_parallel());
     const auto warnings = check_memory_fits(config_, need, available, shape.loaded_bytes);
     if (warn)
       for (const auto& warning : warnings) spdlog::warn("{}", warning);

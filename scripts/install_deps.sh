@@ -2,6 +2,8 @@
 # Installs the Debian packages stepgraph builds against (needs root or sudo).
 # The CUDA toolkit (nvcc, cuBLASLt) is expected to be installed already; without
 # it the build still succeeds and only the CPU backend is built.
+# With --check it installs nothing: it names what is missing and exits 1 if a
+# required package is (the optional ONNX ones do not count).
 set -euo pipefail
 packages=(cmake ninja-build g++ libfmt-dev libspdlog-dev doctest-dev libyaml-cpp-dev libcli11-dev
           nlohmann-json3-dev zlib1g-dev libdeflate-dev)
@@ -16,6 +18,11 @@ missing_optional=()
 for p in "${optional[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing_optional+=("$p")
 done
+if [ "${1:-}" = --check ]; then
+  [ ${#missing[@]} -eq 0 ] && exit 0
+  echo "install_deps: missing ${missing[*]}"
+  exit 1
+fi
 if [ ${#missing[@]} -eq 0 ] && [ ${#missing_optional[@]} -eq 0 ]; then
   echo "install_deps: all packages present"
   exit 0

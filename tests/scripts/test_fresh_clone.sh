@@ -7,12 +7,18 @@
 #     source; no network) and the test case that reads it passes;
 #  2. with no source at all says so in one line, still exits 0, and that case
 #     is reported as skipped, its SKIPPED line naming both folders looked in.
-# Skipped (77) without git, outside a git checkout, or without real MNIST here.
+# Skipped (77) without git, outside a git checkout, where scripts/install_deps.sh
+# would have to install packages (not a Debian machine set up by it), or
+# without real MNIST here.
 # Usage: test_fresh_clone.sh <source dir>
 set -euo pipefail
 src=$(cd "$1" && pwd)
 if ! command -v git >/dev/null || ! git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
   echo "SKIPPED: git or a git checkout at $src is missing (the copy is git's list of the checkout's files)"
+  exit 77
+fi
+if ! missing=$("$src/scripts/install_deps.sh" --check); then
+  echo "SKIPPED: the README's test path installs packages here (${missing#install_deps: }), and this test installs nothing"
   exit 77
 fi
 source "$src/tests/support/mnist_dir.sh"
