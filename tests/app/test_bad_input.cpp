@@ -24,10 +24,13 @@
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "tests/support/temp_files.hpp"
+#include "tests/support/log_capture.hpp"
 #include "tests/support/test_data.hpp"
 
 using namespace sg;
 namespace fs = std::filesystem;
+
+using sg::test::logged;
 
 namespace {
 
@@ -64,22 +67,6 @@ std::size_t temp_files_in(const fs::path& dir) {
   if (fs::exists(dir))
     for (const auto& e : fs::directory_iterator(dir)) n += e.path().filename().string().find(".tmp") != std::string::npos;
   return n;
-}
-
-// Everything spdlog logs while `body` runs.
-std::string logged(const std::function<void()>& body) {
-  std::ostringstream text;
-  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
-  try {
-    body();
-  } catch (...) {
-    spdlog::set_default_logger(previous);
-    throw;
-  }
-  spdlog::set_default_logger(previous);
-  return text.str();
 }
 
 }  // namespace

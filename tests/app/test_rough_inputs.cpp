@@ -34,9 +34,12 @@
 #include "runtime/io/atomic_file.hpp"
 #include "tests/support/npy_files.hpp"
 #include "tests/support/temp_files.hpp"
+#include "tests/support/log_capture.hpp"
 
 using namespace sg;
 namespace fs = std::filesystem;
+
+using sg::test::logged;
 
 namespace {
 
@@ -58,22 +61,6 @@ std::string error_of(const std::function<void()>& body) {
     return e.what();
   }
   return "(no error)";
-}
-
-// Everything spdlog logs while `body` runs.
-std::string logged(const std::function<void()>& body) {
-  std::ostringstream text;
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text)));
-  try {
-    body();
-  } catch (...) {
-    spdlog::set_default_logger(previous);
-    throw;
-  }
-  spdlog::set_default_logger(previous);
-  return text.str();
 }
 
 bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }

@@ -28,10 +28,13 @@
 #include "runtime/io/checkpoint.hpp"
 #include "tests/support/npy_files.hpp"
 #include "tests/support/temp_files.hpp"
+#include "tests/support/log_capture.hpp"
 #include "tests/support/test_data.hpp"
 
 using namespace sg;
 namespace fs = std::filesystem;
+
+using sg::test::logged;
 
 namespace {
 
@@ -63,22 +66,6 @@ std::string image_yaml(const fs::path& data, const fs::path& out, const std::str
 const std::string kCnn = "model:\n  input: [1, 4, 4]\n  sequential:\n    - conv2d: {out: 2, kernel: 3}\n    - relu\n"
                          "    - flatten\n    - linear: {out: 3}\n";
 const std::string kMlp = "model: {layers: [16, 8, 3]}\n";
-
-// Everything spdlog logs while `body` runs.
-std::string logged(const std::function<void()>& body) {
-  std::ostringstream text;
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(text)));
-  try {
-    body();
-  } catch (...) {
-    spdlog::set_default_logger(previous);
-    throw;
-  }
-  spdlog::set_default_logger(previous);
-  return text.str();
-}
 
 std::string error_of(const std::function<void()>& body) {
   try {
