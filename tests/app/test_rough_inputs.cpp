@@ -34,11 +34,13 @@
 #include "runtime/io/atomic_file.hpp"
 #include "tests/support/npy_files.hpp"
 #include "tests/support/temp_files.hpp"
+#include "tests/support/error_text.hpp"
 #include "tests/support/log_capture.hpp"
 
 using namespace sg;
 namespace fs = std::filesystem;
 
+using sg::test::error_of;
 using sg::test::logged;
 
 namespace {
@@ -52,15 +54,6 @@ const std::string kBase =
 
 app::TrainConfig config_with(std::vector<std::string> sets, const std::string& yaml = kBase) {
   return app::parse_config(yaml, "rough.yaml", sets);
-}
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }

@@ -11,11 +11,7 @@ source "$src/tests/support/mnist_dir.sh"
 sg_mnist_dir_or_skip mnist
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-check() {  # check <description> <command...>
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/../support/checks.sh"  # check <description> <command...>, $fails
 
 "$bin" frobnicate >"$tmp/out" 2>&1; rc=$?
 check "unknown subcommand is named (rc $rc)" grep -q "unknown subcommand 'frobnicate'" "$tmp/out"

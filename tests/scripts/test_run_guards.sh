@@ -10,11 +10,7 @@ bin=$1
 [[ -x $bin ]] || { echo "SKIPPED: no stepgraph binary at '$bin'"; exit 77; }
 tmp=$(mktemp -d)
 trap 'kill -KILL $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-check() {  # check <description> <command...>
-  local what=$1; shift
-  if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/../support/checks.sh"  # check <description> <command...>, $fails
 
 # make_npy <file> <shape, e.g. "100, 64"> <bytes>: a uint8 .npy of random bytes.
 make_npy() {
