@@ -44,13 +44,15 @@ MlpTraining mlp_training(const TrainConfig& c, DType feature_dtype) {
     t.mlp.input_scale = to_unit;
     t.mlp.input_shift = 0.0;
   }
-  t.sgd = {c.optim.lr, c.optim.momentum, c.optim.weight_decay};
-  t.sgd.kind = optimizer_from_name(c.optim.name);
-  t.sgd.nesterov = c.optim.nesterov;
-  t.sgd.beta1 = c.optim.beta1;
-  t.sgd.beta2 = c.optim.beta2;
-  t.sgd.eps = c.optim.eps;
-  t.sgd.clip_grad_norm = c.optim.clip_grad_norm;
+  t.optimizer = {c.optim.lr, c.optim.momentum, c.optim.weight_decay};
+  t.optimizer.kind = optimizer_from_name(c.optim.name);
+  t.optimizer.nesterov = c.optim.nesterov;
+  t.optimizer.beta1 = c.optim.beta1;
+  t.optimizer.beta2 = c.optim.beta2;
+  t.optimizer.eps = c.optim.eps;
+  t.optimizer.alpha = c.optim.alpha;
+  t.optimizer.centered = c.optim.centered;
+  t.optimizer.clip_grad_norm = c.optim.clip_grad_norm;
   t.eval_batch = c.data.eval_batch_size;
   t.init_seed = c.run.seed;
   return t;
@@ -75,7 +77,7 @@ SequentialTraining sequential_training(const TrainConfig& c, DType feature_dtype
   t.model.loss = m.mlp.loss;
   t.model.label_smoothing = m.mlp.label_smoothing;
   t.model.dropout_seed = m.mlp.dropout_seed;
-  t.sgd = m.sgd;
+  t.optimizer = m.optimizer;
   t.fusion = m.fusion;
   t.eval_batch = m.eval_batch;
   t.init_seed = m.init_seed;

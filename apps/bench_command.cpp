@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/backend_choice.hpp"
+#include "apps/backend_flags.hpp"
 #include "apps/config/train_config.hpp"
 #include "apps/load_dataset.hpp"
 #include "apps/report/sm_clock.hpp"
@@ -161,10 +162,10 @@ TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t b
   model.mlp.activation = activation_from_name(r.activation);
   model.mlp.compute_dtype = r.compute == "bf16" ? DType::bf16 : DType::f16;
   model.mlp.weight_dtype = r.weights == "fp32" ? DType::f32 : model.mlp.compute_dtype;
-  model.sgd = {0.01, 0.0, 0.0};
-  model.sgd.kind = optimizer_from_name(r.optim);
-  if (model.sgd.kind != OptimizerKind::sgd) model.sgd.lr = 1e-3;
-  if (model.sgd.kind == OptimizerKind::adamw) model.sgd.weight_decay = 0.01;
+  model.optimizer = {0.01, 0.0, 0.0};
+  model.optimizer.kind = optimizer_from_name(r.optim);
+  if (model.optimizer.kind != OptimizerKind::sgd) model.optimizer.lr = 1e-3;
+  if (model.optimizer.kind == OptimizerKind::adamw) model.optimizer.weight_decay = 0.01;
   TrainerSpec s;
   s.program = build_mlp_program(model, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
   s.backend = r.backend;
@@ -176,8 +177,8 @@ TrainerSpec bench_spec(const BenchRequest& r, std::int64_t width, std::int64_t b
 TrainerSpec config_bench_spec(const BenchRequest& r, TrainConfig config, std::int64_t batch, const Dataset& data) {
   config.data.batch_size = batch;
   TrainerSpec spec = trainer_spec(config, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
-  if (r.conv_kernels) spec.backend.conv_kernels = *r.conv_kernels;
   spec.backend.autotune = r.backend.autotune;  // bench's --autotune (default on), as for the MLP sweep
+  copy_backend_options(r.backend, r.backend_given, spec.backend);  // the backend flags given override the config's
   return spec;
 }
 
@@ -348,6 +349,7 @@ int run_bench(const BenchRequest& r) {
 
   std::vector<Record> records;
   json profiles = json::object();
+  json declined_fast_paths = json::object();  // by config (H<width>_B<batch>): fast path -> why not
   std::map<std::tuple<std::int64_t, std::int64_t>, std::pair<double, double>> floor_and_flops;
   const std::size_t elem = r.weights == "fp32" ? 4 : 2;
   for (auto w : widths)
@@ -377,6 +379,12 @@ int run_bench(const BenchRequest& r) {
         floor_and_flops[{w, b}] = {weight_bytes_per_step(mlp_layers(w, r.depth), elem) / (floors.copy_bandwidth_gbs * 1e3),
                                  flops_per_step(mlp_layers(w, r.depth), b)};
       spdlog::info("H={} B={}: {}", w, b, t.description());
+      json declined = json::object();  // the fast paths this config's schedule does without, and why
+      for (const auto& [fast_path, why] : t.declined_fast_paths()) {
+        spdlog::info("  fast path {} declined: {}", fast_path, why);
+        declined[fast_path] = why;
+      }
+      declined_fast_paths[fmt::format("H{}_B{}", w, b)] = declined;
       for (std::size_t i = records.size(); i-- > 0 && records[i].width == w && records[i].batch == b;)
         spdlog::info("  {:<20} {:>9.1f} us/step", records[i].mode, records[i].us_per_step);
       if (r.profile && b == batches.front()) {
@@ -400,20 +408,14 @@ int run_bench(const BenchRequest& r) {
                           {"copy_bandwidth_gbs", floors.copy_bandwidth_gbs}, {"matmul_tflops", floors.matmul_tflops}}},
               {"settings", {{"config", r.config}, {"steps", r.steps}, {"repeats", r.repeats}, {"warmup", r.warmup}, {"weights", r.weights},
                             {"accumulate", r.accumulate}, {"compute", r.compute},
-                            {"optim", r.optim}, {"activation", r.activation}, {"depth", r.depth}, {"steps_per_launch", r.backend.steps_per_launch},
-                            {"multi_step", r.multi_step}, {"autotune", r.backend.autotune},
-                            {"whole_step", r.backend.whole_step}, {"one_pass_backward", r.backend.one_pass_backward},
-                            {"whole_step_mode", whole_step_mode_name(r.backend.whole_step_mode)},
-                            {"small_batch_forward", r.backend.small_batch_forward},
-                            {"conv_kernels", r.conv_kernels ? std::string(conv_kernels_name(*r.conv_kernels)) : "config"},
-                            {"fold_input_update", r.backend.fold_input_update},
-                            {"dependent_launch", r.backend.dependent_launch},
-                            {"classifier_mma", r.backend.classifier_mma},
-                            {"one_pass_multicast", r.backend.one_pass_multicast},
-                            {"strip_splits", r.backend.strip_splits},
-                            {"resident_cluster", r.backend.resident_cluster}}},
+                            {"optim", r.optim}, {"activation", r.activation}, {"depth", r.depth},
+                            {"multi_step", r.multi_step}}},
+              {"backend", backend_options_json(r.backend)},
+              {"declined_fast_paths", declined_fast_paths},
               {"records", json::array()},
               {"profiles", profiles}};
+  for (auto& [key, value] : out["backend"].items()) out["settings"][key] = value;  // the keys settings always had
+  if (!r.backend_given.count("conv_kernels")) out["settings"]["conv_kernels"] = "config";  // as before: not overridden
   std::string csv = "mode,width,batch,us_per_step,samples_per_s,sm_clock_mhz_before,sm_clock_mhz_after,error\n";
   for (const auto& rec : records) {
     out["records"].push_back(record_json(rec));

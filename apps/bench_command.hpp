@@ -5,6 +5,7 @@
 // run; merge PyTorch's numbers (bench/torch_bench.py) when given; write JSON,
 // CSV, SVG plots and a markdown table.
 #include <optional>
+#include <set>
 #include <string>
 
 #include "runtime/backend_options.hpp"
@@ -23,7 +24,6 @@ struct BenchRequest {
   // MLP sweep; its data, loss, optimizer, precision and backend settings
   // come with it (data.dir from --data). Its rows have width 0.
   std::string config;
-  std::optional<ConvKernels> conv_kernels;  // --conv-kernels: overrides the config's backend.conv_kernels
   long long steps = 5000;
   int repeats = 5;
   long long warmup = 200;
@@ -33,7 +33,7 @@ struct BenchRequest {
   std::string weights = "fp16";     // fp16 | bf16 (the compute dtype) | fp32 master weights
   std::string accumulate = "fp32";
   std::string compute = "fp16";     // fp16 | bf16 matmul inputs and activations
-  std::string optim = "sgd";        // sgd | adam | adamw (issue 21), PyTorch's default betas/eps
+  std::string optim = "sgd";        // sgd | adam | adamw (issue 21) | rmsprop (issue 35), PyTorch's defaults
   int depth = 3;                    // hidden layers: 784-H x depth-10
   std::string activation = "relu";  // model.activation between hidden layers (issue 21)
   int multi_step = 0;      // > 1: also time graph replay with this many steps per launch (mode graph_replay_xK)
@@ -45,6 +45,7 @@ struct BenchRequest {
     o.autotune = true;
     return o;
   }();
+  std::set<std::string> backend_given;  // backend option keys set on the command line (they override a config's)
   std::string replot;      // re-render an earlier bench.json (no GPU)
 };
 

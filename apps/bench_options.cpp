@@ -4,9 +4,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/backend_flags.hpp"
 #include "apps/bench_command.hpp"
 #include "apps/cli_bounds.hpp"
-#include "runtime/backend_options.hpp"
 
 namespace sg::app {
 
@@ -32,10 +32,10 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
       ->capture_default_str()
       ->check(CLI::IsMember({"fp16", "bf16"}));
   cmd.add_option("--optim", r.optim,
-                 "sgd | adam | adamw (lr 0.01 for sgd, 1e-3 for adam/adamw; betas 0.9/0.999, eps 1e-8, "
-                 "weight decay 0.01 for adamw)")
+                 "sgd | adam | adamw | rmsprop (lr 0.01 for sgd, 1e-3 for the others; betas 0.9/0.999, eps 1e-8, "
+                 "weight decay 0.01 for adamw; rmsprop: PyTorch's alpha 0.99, eps 1e-8)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "rmsprop"}));
   cmd.add_option("--activation", r.activation,
                  "activation between hidden layers (model.activation): relu | gelu | gelu_tanh | silu | tanh | "
                  "sigmoid | identity (gelu_tanh fuses into cuBLASLt's GELU epilogues; every one into our "
@@ -45,58 +45,15 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--depth", r.depth, "hidden layers (784-H-...-H-10; 2 for the issue's 784-1024-1024-10)")
       ->capture_default_str()
       ->check(integer_in(1, 16));
-  BackendOptions& b = r.backend;
-  cmd.add_option("--steps-per-launch", b.steps_per_launch, "training steps captured per CUDA graph")
-      ->capture_default_str()
-      ->check(integer_in(1));
   cmd.add_option("--multi-step", r.multi_step,
                  "also time graph replay with K training steps per graph launch, as mode graph_replay_xK (0: off); "
                  "bench/torch_bench.py's torch_cudagraph_xK is its PyTorch counterpart")
       ->capture_default_str()
       ->check(integer_in(0));
   cmd.add_flag("!--no-profile", r.profile, "skip the per-launch profile");
-  cmd.add_flag("--autotune,!--no-autotune", b.autotune,
-               "time cuBLASLt's candidates and their other configurations per shape once (default on; "
-               "--no-autotune: the heuristic's first pick)");
-  cmd.add_flag("!--no-whole-step", b.whole_step, "always use the per-group cuBLASLt schedule");
-  cmd.add_flag("!--no-one-pass-backward", b.one_pass_backward, "dgrad and weight update as two cuBLASLt passes, the output layer's backward as five launches");
-  // The same knobs as a config's backend: section (docs/design.md).
-  cmd.add_option_function<std::string>(
-         "--whole-step-mode", [&b](const std::string& name) { b.whole_step_mode = whole_step_mode_from_name(name); },
-         "whole-step variant: auto (where it measured faster) | grid | cluster | resident (wherever it fits)")
-      ->check(CLI::IsMember({"auto", "grid", "cluster", "resident"}))
-      ->default_str("auto");
-  cmd.add_flag("!--no-small-batch-forward", b.small_batch_forward,
-               "cuBLASLt for the hidden-layer forwards (no small-batch kernels, no folded batch fetch)");
-  cmd.add_option_function<std::string>(
-         "--conv-kernels", [&r](const std::string& name) { r.conv_kernels = conv_kernels_from_name(name); },
-         "who runs the convolutions of a --config CNN: auto | cudnn | implicit_gemm (ours); the config's backend.conv_kernels otherwise")
-      ->check(CLI::IsMember({"auto", "cudnn", "implicit_gemm"}));
-  cmd.add_flag("!--no-fold-input-update", b.fold_input_update,
-               "the first layer's update as its own launch, not inside the one-pass launch above it");
-  cmd.add_flag("!--no-dependent-launch", b.dependent_launch, "plain launches instead of programmatic dependent ones");
-  cmd.add_flag("!--no-classifier-mma", b.classifier_mma, "the classifier forward a warp per output (no tensor cores)");
-  cmd.add_flag("!--no-one-pass-multicast", b.one_pass_multicast,
-               "batch-256 one-pass kernel: one dY copy per block (no shared tiles)");
-  const auto problem_check = [](std::string (*problem)(std::int64_t), const char* what) {
-    return CLI::Validator(
-        [problem](std::string& text) {
-          try {
-            return problem(std::stoll(text));
-          } catch (const std::logic_error&) {
-            return "'" + text + "' is not an integer";
-          }
-        },
-        what);
-  };
-  cmd.add_option("--strip-splits", b.strip_splits,
-                 "one-pass column-strip kernel: blocks per strip (0: the measured rule)")
-      ->capture_default_str()
-      ->check(problem_check(strip_splits_problem, "0|1|2|4|8"));
-  cmd.add_option("--resident-cluster", b.resident_cluster,
-                 "resident whole-step kernel: cluster size (0: the largest that fits)")
-      ->capture_default_str()
-      ->check(problem_check(resident_cluster_problem, "0|1|2|4|8|16"));
+  // The same knobs as a config's backend: section, one flag per row of the
+  // backend option table; with --config only the flags given override the config's.
+  add_backend_option_flags(cmd, r.backend, r.backend_given);
   cmd.add_option("--replot", r.replot, "only re-render bench.md and the plots of this bench.json into --out-dir");
 }
 

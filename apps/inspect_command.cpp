@@ -20,6 +20,7 @@
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/fast_paths/fast_path.hpp"
 #include "runtime/cuda/stream_plan.hpp"
 #endif
 
@@ -45,7 +46,7 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage, const Ins
     if (stage == "eval") return build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
     SequentialSpec spec = sequential_for_target(training.model, ProgramTarget::cuda);
     spec.dataset_rows = train_rows;
-    auto stages = build_sequential_training_stages(spec, training.sgd, training.fusion);
+    auto stages = build_sequential_training_stages(spec, training.optimizer, training.fusion);
     if (stage == "forward") return stages.forward;
     if (stage == "backward") return stages.backward;
     if (stage == "optimized") return stages.optimized;
@@ -58,7 +59,7 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage, const Ins
   }
   MlpSpec mlp = mlp_for_target(training.mlp, ProgramTarget::cuda);
   mlp.dataset_rows = train_rows;
-  SgdSpec sgd = training.sgd;
+  OptimizerSpec sgd = training.optimizer;
   if (request.world_size > 0) shard_for_rank(mlp, sgd, request.rank, request.world_size);
   auto stages = build_training_stages(mlp, sgd, training.fusion);
   if (stage == "forward") return stages.forward;
@@ -105,7 +106,11 @@ std::string schedule_dump(const TrainConfig& config, const Graph& g) {
                            streams.join_before[i] == c.schedule.launches.size()
                                ? std::string("the step's end")
                                : fmt::format("L{}", streams.join_before[i]));
-  return c.note + dump_schedule(g, c.schedule) + forks;
+  // The fast paths without a launch here, and why (the same lines `train` logs and `bench` reports).
+  std::string declined;
+  for (const auto& d : cuda::declined_fast_paths(g, c.schedule, backend_options_from_config(config), cuda_backend_usable()))
+    declined += fmt::format("# fast path {} declined: {}\n", d.name, d.reason);
+  return c.note + dump_schedule(g, c.schedule) + forks + declined;
 #else
   (void)config;
   (void)g;

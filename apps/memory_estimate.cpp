@@ -33,7 +33,7 @@ RunGraphs run_graphs(const TrainConfig& c, const DataShape& d, ProgramTarget tar
     const SequentialTraining t = sequential_training(c, d.feature_dtype);
     SequentialSpec train = sequential_for_target(t.model, target);
     train.dataset_rows = d.train_rows;
-    g.train = build_sequential_training_stages(train, t.sgd, t.fusion).fused;
+    g.train = build_sequential_training_stages(train, t.optimizer, t.fusion).fused;
     SequentialSpec eval = sequential_for_target(t.model, target);
     eval.dataset_rows = d.test_rows;
     eval.batch = eval_batch_for(d.test_rows, t.eval_batch);
@@ -42,7 +42,7 @@ RunGraphs run_graphs(const TrainConfig& c, const DataShape& d, ProgramTarget tar
     const MlpTraining t = mlp_training(c, d.feature_dtype);
     MlpSpec train = mlp_for_target(t.mlp, target);
     train.dataset_rows = d.train_rows;
-    g.train = build_training_stages(train, t.sgd, t.fusion).fused;
+    g.train = build_training_stages(train, t.optimizer, t.fusion).fused;
     MlpSpec eval = mlp_for_target(t.mlp, target);
     eval.dataset_rows = d.test_rows;
     eval.batch = eval_batch_for(d.test_rows, t.eval_batch);

@@ -55,7 +55,7 @@ LaunchCost nodes_cost(const Graph& g, const std::vector<NodeId>& nodes) {
   std::set<ValueId> produced, reads, writes, updates;
   for (NodeId n : nodes) {
     const Node& node = g.node(n);
-    const auto in_place = in_place_inputs(node.op, int(node.inputs.size()));
+    const auto in_place = in_place_inputs(node);
     for (std::size_t i = 0; i < node.inputs.size(); ++i) {
       const ValueId v = node.inputs[i];
       if (std::find(in_place.begin(), in_place.end(), int(i)) != in_place.end()) updates.insert(v);

@@ -15,7 +15,7 @@ int main(int argc, char** argv) try {
   model.mlp.layers = {784, 128, 128, 128, 10};
   model.mlp.batch = 32;
   model.mlp.weight_dtype = sg::DType::f16;
-  model.sgd = {0.003, 0.0, 0.0};
+  model.optimizer = {0.003, 0.0, 0.0};
   sg::TrainerSpec spec;
   spec.program = sg::build_mlp_program(model, data.train.images.count, data.test.images.count, sg::ProgramTarget::cuda);
   sg::cuda::CudaTrainer trainer(spec, data);  // lowers the step, captures it once

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "apps/backend_flags.hpp"
 #include "apps/bench_command.hpp"
 #include "apps/data_parallel_run.hpp"
 #include "apps/export_command.hpp"
@@ -58,6 +59,7 @@ struct ConfigArgs {
   void add_to(CLI::App& cmd) {
     cmd.add_option("-c,--config", path, "YAML config file")->capture_default_str();
     cmd.add_option("--set", overrides, "override a config key, e.g. --set optim.lr=0.1 (repeatable)");
+    sg::app::add_core_only_flag(cmd, overrides);  // --core-only: no fast path (issue 35)
   }
   sg::app::TrainConfig load() const { return sg::app::load_config(path, overrides); }
 };

@@ -67,7 +67,7 @@ class TrainingLoop {
         controls_(controls),
         rank_launch_(rank_launch),
         out_dir_(config.run.out_dir),
-        launch_steps_(std::max<std::int64_t>(1, config.backend.steps_per_launch)) {}
+        launch_steps_(std::max<std::int64_t>(1, config.backend.options.steps_per_launch)) {}
 
   TrainSummary run() {
     // Before any work: a bad output path or an out_dir in use must not cost a whole run.
@@ -117,6 +117,8 @@ class TrainingLoop {
       summary_.backend += fmt::format(", data parallel: rank {} of {}, global batch {} x {}", group_.rank,
                                       group_.world_size, group_.world_size, config_.data.batch_size);
     spdlog::info("backend: {}", summary_.backend);
+    for (const auto& [fast_path, why] : trainer_->declined_fast_paths())
+      spdlog::info("fast path {} declined: {}", fast_path, why);
     total_ = total_steps(config_, data.train.images.count / ranks());  // epochs of global batches of ranks x batch rows
     if (resume_from_) resume(data.train.images.count / ranks());
     // Every check passed and the trainer stands: from here the run has outputs.

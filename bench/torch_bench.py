@@ -14,6 +14,8 @@ preloaded on the GPU, batches in the runtime's order. Modes:
                    remainder of fewer than K steps replays a one-step graph
 --optim adamw (or adam) swaps SGD for torch.optim.AdamW(fused=True) (lr 1e-3,
 weight decay 0.01, betas 0.9/0.999, eps 1e-8: `stepgraph bench --optim adamw`);
+--optim rmsprop for torch.optim.RMSprop(foreach=True) (lr 1e-3, alpha 0.99, eps
+1e-8: `stepgraph bench --optim rmsprop`; PyTorch has no fused RMSprop);
 the captured modes use AdamW(fused=True, capturable=True). --depth sets the
 hidden layers (2 for the issue's 784-1024-1024-10).
 Each point: --warmup untimed steps, then --repeats timings of --steps steps
@@ -65,9 +67,13 @@ def make_sgd(model, lr):
 
 
 def make_optimizer(model, optim, lr, captured):
-    """SGD as before, or Adam/AdamW fused (capturable inside a CUDA graph)."""
+    """SGD as before, Adam/AdamW fused (capturable inside a CUDA graph), or RMSprop (PyTorch's
+    defaults, as `stepgraph bench --optim rmsprop`: alpha 0.99, eps 1e-8; foreach, capturable)."""
     if optim == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr, foreach=True) if captured else make_sgd(model, lr)
+    if optim == "rmsprop":
+        return torch.optim.RMSprop(model.parameters(), lr=lr, alpha=0.99, eps=1e-8, foreach=True,
+                                   capturable=captured)
     kind = torch.optim.AdamW if optim == "adamw" else torch.optim.Adam
     wd = 0.01 if optim == "adamw" else 0.0
     return kind(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd, fused=True,
@@ -229,8 +235,8 @@ def main():
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--lr", type=float, default=None, help="default: 0.01 for sgd, 1e-3 for adam/adamw")
-    p.add_argument("--optim", choices=["sgd", "adam", "adamw"], default="sgd")
+    p.add_argument("--lr", type=float, default=None, help="default: 0.01 for sgd, 1e-3 for adam/adamw/rmsprop")
+    p.add_argument("--optim", choices=["sgd", "adam", "adamw", "rmsprop"], default="sgd")
     p.add_argument("--depth", type=int, default=3, help="hidden layers (784-H x depth-10)")
     p.add_argument("--compute", choices=["fp16", "bf16"], default="fp16", help="autocast dtype")
     p.add_argument("--activation", choices=sorted(ACTIVATIONS), default="relu",

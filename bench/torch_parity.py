@@ -5,7 +5,8 @@ batches (bench/stepgraph_data.py mirrors the runtime's RNG), fp16 autocast
 weights, plain SGD. --activation and --loss (mse: the one-hot class vector
 regressed with MSE, as `model.loss: mse` on bench/parity_check.sh's npz copy
 of MNIST) cover issue 21's activations and regression loss;
---optim adam|adamw (--betas, --eps, --weight-decay), --nesterov and
+--optim adam|adamw (--betas, --eps, --weight-decay), --optim rmsprop (--alpha,
+--eps, --momentum, --centered, --weight-decay), --nesterov and
 --clip-grad-norm cover its optimizers. --model report_cnn runs issue 22's
 CNN (bench/torch_cnn.py, configs/mnist_cnn.yaml's network, dropout off) from
 stepgraph's initial weights instead of the --layers MLP."""
@@ -68,9 +69,11 @@ def main():
     p.add_argument("--loss", choices=["softmax_xent", "mse", "l1"], default="softmax_xent",
                    help="stepgraph's model.loss; mse/l1 regress the one-hot class vector")
     p.add_argument("--label-smoothing", type=float, default=0.0, help="stepgraph's model.label_smoothing")
-    p.add_argument("--optim", choices=["sgd", "adam", "adamw"], default="sgd", help="stepgraph's optim.name")
+    p.add_argument("--optim", choices=["sgd", "adam", "adamw", "rmsprop"], default="sgd", help="stepgraph's optim.name")
     p.add_argument("--betas", default="0.9,0.999", help="optim.betas (adam, adamw)")
-    p.add_argument("--eps", type=float, default=1e-8, help="optim.eps (adam, adamw)")
+    p.add_argument("--eps", type=float, default=1e-8, help="optim.eps (adam, adamw, rmsprop)")
+    p.add_argument("--alpha", type=float, default=0.99, help="optim.alpha (rmsprop)")
+    p.add_argument("--centered", action="store_true", help="optim.centered (rmsprop)")
     p.add_argument("--nesterov", action="store_true", help="optim.nesterov (sgd)")
     p.add_argument("--clip-grad-norm", type=float, default=0.0, help="optim.clip_grad_norm (0: off)")
     p.add_argument("--schedule", choices=["constant", "cosine"], default="constant",
@@ -103,6 +106,9 @@ def main():
     if a.optim == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay,
                               nesterov=a.nesterov)
+    elif a.optim == "rmsprop":
+        opt = torch.optim.RMSprop(model.parameters(), lr=a.lr, alpha=a.alpha, eps=a.eps, weight_decay=a.weight_decay,
+                                  momentum=a.momentum, centered=a.centered)
     else:
         betas = tuple(float(b) for b in a.betas.split(","))
         kind = torch.optim.AdamW if a.optim == "adamw" else torch.optim.Adam

@@ -60,7 +60,7 @@ std::string dump_dot(const Graph& g, const std::string& title) {
   for (const Node& n : g.nodes()) {
     for (ValueId in : n.inputs) out += fmt::format("  v{} -> n{};\n", in, n.id);
     for (ValueId o : n.outputs) out += fmt::format("  n{} -> v{};\n", n.id, o);
-    for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+    for (int slot : in_place_inputs(n))
       out += fmt::format("  n{} -> v{} [style=dotted, label=\"updates\"];\n", n.id, n.inputs[static_cast<std::size_t>(slot)]);
   }
   out += "}\n";

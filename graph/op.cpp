@@ -24,7 +24,7 @@ constexpr std::array kFusionNames = {
 
 constexpr std::array<const char*, std::variant_size_v<OpAttrs>> kAttrsKindNames = {
     "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update", "label_smoothing", "dropout", "adam_update",
-    "clip_grad", "conv2d", "pool2d", "reshape"};
+    "clip_grad", "conv2d", "pool2d", "reshape", "rmsprop_update"};
 static_assert(attrs_index<NoAttrs>() == 0 && attrs_index<BatchIndicesAttrs>() == 1 &&
               attrs_index<GatherRowsAttrs>() == 2 && attrs_index<MatmulAttrs>() == 3 &&
               attrs_index<CastAttrs>() == 4 && attrs_index<SgdUpdateAttrs>() == 5 &&
@@ -61,9 +61,9 @@ FusionKind fusion_from_name(std::string_view name) {
 
 bool op_updates_in_place(OpKind op) { return op_def(op).in_place != nullptr; }
 
-std::vector<int> in_place_inputs(OpKind op, int input_count) {
-  const OpDef& def = op_def(op);
-  return def.in_place ? def.in_place(input_count) : std::vector<int>{};
+std::vector<int> in_place_inputs(const Node& node) {
+  const OpDef& def = op_def(node.op);
+  return def.in_place ? def.in_place(node.attrs, static_cast<int>(node.inputs.size())) : std::vector<int>{};
 }
 
 std::string_view attrs_kind_name(std::size_t index) {

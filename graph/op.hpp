@@ -71,14 +71,14 @@ enum class OpKind : std::uint8_t {
   dropout2d_backward,     // (dY, step i32[1]) -> dY times the forward's channel mask recomputed
   // ---- data-parallel training (issue 25)
   all_reduce_mean,        // (grad, ...) -> (mean of each over the data-parallel ranks, ...): one bucket
+  // ---- update rules added on the update stage (issue 35)
+  rmsprop_update,         // (param, grad, square_avg[, momentum_buf][, grad_avg][, clip scale f32[1]]) -> nothing
 };
 
 std::string_view op_name(OpKind op);
 OpKind op_from_name(std::string_view name);  // throws std::invalid_argument
 // Ops with no outputs that write some of their inputs in place.
 bool op_updates_in_place(OpKind op);
-// Input slots an in-place op writes (sgd_update: param and velocity).
-std::vector<int> in_place_inputs(OpKind op, int input_count);
 
 // ---- typed attributes: one record per attribute kind, each op takes one kind
 struct NoAttrs {
@@ -144,6 +144,17 @@ struct AdamUpdateAttrs {
   bool decoupled = false;
   bool operator==(const AdamUpdateAttrs&) const = default;
 };
+// PyTorch's RMSprop(alpha, eps, weight_decay, momentum, centered): weight
+// decay added to the gradient; square_avg (and grad_avg when centered,
+// momentum_buf when momentum > 0) are f32 state; lr is run state.
+struct RmspropUpdateAttrs {
+  double alpha = 0.99;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;
+  bool centered = false;
+  bool operator==(const RmspropUpdateAttrs&) const = default;
+};
 // torch.nn.utils.clip_grad_norm_(max_norm): the scale every update applies.
 struct ClipGradAttrs {
   double max_norm = 1.0;
@@ -179,7 +190,7 @@ struct ReshapeAttrs {
 
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
-                             Pool2dAttrs, ReshapeAttrs>;
+                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -190,7 +201,7 @@ constexpr std::size_t attrs_index() {
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
 // "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
-// "reshape".
+// "reshape", "rmsprop_update".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 
@@ -224,6 +235,11 @@ struct Node {
 
   bool operator==(const Node&) const = default;
 };
+
+// Input slots an in-place node writes (sgd_update: param and velocity). The
+// attributes take part: which optional inputs a node has can depend on them
+// (rmsprop_update's momentum_buf and grad_avg, before an optional clip scale).
+std::vector<int> in_place_inputs(const Node& node);
 
 [[noreturn]] void throw_wrong_attrs(const Node& node, std::size_t wanted_index);
 

@@ -1,6 +1,6 @@
 #include "graph/op_registry.hpp"
 
-#include <array>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -9,10 +9,11 @@
 namespace sg {
 namespace {
 
-// Every op's entry, in OpKind order (checked on first use).
-const std::array<const OpDef*, 47>& table() {
-  static const std::array<const OpDef*, 47> entries = [] {
-    std::array<const OpDef*, 47> t = {
+// Every op's entry, in OpKind order (checked on first use; a new op appends
+// its entry, no count to edit: op_def throws for a kind past the end).
+const std::vector<const OpDef*>& table() {
+  static const std::vector<const OpDef*> entries = [] {
+    std::vector<const OpDef*> t = {
         &ops::batch_indices_def(), &ops::gather_rows_def(),  &ops::matmul_def(),
         &ops::bias_add_def(),      &ops::relu_def(),         &ops::relu_backward_def(),
         &ops::softmax_xent_def(),  &ops::softmax_xent_backward_def(), &ops::reduce_rows_def(),
@@ -33,6 +34,8 @@ const std::array<const OpDef*, 47>& table() {
         &ops::reshape_def(), &ops::dropout2d_def(), &ops::dropout2d_backward_def(),
         // issue 25: data-parallel training
         &ops::all_reduce_mean_def(),
+        // issue 35: update rules on the update stage
+        &ops::rmsprop_update_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

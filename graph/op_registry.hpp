@@ -102,7 +102,8 @@ struct OpDef {
   // Non-null: the op can be the loss (scalar output); emits the input
   // gradients given an implicit dLoss = 1 (output_grads() are all nullopt).
   GradientRule loss_gradient = nullptr;
-  std::vector<int> (*in_place)(int input_count) = nullptr;  // non-null: no outputs, writes these inputs
+  // Non-null: no outputs, writes these inputs (from the node's attributes and input count).
+  std::vector<int> (*in_place)(const OpAttrs& attrs, int input_count) = nullptr;
   CpuKernel<float> cpu_f32 = nullptr;
   CpuKernel<double> cpu_f64 = nullptr;
 

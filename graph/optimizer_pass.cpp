@@ -74,14 +74,15 @@ std::string_view optimizer_name(OptimizerKind kind) {
     case OptimizerKind::sgd: return "sgd";
     case OptimizerKind::adam: return "adam";
     case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::rmsprop: return "rmsprop";
   }
   return "?";
 }
 
 OptimizerKind optimizer_from_name(std::string_view name) {
-  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw})
+  for (OptimizerKind k : {OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw, OptimizerKind::rmsprop})
     if (optimizer_name(k) == name) return k;
-  throw std::invalid_argument(fmt::format("unknown optimizer '{}' (sgd, adam, adamw)", name));
+  throw std::invalid_argument(fmt::format("unknown optimizer '{}' (sgd, adam, adamw, rmsprop)", name));
 }
 
 namespace {
@@ -108,7 +109,7 @@ namespace {
 
 void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step,
                     bool after_every_gradient) {
-  const bool adam = spec.kind != OptimizerKind::sgd;
+  const bool adam = spec.kind == OptimizerKind::adam || spec.kind == OptimizerKind::adamw;
   if (adam && !step) throw GraphError(fmt::format("{} needs the graph's step counter (bias correction)", optimizer_name(spec.kind)));
   if (spec.kind == OptimizerKind::sgd && spec.nesterov && !(spec.momentum > 0.0))
     throw GraphError("sgd: nesterov needs momentum > 0");
@@ -127,6 +128,17 @@ void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spe
       // After the last gradient, so a backend can run every Adam update in one launch.
       const std::size_t pos = std::max(earliest_update_position(g, param, inputs), after_last_gradient(g, grads));
       g.insert_node(pos, OpKind::adam_update, inputs, attrs, Role::activation, {});
+      continue;
+    }
+    if (spec.kind == OptimizerKind::rmsprop) {
+      std::vector<ValueId> inputs{param, raw_grad, g.state("rms_sq_" + p.name, p.shape, DType::f32)};
+      if (spec.momentum > 0.0) inputs.push_back(g.state("rms_buf_" + p.name, p.shape, DType::f32));
+      if (spec.centered) inputs.push_back(g.state("rms_avg_" + p.name, p.shape, DType::f32));
+      if (scale) inputs.push_back(*scale);
+      const RmspropUpdateAttrs attrs{spec.alpha, spec.eps, spec.weight_decay, spec.momentum, spec.centered};
+      // After the last gradient, as Adam's: one multi-tensor launch takes every update left.
+      const std::size_t pos = std::max(earliest_update_position(g, param, inputs), after_last_gradient(g, grads));
+      g.insert_node(pos, OpKind::rmsprop_update, inputs, attrs, Role::activation, {});
       continue;
     }
     ValueId grad = raw_grad;

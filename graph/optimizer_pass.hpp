@@ -2,8 +2,9 @@
 // Appends the optimizer: one update per parameter. sgd_update is placed as
 // early as it is legal (after its gradient is produced and after the last read
 // of the parameter) so gradients die young (and fuse with their matmul);
-// adam_update after the last gradient, so a backend can run all of them in one
-// multi-tensor launch (a bias's update still fuses with its column sum).
+// adam_update and rmsprop_update after the last gradient, so a backend can run
+// all of them in one multi-tensor launch (a bias's update still fuses with its
+// column sum).
 // With gradient clipping, one grad_clip_scale node reads every gradient and
 // each update reads its scale (Adam directly, SGD through a scale_grad node).
 // The step advance is the pipeline's (graph/training_graph.hpp); Adam reads
@@ -16,22 +17,24 @@
 
 namespace sg {
 
-enum class OptimizerKind : std::uint8_t { sgd, adam, adamw };
+enum class OptimizerKind : std::uint8_t { sgd, adam, adamw, rmsprop };
 
-std::string_view optimizer_name(OptimizerKind kind);            // "sgd", "adam", "adamw"
+std::string_view optimizer_name(OptimizerKind kind);            // "sgd", "adam", "adamw", "rmsprop"
 OptimizerKind optimizer_from_name(std::string_view name);       // throws std::invalid_argument
 
 struct OptimizerSpec {
   // The initial learning rate, for trainers (CpuExecutor::set_learning_rate,
   // the CUDA program's scalar table): the graph does not hold it.
   double lr = 0.01;
-  double momentum = 0.0;      // sgd: > 0 adds a velocity state per parameter ("vel_<param>")
-  double weight_decay = 0.0;  // sgd, adam: added to the gradient; adamw: decoupled
+  double momentum = 0.0;      // sgd: > 0 adds a velocity state per parameter ("vel_<param>"); rmsprop: "rms_buf_<param>"
+  double weight_decay = 0.0;  // sgd, adam, rmsprop: added to the gradient; adamw: decoupled
   OptimizerKind kind = OptimizerKind::sgd;
   bool nesterov = false;      // sgd: needs momentum > 0
   double beta1 = 0.9;         // adam, adamw: state "adam_m_<param>", "adam_v_<param>" (f32)
   double beta2 = 0.999;
-  double eps = 1e-8;
+  double eps = 1e-8;           // adam, adamw, rmsprop
+  double alpha = 0.99;         // rmsprop: smoothing of square_avg ("rms_sq_<param>", f32)
+  bool centered = false;       // rmsprop: also a grad_avg state ("rms_avg_<param>"); momentum > 0: "rms_buf_<param>"
   double clip_grad_norm = 0.0;  // > 0: scale every gradient by min(1, c / (global L2 norm + 1e-6))
   // Data parallel (issue 25): every gradient passes through an all_reduce_mean
   // bucket (one per layer: the gradients computed from the same upstream
@@ -39,8 +42,6 @@ struct OptimizerSpec {
   // the updates read the reduced gradients.
   bool all_reduce_gradients = false;
 };
-// The name the SGD-only pipeline used.
-using SgdSpec = OptimizerSpec;
 
 // `step` is the graph's step counter (i32 [1] state, advanced after the
 // updates); Adam needs it, SGD ignores it. Throws GraphError when the spec is

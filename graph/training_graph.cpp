@@ -4,7 +4,7 @@
 
 namespace sg {
 
-TrainingGraphStages build_training_stages(Graph forward, ValueId loss, const SgdSpec& sgd,
+TrainingGraphStages build_training_stages(Graph forward, ValueId loss, const OptimizerSpec& sgd,
                                           const FusionOptions& fusion, std::optional<ValueId> step) {
   TrainingGraphStages s;
   s.forward = std::move(forward);

@@ -21,7 +21,7 @@ struct TrainingGraphStages {
 // `loss` is the forward graph's loss value (the autodiff seed); `step`, when
 // given, is a state value the step advances once at its very end (the counter
 // the batch fetch reads). Every stage is verified.
-TrainingGraphStages build_training_stages(Graph forward, ValueId loss, const SgdSpec& sgd,
+TrainingGraphStages build_training_stages(Graph forward, ValueId loss, const OptimizerSpec& sgd,
                                           const FusionOptions& fusion = {},
                                           std::optional<ValueId> step = std::nullopt);
 

@@ -69,7 +69,7 @@ void check_node(const Graph& g, const Node& n, std::set<ValueId>& produced, std:
   } catch (const std::exception& e) {
     out.push_back(fmt::format("{}: {}", where, e.what()));
   }
-  for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size()))) {
+  for (int slot : in_place_inputs(n)) {
     const Value& target = g.value(n.inputs[static_cast<std::size_t>(slot)]);
     if (target.role != Role::param && target.role != Role::state)
       out.push_back(fmt::format("{}: updates {} value '{}' in place (only param/state may be)", where,

@@ -135,7 +135,7 @@ Graph build_mlp_predict(const MlpSpec& spec) {
   return g;
 }
 
-TrainingGraphStages build_training_stages(const MlpSpec& spec, const SgdSpec& sgd, const FusionOptions& fusion) {
+TrainingGraphStages build_training_stages(const MlpSpec& spec, const OptimizerSpec& sgd, const FusionOptions& fusion) {
   Graph forward = build_mlp_forward(spec);
   const ValueId loss = forward.value_named(names::loss);
   const ValueId step = forward.value_named(names::step);

@@ -89,7 +89,7 @@ Graph build_mlp_eval(const MlpSpec& spec);
 Graph build_mlp_predict(const MlpSpec& spec);
 // The MLP's forward graph through graph/training_graph.hpp's pipeline
 // (autodiff, SGD, step advance, fusion).
-TrainingGraphStages build_training_stages(const MlpSpec& spec, const SgdSpec& sgd, const FusionOptions& fusion = {});
+TrainingGraphStages build_training_stages(const MlpSpec& spec, const OptimizerSpec& sgd, const FusionOptions& fusion = {});
 
 // The runtime-facing bindings of a graph built here (by the names above);
 // `correct` only where the graph has it.

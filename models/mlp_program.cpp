@@ -17,7 +17,7 @@ MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target) {
   return mlp;
 }
 
-void shard_for_rank(MlpSpec& mlp, SgdSpec& sgd, std::int64_t rank, std::int64_t ranks) {
+void shard_for_rank(MlpSpec& mlp, OptimizerSpec& sgd, std::int64_t rank, std::int64_t ranks) {
   if (rank < 0 || rank >= ranks)
     throw GraphError(fmt::format("data parallel: rank {} is not in 0..{}", rank, ranks - 1));
   mlp.batch_rank = rank;
@@ -30,7 +30,7 @@ TrainingProgram build_mlp_program(const MlpTraining& t, std::int64_t train_rows,
   TrainingProgram p;
   MlpSpec train = mlp_for_target(t.mlp, target);
   train.dataset_rows = train_rows;
-  SgdSpec sgd = t.sgd;
+  OptimizerSpec sgd = t.optimizer;
   if (t.data_ranks > 0) shard_for_rank(train, sgd, t.data_rank, t.data_ranks);
   p.train = build_training_stages(train, sgd, t.fusion).fused;
   p.train_data = mlp_data_bindings(p.train, train.batch);
@@ -44,7 +44,7 @@ TrainingProgram build_mlp_program(const MlpTraining& t, std::int64_t train_rows,
   p.eval_data = mlp_data_bindings(p.eval, eval.batch);
 
   p.init = mlp_initial_parameters(t.mlp.layers, t.init_seed);
-  p.learning_rate = t.sgd.lr;
+  p.learning_rate = t.optimizer.lr;
   return p;
 }
 

@@ -14,7 +14,7 @@ namespace sg {
 
 struct MlpTraining {
   MlpSpec mlp;  // dataset_rows is set per split by build_mlp_program
-  SgdSpec sgd;
+  OptimizerSpec optimizer;
   FusionOptions fusion;
   std::int64_t eval_batch = 1000;  // rounded down to a divisor of the test rows
   std::uint64_t init_seed = 0;
@@ -42,7 +42,7 @@ MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target);
 // The training graph's spec and optimizer for rank `rank` of `ranks` (issue
 // 25): the rank's slice of each global batch, every gradient reduced over the
 // ranks. Throws GraphError for a rank outside 0..ranks-1.
-void shard_for_rank(MlpSpec& mlp, SgdSpec& sgd, std::int64_t rank, std::int64_t ranks);
+void shard_for_rank(MlpSpec& mlp, OptimizerSpec& sgd, std::int64_t rank, std::int64_t ranks);
 
 // Training graph over `train_rows` rows, eval graph (fused too) over
 // `test_rows` with eval_batch_for(test_rows, eval_batch) rows per run.

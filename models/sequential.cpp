@@ -248,7 +248,7 @@ Graph build_sequential_predict(const SequentialSpec& spec) {
   return g;
 }
 
-TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const SgdSpec& sgd,
+TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const OptimizerSpec& sgd,
                                                      const FusionOptions& fusion) {
   Graph forward = build_sequential_forward(spec);
   const ValueId loss = forward.value_named(names::loss);

@@ -89,7 +89,7 @@ void validate_sequential_spec(const SequentialSpec& spec);
 Graph build_sequential_forward(const SequentialSpec& spec);
 Graph build_sequential_eval(const SequentialSpec& spec);
 Graph build_sequential_predict(const SequentialSpec& spec);
-TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const SgdSpec& sgd,
+TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const OptimizerSpec& sgd,
                                                      const FusionOptions& fusion = {});
 
 // Initial w<k>, b<k>: PyTorch's defaults from the project's counter-based RNG

@@ -12,7 +12,7 @@ TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64
   TrainingProgram p;
   SequentialSpec train = sequential_for_target(t.model, target);
   train.dataset_rows = train_rows;
-  p.train = build_sequential_training_stages(train, t.sgd, t.fusion).fused;
+  p.train = build_sequential_training_stages(train, t.optimizer, t.fusion).fused;
   p.train_data = mlp_data_bindings(p.train, train.batch);
 
   SequentialSpec eval = sequential_for_target(t.model, target);
@@ -23,7 +23,7 @@ TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64
   p.eval_data = mlp_data_bindings(p.eval, eval.batch);
 
   p.init = sequential_initial_parameters(t.model.input_shape, t.model.layers, t.init_seed);
-  p.learning_rate = t.sgd.lr;
+  p.learning_rate = t.optimizer.lr;
   return p;
 }
 

@@ -13,7 +13,7 @@ namespace sg {
 
 struct SequentialTraining {
   SequentialSpec model;  // dataset_rows is set per split by build_sequential_program
-  SgdSpec sgd;
+  OptimizerSpec optimizer;
   FusionOptions fusion;
   std::int64_t eval_batch = 1000;  // rounded down to a divisor of the test rows
   std::uint64_t init_seed = 0;

@@ -37,6 +37,7 @@ struct BackendOptions {
   std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
+  bool core_only = false;              // no fast path at all: the core lowerings alone (issue 35)
   bool whole_step = true;              // one kernel (a small CNN: two) for the whole step where it fits
   WholeStepMode whole_step_mode = WholeStepMode::automatic;
   bool one_pass_backward = true;       // dgrad + SGD in one pass over W; the output layer's backward in one kernel

@@ -93,6 +93,9 @@ class Trainer {
   // Wall seconds of the parts of the trainer's construction (e.g. lowering,
   // upload, capture), for the run's time breakdown; empty if not timed.
   virtual std::vector<std::pair<std::string, double>> setup_phases() const { return {}; }
+  // The CUDA backend's fast paths that declined the training graph, each
+  // (name, why): `stepgraph train` logs one line per entry (issue 35).
+  virtual std::vector<std::pair<std::string, std::string>> declined_fast_paths() const { return {}; }
 };
 
 // Throws std::invalid_argument when spec.program does not fit `data`.

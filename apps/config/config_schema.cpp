@@ -2,7 +2,19 @@
 
 #include <algorithm>
 
+#include "runtime/backend_option_table.hpp"
+
 namespace sg::app {
+namespace {
+
+// backend: kind and cuda_graph (how the trainer runs), then every row of the backend option table.
+std::vector<std::string> backend_keys() {
+  std::vector<std::string> keys = {"kind", "cuda_graph"};
+  for (const auto& row : backend_option_table()) keys.push_back(row.key);
+  return keys;
+}
+
+}  // namespace
 
 const std::vector<ConfigSection>& config_schema() {
   static const std::vector<ConfigSection> schema = {
@@ -11,16 +23,13 @@ const std::vector<ConfigSection>& config_schema() {
                  "label_smoothing", "dropout", "sequential"}, {}},
       {"data", {"dir", "batch_size", "shuffle_seed", "normalize", "mean", "std", "train_limit", "test_limit", "eval_batch_size",
         "format", "train_x", "train_y", "test_x", "test_y", "label_column", "test_fraction", "split_seed"}, {}},
-      {"optim", {"name", "lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "clip_grad_norm"}, {"schedule"}},
+      {"optim", {"name", "lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "alpha", "centered",
+                 "clip_grad_norm"}, {"schedule"}},
       {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
       {"precision", {"weights", "accumulate", "compute"}, {}},
       {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume",
                "loss_plot_scale"}, {}},
-      {"backend",
-       {"kind", "cuda_graph", "autotune", "whole_step", "one_pass_backward", "steps_per_launch", "whole_step_mode",
-        "small_batch_forward", "fold_input_update", "dependent_launch", "classifier_mma", "one_pass_multicast",
-        "strip_splits", "resident_cluster", "conv_kernels"},
-       {}},
+      {"backend", backend_keys(), {}},
   };
   return schema;
 }

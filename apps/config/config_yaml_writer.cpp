@@ -1,9 +1,12 @@
 #include <yaml-cpp/yaml.h>
 
+#include <variant>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "apps/config/train_config.hpp"
+#include "runtime/backend_option_table.hpp"
 
 // to_yaml and layer_text (declared in train_config.hpp): the resolved config
 // as YAML, every key written, floats as the shortest text that reads back.
@@ -83,6 +86,8 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq << num(c.optim.beta1) << num(c.optim.beta2)
     << YAML::EndSeq;
   e << YAML::Key << "eps" << YAML::Value << num(c.optim.eps);
+  e << YAML::Key << "alpha" << YAML::Value << num(c.optim.alpha);
+  e << YAML::Key << "centered" << YAML::Value << c.optim.centered;
   e << YAML::Key << "clip_grad_norm" << YAML::Value << num(c.optim.clip_grad_norm);
   e << YAML::Key << "schedule" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.optim.schedule.kind;
@@ -108,19 +113,11 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "backend" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "kind" << YAML::Value << c.backend.kind;
   e << YAML::Key << "cuda_graph" << YAML::Value << c.backend.cuda_graph;
-  e << YAML::Key << "autotune" << YAML::Value << c.backend.autotune;
-  e << YAML::Key << "whole_step" << YAML::Value << c.backend.whole_step;
-  e << YAML::Key << "one_pass_backward" << YAML::Value << c.backend.one_pass_backward;
-  e << YAML::Key << "steps_per_launch" << YAML::Value << c.backend.steps_per_launch;
-  e << YAML::Key << "whole_step_mode" << YAML::Value << c.backend.whole_step_mode;
-  e << YAML::Key << "small_batch_forward" << YAML::Value << c.backend.small_batch_forward;
-  e << YAML::Key << "conv_kernels" << YAML::Value << c.backend.conv_kernels;
-  e << YAML::Key << "fold_input_update" << YAML::Value << c.backend.fold_input_update;
-  e << YAML::Key << "dependent_launch" << YAML::Value << c.backend.dependent_launch;
-  e << YAML::Key << "classifier_mma" << YAML::Value << c.backend.classifier_mma;
-  e << YAML::Key << "one_pass_multicast" << YAML::Value << c.backend.one_pass_multicast;
-  e << YAML::Key << "strip_splits" << YAML::Value << c.backend.strip_splits;
-  e << YAML::Key << "resident_cluster" << YAML::Value << c.backend.resident_cluster << YAML::EndMap;
+  for (const auto& row : backend_option_table()) {  // every backend option, from the table
+    e << YAML::Key << row.key << YAML::Value;
+    std::visit([&e](const auto& v) { e << v; }, row.get(c.backend.options));
+  }
+  e << YAML::EndMap;
   e << YAML::EndMap;
   return std::string(e.c_str()) + "\n";
 }

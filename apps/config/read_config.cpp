@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "apps/config/backend_options_from_config.hpp"
+
 namespace sg::app {
 namespace {
 
@@ -126,6 +128,8 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(optim, "optim", "nesterov", c.optim.nesterov);
   r.read_pair(optim, "optim", "betas", c.optim.beta1, c.optim.beta2);
   r.read(optim, "optim", "eps", c.optim.eps);
+  r.read(optim, "optim", "alpha", c.optim.alpha);
+  r.read(optim, "optim", "centered", c.optim.centered);
   r.read(optim, "optim", "clip_grad_norm", c.optim.clip_grad_norm);
   const auto sched = optim && optim.IsMap() ? optim["schedule"] : YAML::Node();
   r.read(sched, "optim.schedule", "kind", c.optim.schedule.kind);
@@ -154,19 +158,8 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   const auto backend = section_of(root, "backend");
   r.read(backend, "backend", "kind", c.backend.kind);
   r.read(backend, "backend", "cuda_graph", c.backend.cuda_graph);
-  r.read(backend, "backend", "autotune", c.backend.autotune);
-  r.read(backend, "backend", "whole_step", c.backend.whole_step);
-  r.read(backend, "backend", "one_pass_backward", c.backend.one_pass_backward);
-  r.read(backend, "backend", "steps_per_launch", c.backend.steps_per_launch);
-  r.read(backend, "backend", "whole_step_mode", c.backend.whole_step_mode);
-  r.read(backend, "backend", "small_batch_forward", c.backend.small_batch_forward);
-  r.read(backend, "backend", "conv_kernels", c.backend.conv_kernels);
-  r.read(backend, "backend", "fold_input_update", c.backend.fold_input_update);
-  r.read(backend, "backend", "dependent_launch", c.backend.dependent_launch);
-  r.read(backend, "backend", "classifier_mma", c.backend.classifier_mma);
-  r.read(backend, "backend", "one_pass_multicast", c.backend.one_pass_multicast);
-  r.read(backend, "backend", "strip_splits", c.backend.strip_splits);
-  r.read(backend, "backend", "resident_cluster", c.backend.resident_cluster);
+  read_backend_options(r, backend, c.backend.options);
+  c.backend.options.accumulate_f16 = c.precision.accumulate == "fp16";
 }
 
 }  // namespace sg::app

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/backend_options.hpp"
+
 namespace sg::app {
 
 struct ConfigError : std::runtime_error {
@@ -83,14 +85,16 @@ struct LrScheduleConfig {
 };
 
 struct OptimConfig {
-  std::string name = "sgd";        // sgd | adam | adamw
+  std::string name = "sgd";        // sgd | adam | adamw | rmsprop
   double lr = 0.01;
-  double momentum = 0.0;           // sgd
-  double weight_decay = 0.0;       // sgd, adam: L2 added to the gradient; adamw: decoupled (PyTorch)
+  double momentum = 0.0;           // sgd, rmsprop
+  double weight_decay = 0.0;       // sgd, adam, rmsprop: L2 added to the gradient; adamw: decoupled (PyTorch)
   bool nesterov = false;           // sgd: Nesterov momentum (needs momentum > 0)
   double beta1 = 0.9;              // adam, adamw: `betas: [beta1, beta2]`
   double beta2 = 0.999;
-  double eps = 1e-8;               // adam, adamw
+  double eps = 1e-8;               // adam, adamw, rmsprop
+  double alpha = 0.99;             // rmsprop: smoothing constant of the squared-gradient average
+  bool centered = false;           // rmsprop: normalise by the centered second moment (PyTorch's `centered`)
   double clip_grad_norm = 0.0;     // > 0: clip the global gradient L2 norm to this (0 = off)
   LrScheduleConfig schedule;
 };
@@ -121,20 +125,9 @@ struct RunConfig {
 struct BackendConfig {
   std::string kind = "auto";       // auto | cuda | cpu
   bool cuda_graph = true;          // false: plain stream launches
-  bool autotune = false;           // time cuBLASLt candidates once per shape
-  bool whole_step = true;          // one kernel per step where the MLP fits it
-  bool one_pass_backward = true;   // a layer's dgrad + SGD in one pass over its weights where it fits
-  std::int64_t steps_per_launch = 1;  // training steps captured per CUDA graph
-  // Lowerings and kernel knobs (sg::BackendOptions; backend_options_from_config maps them).
-  std::string whole_step_mode = "auto";  // auto | grid | cluster | resident: the whole-step variant
-  bool small_batch_forward = true;  // our small-batch hidden-layer forwards (batch fetch folded in)
-  bool fold_input_update = true;    // the first layer's update inside the one-pass launch above it
-  std::string conv_kernels = "auto";  // auto | cudnn | implicit_gemm: who runs the convolutions (issue 22)
-  bool dependent_launch = true;     // programmatic dependent launch (Hopper)
-  bool classifier_mma = true;       // the classifier forward on tensor cores (batch 256/1024)
-  bool one_pass_multicast = true;   // batch-256 one-pass kernel: pairs of blocks share dY tiles
-  std::int64_t strip_splits = 0;    // one-pass column-strip kernel: blocks per strip (0: the measured rule)
-  std::int64_t resident_cluster = 0;  // resident whole-step kernel: cluster size (0: the largest that fits)
+  // Every other backend: key, typed: read, written and checked row by row from
+  // runtime/backend_option_table.hpp (accumulate_f16 comes from precision.accumulate).
+  BackendOptions options;
 };
 
 struct TrainConfig {

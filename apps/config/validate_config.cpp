@@ -7,7 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "apps/config/sequential_layers.hpp"
-#include "runtime/backend_options.hpp"
+#include "runtime/backend_option_table.hpp"
 #include "runtime/data/dataset_files.hpp"
 
 namespace sg::app {
@@ -113,7 +113,7 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
                                    {"optim.schedule.gamma", c.optim.schedule.gamma},
                                    {"optim.schedule.min_lr", c.optim.schedule.min_lr}, {"optim.betas", c.optim.beta1},
                                    {"optim.betas", c.optim.beta2}, {"optim.eps", c.optim.eps},
-                                   {"optim.clip_grad_norm", c.optim.clip_grad_norm}})
+                                   {"optim.alpha", c.optim.alpha}, {"optim.clip_grad_norm", c.optim.clip_grad_norm}})
     require(std::isfinite(value), key, fmt::format("must be a finite number (got {})", value));
   require(c.data.batch_size > 0, "data.batch_size", fmt::format("must be > 0 (got {})", c.data.batch_size));
   require(c.data.eval_batch_size > 0, "data.eval_batch_size", "must be > 0");
@@ -131,14 +131,18 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
           "data.test_fraction", fmt::format("must be in (0, 1), or 0 for test files (got {})", c.data.test_fraction));
   check_format_keys(require, c.data);
 
-  one_of(c.optim.name, {"sgd", "adam", "adamw"}, "optim.name");
+  one_of(c.optim.name, {"sgd", "adam", "adamw", "rmsprop"}, "optim.name");
   require(c.optim.lr > 0, "optim.lr", fmt::format("must be > 0 (got {})", c.optim.lr));
   require(c.optim.momentum >= 0 && c.optim.momentum < 1, "optim.momentum", fmt::format("must be in [0, 1) (got {})", c.optim.momentum));
   require(c.optim.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
   require(!c.optim.nesterov || c.optim.name == "sgd", "optim.nesterov", "applies to optim.name: sgd only");
   require(!c.optim.nesterov || c.optim.momentum > 0, "optim.nesterov", "needs optim.momentum > 0 (as in PyTorch)");
-  require(c.optim.momentum == 0 || c.optim.name == "sgd", "optim.momentum",
-          fmt::format("applies to optim.name: sgd only ({} uses optim.betas)", c.optim.name));
+  require(c.optim.momentum == 0 || c.optim.name == "sgd" || c.optim.name == "rmsprop", "optim.momentum",
+          fmt::format("applies to optim.name: sgd or rmsprop only ({} uses optim.betas)", c.optim.name));
+  require(c.optim.alpha >= 0 && c.optim.alpha < 1, "optim.alpha", fmt::format("must be in [0, 1) (got {})", c.optim.alpha));
+  require(c.optim.alpha == OptimConfig{}.alpha || c.optim.name == "rmsprop", "optim.alpha",
+          "applies to optim.name: rmsprop only");
+  require(!c.optim.centered || c.optim.name == "rmsprop", "optim.centered", "applies to optim.name: rmsprop only");
   require(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 && c.optim.beta2 < 1, "optim.betas",
           fmt::format("both must be in [0, 1) (got [{}, {}])", c.optim.beta1, c.optim.beta2));
   require(c.optim.eps > 0, "optim.eps", fmt::format("must be > 0 (got {})", c.optim.eps));
@@ -170,13 +174,10 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   one_of(c.run.loss_plot_scale, {"linear", "log", "auto"}, "run.loss_plot_scale");
 
   one_of(c.backend.kind, {"auto", "cuda", "cpu"}, "backend.kind");
-  require(c.backend.steps_per_launch >= 1, "backend.steps_per_launch", "must be >= 1");
-  one_of(c.backend.whole_step_mode, {"auto", "grid", "cluster", "resident"}, "backend.whole_step_mode");
-  one_of(c.backend.conv_kernels, {"auto", "cudnn", "implicit_gemm"}, "backend.conv_kernels");
-  const std::string splits = strip_splits_problem(c.backend.strip_splits);
-  require(splits.empty(), "backend.strip_splits", splits);
-  const std::string cluster = resident_cluster_problem(c.backend.resident_cluster);
-  require(cluster.empty(), "backend.resident_cluster", cluster);
+  for (const auto& row : backend_option_table()) {  // a config built in code; a file's values were checked on reading
+    const std::string problem = row.problem(row.get(c.backend.options));
+    require(problem.empty(), "backend." + row.key, problem);
+  }
 }
 
 }  // namespace sg::app

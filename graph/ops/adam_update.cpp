@@ -35,7 +35,7 @@ std::vector<OutputSpec> infer(const Inputs& in, const OpAttrs& attrs) {
   return {};
 }
 
-std::vector<int> in_place(int) { return {0, 2, 3}; }
+std::vector<int> in_place(const OpAttrs&, int) { return {0, 2, 3}; }
 
 template <typename T>
 void cpu(const CpuCall<T>& c) {

@@ -16,7 +16,7 @@ std::vector<OutputSpec> infer(const Inputs& in, const OpAttrs&) {
   return {};
 }
 
-std::vector<int> in_place(int) { return {0}; }
+std::vector<int> in_place(const OpAttrs&, int) { return {0}; }
 
 template <typename T>
 void cpu(const CpuCall<T>& c) {

@@ -146,6 +146,22 @@ std::string attrs_text(const AdamUpdateAttrs& a) {
                      a.weight_decay, a.decoupled ? ",decoupled" : "");
 }
 
+json write_attrs(const RmspropUpdateAttrs& a) {
+  return {{"alpha", a.alpha}, {"eps", a.eps}, {"weight_decay", a.weight_decay}, {"momentum", a.momentum},
+          {"centered", a.centered}};
+}
+void read_attrs(const json& j, RmspropUpdateAttrs& a) {
+  a.alpha = j.at("alpha").get<double>();
+  a.eps = j.at("eps").get<double>();
+  a.weight_decay = j.at("weight_decay").get<double>();
+  a.momentum = j.at("momentum").get<double>();
+  a.centered = j.at("centered").get<bool>();
+}
+std::string attrs_text(const RmspropUpdateAttrs& a) {
+  return fmt::format(" {{alpha={:.6g},eps={:.6g},weight_decay={:.6g},momentum={:.6g}{}}}", a.alpha, a.eps,
+                     a.weight_decay, a.momentum, a.centered ? ",centered" : "");
+}
+
 json write_attrs(const ClipGradAttrs& a) { return {{"max_norm", a.max_norm}}; }
 void read_attrs(const json& j, ClipGradAttrs& a) { a.max_norm = j.at("max_norm").get<double>(); }
 std::string attrs_text(const ClipGradAttrs& a) { return fmt::format(" {{max_norm={:.6g}}}", a.max_norm); }

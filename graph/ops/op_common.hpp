@@ -48,6 +48,7 @@ SG_ATTR_CODEC(ClipGradAttrs)
 SG_ATTR_CODEC(Conv2dAttrs)
 SG_ATTR_CODEC(Pool2dAttrs)
 SG_ATTR_CODEC(ReshapeAttrs)
+SG_ATTR_CODEC(RmspropUpdateAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -101,6 +102,7 @@ const OpDef& dropout_def();
 const OpDef& dropout_backward_def();
 // issue 21: optimizers and gradient clipping
 const OpDef& adam_update_def();
+const OpDef& rmsprop_update_def();
 const OpDef& grad_clip_scale_def();
 const OpDef& scale_grad_def();
 // issue 22: convolutional networks

@@ -28,7 +28,7 @@ std::vector<OutputSpec> infer(const Inputs& in, const OpAttrs& attrs) {
   return {};
 }
 
-std::vector<int> in_place(int input_count) { return input_count == 3 ? std::vector<int>{0, 2} : std::vector<int>{0}; }
+std::vector<int> in_place(const OpAttrs&, int input_count) { return input_count == 3 ? std::vector<int>{0, 2} : std::vector<int>{0}; }
 
 template <typename T>
 void cpu(const CpuCall<T>& c) {

@@ -358,6 +358,33 @@ void adam_update(T* w, const T* g, T* m, T* v, std::int64_t n, T lr, T beta1, T 
   }
 }
 
+// PyTorch's RMSprop (torch.optim.RMSprop) on n elements: g = g * grad_scale
+// + weight_decay * w; square_avg = alpha square_avg + (1 - alpha) g^2;
+// centered: grad_avg = alpha grad_avg + (1 - alpha) g and
+// avg = sqrt(square_avg - grad_avg^2) + eps, else avg = sqrt(square_avg) + eps;
+// momentum > 0: buf = momentum buf + g / avg, w -= lr buf; else w -= lr g / avg.
+// `momentum_buf` is used only with momentum > 0, `grad_avg` only when centered.
+template <typename T>
+void rmsprop_update(T* w, const T* g, T* square_avg, T* momentum_buf, T* grad_avg, std::int64_t n, T lr, T alpha,
+                    T eps, T weight_decay, T momentum, bool centered, T grad_scale) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T grad = g[i] * grad_scale + weight_decay * w[i];
+    square_avg[i] = alpha * square_avg[i] + (T(1) - alpha) * grad * grad;
+    T mean_square = square_avg[i];
+    if (centered) {
+      grad_avg[i] = alpha * grad_avg[i] + (T(1) - alpha) * grad;
+      mean_square -= grad_avg[i] * grad_avg[i];
+    }
+    const T step = grad / (std::sqrt(mean_square) + eps);
+    if (momentum > T(0)) {
+      momentum_buf[i] = momentum * momentum_buf[i] + step;
+      w[i] -= lr * momentum_buf[i];
+    } else {
+      w[i] -= lr * step;
+    }
+  }
+}
+
 // torch.nn.utils.clip_grad_norm_'s factor from the sum of squares of every
 // gradient element: min(1, max_norm / (sqrt(sum) + 1e-6)).
 template <typename T>

@@ -67,7 +67,7 @@ __device__ bool channel_total(float block_sum, float* partials, unsigned* finish
 template <typename W, typename G, typename S>
 __global__ void __launch_bounds__(kChannelThreads)
     channel_sum_kernel(const G* x, ChannelDims d, float* partials, unsigned* finished, S* sums, W* bias, W* velocity,
-                       const SgdScalars* scalars) {
+                       const UpdateScalars* scalars) {
   float total = 0.f;
   if (!channel_total(slice_sum(x, d), partials, finished, total) || threadIdx.x != 0) return;
   const std::int64_t c = blockIdx.y;
@@ -102,7 +102,7 @@ void ChannelSum::sum(const G* x, S* sums, cudaStream_t stream) const {
 }
 
 template <typename W, typename G>
-void ChannelSum::sum_sgd(const G* x, W* bias, W* velocity, const SgdScalars* scalars, cudaStream_t stream) const {
+void ChannelSum::sum_sgd(const G* x, W* bias, W* velocity, const UpdateScalars* scalars, cudaStream_t stream) const {
   const dim3 grid(static_cast<unsigned>(slices_), static_cast<unsigned>(channels_));
   channel_sum_kernel<W, G, G><<<grid, kChannelThreads, 0, stream>>>(x, {n_, channels_, plane_}, partials_.as<float>(),
                                                                      finished_.as<unsigned>(), nullptr, bias, velocity,
@@ -112,15 +112,15 @@ void ChannelSum::sum_sgd(const G* x, W* bias, W* velocity, const SgdScalars* sca
 
 #define SG_INSTANTIATE_CHANNEL_SUM(T)                                       \
   template void ChannelSum::sum<T, T>(const T*, T*, cudaStream_t) const; \
-  template void ChannelSum::sum_sgd<T, T>(const T*, T*, T*, const SgdScalars*, cudaStream_t) const;
+  template void ChannelSum::sum_sgd<T, T>(const T*, T*, T*, const UpdateScalars*, cudaStream_t) const;
 SG_INSTANTIATE_CHANNEL_SUM(float)
 SG_INSTANTIATE_CHANNEL_SUM(__half)
 SG_INSTANTIATE_CHANNEL_SUM(__nv_bfloat16)
 #undef SG_INSTANTIATE_CHANNEL_SUM
 template void ChannelSum::sum<__half, float>(const __half*, float*, cudaStream_t) const;
 template void ChannelSum::sum<__nv_bfloat16, float>(const __nv_bfloat16*, float*, cudaStream_t) const;
-template void ChannelSum::sum_sgd<float, __half>(const __half*, float*, float*, const SgdScalars*, cudaStream_t) const;
-template void ChannelSum::sum_sgd<float, __nv_bfloat16>(const __nv_bfloat16*, float*, float*, const SgdScalars*,
+template void ChannelSum::sum_sgd<float, __half>(const __half*, float*, float*, const UpdateScalars*, cudaStream_t) const;
+template void ChannelSum::sum_sgd<float, __nv_bfloat16>(const __nv_bfloat16*, float*, float*, const UpdateScalars*,
                                                         cudaStream_t) const;
 
 }  // namespace sg::cuda

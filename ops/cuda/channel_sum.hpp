@@ -39,7 +39,7 @@ class ChannelSum {
   // the graph stores it (a cast G -> f32 before an fp32 master bias's update
   // is then exact and folded in).
   template <typename W, typename G>
-  void sum_sgd(const G* x, W* bias, W* velocity, const SgdScalars* scalars, cudaStream_t stream) const;
+  void sum_sgd(const G* x, W* bias, W* velocity, const UpdateScalars* scalars, cudaStream_t stream) const;
 
   int slices() const { return slices_; }
 

@@ -15,8 +15,10 @@
 
 namespace sg::cuda {
 
-// Device-resident optimizer scalars of one sgd_update (see SgdScalars below).
-struct SgdScalars {
+// Device-resident scalars of one parameter update (sgd_update, adam_update, rmsprop_update): the
+// learning rate (run state, changed by a schedule without re-capture) and what the fused SGD
+// epilogues derive from it. Every update rule reads `lr`; the rest serve SGD written into W.
+struct UpdateScalars {
   float lr;
   float momentum;
   float weight_decay;
@@ -27,7 +29,7 @@ struct SgdScalars {
   __half momentum_h;
   __half one_h;
 };
-SgdScalars make_sgd_scalars(float lr, float momentum, float weight_decay);
+UpdateScalars make_update_scalars(float lr, float momentum, float weight_decay);
 
 // ---- batch fetch: idx = perm[(step mod (n/batch))*batch + i], then rows of
 // the u8 image table scaled (x*scale+shift) into half/bfloat16/float, and u8 labels into i32.
@@ -86,18 +88,18 @@ template <typename T>
 void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, cudaStream_t stream, bool dependent);
 // PyTorch SGD on n elements of w with gradient g (velocity may be null when momentum is 0).
 template <typename W, typename G>
-void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream);
+void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars, cudaStream_t stream);
 // Bias gradient fused with its update: g[j] = sum_i dy[i,j] (f32 accumulate),
 // then the SGD update of b[j] (and velocity[j]) as above. No gradient buffer.
 // With advance_step set, the kernel also increments *advance_step (once).
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
-                          const SgdScalars* scalars, cudaStream_t stream, bool dependent,
+                          const UpdateScalars* scalars, cudaStream_t stream, bool dependent,
                           std::int32_t* advance_step = nullptr);
 // Second half of a momentum update whose first half (v = momentum*v + g) a
 // matmul already wrote: v += wd*w; w -= lr*v.
 template <typename W>
-void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream);
+void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const UpdateScalars* scalars, cudaStream_t stream);
 
 // Fills n elements with uniform values in [lo, hi) from a counter-based hash
 // of (seed, index): never zeros, for scratch operands and tests.

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/pool_window.cuh"
 #include "ops/cuda/pooling.hpp"
 #include "ops/philox.hpp"
 
@@ -26,12 +27,6 @@ template <typename T>
 __device__ __forceinline__ float dropped_value(T x, float factor, bool active) {
   if (!active) return to_float(x);
   return factor == 0.f ? 0.f : to_float(from_float<T>(to_float(x) * factor));
-}
-
-// ref::max_pool2d_argmax: the first maximum in row-major window order wins a
-// tie, and a NaN wins over numbers (the first NaN of several).
-__device__ __forceinline__ bool replaces(float candidate, float best) {
-  return candidate > best || (isnan(candidate) && !isnan(best));
 }
 
 // A pooling problem's sizes in the kernels' index type I: 32-bit where every
@@ -62,34 +57,20 @@ __global__ void max_pool2d_forward_kernel(const T* x, const std::int32_t* step_c
   for (I o = first; o < g.planes * g.oh * g.ow; o += stride) {
     const I plane = o / (g.oh * g.ow), oy = (o / g.ow) % g.oh, ox = o % g.ow;
     const float f = plane_factor(dropout, step, plane);
-    const T* window = x + plane * plane_size + oy * g.stride * g.w + ox * g.stride;
-    float best = dropped_value(window[0], f, dropout.active);
-    for (I i = 0; i < g.kernel; ++i)
-      for (I j = 0; j < g.kernel; ++j) {
-        const float v = dropped_value(window[i * g.w + j], f, dropout.active);
-        if (replaces(v, best)) best = v;
-      }
+    const T* xp = x + plane * plane_size;
+    const float best =
+        window_max([&](I at) { return dropped_value(xp[at], f, dropout.active); }, g.w, g.kernel, g.stride, oy, ox)
+            .value;
     // best is one of the window's stored values: converting back is exact.
     if (pooled) pooled[o] = from_float<T>(best);
     if (activated) activated[o] = from_float<T>(best > 0.f ? best : 0.f);  // ref::relu (NaN -> 0)
   }
 }
 
-// The index in its plane of window (oy, ox)'s first maximum of x.
+// The index in its plane of window (oy, ox)'s first maximum of x (pool_window.cuh).
 template <typename T, typename I>
 __device__ __forceinline__ I window_argmax(const T* plane, const PoolSizes<I>& g, I oy, I ox) {
-  I best = oy * g.stride * g.w + ox * g.stride;
-  float best_v = to_float(plane[best]);
-  for (I i = 0; i < g.kernel; ++i)
-    for (I j = 0; j < g.kernel; ++j) {
-      const I at = (oy * g.stride + i) * g.w + ox * g.stride + j;
-      const float v = to_float(plane[at]);
-      if (replaces(v, best_v)) {
-        best = at;
-        best_v = v;
-      }
-    }
-  return best;
+  return window_max([&](I at) { return to_float(plane[at]); }, g.w, g.kernel, g.stride, oy, ox).at;
 }
 
 // relu_backward (ref::relu_backward): the gradient where the relu's output
@@ -112,14 +93,12 @@ __global__ void max_pool2d_backward_kernel(PoolBackwardTensors<T> t, const std::
   for (I i = first; i < g.planes * plane_size; i += stride) {
     const I plane = i / plane_size, at = i - plane * plane_size, y = at / g.w, xx = at - y * g.w;
     const T* xp = t.x + plane * plane_size;
-    // Windows (oy, ox) containing (y, xx): oy*s <= y < oy*s + k, within [0, oh).
-    const I oy_lo = y >= g.kernel ? (y - g.kernel) / g.stride + 1 : 0;
-    const I ox_lo = xx >= g.kernel ? (xx - g.kernel) / g.stride + 1 : 0;
-    const I oy_hi = y / g.stride < oh ? y / g.stride : oh - 1;
-    const I ox_hi = xx / g.stride < ow ? xx / g.stride : ow - 1;
+    // The windows (oy, ox) containing (y, xx).
+    const WindowRange<I> rows = windows_containing(y, g.kernel, g.stride, oh);
+    const WindowRange<I> cols = windows_containing(xx, g.kernel, g.stride, ow);
     float acc = 0.f;
-    for (I oy = oy_lo; oy <= oy_hi; ++oy)
-      for (I ox = ox_lo; ox <= ox_hi; ++ox)
+    for (I oy = rows.lo; oy <= rows.hi; ++oy)
+      for (I ox = cols.lo; ox <= cols.hi; ++ox)
         if (window_argmax(xp, g, oy, ox) == at) {
           const I o = (plane * oh + oy) * ow + ox;
           acc += through_relu(to_float(t.dy[o]), t.relu_before, o);

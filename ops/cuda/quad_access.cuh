@@ -1,8 +1,8 @@
 #pragma once
 // Four consecutive elements moved as one vector access: 8 bytes for a 2-byte
 // type (half, bfloat16), 16 for float. The caller guarantees the alignment.
-// Shared by the element-wise optimizer kernels (optimizer_kernels.cu,
-// wgrad_adam.cu), which read and write W, m and v four at a time.
+// Shared by the update-rule kernels (update_rules/multi_tensor_update.cu,
+// fast_paths/fused_update/wgrad_update.cu), which read and write W, m and v four at a time.
 #include <cstring>
 
 namespace sg::cuda {

@@ -12,8 +12,8 @@ namespace sg::cuda {
 namespace {
 
 template <typename W, typename G>
-__global__ void sgd_kernel(W* w, const G* g, W* velocity, std::int64_t n, const SgdScalars* scalars) {
-  const SgdScalars s = *scalars;
+__global__ void sgd_kernel(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars) {
+  const UpdateScalars s = *scalars;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
     float v = velocity ? to_float(velocity[i]) : 0.f;
     w[i] = from_float<W>(sgd_step(to_float(w[i]), to_float(g[i]), velocity ? &v : nullptr, s));
@@ -22,8 +22,8 @@ __global__ void sgd_kernel(W* w, const G* g, W* velocity, std::int64_t n, const 
 }
 
 template <typename W>
-__global__ void momentum_finish_kernel(W* w, W* velocity, std::int64_t n, const SgdScalars* scalars) {
-  const SgdScalars s = *scalars;
+__global__ void momentum_finish_kernel(W* w, W* velocity, std::int64_t n, const UpdateScalars* scalars) {
+  const UpdateScalars s = *scalars;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
     const float wi = to_float(w[i]);
     const float v = to_float(velocity[i]) + s.weight_decay * wi;
@@ -40,7 +40,7 @@ __global__ void momentum_finish_kernel(W* w, W* velocity, std::int64_t n, const 
 // (4x the loads in flight: 8 chains took 15 us for 1024 x 4096).
 template <int Chains, typename W, typename G>
 __global__ void column_sum_kernel(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
-                                  const SgdScalars* scalars, std::int32_t* advance_step) {
+                                  const UpdateScalars* scalars, std::int32_t* advance_step) {
   wait_for_previous_kernel();  // (a dependent launch: x comes from the kernel before)
   allow_next_kernel_to_start();
   if (advance_step && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) *advance_step += 1;
@@ -67,7 +67,7 @@ constexpr std::int64_t kManyRows = 256;
 
 template <typename W, typename G>
 void column_sum(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bias, W* velocity,
-                const SgdScalars* scalars, cudaStream_t stream, bool dependent, std::int32_t* advance_step = nullptr) {
+                const UpdateScalars* scalars, cudaStream_t stream, bool dependent, std::int32_t* advance_step = nullptr) {
   const unsigned blocks = static_cast<unsigned>((cols + 31) / 32);
   if (rows >= kManyRows)
     launch_dependent(column_sum_kernel<32, W, G>, {dim3(blocks), dim3(32, 32)}, stream, dependent, x, rows, cols, sums,
@@ -79,8 +79,8 @@ void column_sum(const G* x, std::int64_t rows, std::int64_t cols, G* sums, W* bi
 
 }  // namespace
 
-SgdScalars make_sgd_scalars(float lr, float momentum, float weight_decay) {
-  SgdScalars s{};
+UpdateScalars make_update_scalars(float lr, float momentum, float weight_decay) {
+  UpdateScalars s{};
   s.lr = lr;
   s.momentum = momentum;
   s.weight_decay = weight_decay;
@@ -99,40 +99,40 @@ void launch_reduce_rows(const T* x, std::int64_t rows, std::int64_t cols, T* y, 
 }
 
 template <typename W, typename G>
-void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream) {
+void launch_sgd_update(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars, cudaStream_t stream) {
   sgd_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, velocity, n, scalars);
   SG_LAUNCH_CHECK("sgd_kernel");
 }
 
 template <typename W, typename G>
 void launch_bias_grad_sgd(const G* dy, std::int64_t rows, std::int64_t cols, W* bias, W* velocity,
-                          const SgdScalars* scalars, cudaStream_t stream, bool dependent,
+                          const UpdateScalars* scalars, cudaStream_t stream, bool dependent,
                           std::int32_t* advance_step) {
   column_sum<W, G>(dy, rows, cols, nullptr, bias, velocity, scalars, stream, dependent, advance_step);
 }
 
 template <typename W>
-void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const SgdScalars* scalars, cudaStream_t stream) {
+void launch_momentum_finish(W* w, W* velocity, std::int64_t n, const UpdateScalars* scalars, cudaStream_t stream) {
   momentum_finish_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, velocity, n, scalars);
   SG_LAUNCH_CHECK("momentum_finish_kernel");
 }
 
 template void launch_reduce_rows<float>(const float*, std::int64_t, std::int64_t, float*, cudaStream_t, bool);
 template void launch_reduce_rows<__half>(const __half*, std::int64_t, std::int64_t, __half*, cudaStream_t, bool);
-template void launch_sgd_update<__half, __half>(__half*, const __half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_sgd_update<float, float>(float*, const float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_sgd_update<float, __half>(float*, const __half*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_bias_grad_sgd<__half, __half>(const __half*, std::int64_t, std::int64_t, __half*, __half*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
-template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
-template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
-template void launch_momentum_finish<__half>(__half*, __half*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_momentum_finish<float>(float*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
+template void launch_sgd_update<__half, __half>(__half*, const __half*, __half*, std::int64_t, const UpdateScalars*, cudaStream_t);
+template void launch_sgd_update<float, float>(float*, const float*, float*, std::int64_t, const UpdateScalars*, cudaStream_t);
+template void launch_sgd_update<float, __half>(float*, const __half*, float*, std::int64_t, const UpdateScalars*, cudaStream_t);
+template void launch_bias_grad_sgd<__half, __half>(const __half*, std::int64_t, std::int64_t, __half*, __half*, const UpdateScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_bias_grad_sgd<float, float>(const float*, std::int64_t, std::int64_t, float*, float*, const UpdateScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_bias_grad_sgd<float, __half>(const __half*, std::int64_t, std::int64_t, float*, float*, const UpdateScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_momentum_finish<__half>(__half*, __half*, std::int64_t, const UpdateScalars*, cudaStream_t);
+template void launch_momentum_finish<float>(float*, float*, std::int64_t, const UpdateScalars*, cudaStream_t);
 // bf16 compute: bf16 weights, or fp32 master weights with bf16 gradients.
 template void launch_reduce_rows<__nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, __nv_bfloat16*, cudaStream_t, bool);
-template void launch_sgd_update<__nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_sgd_update<float, __nv_bfloat16>(float*, const __nv_bfloat16*, float*, std::int64_t, const SgdScalars*, cudaStream_t);
-template void launch_bias_grad_sgd<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, __nv_bfloat16*, __nv_bfloat16*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
-template void launch_bias_grad_sgd<float, __nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, float*, float*, const SgdScalars*, cudaStream_t, bool, std::int32_t*);
-template void launch_momentum_finish<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, std::int64_t, const SgdScalars*, cudaStream_t);
+template void launch_sgd_update<__nv_bfloat16, __nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, __nv_bfloat16*, std::int64_t, const UpdateScalars*, cudaStream_t);
+template void launch_sgd_update<float, __nv_bfloat16>(float*, const __nv_bfloat16*, float*, std::int64_t, const UpdateScalars*, cudaStream_t);
+template void launch_bias_grad_sgd<__nv_bfloat16, __nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, __nv_bfloat16*, __nv_bfloat16*, const UpdateScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_bias_grad_sgd<float, __nv_bfloat16>(const __nv_bfloat16*, std::int64_t, std::int64_t, float*, float*, const UpdateScalars*, cudaStream_t, bool, std::int32_t*);
+template void launch_momentum_finish<__nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, std::int64_t, const UpdateScalars*, cudaStream_t);
 
 }  // namespace sg::cuda

@@ -20,7 +20,7 @@ struct SgdEntry {
   const void* g;
   void* velocity;
   std::int64_t n;
-  const SgdScalars* scalars;
+  const UpdateScalars* scalars;
   std::int64_t first_block;
 };
 
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kSgdThreads)
   W* w = static_cast<W*>(entry.w);
   const G* g = static_cast<const G*>(entry.g);
   W* velocity = static_cast<W*>(entry.velocity);
-  const SgdScalars s = *entry.scalars;
+  const UpdateScalars s = *entry.scalars;
   const std::int64_t begin = (std::int64_t(blockIdx.x) - entry.first_block) * kSgdChunk;
   const std::int64_t end = begin + kSgdChunk < entry.n ? begin + kSgdChunk : entry.n;
   for (std::int64_t i = begin + threadIdx.x; i < end; i += kSgdThreads) {

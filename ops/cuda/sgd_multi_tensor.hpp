@@ -2,7 +2,7 @@
 // SGD (PyTorch's, dampening 0: ops/cuda/sgd_step.cuh) over several tensors in
 // ONE launch: each block owns a chunk of one tensor and makes one pass over
 // it (read w, the gradient and the velocity; write w and the velocity). Each
-// tensor reads its own SgdScalars (its sgd_update node's learning rate,
+// tensor reads its own UpdateScalars (its sgd_update node's learning rate,
 // momentum and weight decay), so updates with different hyper-parameters
 // share the launch. The gradient is read as G and used in f32: an f16 -> f32
 // cast before an fp32 master weight's update is folded in (exact), as in
@@ -26,7 +26,7 @@ struct SgdTensor {
   const G* g;
   W* velocity;
   std::int64_t n;
-  const SgdScalars* scalars;
+  const UpdateScalars* scalars;
 };
 
 template <typename W, typename G>

@@ -158,7 +158,7 @@ template <typename W, int MaxM>
 __global__ void __launch_bounds__(32 * kRowGroups) wgrad_sgd_small_m_kernel(const __half* dy, const __half* x,
                                                                              std::int64_t batch, std::int64_t m,
                                                                              std::int64_t k, bool dy_pairs, W* w,
-                                                                             const SgdScalars* scalars) {
+                                                                             const UpdateScalars* scalars) {
   __shared__ float partial[kRowGroups][MaxM][32];
   wait_for_previous_kernel();  // (a dependent launch: dy comes from the kernel before)
   allow_next_kernel_to_start();
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(32 * kRowGroups) wgrad_sgd_small_m_kernel(cons
   for (int row = 0; row < MaxM; ++row) partial[chain][row][lane] = acc[row];
   __syncthreads();
   if (col >= k) return;
-  const SgdScalars s = *scalars;
+  const UpdateScalars s = *scalars;
   for (int row = chain; row < m; row += kRowGroups) {
     float g = 0.f;
 #pragma unroll
@@ -286,7 +286,7 @@ void launch_linear_small_n(const __half* x, const __half* w, const __half* bias,
 
 template <typename W>
 void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
-                              W* w, const SgdScalars* scalars, cudaStream_t stream, bool dependent) {
+                              W* w, const UpdateScalars* scalars, cudaStream_t stream, bool dependent) {
   if (m > kSmallLinearMaxDim) throw CudaError("wgrad_sgd_small_m_kernel: M above its limit");
   const dim3 grid(static_cast<unsigned>((k + 31) / 32)), block(32, kRowGroups);
   const bool dy_pairs = m % 2 == 0 && reinterpret_cast<std::uintptr_t>(dy) % 4 == 0;
@@ -295,8 +295,8 @@ void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t ba
 }
 
 template void launch_wgrad_sgd_small_m<__half>(const __half*, const __half*, std::int64_t, std::int64_t, std::int64_t,
-                                               __half*, const SgdScalars*, cudaStream_t, bool);
+                                               __half*, const UpdateScalars*, cudaStream_t, bool);
 template void launch_wgrad_sgd_small_m<float>(const __half*, const __half*, std::int64_t, std::int64_t, std::int64_t,
-                                              float*, const SgdScalars*, cudaStream_t, bool);
+                                              float*, const UpdateScalars*, cudaStream_t, bool);
 
 }  // namespace sg::cuda

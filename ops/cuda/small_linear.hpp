@@ -35,7 +35,7 @@ void launch_linear_small_n(const __half* x, const __half* w, const __half* bias,
 // for each of 8 chains of batch rows.
 template <typename W>
 void launch_wgrad_sgd_small_m(const __half* dy, const __half* x, std::int64_t batch, std::int64_t m, std::int64_t k,
-                              W* w, const SgdScalars* scalars, cudaStream_t stream, bool dependent);
+                              W* w, const UpdateScalars* scalars, cudaStream_t stream, bool dependent);
 
 // dx[M,N] = act'(dy[M,K] w[K,N]) with K <= kSmallLinearMaxDim: the classifier
 // layer's dgrad through the activation before it, a thread per 8 outputs of a

@@ -64,7 +64,7 @@ void CpuExecutor<T>::run_node(const Node& n) {
   kernel(CpuCall<T>{n, in_views_, out_views_, learning_rate_});
   if (half_width_ != HalfWidthValues::rounded) return;
   for (ValueId id : n.outputs) round_to_dtype(id);
-  for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+  for (int slot : in_place_inputs(n))
     round_to_dtype(n.inputs[static_cast<std::size_t>(slot)]);
 }
 

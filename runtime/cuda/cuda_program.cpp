@@ -13,8 +13,7 @@
 #ifdef STEPGRAPH_HAVE_CUDNN
 #include "ops/cuda/cudnn_graph.hpp"
 #endif
-#include "runtime/cuda/lowerings/cnn_step.hpp"
-#include "runtime/cuda/lowerings/whole_step_support.hpp"
+#include "runtime/core_only_switch.hpp"
 #include "runtime/cuda/scalar_uploader.hpp"
 
 namespace sg::cuda {
@@ -106,9 +105,9 @@ class CudaProgram::Binding final : public BindContext {
     const int slot = p_.buffer_of_mask_.at(static_cast<std::size_t>(mask));
     return p_.arena_.as<char>() + p_.plan_.slots[static_cast<std::size_t>(slot)].offset;
   }
-  const SgdScalars* sgd_scalars(NodeId sgd_update) const override {
-    for (std::size_t i = 0; i < p_.sgd_nodes_.size(); ++i)
-      if (p_.sgd_nodes_[i] == sgd_update) return p_.sgd_scalars_.as<SgdScalars>() + i;
+  const UpdateScalars* update_scalars(NodeId sgd_update) const override {
+    for (std::size_t i = 0; i < p_.update_nodes_.size(); ++i)
+      if (p_.update_nodes_[i] == sgd_update) return p_.update_scalars_.as<UpdateScalars>() + i;
     throw CudaError(fmt::format("node {} is not an sgd_update or adam_update", sgd_update));
   }
   const void* one(bool half) const override {
@@ -149,22 +148,20 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
     setup_parts_.emplace_back(std::move(part), std::chrono::duration<double>(now - part_start).count());
     part_start = now;
   };
+  if (core_only_forced_for_tests()) options_.backend.core_only = true;  // the GPU suite's --core-only run
   lowerings_ = cuda_lowerings(options_.backend);
   schedule_ = build_schedule(graph_, as_lowerings(lowerings_));
-  const bool convolutional = std::any_of(graph_.nodes().begin(), graph_.nodes().end(),
-                                         [](const Node& n) { return n.op == OpKind::conv2d; });
-  if (!runs_whole_step(schedule_))  // why not, from the whole-step lowering a graph of its kind would take
-    whole_step_note_ = convolutional ? cnn_step_blocker(graph_, options_.backend)
-                                     : whole_step_blocker(graph_, options_.backend, false);
-  if (whole_step_note_.empty() && !runs_whole_step(schedule_)) whole_step_note_ = "not chosen by the cover";
+  // Every fast path without a launch, and why (asked of the records; this program names no lowering).
+  declined_ = ::sg::cuda::declined_fast_paths(graph_, schedule_, options_.backend, /*device_present=*/true);
   streams_ = plan_streams(graph_, schedule_);
   if (streams_.forks()) communication_ = std::make_unique<CommunicationStream>(streams_);
   end_part("cover (schedule)");
   bind_values();
   for (const Node& n : graph_.nodes())
-    if (n.op == OpKind::sgd_update || n.op == OpKind::adam_update) sgd_nodes_.push_back(n.id);
-  const std::size_t scalar_bytes = std::max<std::size_t>(1, sgd_nodes_.size()) * sizeof(SgdScalars);
-  sgd_scalars_ = DeviceBuffer(scalar_bytes);
+    if (n.op == OpKind::sgd_update || n.op == OpKind::adam_update || n.op == OpKind::rmsprop_update)
+      update_nodes_.push_back(n.id);
+  const std::size_t scalar_bytes = std::max<std::size_t>(1, update_nodes_.size()) * sizeof(UpdateScalars);
+  update_scalars_ = DeviceBuffer(scalar_bytes);
   uploader_ = std::make_unique<ScalarUploader>(scalar_bytes);
   upload_scalars(options_.learning_rate, stream, /*synchronous=*/true);
 
@@ -224,19 +221,23 @@ void CudaProgram::bind_values() {
 }
 
 void CudaProgram::upload_scalars(double lr, cudaStream_t stream, bool synchronous) {
-  std::vector<SgdScalars> scalars;
-  for (NodeId id : sgd_nodes_) {
+  std::vector<UpdateScalars> scalars;
+  for (NodeId id : update_nodes_) {
     const Node& n = graph_.node(id);
-    if (n.op == OpKind::adam_update) {  // Adam's kernels read lr; the rest are constant attributes
-      scalars.push_back(make_sgd_scalars(float(lr), 0.f, float(n.attr<AdamUpdateAttrs>().weight_decay)));
+    if (n.op == OpKind::adam_update) {  // the update rules' kernels read lr; the rest are constant attributes
+      scalars.push_back(make_update_scalars(float(lr), 0.f, float(n.attr<AdamUpdateAttrs>().weight_decay)));
+      continue;
+    }
+    if (n.op == OpKind::rmsprop_update) {
+      scalars.push_back(make_update_scalars(float(lr), 0.f, float(n.attr<RmspropUpdateAttrs>().weight_decay)));
       continue;
     }
     const auto& a = n.attr<SgdUpdateAttrs>();
-    scalars.push_back(make_sgd_scalars(float(lr), float(a.momentum), float(a.weight_decay)));
+    scalars.push_back(make_update_scalars(float(lr), float(a.momentum), float(a.weight_decay)));
   }
   if (scalars.empty()) return;
-  if (synchronous) sgd_scalars_.upload(scalars.data(), scalars.size() * sizeof(SgdScalars));
-  else uploader_->upload(sgd_scalars_.data(), scalars.data(), stream);
+  if (synchronous) update_scalars_.upload(scalars.data(), scalars.size() * sizeof(UpdateScalars));
+  else uploader_->upload(update_scalars_.data(), scalars.data(), stream);
 }
 
 void CudaProgram::record(cudaStream_t stream) const {
@@ -272,6 +273,14 @@ std::string CudaProgram::launch_label(std::size_t index) const {
   const std::string how = recorded_.at(index)->label();
   if (runs_whole_step(schedule_)) return fmt::format("L{} {} ({} nodes, {})", index, what, l.nodes.size(), how);
   return fmt::format("L{} {} ({}){}", index, what, fmt::join(ops, "+"), how.empty() ? "" : " " + how);
+}
+
+bool CudaProgram::uses_whole_step() const { return runs_whole_step(schedule_); }
+
+std::string CudaProgram::declined_reason(std::string_view fast_path) const {
+  for (const DeclinedFastPath& d : declined_)
+    if (d.name == fast_path) return d.reason;
+  return {};
 }
 
 void CudaProgram::set_learning_rate(double lr, cudaStream_t stream) { upload_scalars(lr, stream, false); }

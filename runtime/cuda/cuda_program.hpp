@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "ops/cuda/kernels.hpp"
 #include "runtime/backend_options.hpp"
 #include "runtime/cuda/device_values.hpp"
+#include "runtime/cuda/fast_paths/fast_path.hpp"
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/scalar_uploader.hpp"
 #include "runtime/cuda/stream_plan.hpp"
@@ -44,9 +46,12 @@ class CudaProgram {
   const sg::Graph& graph() const { return graph_; }
   const Schedule& schedule() const { return schedule_; }
   const MemoryPlan& memory_plan() const { return plan_; }
-  // Why the whole-step kernels are not used ("" when one is).
-  const std::string& whole_step_note() const { return whole_step_note_; }
-  bool uses_whole_step() const { return whole_step_note_.empty(); }
+  // The fast paths (runtime/cuda/fast_paths/) with no launch in the schedule, each with why not.
+  const std::vector<DeclinedFastPath>& declined_fast_paths() const { return declined_; }
+  // Why a fast path declined this graph ("" when it has a launch here).
+  std::string declined_reason(std::string_view fast_path) const;
+  // Whether one launch runs the whole step (a whole-step fast path took the graph).
+  bool uses_whole_step() const;
   // Where the constructor's wall time went (cover and memory plan, device
   // buffers, recording the launches), for the run's time breakdown.
   const std::vector<std::pair<std::string, double>>& setup_parts() const { return setup_parts_; }
@@ -86,7 +91,7 @@ class CudaProgram {
   sg::Graph graph_;
   ProgramOptions options_;
   std::vector<std::unique_ptr<CudaLowering>> lowerings_;
-  std::string whole_step_note_;
+  std::vector<DeclinedFastPath> declined_;
   Schedule schedule_;
   StreamPlan streams_;
   std::unique_ptr<CommunicationStream> communication_;  // only when streams_.forks()
@@ -96,12 +101,12 @@ class CudaProgram {
   DeviceValues own_;
   DeviceValues& params_;
   std::vector<void*> value_ptr_;
-  std::vector<NodeId> sgd_nodes_;  // order of entries in sgd_scalars_
+  std::vector<NodeId> update_nodes_;  // order of entries in update_scalars_
   mutable std::shared_ptr<cudnn::Handle> cudnn_;  // made when a launch asks (BindContext::cudnn); outlives recorded_
   mutable std::size_t workspace_request_ = 0;
   mutable void* workspace_ptr_ = nullptr;
   DeviceBuffer workspace_;  // shared by every launch (BindContext::workspace)
-  DeviceBuffer sgd_scalars_;       // SgdScalars[sgd_nodes_.size()]
+  DeviceBuffer update_scalars_;       // UpdateScalars[update_nodes_.size()]
   DeviceBuffer constants_;         // one and zero, float and half
   DeviceBuffer scratch_float_;     // loss output of a lone softmax_xent_backward
   std::unique_ptr<ScalarUploader> uploader_;

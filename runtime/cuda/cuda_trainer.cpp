@@ -252,11 +252,18 @@ std::string CudaTrainer::description() const {
   return fmt::format("cuda on {} ({}, {} launches per step{}{}, {} accumulate)", prop.name,
                      s.cuda_graph ? "CUDA graph replay" : "stream launches", program.schedule().launches.size(),
                      program.uses_whole_step() ? fmt::format(" ({})", program.launch_label(0))
-                                               : fmt::format(" (whole-step kernel not used: {})", program.whole_step_note()),
+                                               : fmt::format(" (whole-step kernel not used: {})",
+                                                             program.declined_reason("whole_step")),
                      s.cuda_graph && s.backend.steps_per_launch > 1
                          ? fmt::format(", {} steps per graph", s.backend.steps_per_launch)
                          : "",
                      s.backend.accumulate_f16 ? "fp16" : "fp32");
+}
+
+std::vector<std::pair<std::string, std::string>> CudaTrainer::declined_fast_paths() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& d : impl_->train->declined_fast_paths()) out.emplace_back(d.name, d.reason);
+  return out;
 }
 
 void CudaTrainer::train(std::int64_t steps) {

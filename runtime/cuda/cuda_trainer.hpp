@@ -40,6 +40,7 @@ class CudaTrainer final : public Trainer {
   ~CudaTrainer() override;
 
   std::string description() const override;
+  std::vector<std::pair<std::string, std::string>> declined_fast_paths() const override;
   void train(std::int64_t steps) override;
   double last_loss() override;
   EvalResult evaluate_cancellable(const EvalStopCheck& stop_requested) override;

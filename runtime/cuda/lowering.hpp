@@ -56,7 +56,7 @@ class BindContext {
   virtual void* ptr(ValueId id) const = 0;
   virtual void* aux(int mask) const = 0;
   // Device-resident scalars of an sgd_update or adam_update node (lr).
-  virtual const SgdScalars* sgd_scalars(NodeId sgd_update) const = 0;
+  virtual const UpdateScalars* update_scalars(NodeId sgd_update) const = 0;
   // Device constants 1 and 0 (float and half) for cuBLASLt alpha/beta.
   virtual const void* one(bool half) const = 0;
   virtual const void* zero(bool half) const = 0;

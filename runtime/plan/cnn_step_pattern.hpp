@@ -5,7 +5,7 @@
 // linear), softmax cross-entropy on the last linear layer, the autodiff
 // backward of that chain, one SGD update per parameter from its fp32 master
 // copy, and the step advance. A backend may then run the whole step per
-// example, each example's activations kept on chip (ops/cuda/cnn_step.hpp).
+// example, each example's activations kept on chip (ops/cuda/fast_paths/cnn_step/cnn_step.hpp).
 // Recognition is structural, as mlp_step_pattern's: every backward node is
 // looked up by what it reads and must be the one autodiff makes for its
 // forward layer, and the graph must hold no other node and no other output,

@@ -31,7 +31,7 @@ void fill_boundary(const Graph& g, Launch& l) {
       for (NodeId reader : g.consumers(out)) external = external || !contains(l.nodes, reader);
       if (external) l.writes.push_back(out);
     }
-    for (int slot : in_place_inputs(n.op, static_cast<int>(n.inputs.size())))
+    for (int slot : in_place_inputs(n))
       l.updates.push_back(n.inputs[static_cast<std::size_t>(slot)]);
   }
 }

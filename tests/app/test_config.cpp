@@ -101,7 +101,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   const auto defaults = parse_config(kMinimal, "t.yaml");
   const sg::BackendOptions d = backend_options_from_config(defaults);
   const sg::BackendOptions plain;
-  CHECK(defaults.backend.whole_step_mode == "auto");
+  CHECK(defaults.backend.options.whole_step_mode == sg::WholeStepMode::automatic);
   CHECK(d.whole_step_mode == plain.whole_step_mode);
   CHECK(d.small_batch_forward == plain.small_batch_forward);
   CHECK(d.fold_input_update == plain.fold_input_update);
@@ -183,14 +183,14 @@ TEST_CASE("the backend: keys round-trip through YAML") {
     CHECK(text.find(key) != std::string::npos);
   const auto again = parse_config(text, "resolved.yaml");
   CHECK(to_yaml(again) == text);
-  CHECK(again.backend.whole_step_mode == "cluster");
-  CHECK_FALSE(again.backend.small_batch_forward);
-  CHECK_FALSE(again.backend.fold_input_update);
-  CHECK_FALSE(again.backend.dependent_launch);
-  CHECK_FALSE(again.backend.classifier_mma);
-  CHECK_FALSE(again.backend.one_pass_multicast);
-  CHECK(again.backend.strip_splits == 2);
-  CHECK(again.backend.resident_cluster == 16);
+  CHECK(again.backend.options.whole_step_mode == sg::WholeStepMode::cluster);
+  CHECK_FALSE(again.backend.options.small_batch_forward);
+  CHECK_FALSE(again.backend.options.fold_input_update);
+  CHECK_FALSE(again.backend.options.dependent_launch);
+  CHECK_FALSE(again.backend.options.classifier_mma);
+  CHECK_FALSE(again.backend.options.one_pass_multicast);
+  CHECK(again.backend.options.strip_splits == 2);
+  CHECK(again.backend.options.resident_cluster == 16);
 }
 
 TEST_CASE("whole-step mode names round-trip, and a bad name is refused") {

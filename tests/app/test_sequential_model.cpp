@@ -191,8 +191,8 @@ SequentialTraining tiny_cnn() {
   t.model.batch = 16;
   t.model.weight_dtype = DType::f32;
   t.model.compute_dtype = DType::f32;
-  t.sgd.lr = 0.1;
-  t.sgd.momentum = 0.9;
+  t.optimizer.lr = 0.1;
+  t.optimizer.momentum = 0.9;
   t.eval_batch = 64;
   t.init_seed = 7;
   return t;

@@ -37,7 +37,7 @@ MlpTrainerSpec bf16_spec(std::vector<std::int64_t> layers, std::int64_t batch, D
   spec.mlp.batch = batch;
   spec.mlp.compute_dtype = DType::bf16;
   spec.mlp.weight_dtype = weights;
-  spec.sgd = {0.05, momentum, momentum > 0 ? 1e-3 : 0.0};
+  spec.optimizer = {0.05, momentum, momentum > 0 ? 1e-3 : 0.0};
   spec.eval_batch = 100;
   spec.init_seed = 3;
   spec.shuffle_seed = 5;
@@ -109,7 +109,7 @@ TEST_CASE("bf16: the default-style MLP learns real MNIST") {
   const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train"),
                      data::load_split(sg::test::mnist_dir_or_skip(), "t10k")};
   MlpTrainerSpec spec = bf16_spec({784, 1024, 1024, 10}, 128, DType::f32, 0.9);
-  spec.sgd = {0.05, 0.9, 1e-4};
+  spec.optimizer = {0.05, 0.9, 1e-4};
   spec.eval_batch = 1000;
   cuda::CudaTrainer t(cuda_spec(spec, data), data);
   t.train(2000);  // about 4 epochs at a constant learning rate

@@ -1,4 +1,4 @@
-// Issue 22's fused CNN step (ops/cuda/cnn_step.cu, lowering cnn_step) on
+// Issue 22's fused CNN step (ops/cuda/fast_paths/cnn_step/cnn_step.cu, lowering cnn_step) on
 // random sequential CNNs: odd image sizes, 1-3 input channels, stride 1 and
 // 2 (also in a layer whose input gradient is computed), padding 0-2, 3x3 and
 // 5x5 kernels, overlapping pooling windows, dropout2d
@@ -20,6 +20,7 @@
 #include "runtime/tensor_blob.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/training_helpers.hpp"
+#include "tests/support/core_only_skips.hpp"
 
 using namespace sg;
 
@@ -87,14 +88,14 @@ RandomCnn random_cnn(std::mt19937_64& rng, std::int64_t batch, bool strided_seco
     m.batch = batch;
     m.weight_dtype = DType::f32;
     m.compute_dtype = DType::f16;
-    r.training.sgd.lr = 0.05;
-    r.training.sgd.momentum = rng() % 2 ? 0.9 : 0.0;
-    r.training.sgd.weight_decay = rng() % 2 ? 1e-3 : 0.0;
+    r.training.optimizer.lr = 0.05;
+    r.training.optimizer.momentum = rng() % 2 ? 0.9 : 0.0;
+    r.training.optimizer.weight_decay = rng() % 2 ? 1e-3 : 0.0;
     r.training.eval_batch = 16;
     r.training.init_seed = rng();
     r.text = fmt::format("input {}x{}x{}, batch {}, momentum {}, weight decay {}:", m.input_shape[0],
-                         m.input_shape[1], m.input_shape[2], batch, r.training.sgd.momentum,
-                         r.training.sgd.weight_decay);
+                         m.input_shape[1], m.input_shape[2], batch, r.training.optimizer.momentum,
+                         r.training.optimizer.weight_decay);
     for (const LayerSpec& l : m.layers)
       r.text += fmt::format(" {}{}", layer_name(l),
                             l.kind == LayerKind::conv2d
@@ -132,6 +133,7 @@ void check_same_state(Trainer& a, Trainer& b, double tolerance) {
 }  // namespace
 
 TEST_CASE("random CNNs: the fused CNN step follows the CPU backend and the per-launch schedule") {
+  SG_SKIP_IF_CORE_ONLY("the fused CNN step");
   std::mt19937_64 rng(22);
   for (const std::int64_t batch : {5, 16, 33, 64, 200}) {
     const RandomCnn r = random_cnn(rng, batch, /*strided_second_conv=*/batch == 33);
@@ -164,6 +166,7 @@ TEST_CASE("random CNNs: the fused CNN step follows the CPU backend and the per-l
 }
 
 TEST_CASE("the fused CNN step: graph replay and stream launches end in the same bits") {
+  SG_SKIP_IF_CORE_ONLY("the fused CNN step");
   std::mt19937_64 rng(7);
   const RandomCnn r = random_cnn(rng, 40);
   CAPTURE(r.text);
@@ -179,12 +182,13 @@ TEST_CASE("the fused CNN step: graph replay and stream launches end in the same 
   CHECK(replay->last_loss() == stream->last_loss());
 }
 
-// The parameter image (ops/cuda/cnn_step.hpp: the fp16 weight layouts every
+// The parameter image (ops/cuda/fast_paths/cnn_step/cnn_step.hpp: the fp16 weight layouts every
 // block copies in) is written by the update kernel after each step and
 // rebuilt from the fp32 weights after the host writes them. Both must give
 // the same bits, and a loaded state must not run on the image of the weights
 // it replaced.
 TEST_CASE("the fused CNN step's parameter image: kept by the updates == rebuilt after a loaded state") {
+  SG_SKIP_IF_CORE_ONLY("the fused CNN step");
   std::mt19937_64 rng(25);
   const RandomCnn r = random_cnn(rng, 40, /*strided_second_conv=*/true);
   CAPTURE(r.text);

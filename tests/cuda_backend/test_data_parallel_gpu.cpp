@@ -74,7 +74,7 @@ MlpTraining odd_training(std::int64_t ranks) {
   t.mlp.layers = {37, 129, 65, 11};
   t.mlp.batch = 33;
   t.mlp.weight_dtype = DType::f32;  // fp32 master weights: the f32 gradients are what is reduced
-  t.sgd = {0.05, 0.9, 1e-3};
+  t.optimizer = {0.05, 0.9, 1e-3};
   t.eval_batch = 100;
   t.init_seed = 3;
   t.data_rank = 0;

@@ -20,6 +20,7 @@
 #include "tests/cuda_backend/launch_paths_check.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/training_helpers.hpp"
+#include "tests/support/core_only_skips.hpp"
 
 using namespace sg;
 using sg::test::all_parameters;
@@ -154,7 +155,7 @@ MlpTrainerSpec small_spec() {
   spec.mlp.layers = {37, 129, 65, 11};
   spec.mlp.batch = 33;
   spec.mlp.weight_dtype = DType::f32;
-  spec.sgd = {0.05, 0.9, 0.0};
+  spec.optimizer = {0.05, 0.9, 0.0};
   spec.eval_batch = 100;
   spec.init_seed = 3;
   spec.shuffle_seed = 5;
@@ -220,6 +221,7 @@ TEST_CASE("gelu_tanh + dropout + label smoothing: 60 CUDA steps follow the CPU b
 }
 
 TEST_CASE("gelu_tanh through cuBLASLt's GELU_AUX_BIAS / DGELU epilogues follows the CPU backend") {
+  SG_SKIP_IF_CORE_ONLY("our small-batch kernels");
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const Dataset data = random_dataset(400, 37, 11, rng);
@@ -246,6 +248,7 @@ TEST_CASE("gelu_tanh through cuBLASLt's GELU_AUX_BIAS / DGELU epilogues follows 
 }
 
 TEST_CASE("every activation through our small-batch kernels (forward, one-pass, output layer, small-K dgrad) follows the CPU") {
+  SG_SKIP_IF_CORE_ONLY("our small-batch kernels");
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const Dataset data = random_dataset(400, 64, 11, rng);
@@ -260,7 +263,7 @@ TEST_CASE("every activation through our small-batch kernels (forward, one-pass, 
       spec.mlp.batch = 32;
       spec.mlp.weight_dtype = DType::f16;
       spec.mlp.activation = a;
-      spec.sgd = {0.05, momentum, 0.0};
+      spec.optimizer = {0.05, momentum, 0.0};
       {
         cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
         const auto& program = gpu.training_program();

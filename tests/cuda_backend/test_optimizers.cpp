@@ -9,14 +9,17 @@
 #include <string>
 
 #include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/fast_paths/fused_update/bias_grad_update.hpp"
+#include "ops/cuda/fast_paths/fused_update/wgrad_update.hpp"
 #include "ops/cuda/optimizer_kernels.hpp"
-#include "ops/cuda/wgrad_adam.hpp"
+#include "ops/cuda/update_rules/multi_tensor_update.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "tests/cuda_backend/launch_paths_check.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
 #include "tests/support/training_helpers.hpp"
+#include "tests/support/core_only_skips.hpp"
 
 using namespace sg;
 using sg::test::DeviceArray;
@@ -39,7 +42,7 @@ void check_adam_multi(std::mt19937_64& rng, bool decoupled, bool clip) {
   sizes.push_back(4 * (1 + rng() % 3000));                            // a multiple of 4: the vector path
   const float lr = 0.003f;
   const cuda::AdamHyper hyper{0.9f, 0.99f, 1e-6f, 0.02f, decoupled};
-  auto scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, hyper.weight_decay)});
+  auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, hyper.weight_decay)});
   const std::int32_t step0 = static_cast<std::int32_t>(rng() % 50);
   DeviceArray<float> step_scale(2);  // [step as int bits, clip scale]
   std::int32_t* step = reinterpret_cast<std::int32_t*>(step_scale.get());
@@ -54,7 +57,7 @@ void check_adam_multi(std::mt19937_64& rng, bool decoupled, bool clip) {
   std::vector<std::unique_ptr<DeviceArray<G>>> g;
   std::vector<std::unique_ptr<DeviceArray<float>>> m, v;
   std::vector<std::vector<double>> wr, gr, mr, vr;
-  std::vector<cuda::AdamTensor<W, G>> tensors;
+  std::vector<cuda::UpdateTensor<W, G>> tensors;
   for (std::size_t n : sizes) {
     wr.push_back(as_double(sg::test::representable<W>(uniform(n, rng))));
     gr.push_back(as_double(sg::test::representable<G>(uniform(n, rng, -2, 2))));
@@ -64,12 +67,12 @@ void check_adam_multi(std::mt19937_64& rng, bool decoupled, bool clip) {
     g.push_back(std::make_unique<DeviceArray<G>>(std::vector<float>(gr.back().begin(), gr.back().end())));
     m.push_back(std::make_unique<DeviceArray<float>>(std::vector<float>(mr.back().begin(), mr.back().end())));
     v.push_back(std::make_unique<DeviceArray<float>>(std::vector<float>(vr.back().begin(), vr.back().end())));
-    tensors.push_back({w.back()->get(), g.back()->get(), m.back()->get(), v.back()->get(), std::int64_t(n)});
+    tensors.push_back({w.back()->get(), g.back()->get(), {m.back()->get(), v.back()->get()}, std::int64_t(n)});
   }
-  cuda::AdamMultiTensor<W, G> adam(tensors, hyper);
+  cuda::MultiTensorUpdate<cuda::AdamRule, W, G> adam(tensors, hyper);
   // Twice: the finished-blocks counter resets, the step advances once per launch.
   for (int launch = 0; launch < 2; ++launch) {
-    adam.launch(scalars.as<cuda::SgdScalars>(), step, clip ? step_scale.get() + 1 : nullptr, step, nullptr);
+    adam.launch(scalars.as<cuda::UpdateScalars>(), step, clip ? step_scale.get() + 1 : nullptr, step, nullptr);
     for (std::size_t i = 0; i < sizes.size(); ++i)
       ref::adam_update(wr[i].data(), gr[i].data(), mr[i].data(), vr[i].data(), std::int64_t(sizes[i]), double(lr),
                        0.9, 0.99, 1e-6, 0.02, decoupled, step0 + launch + 1, clip ? double(scale) : 1.0);
@@ -112,9 +115,10 @@ TEST_CASE("bias gradient + Adam in one kernel equals reduce_rows + the CPU refer
     DeviceArray<__half> dy_d(dy), b_d(std::vector<float>(b.begin(), b.end()));
     DeviceArray<float> m_d(std::vector<float>(std::size_t(cols), 0.f)), v_d(std::vector<float>(std::size_t(cols), 0.f));
     DeviceArray<std::int32_t> step(std::vector<float>{4.f});
-    auto scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.01f, 0.f, 0.1f)});
-    cuda::launch_bias_grad_adam(dy_d.get(), rows, cols, b_d.get(), m_d.get(), v_d.get(), scalars.as<cuda::SgdScalars>(),
-                                step.get(), cuda::AdamHyper{0.9f, 0.999f, 1e-8f, 0.1f, true}, nullptr);
+    auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(0.01f, 0.f, 0.1f)});
+    cuda::launch_bias_grad_update<cuda::AdamRule>(dy_d.get(), rows, cols, b_d.get(), {m_d.get(), v_d.get()},
+                                                  scalars.as<cuda::UpdateScalars>(), step.get(),
+                                                  cuda::AdamHyper{0.9f, 0.999f, 1e-8f, 0.1f, true}, nullptr);
     ref::reduce_rows(as_double(dy).data(), rows, cols, grad.data());
     ref::adam_update(b.data(), grad.data(), m.data(), v.data(), cols, 0.01, 0.9, 0.999, 1e-8, 0.1, true, 5, 1.0);
     // The f32 column sum (fixed order) against double: v carries the gradient's error twice.
@@ -144,7 +148,7 @@ void check_wgrad_adam(std::mt19937_64& rng, std::int64_t batch, std::int64_t n, 
   DeviceArray<float> m_d(std::vector<float>(m.begin(), m.end())), v_d(std::vector<float>(v.begin(), v.end()));
   const float lr = 0.003f;
   const cuda::AdamHyper hyper{0.9f, 0.99f, 1e-6f, 0.02f, decoupled};
-  auto scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, hyper.weight_decay)});
+  auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, hyper.weight_decay)});
   std::vector<double> g(nk);
   ref::matmul(as_double(dy).data(), as_double(x).data(), g.data(), n, k, batch, true, false);
   for (auto& e : g) e = double(static_cast<float>(static_cast<G>(static_cast<float>(e))));  // rounded as written
@@ -152,8 +156,8 @@ void check_wgrad_adam(std::mt19937_64& rng, std::int64_t batch, std::int64_t n, 
   for (std::int32_t launch = 0; launch < 3; ++launch) {  // bias correction and the moments over several steps
     const std::int32_t step_now = step0 + launch;
     DeviceArray<std::int32_t> step(std::vector<float>{float(step_now)});
-    cuda::launch_wgrad_adam<W, G>(dy_d.get(), x_d.get(), batch, n, k, w_d.get(), m_d.get(), v_d.get(),
-                                  scalars.as<cuda::SgdScalars>(), step.get(), hyper, nullptr);
+    cuda::launch_wgrad_update<cuda::AdamRule, W, G>(dy_d.get(), x_d.get(), batch, n, k, w_d.get(), {m_d.get(), v_d.get()},
+                                                    scalars.as<cuda::UpdateScalars>(), step.get(), hyper, nullptr);
     ref::adam_update(w.data(), g.data(), m.data(), v.data(), std::int64_t(nk), double(lr), 0.9, 0.99, 1e-6, 0.02,
                      decoupled, step_now + 1, 1.0);
   }
@@ -183,8 +187,8 @@ TEST_CASE("weight gradient + Adam/AdamW from the tile equals the matmul and the 
       check_wgrad_adam<float, __half>(rng, batch, n, k, decoupled);
       check_wgrad_adam<float, float>(rng, batch, n, k, decoupled);
     }
-  CHECK(cuda::wgrad_adam_unsupported(128, 10, 1024).find("multiple of 8") != std::string::npos);
-  CHECK(cuda::wgrad_adam_unsupported(128, 1024, 784).empty());
+  CHECK(cuda::wgrad_update_unsupported(128, 10, 1024).find("multiple of 8") != std::string::npos);
+  CHECK(cuda::wgrad_update_unsupported(128, 1024, 784).empty());
 }
 
 TEST_CASE("the tile's Adam and the multi-tensor Adam agree bit for bit on the same gradient") {
@@ -204,14 +208,16 @@ TEST_CASE("the tile's Adam and the multi-tensor Adam agree bit for bit on the sa
   const auto w = sg::test::representable<__half>(uniform(g.size(), rng));
   const auto m = uniform(g.size(), rng, -0.1, 0.1), v = uniform(g.size(), rng, 0, 0.1);
   const cuda::AdamHyper hyper{0.9f, 0.999f, 1e-8f, 0.01f, true};
-  auto scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(1e-3f, 0.f, hyper.weight_decay)});
+  auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(1e-3f, 0.f, hyper.weight_decay)});
   DeviceArray<std::int32_t> step(std::vector<float>{6.f});
   DeviceArray<__half> dy_d(dy), x_d(x), w_tile(w), w_multi(w), g_d(std::vector<float>(g.begin(), g.end()));
   DeviceArray<float> m_tile(m), v_tile(v), m_multi(m), v_multi(v);
-  cuda::launch_wgrad_adam<__half, __half>(dy_d.get(), x_d.get(), batch, n, k, w_tile.get(), m_tile.get(), v_tile.get(),
-                                          scalars.as<cuda::SgdScalars>(), step.get(), hyper, nullptr);
-  cuda::AdamMultiTensor<__half, __half> multi({{w_multi.get(), g_d.get(), m_multi.get(), v_multi.get(), n * k}}, hyper);
-  multi.launch(scalars.as<cuda::SgdScalars>(), step.get(), nullptr, nullptr, nullptr);
+  cuda::launch_wgrad_update<cuda::AdamRule, __half, __half>(dy_d.get(), x_d.get(), batch, n, k, w_tile.get(),
+                                                            {m_tile.get(), v_tile.get()},
+                                                            scalars.as<cuda::UpdateScalars>(), step.get(), hyper, nullptr);
+  cuda::MultiTensorUpdate<cuda::AdamRule, __half, __half> multi(
+      {{w_multi.get(), g_d.get(), {m_multi.get(), v_multi.get()}, n * k}}, hyper);
+  multi.launch(scalars.as<cuda::UpdateScalars>(), step.get(), nullptr, nullptr, nullptr);
   CHECK(w_tile.download() == w_multi.download());
   CHECK(m_tile.download() == m_multi.download());
   CHECK(v_tile.download() == v_multi.download());
@@ -253,8 +259,8 @@ TEST_CASE("Nesterov SGD's kernel equals the CPU reference") {
   auto w = as_double(uniform(n, rng)), vel = as_double(uniform(n, rng, -0.1, 0.1));
   const auto g = uniform(n, rng);
   DeviceArray<float> w_d(std::vector<float>(w.begin(), w.end())), v_d(std::vector<float>(vel.begin(), vel.end())), g_d(g);
-  auto scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.1f, 0.9f, 0.01f)});
-  cuda::launch_sgd_nesterov(w_d.get(), g_d.get(), v_d.get(), std::int64_t(n), scalars.as<cuda::SgdScalars>(), nullptr);
+  auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(0.1f, 0.9f, 0.01f)});
+  cuda::launch_sgd_nesterov(w_d.get(), g_d.get(), v_d.get(), std::int64_t(n), scalars.as<cuda::UpdateScalars>(), nullptr);
   ref::sgd_nesterov_update(w.data(), as_double(g).data(), vel.data(), std::int64_t(n), 0.1, 0.9, 0.01);
   CHECK(sg::test::relative_error(w_d.download(), w) < 1e-6);
   CHECK(sg::test::relative_error(v_d.download(), vel) < 1e-6);
@@ -267,10 +273,10 @@ sg::test::MlpTrainerSpec adamw_spec(std::vector<std::int64_t> layers, std::int64
   spec.mlp.layers = std::move(layers);
   spec.mlp.batch = batch;
   spec.mlp.weight_dtype = weights;
-  spec.sgd.lr = 2e-3;
-  spec.sgd.kind = OptimizerKind::adamw;
-  spec.sgd.weight_decay = 0.01;
-  spec.sgd.clip_grad_norm = clip;
+  spec.optimizer.lr = 2e-3;
+  spec.optimizer.kind = OptimizerKind::adamw;
+  spec.optimizer.weight_decay = 0.01;
+  spec.optimizer.clip_grad_norm = clip;
   spec.eval_batch = 100;
   spec.init_seed = 3;
   spec.shuffle_seed = 5;
@@ -295,15 +301,15 @@ TEST_CASE("CUDA AdamW / Adam / Nesterov training steps follow the CPU backend's 
       {"adamw batch 32 f16 (fast forwards, fused bias updates)", adamw_spec({784, 128, 128, 10}, 32, DType::f16, 0.0), &wide},
   };
   auto adam = adamw_spec({37, 129, 65, 11}, 33, DType::f32, 1.0);
-  adam.sgd.kind = OptimizerKind::adam;
+  adam.optimizer.kind = OptimizerKind::adam;
   cases.push_back({"adam (L2) f32 weights, clip", adam, &odd});
   auto nesterov = adamw_spec({37, 129, 65, 11}, 33, DType::f32, 0.0);
-  nesterov.sgd = {0.05, 0.9, 1e-3};
-  nesterov.sgd.nesterov = true;
+  nesterov.optimizer = {0.05, 0.9, 1e-3};
+  nesterov.optimizer.nesterov = true;
   cases.push_back({"sgd nesterov f32 weights", nesterov, &odd});
   auto sgd_clip = adamw_spec({37, 129, 65, 11}, 33, DType::f32, 0.0);
-  sgd_clip.sgd = {0.1, 0.0, 0.0};
-  sgd_clip.sgd.clip_grad_norm = 0.5;
+  sgd_clip.optimizer = {0.1, 0.0, 0.0};
+  sgd_clip.optimizer.clip_grad_norm = 0.5;
   cases.push_back({"sgd clip f32 weights", sgd_clip, &odd});
   for (auto& c : cases) {
     INFO(c.what);
@@ -320,20 +326,21 @@ TEST_CASE("CUDA AdamW / Adam / Nesterov training steps follow the CPU backend's 
 }
 
 TEST_CASE("AdamW from the weight-gradient tiles (fp32 master weights, batch 128) follows the CPU backend") {
+  SG_SKIP_IF_CORE_ONLY("wgrad_update");
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const Dataset wide = sg::test::random_dataset(640, 784, 10, rng);
   const auto tile_launches = [](const cuda::CudaTrainer& t) {
     const auto& ls = t.training_program().schedule().launches;
-    return std::count_if(ls.begin(), ls.end(), [](const Launch& l) { return l.lowering->name() == "wgrad_adam"; });
+    return std::count_if(ls.begin(), ls.end(), [](const Launch& l) { return l.lowering->name() == "wgrad_update"; });
   };
-  // (fp16 weights keep the buffered path, measured faster: runtime/cuda/lowerings/wgrad_adam.cpp)
+  // (fp16 weights keep the buffered path, measured faster: runtime/cuda/lowerings/wgrad_update.cpp)
   for (const DType weights : {DType::f32}) {
     INFO("weights " << dtype_name(weights));
     auto spec = adamw_spec({784, 256, 256, 10}, 128, weights, 0.0);
     auto cpu = make_cpu_trainer(sg::test::cpu_spec(spec, wide), wide);
     cuda::CudaTrainer tile(sg::test::cuda_spec(spec, wide), wide);
-    spec.backend.one_pass_backward = false;  // the same step through cuBLASLt's gradients and adam_multi_tensor
+    spec.backend.one_pass_backward = false;  // the same step through cuBLASLt's gradients and update_multi_tensor
     cuda::CudaTrainer buffered(sg::test::cuda_spec(spec, wide), wide);
     CHECK(tile_launches(tile) == 2);
     CHECK(tile_launches(buffered) == 0);
@@ -363,17 +370,18 @@ TEST_CASE("AdamW from the weight-gradient tiles (fp32 master weights, batch 128)
 }
 
 TEST_CASE("AdamW with clipping: graph replay, stream launches and K steps per graph are bit-identical") {
+  SG_SKIP_IF_CORE_ONLY("wgrad_update");
   auto rng = sg::test::fresh_rng();
   const Dataset data = sg::test::random_dataset(400, 37, 11, rng);
   sg::test::check_launch_paths_agree(adamw_spec({37, 129, 65, 11}, 33, DType::f16, 0.5), data, 41, 4,
                                      [](cuda::CudaTrainer&) {});
-  // Without clipping the hidden weights update from their gradient tiles (wgrad_adam).
+  // Without clipping the hidden weights update from their gradient tiles (wgrad_update).
   const Dataset wide = sg::test::random_dataset(400, 784, 10, rng);
   sg::test::check_launch_paths_agree(adamw_spec({784, 128, 128, 10}, 64, DType::f32, 0.0), wide, 41, 4,
                                      [](cuda::CudaTrainer& replay) {
                                        const auto& ls = replay.training_program().schedule().launches;
                                        CHECK(std::count_if(ls.begin(), ls.end(), [](const Launch& l) {
-                                               return l.lowering->name() == "wgrad_adam";
+                                               return l.lowering->name() == "wgrad_update";
                                              }) == 2);
                                      });
 }

@@ -134,7 +134,7 @@ TEST_CASE("training on f16/f32 features with class labels: the CUDA losses follo
     s.mlp.input_scale = 0.5;
     s.mlp.input_shift = 0.25;
     s.mlp.weight_dtype = DType::f32;
-    s.sgd.lr = 0.05;
+    s.optimizer.lr = 0.05;
     s.eval_batch = 64;
     auto cpu = make_cpu_trainer(test::cpu_spec(s, data), data);
     auto gpu = cuda::make_cuda_trainer(test::cuda_spec(s, data), data);
@@ -157,7 +157,7 @@ TEST_CASE("training on float regression targets (mse): the CUDA losses follow th
   s.mlp.target_width = 3;
   s.mlp.loss = MlpLoss::mse;
   s.mlp.weight_dtype = DType::f32;
-  s.sgd.lr = 0.02;
+  s.optimizer.lr = 0.02;
   s.eval_batch = 32;
   auto cpu = make_cpu_trainer(test::cpu_spec(s, data), data);
   auto gpu = cuda::make_cuda_trainer(test::cuda_spec(s, data), data);

@@ -19,6 +19,7 @@
 #include "tests/cuda_backend/launch_paths_check.hpp"
 #include "tests/cuda_backend/learning_rate_check.hpp"
 #include "tests/support/training_helpers.hpp"
+#include "tests/support/core_only_skips.hpp"
 
 using namespace sg;
 using sg::test::all_parameters;
@@ -35,7 +36,7 @@ MlpTrainerSpec f16_spec(std::vector<std::int64_t> layers, std::int64_t batch, do
   spec.mlp.layers = std::move(layers);
   spec.mlp.batch = batch;
   spec.mlp.weight_dtype = DType::f16;
-  spec.sgd = {0.05, 0.0, weight_decay};
+  spec.optimizer = {0.05, 0.0, weight_decay};
   spec.eval_batch = 100;
   spec.init_seed = 7;
   spec.shuffle_seed = 9;
@@ -57,6 +58,7 @@ void in_every_launch_mode(Body&& body) {
 }
 
 TEST_CASE("the whole-step kernel follows the CPU backend on random shapes") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   in_every_launch_mode([&](WholeStepMode mode) {
@@ -113,6 +115,7 @@ std::pair<std::vector<std::int64_t>, std::int64_t> random_whole_step_shape(std::
 }  // namespace
 
 TEST_CASE("every activation: the whole-step kernels follow the CPU backend and the per-launch schedule") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   for (const MlpActivation activation : kOtherActivations) {
@@ -176,6 +179,7 @@ TEST_CASE("every activation: the whole-step kernels follow the CPU backend and t
 }
 
 TEST_CASE("every activation: replay, stream launches and K steps per graph are bit-identical") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
   for (const MlpActivation activation : {MlpActivation::gelu_tanh, MlpActivation::sigmoid}) {  // input / output read
@@ -192,11 +196,12 @@ TEST_CASE("every activation: replay, stream launches and K steps per graph are b
 }
 
 TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 4000),
                      data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 500)};
   // 59K parameters (at batch 32 the scheduler takes the per-group schedule: forced here)
   MlpTrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 32);
-  spec.sgd.lr = 0.1;
+  spec.optimizer.lr = 0.1;
   spec.backend.whole_step_mode = WholeStepMode::grid;
   cuda::CudaTrainer whole(cuda_spec(spec, data), data);
   spec.backend.whole_step = false;
@@ -224,6 +229,7 @@ TEST_CASE("on real MNIST the whole-step kernel follows the per-group schedule") 
 }
 
 TEST_CASE("on real MNIST at batch 48 every activation takes the whole-step kernels on its own and follows the per-group schedule") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   const Dataset data{data::load_split(sg::test::mnist_dir_or_skip(), "train", 4000),
                      data::load_split(sg::test::mnist_dir_or_skip(), "t10k", 500)};
   for (const MlpActivation activation : kOtherActivations) {
@@ -232,7 +238,7 @@ TEST_CASE("on real MNIST at batch 48 every activation takes the whole-step kerne
     // several steps per launch the resident-weights kernel.
     MlpTrainerSpec spec = f16_spec({784, 64, 64, 64, 10}, 48);
     spec.mlp.activation = activation;
-    spec.sgd.lr = 0.1;
+    spec.optimizer.lr = 0.1;
     cuda::CudaTrainer whole(cuda_spec(spec, data), data);
     MlpTrainerSpec resident_spec = spec;
     resident_spec.backend.steps_per_launch = 8;
@@ -255,6 +261,7 @@ TEST_CASE("on real MNIST at batch 48 every activation takes the whole-step kerne
 }
 
 TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group schedule, saying why") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(400, 48, 10, rng);
   struct Case {
@@ -264,7 +271,7 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
   MlpTrainerSpec odd_width = f16_spec({48, 40, 10}, 32);
   MlpTrainerSpec odd_batch = f16_spec({48, 32, 10}, 24);
   MlpTrainerSpec momentum = f16_spec({48, 32, 10}, 32);
-  momentum.sgd.momentum = 0.9;
+  momentum.optimizer.momentum = 0.9;
   MlpTrainerSpec master = f16_spec({48, 32, 10}, 32);
   master.mlp.weight_dtype = DType::f32;
   MlpTrainerSpec off = f16_spec({48, 32, 10}, 32);
@@ -279,7 +286,7 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
     cuda::CudaTrainer t(cuda_spec(c.spec, data), data);
     INFO(t.description());
     CHECK_FALSE(t.training_program().uses_whole_step());
-    CHECK(t.training_program().whole_step_note().find(c.reason) != std::string::npos);
+    CHECK(t.training_program().declined_reason("whole_step").find(c.reason) != std::string::npos);
     CHECK(t.training_program().schedule().launches.size() > 1);
     t.train(3);
     CHECK(std::isfinite(t.last_loss()));
@@ -287,6 +294,7 @@ TEST_CASE("shapes the whole-step kernel does not take fall back to the per-group
 }
 
 TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-identical") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   in_every_launch_mode([&](WholeStepMode mode) {
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
@@ -299,6 +307,7 @@ TEST_CASE("whole-step: replay, stream launches and K steps per graph are bit-ide
 }
 
 TEST_CASE("whole-step: the phase profile names every phase and takes real time") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   const Dataset data = random_dataset(500, 64, 10, rng);
   struct Case {
@@ -327,6 +336,7 @@ TEST_CASE("whole-step: the phase profile names every phase and takes real time")
 }
 
 TEST_CASE("resident weights: every cluster size follows the CPU backend, and K steps per launch are K launches") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   MlpTrainerSpec spec = f16_spec({96, 128, 64, 64, 10}, 32, 1e-3);
@@ -352,6 +362,7 @@ TEST_CASE("resident weights: every cluster size follows the CPU backend, and K s
 }
 
 TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   MlpTrainerSpec spec = f16_spec({64, 32, 10}, 16);
   spec.backend.whole_step_mode = WholeStepMode::grid;
@@ -359,6 +370,7 @@ TEST_CASE("whole-step: a learning-rate change reaches the replayed kernel") {
 }
 
 TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
   MlpTrainerSpec spec = f16_spec({64, 32, 10}, 16);
   spec.backend.steps_per_launch = 5;  // the rate is read once per launch of 5 steps

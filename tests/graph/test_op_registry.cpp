@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::all_reduce_mean) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::rmsprop_update) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -32,6 +32,7 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<Conv2dAttrs>(): return Conv2dAttrs{2, 1, 7, 5};
     case attrs_index<Pool2dAttrs>(): return Pool2dAttrs{3, 1};
     case attrs_index<ReshapeAttrs>(): return ReshapeAttrs{{6, 1, 4}};
+    case attrs_index<RmspropUpdateAttrs>(): return RmspropUpdateAttrs{0.9, 1e-6, 0.01, 0.5, true};
     default: return NoAttrs{};
   }
 }
@@ -102,10 +103,23 @@ TEST_CASE("Node::attr returns the typed attributes or names the node and the kin
 }
 
 TEST_CASE("in-place slots come from the registry") {
-  CHECK(in_place_inputs(OpKind::sgd_update, 3) == std::vector<int>{0, 2});
-  CHECK(in_place_inputs(OpKind::sgd_update, 2) == std::vector<int>{0});
-  CHECK(in_place_inputs(OpKind::advance_step, 1) == std::vector<int>{0});
-  CHECK(in_place_inputs(OpKind::matmul, 2).empty());
+  const auto node = [](OpKind op, int inputs, OpAttrs attrs) {
+    Node n;
+    n.op = op;
+    n.inputs.assign(static_cast<std::size_t>(inputs), 0);
+    n.attrs = std::move(attrs);
+    return n;
+  };
+  CHECK(in_place_inputs(node(OpKind::sgd_update, 3, SgdUpdateAttrs{0.9})) == std::vector<int>{0, 2});
+  CHECK(in_place_inputs(node(OpKind::sgd_update, 2, SgdUpdateAttrs{})) == std::vector<int>{0});
+  CHECK(in_place_inputs(node(OpKind::advance_step, 1, NoAttrs{})) == std::vector<int>{0});
+  CHECK(in_place_inputs(node(OpKind::matmul, 2, MatmulAttrs{})).empty());
+  // rmsprop_update: its attributes say which inputs are states; a clip scale after them is only read.
+  RmspropUpdateAttrs centered_momentum;
+  centered_momentum.momentum = 0.9;
+  centered_momentum.centered = true;
+  CHECK(in_place_inputs(node(OpKind::rmsprop_update, 6, centered_momentum)) == std::vector<int>{0, 2, 3, 4});
+  CHECK(in_place_inputs(node(OpKind::rmsprop_update, 4, RmspropUpdateAttrs{})) == std::vector<int>{0, 2});
   CHECK(op_updates_in_place(OpKind::advance_step));
   CHECK_FALSE(op_updates_in_place(OpKind::relu));
 }

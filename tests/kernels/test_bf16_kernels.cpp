@@ -153,20 +153,20 @@ TEST_CASE("bf16 column sums, the fused bias-gradient SGD (bf16 and fp32 biases),
       INFO("momentum " << momentum);
       const auto b0 = random_bf16(static_cast<std::size_t>(cols), rng);
       const auto v0 = random_bf16(static_cast<std::size_t>(cols), rng);
-      const cuda::DeviceBuffer ds = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.1f, momentum, 0.01f)});
+      const cuda::DeviceBuffer ds = sg::test::device_update_scalars({cuda::make_update_scalars(0.1f, momentum, 0.01f)});
       std::vector<double> b(b0.begin(), b0.end()), v(v0.begin(), v0.end());
       ref::sgd_update(b.data(), sref.data(), momentum > 0 ? v.data() : nullptr, cols, 0.1, double(momentum), 0.01);
       {  // bf16 bias: the update is rounded once into it
         DeviceArray<bf16> bias(b0), vel(v0);
         cuda::launch_bias_grad_sgd(ddy.get(), rows, cols, bias.get(), momentum > 0 ? vel.get() : nullptr,
-                                   ds.as<cuda::SgdScalars>(), nullptr, true);
+                                   ds.as<cuda::UpdateScalars>(), nullptr, true);
         CHECK(sg::test::relative_error(bias.download(), b) < kTwoRoundings);
         if (momentum > 0) CHECK(sg::test::relative_error(vel.download(), v) < kLongSums);
       }
       {  // fp32 master bias with a bf16 gradient: no rounding of the result
         DeviceArray<float> bias(b0), vel(v0);
         cuda::launch_bias_grad_sgd(ddy.get(), rows, cols, bias.get(), momentum > 0 ? vel.get() : nullptr,
-                                   ds.as<cuda::SgdScalars>(), nullptr, true);
+                                   ds.as<cuda::UpdateScalars>(), nullptr, true);
         CHECK(sg::test::relative_error(bias.download(), b) < 1e-3);
         if (momentum > 0) CHECK(sg::test::relative_error(vel.download(), v) < 1e-3);
       }
@@ -176,15 +176,15 @@ TEST_CASE("bf16 column sums, the fused bias-gradient SGD (bf16 and fp32 biases),
   const std::int64_t n = 4099;
   const auto w0 = random_bf16(static_cast<std::size_t>(n), rng), g = random_bf16(static_cast<std::size_t>(n), rng),
              v0 = random_bf16(static_cast<std::size_t>(n), rng);
-  const cuda::DeviceBuffer ds = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.05f, 0.9f, 0.001f)});
+  const cuda::DeviceBuffer ds = sg::test::device_update_scalars({cuda::make_update_scalars(0.05f, 0.9f, 0.001f)});
   std::vector<double> w(w0.begin(), w0.end()), v(v0.begin(), v0.end()), gd(g.begin(), g.end());
   ref::sgd_update(w.data(), gd.data(), v.data(), n, 0.05, 0.9, 0.001);
   DeviceArray<bf16> bw(w0), bg(g), bv(v0);
-  cuda::launch_sgd_update(bw.get(), static_cast<const bf16*>(bg.get()), bv.get(), n, ds.as<cuda::SgdScalars>(), nullptr);
+  cuda::launch_sgd_update(bw.get(), static_cast<const bf16*>(bg.get()), bv.get(), n, ds.as<cuda::UpdateScalars>(), nullptr);
   CHECK(sg::test::relative_error(bw.download(), w) < kOneRounding);
   CHECK(sg::test::relative_error(bv.download(), v) < kOneRounding);
   DeviceArray<float> mw(w0), mv(v0);
-  cuda::launch_sgd_update(mw.get(), static_cast<const bf16*>(bg.get()), mv.get(), n, ds.as<cuda::SgdScalars>(), nullptr);
+  cuda::launch_sgd_update(mw.get(), static_cast<const bf16*>(bg.get()), mv.get(), n, ds.as<cuda::UpdateScalars>(), nullptr);
   CHECK(sg::test::relative_error(mw.download(), w) < 1e-6);
   CHECK(sg::test::relative_error(mv.download(), v) < 1e-6);
   // momentum_finish after a matmul wrote v = momentum*v + g (itself rounded to bf16).
@@ -197,7 +197,7 @@ TEST_CASE("bf16 column sums, the fused bias-gradient SGD (bf16 and fp32 biases),
     wf[i] -= 0.05 * vf[i];
   }
   DeviceArray<bf16> fw(w0), fv(vpre);
-  cuda::launch_momentum_finish(fw.get(), fv.get(), n, ds.as<cuda::SgdScalars>(), nullptr);
+  cuda::launch_momentum_finish(fw.get(), fv.get(), n, ds.as<cuda::UpdateScalars>(), nullptr);
   CHECK(sg::test::relative_error(fw.download(), wf) < kOneRounding);
   CHECK(sg::test::relative_error(fv.download(), vf) < kOneRounding);
 }
@@ -325,8 +325,8 @@ TEST_CASE("cuBLASLt bf16 matmuls: every transpose, bias / relu_aux_bias / drelu 
   std::vector<double> wref(w0.begin(), w0.end());
   ref::sgd_update(wref.data(), g.data(), static_cast<double*>(nullptr), out * in, double(lr), 0.0, double(wdecay));
   DeviceArray<bf16> ddz(dz), dx(x);
-  const cuda::DeviceBuffer ds = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wdecay)});
-  const auto* sc = ds.as<cuda::SgdScalars>();
+  const cuda::DeviceBuffer ds = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, wdecay)});
+  const auto* sc = ds.as<cuda::UpdateScalars>();
   for (auto cd : {cuda::ElemType::bf16, cuda::ElemType::f32}) {
     INFO("W " << cuda::elem_type_name(cd));
     const cuda::MatmulShape shape{out, in, batch, true, false, cuda::ElemType::bf16, cd, cuda::Accumulate::f32,

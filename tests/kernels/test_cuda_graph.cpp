@@ -38,20 +38,20 @@ TEST_CASE("a captured graph of kernels equals the same launches on a stream, bit
   CHECK(std::isfinite(a[0]));
 }
 
-TEST_CASE("changing SgdScalars in device memory changes the next replay, no re-capture") {
+TEST_CASE("changing UpdateScalars in device memory changes the next replay, no re-capture") {
   const std::int64_t n = 1000;
   std::vector<float> w0(static_cast<std::size_t>(n), 1.0f), g(static_cast<std::size_t>(n), 1.0f);
   DeviceArray<float> w(w0), dg(g);
-  cuda::DeviceBuffer scalars(sizeof(cuda::SgdScalars));
+  cuda::DeviceBuffer scalars(sizeof(cuda::UpdateScalars));
   auto set_lr = [&](float lr) {
-    const auto s = cuda::make_sgd_scalars(lr, 0.f, 0.f);
+    const auto s = cuda::make_update_scalars(lr, 0.f, 0.f);
     scalars.upload(&s, sizeof s);
   };
   set_lr(0.1f);
   cuda::Stream stream;
   cuda::begin_capture(stream.get());
   cuda::launch_sgd_update(w.get(), static_cast<const float*>(dg.get()), static_cast<float*>(nullptr), n,
-                          scalars.as<cuda::SgdScalars>(), stream.get());
+                          scalars.as<cuda::UpdateScalars>(), stream.get());
   cuda::GraphExec exec(cuda::end_capture(stream.get()));
   exec.launch(stream.get());
   stream.synchronize();

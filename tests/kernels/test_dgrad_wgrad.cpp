@@ -5,8 +5,8 @@
 #include <array>
 
 #include "ops/cpu/reference_ops.hpp"
-#include "ops/cuda/dgrad_wgrad.hpp"
-#include "ops/cuda/dgrad_wgrad_kernels.hpp"
+#include "ops/cuda/fast_paths/one_pass_backward/dgrad_wgrad.hpp"
+#include "ops/cuda/fast_paths/one_pass_backward/dgrad_wgrad_kernels.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/activation_reference.hpp"
 #include "tests/support/late_producer.hpp"
@@ -55,7 +55,7 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.05f, wd = 0.01f;
-  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
+  const cuda::DeviceBuffer scalars = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, wd)});
   // (batch, N rows of W, K columns, blocks per column strip; 0: the measured rule): column strips of
   // 16 and 32 (K < 8192), one block per strip or a cluster of 2, 4, 8 sharing it (rows not a
   // multiple of the cluster's warps included); row ranges (K >= 8192) with one or several ranges,
@@ -81,7 +81,7 @@ TEST_CASE("one pass over W gives dX = (dY W) * (X > 0) and W' = (1 - lr*wd) W - 
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));  // dx starts poisoned
     const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)});
     if (splits > 0 && kernel.row_ranges() == 0) CHECK(kernel.strip_splits() == splits);
-    kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+    kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::UpdateScalars>(), nullptr);
     const OnePassReference expected = one_pass_reference(dy, x, w, batch, n, k, lr, wd);
     CHECK(sg::test::relative_error(dx.download(), expected.dx) < 5e-3);
     const auto w_new = dw.download();
@@ -96,8 +96,8 @@ TEST_CASE("one pass over W through every activation: dX = act'(dY W) from X = ac
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.05f, wd = 0.01f;
   const cuda::DeviceBuffer scalars =
-      sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
-  const auto* s = scalars.as<cuda::SgdScalars>();
+      sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, wd), cuda::make_update_scalars(2 * lr, 0.f, 0.f)});
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   for (const cuda::Activation act : sg::test::kActivations) {
     INFO(cuda::activation_op_name(act));
     // (batch, N, K, blocks per strip): column strips of 16 and 32 columns, one block or a cluster
@@ -156,7 +156,7 @@ TEST_CASE("the one-pass kernel also updates the previous layer's bias from the c
     INFO("K = " << k << ", blocks per strip " << splits);
     const float lr = 0.1f;
     const cuda::DeviceBuffer scalars =
-        sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
+        sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, 0.f), cuda::make_update_scalars(2 * lr, 0.f, 0.f)});
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;
@@ -164,7 +164,7 @@ TEST_CASE("the one-pass kernel also updates the previous layer's bias from the c
     const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(k), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k));
     const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)});
-    const auto* s = scalars.as<cuda::SgdScalars>();
+    const auto* s = scalars.as<cuda::UpdateScalars>();
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1);
     CHECK(sg::test::relative_error(db.download(), bias_reference(b, dx.download(), batch, k, 2.0 * lr)) < 2e-3);
   }
@@ -175,7 +175,7 @@ TEST_CASE("a second launch sees the first one's weights and finishes its own dX 
   INFO("random seed " << sg::test::last_seed());
   const std::int64_t batch = 32, n = 128, k = 8192;  // several row ranges per strip
   const float lr = 0.5f;
-  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, 0.f)});
+  const cuda::DeviceBuffer scalars = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, 0.f)});
   const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
   auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
   for (auto& v : x) v = v < 0 ? 0.f : v;
@@ -183,10 +183,10 @@ TEST_CASE("a second launch sees the first one's weights and finishes its own dX 
   DeviceArray<__half> ddy(dy), dx_in(x), dw(w), dx(std::size_t(batch * k));
   const cuda::DgradWgradSgd kernel(batch, n, k);
   REQUIRE(kernel.row_ranges() > 1);
-  kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+  kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::UpdateScalars>(), nullptr);
   const auto w_after_one = dw.download();
   dx.poison();
-  kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+  kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::UpdateScalars>(), nullptr);
   std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), w1(w_after_one.begin(), w_after_one.end());
   std::vector<double> dh(std::size_t(batch * k)), dx_ref(dh.size());
   ref::matmul(dyd.data(), w1.data(), dh.data(), batch, k, n, false, false);
@@ -202,9 +202,9 @@ TEST_CASE("batch 256 (wgmma): dX, the SGD'd W and the previous layer's bias agai
   INFO("random seed " << sg::test::last_seed());
   const std::int64_t batch = 256;
   const float lr = 0.05f, wd = 0.01f;
-  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars(
-      {cuda::make_sgd_scalars(lr, 0.f, wd), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
-  const auto* s = scalars.as<cuda::SgdScalars>();
+  const cuda::DeviceBuffer scalars = sg::test::device_update_scalars(
+      {cuda::make_update_scalars(lr, 0.f, wd), cuda::make_update_scalars(2 * lr, 0.f, 0.f)});
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   // (N rows of W, K columns): one block and one pair of row tiles; several blocks; 10 and 32 row
   // tiles, so each of the 4 pipeline slots is reused (barrier phases flip); through DgradWgradSgd at
   // K = 8192 (128 blocks, the size the scheduler picks it for). 1 and 3 blocks each copy all of dY;
@@ -250,9 +250,9 @@ TEST_CASE("batch 256 (wgmma) through every activation: dX = act'(dY W) from X = 
   INFO("random seed " << sg::test::last_seed());
   const std::int64_t batch = 256;
   const float lr = 0.05f, wd = 0.01f;
-  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars(
-      {cuda::make_sgd_scalars(lr, 0.f, wd), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f)});
-  const auto* s = scalars.as<cuda::SgdScalars>();
+  const cuda::DeviceBuffer scalars = sg::test::device_update_scalars(
+      {cuda::make_update_scalars(lr, 0.f, wd), cuda::make_update_scalars(2 * lr, 0.f, 0.f)});
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   for (const cuda::Activation act : sg::test::kActivations) {
     INFO(cuda::activation_op_name(act));
     // (N, K, multicast): N = 128 (the Z tile lands in a slot no row block used), 256 (slot 0 after
@@ -314,7 +314,7 @@ TEST_CASE("sizes the one-pass kernel does not take are refused with a reason") {
 TEST_CASE("the one-pass kernel waits for the kernel that writes dY (dependent launch, stream and graph)") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.05f, 0.f, 0.f)});
+  const cuda::DeviceBuffer scalars = sg::test::device_update_scalars({cuda::make_update_scalars(0.05f, 0.f, 0.f)});
   // (K, blocks per strip): column strips (one block per strip; a cluster of 2 per strip), row ranges
   for (const auto [k, splits] : std::vector<std::array<std::int64_t, 2>>{{{1024, 1}}, {{1024, 2}}, {{8192, 0}}}) {
     const std::int64_t batch = 32, n = 256;
@@ -325,14 +325,14 @@ TEST_CASE("the one-pass kernel waits for the kernel that writes dY (dependent la
     const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
     const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)});
     DeviceArray<__half> ddy(dy), dx_in(x), w_expected(w), dx_expected(std::size_t(batch * k));
-    kernel.launch(ddy.get(), dx_in.get(), w_expected.get(), dx_expected.get(), scalars.as<cuda::SgdScalars>(), nullptr);
+    kernel.launch(ddy.get(), dx_in.get(), w_expected.get(), dx_expected.get(), scalars.as<cuda::UpdateScalars>(), nullptr);
     for (const bool as_graph : {false, true}) {
       INFO((as_graph ? "graph" : "stream"));
       DeviceArray<__half> late_dy(dy.size()), dw(w), dx(std::size_t(batch * k));  // late_dy: poison until the copy
       sg::test::run_behind_late_copy(
           late_dy.get(), ddy.get(), dy.size() * sizeof(__half),
           [&](cudaStream_t stream) {
-            kernel.launch(late_dy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::SgdScalars>(), stream);
+            kernel.launch(late_dy.get(), dx_in.get(), dw.get(), dx.get(), scalars.as<cuda::UpdateScalars>(), stream);
           },
           as_graph);
       CHECK(dx.download() == dx_expected.download());
@@ -352,9 +352,9 @@ TEST_CASE("the one-pass kernel also updates the first layer's weight from dX: W_
     INFO(n << " x " << k << ", blocks per strip " << splits << ", input width " << width);
     REQUIRE(cuda::input_update_unsupported(batch, n, k, width).empty());
     const float lr = 0.1f, wd = 0.01f;
-    const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars(
-        {cuda::make_sgd_scalars(lr, 0.f, 0.f), cuda::make_sgd_scalars(2 * lr, 0.f, 0.f),
-         cuda::make_sgd_scalars(3 * lr, 0.f, wd)});
+    const cuda::DeviceBuffer scalars = sg::test::device_update_scalars(
+        {cuda::make_update_scalars(lr, 0.f, 0.f), cuda::make_update_scalars(2 * lr, 0.f, 0.f),
+         cuda::make_update_scalars(3 * lr, 0.f, wd)});
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * n), rng));
     auto x = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * k), rng));
     for (auto& v : x) v = v < 0 ? 0.f : v;
@@ -364,7 +364,7 @@ TEST_CASE("the one-pass kernel also updates the first layer's weight from dX: W_
     const auto w_in = sg::test::representable<__half>(sg::test::uniform(std::size_t(k * width), rng));
     DeviceArray<__half> ddy(dy), dx_in(x), dw(w), db(b), dx(std::size_t(batch * k)), dx_input(x_in), dw_in(w_in);
     const cuda::DgradWgradSgd kernel(batch, n, k, {int(splits)}, width);
-    const auto* s = scalars.as<cuda::SgdScalars>();
+    const auto* s = scalars.as<cuda::UpdateScalars>();
     const cuda::one_pass::InputLayerUpdate input{dx_input.get(), dw_in.get(), s + 2, int(width)};
     kernel.launch(ddy.get(), dx_in.get(), dw.get(), dx.get(), s, nullptr, db.get(), s + 1, input);
     const auto dx_got = dx.download();  // the rounded dX it wrote (checked against the CPU in the first test)

@@ -123,11 +123,11 @@ TEST_CASE_TEMPLATE("column sums and the fused bias-gradient SGD update", T, floa
       const auto b0 = sg::test::representable<float>(sg::test::uniform(static_cast<std::size_t>(cols), rng));
       const auto v0 = sg::test::uniform(static_cast<std::size_t>(cols), rng);
       DeviceArray<float> bias(b0), vel(v0);
-      const auto scalars = cuda::make_sgd_scalars(0.1f, momentum, 0.01f);
+      const auto scalars = cuda::make_update_scalars(0.1f, momentum, 0.01f);
       cuda::DeviceBuffer ds(sizeof scalars);
       ds.upload(&scalars, sizeof scalars);
       cuda::launch_bias_grad_sgd(ddy.get(), rows, cols, bias.get(), momentum > 0 ? vel.get() : nullptr,
-                                 ds.as<cuda::SgdScalars>(), nullptr, true);
+                                 ds.as<cuda::UpdateScalars>(), nullptr, true);
       std::vector<double> b(b0.begin(), b0.end()), v(v0.begin(), v0.end());
       ref::sgd_update(b.data(), sref.data(), momentum > 0 ? v.data() : nullptr, cols, 0.1, double(momentum), 0.01);
       CHECK(sg::test::relative_error(bias.download(), b) < 1e-3);
@@ -141,14 +141,14 @@ TEST_CASE("sgd_update and momentum_finish follow PyTorch's SGD") {
   const std::int64_t n = 4099;
   const auto w0 = sg::test::uniform(static_cast<std::size_t>(n), rng), g = sg::test::uniform(static_cast<std::size_t>(n), rng),
              v0 = sg::test::uniform(static_cast<std::size_t>(n), rng);
-  const auto scalars = cuda::make_sgd_scalars(0.05f, 0.9f, 0.001f);
+  const auto scalars = cuda::make_update_scalars(0.05f, 0.9f, 0.001f);
   cuda::DeviceBuffer ds(sizeof scalars);
   ds.upload(&scalars, sizeof scalars);
   std::vector<double> w(w0.begin(), w0.end()), v(v0.begin(), v0.end()), gd(g.begin(), g.end());
   ref::sgd_update(w.data(), gd.data(), v.data(), n, 0.05, 0.9, 0.001);
 
   DeviceArray<float> dw(w0), dg(g), dv(v0);
-  cuda::launch_sgd_update(dw.get(), static_cast<const float*>(dg.get()), dv.get(), n, ds.as<cuda::SgdScalars>(), nullptr);
+  cuda::launch_sgd_update(dw.get(), static_cast<const float*>(dg.get()), dv.get(), n, ds.as<cuda::UpdateScalars>(), nullptr);
   CHECK(sg::test::relative_error(dw.download(), w) < 1e-6);
   CHECK(sg::test::relative_error(dv.download(), v) < 1e-6);
 
@@ -158,14 +158,14 @@ TEST_CASE("sgd_update and momentum_finish follow PyTorch's SGD") {
   DeviceArray<__half> dgh(gh);
   std::vector<double> w2(w0.begin(), w0.end()), v2(v0.begin(), v0.end()), g2(gh.begin(), gh.end());
   ref::sgd_update(w2.data(), g2.data(), v2.data(), n, 0.05, 0.9, 0.001);
-  cuda::launch_sgd_update(mw.get(), static_cast<const __half*>(dgh.get()), mv.get(), n, ds.as<cuda::SgdScalars>(), nullptr);
+  cuda::launch_sgd_update(mw.get(), static_cast<const __half*>(dgh.get()), mv.get(), n, ds.as<cuda::UpdateScalars>(), nullptr);
   CHECK(sg::test::relative_error(mw.download(), w2) < 1e-6);
 
   // momentum_finish after a matmul wrote v = momentum*v + g: the same update.
   std::vector<float> vpre(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < vpre.size(); ++i) vpre[i] = 0.9f * v0[i] + g[i];
   DeviceArray<float> fw(w0), fv(vpre);
-  cuda::launch_momentum_finish(fw.get(), fv.get(), n, ds.as<cuda::SgdScalars>(), nullptr);
+  cuda::launch_momentum_finish(fw.get(), fv.get(), n, ds.as<cuda::UpdateScalars>(), nullptr);
   CHECK(sg::test::relative_error(fw.download(), w) < 1e-5);
   CHECK(sg::test::relative_error(fv.download(), v) < 1e-5);
 }

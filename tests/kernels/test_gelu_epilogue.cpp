@@ -9,7 +9,7 @@
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/cublaslt_matmul.hpp"
-#include "ops/cuda/small_batch_forward.hpp"
+#include "ops/cuda/fast_paths/small_batch_forward/small_batch_forward.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"

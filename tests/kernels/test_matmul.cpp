@@ -148,8 +148,8 @@ TEST_CASE("fused SGD: the weight-gradient matmul updates W in place (f16 and f32
   ref::sgd_update(wref.data(), g.data(), static_cast<double*>(nullptr), out * in, double(lr), 0.0, double(wd));
 
   DeviceArray<__half> ddz(dz), dx(x);
-  const cuda::DeviceBuffer ds = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
-  const auto* s = ds.as<cuda::SgdScalars>();
+  const cuda::DeviceBuffer ds = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, wd)});
+  const auto* s = ds.as<cuda::UpdateScalars>();
   for (auto cd : {cuda::ElemType::f16, cuda::ElemType::f32}) {
     for (bool autotune : {false, true}) {
       INFO("W " << (cd == cuda::ElemType::f16 ? "f16" : "f32") << " autotune " << autotune);

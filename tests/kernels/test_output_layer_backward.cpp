@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "ops/cpu/reference_ops.hpp"
-#include "ops/cuda/output_layer_backward.hpp"
+#include "ops/cuda/fast_paths/one_pass_backward/output_layer_backward.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/activation_reference.hpp"
@@ -58,7 +58,7 @@ struct OnDevice {
   cuda::DeviceBuffer labels, step;
 };
 
-cuda::OutputLayerBackward fused_args(const Problem& p, OnDevice& d, const cuda::SgdScalars* s) {
+cuda::OutputLayerBackward fused_args(const Problem& p, OnDevice& d, const cuda::UpdateScalars* s) {
   cuda::OutputLayerBackward a;
   a.logits = d.logits.get();
   a.labels = d.labels.as<std::int32_t>();
@@ -93,12 +93,12 @@ void check_same_outputs(OnDevice& a, OnDevice& b, bool loss_bits = true) {
 
 // Three parameter groups with different learning rates and weight decays.
 cuda::DeviceBuffer three_scalars() {
-  return sg::test::device_sgd_scalars({cuda::make_sgd_scalars(0.5f, 0.f, 0.01f), cuda::make_sgd_scalars(0.25f, 0.f, 0.f),
-                                       cuda::make_sgd_scalars(0.75f, 0.f, 0.02f)});
+  return sg::test::device_update_scalars({cuda::make_update_scalars(0.5f, 0.f, 0.01f), cuda::make_update_scalars(0.25f, 0.f, 0.f),
+                                       cuda::make_update_scalars(0.75f, 0.f, 0.02f)});
 }
 
 // The five launches the fused kernel replaces, on `stream`.
-void launch_five(const Problem& p, OnDevice& d, const cuda::SgdScalars* s, cudaStream_t stream) {
+void launch_five(const Problem& p, OnDevice& d, const cuda::UpdateScalars* s, cudaStream_t stream) {
   const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
   cuda::launch_softmax_xent(d.logits.get(), d.labels.as<std::int32_t>(), b, c, d.loss.get(), d.dlogits.get(), stream,
                             true);
@@ -121,7 +121,7 @@ TEST_CASE("the fused output-layer backward matches softmax-xent, dgrad, and thre
     INFO(batch << " x " << classes << " x " << hidden);
     const Problem p = random_problem(batch, classes, hidden, rng);
     OnDevice d(p);
-    cuda::launch_output_layer_backward(fused_args(p, d, scalars.as<cuda::SgdScalars>()), nullptr, true);
+    cuda::launch_output_layer_backward(fused_args(p, d, scalars.as<cuda::UpdateScalars>()), nullptr, true);
 
     auto dbl = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
     const auto logits = dbl(p.logits), h = dbl(p.h), w0 = dbl(p.w);
@@ -153,7 +153,7 @@ TEST_CASE("the fused output-layer backward through every activation matches the 
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const cuda::DeviceBuffer scalars = three_scalars();
-  const auto* s = scalars.as<cuda::SgdScalars>();
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   for (const cuda::Activation act : sg::test::kActivations) {
     INFO(cuda::activation_op_name(act));
     for (auto [batch, classes, hidden] : std::vector<std::array<std::int64_t, 3>>{
@@ -211,7 +211,7 @@ TEST_CASE("the fused output-layer backward gives the same bits as the five launc
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const cuda::DeviceBuffer scalars = three_scalars();
-  const auto* s = scalars.as<cuda::SgdScalars>();
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   const Problem p = random_problem(32, 10, 1024, rng);
   OnDevice fused(p), separate(p);
   cuda::launch_output_layer_backward(fused_args(p, fused, s), nullptr, true);
@@ -224,7 +224,7 @@ TEST_CASE("the fused output-layer backward waits for the kernel that writes the 
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const cuda::DeviceBuffer scalars = three_scalars();
-  const auto* s = scalars.as<cuda::SgdScalars>();
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   const Problem p = random_problem(32, 10, 1024, rng);
   OnDevice expected(p);
   cuda::launch_output_layer_backward(fused_args(p, expected, s), nullptr, true);
@@ -248,7 +248,7 @@ TEST_CASE("the five separate launches each wait for the kernel that writes their
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const cuda::DeviceBuffer scalars = three_scalars();
-  const auto* s = scalars.as<cuda::SgdScalars>();
+  const auto* s = scalars.as<cuda::UpdateScalars>();
   const Problem p = random_problem(256, 10, 1024, rng);
   const std::int64_t b = p.batch, c = p.classes, n = p.hidden;
   OnDevice expected(p);

@@ -8,7 +8,7 @@
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/kernels.hpp"
-#include "ops/cuda/small_batch_forward.hpp"
+#include "ops/cuda/fast_paths/small_batch_forward/small_batch_forward.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/activation_reference.hpp"
 #include "tests/support/device_array.hpp"

@@ -83,7 +83,7 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const float lr = 0.1f, wd = 0.01f;
-  const cuda::DeviceBuffer scalars = sg::test::device_sgd_scalars({cuda::make_sgd_scalars(lr, 0.f, wd)});
+  const cuda::DeviceBuffer scalars = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, wd)});
   for (auto [batch, m, k] : std::vector<std::array<std::int64_t, 3>>{{{32, 10, 128}}, {{33, 11, 129}}, {{64, 32, 784}}, {{1024, 10, 1000}}, {{257, 17, 64}}}) {
     INFO(batch << " " << m << " " << k);
     const auto dy = sg::test::representable<__half>(sg::test::uniform(std::size_t(batch * m), rng));
@@ -91,7 +91,7 @@ TEST_CASE_TEMPLATE("fused-SGD weight gradient with a tiny M matches w*(1-lr*wd) 
     const auto w = sg::test::representable<W>(sg::test::uniform(std::size_t(m * k), rng));
     DeviceArray<__half> ddy(dy), dx(x);
     DeviceArray<W> dw(w);
-    cuda::launch_wgrad_sgd_small_m(ddy.get(), dx.get(), batch, m, k, dw.get(), scalars.as<cuda::SgdScalars>(), nullptr,
+    cuda::launch_wgrad_sgd_small_m(ddy.get(), dx.get(), batch, m, k, dw.get(), scalars.as<cuda::UpdateScalars>(), nullptr,
                                    true);
     std::vector<double> dyd(dy.begin(), dy.end()), xd(x.begin(), x.end()), g(std::size_t(m * k)), ref(g.size());
     ref::matmul(dyd.data(), xd.data(), g.data(), m, k, batch, true, false);

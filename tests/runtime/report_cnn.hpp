@@ -26,8 +26,8 @@ inline SequentialTraining report_cnn() {
                     drop, cnn_layer(LayerKind::linear, 10)};
   t.model.batch = 64;
   t.model.weight_dtype = DType::f32;
-  t.sgd.lr = 0.01;
-  t.sgd.momentum = 0.5;
+  t.optimizer.lr = 0.01;
+  t.optimizer.momentum = 0.5;
   return t;
 }
 

@@ -4,8 +4,8 @@
 // a CNN graph does not run as it.
 #include <doctest/doctest.h>
 
-#include "ops/cuda/cnn_step.hpp"
-#include "runtime/cuda/lowerings/cnn_step.hpp"
+#include "ops/cuda/fast_paths/cnn_step/cnn_step.hpp"
+#include "runtime/cuda/fast_paths/whole_step/cnn_step.hpp"
 #include "tests/runtime/report_cnn.hpp"
 
 using namespace sg::cuda;
@@ -175,7 +175,7 @@ TEST_CASE("a CNN graph the fused step does not run says why (no GPU: structural 
   cudnn.conv_kernels = sg::ConvKernels::cudnn;
   CHECK(cnn_step_blocker(report, cudnn).find("backend.conv_kernels") != std::string::npos);
   auto adamw = report_cnn();
-  adamw.sgd.kind = sg::OptimizerKind::adamw;
+  adamw.optimizer.kind = sg::OptimizerKind::adamw;
   const std::string why = cnn_step_blocker(report_cnn_cuda_graph(adamw), sg::BackendOptions{});
   CHECK(why.rfind("the graph is not a plain CNN training step: ", 0) == 0);
   CHECK(why.size() > std::string("the graph is not a plain CNN training step: ").size());  // the matcher's reason

@@ -60,17 +60,17 @@ TEST_CASE("graphs the CNN step kernels would compute differently are not recogni
   }
   SUBCASE("AdamW") {
     auto t = report_cnn();
-    t.sgd.kind = OptimizerKind::adamw;
+    t.optimizer.kind = OptimizerKind::adamw;
     CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("Nesterov momentum") {
     auto t = report_cnn();
-    t.sgd.nesterov = true;
+    t.optimizer.nesterov = true;
     CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("gradient clipping") {
     auto t = report_cnn();
-    t.sgd.clip_grad_norm = 1.0;
+    t.optimizer.clip_grad_norm = 1.0;
     CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(t)).plan);
   }
   SUBCASE("a GELU activation") {

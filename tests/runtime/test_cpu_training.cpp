@@ -21,7 +21,7 @@ MlpTrainerSpec small_spec() {
   MlpTrainerSpec spec;
   spec.mlp.layers = {784, 64, 10};
   spec.mlp.batch = 32;
-  spec.sgd = {0.1, 0.0, 0.0};
+  spec.optimizer = {0.1, 0.0, 0.0};
   return spec;
 }
 
@@ -54,7 +54,7 @@ TEST_CASE("the 784-64-10 MLP learns 2,000 real MNIST images on the CPU") {
 TEST_CASE("resuming from saved state continues bit-exactly (200 == 100 + save + load + 100)") {
   const Dataset data = small_mnist();
   MlpTrainerSpec spec = small_spec();
-  spec.sgd = {0.05, 0.9, 1e-4};  // momentum: velocities must be saved too
+  spec.optimizer = {0.05, 0.9, 1e-4};  // momentum: velocities must be saved too
 
   auto straight = make_cpu_trainer(cpu_spec(spec, data), data);
   straight->train(200);

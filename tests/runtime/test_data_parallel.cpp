@@ -42,10 +42,10 @@ MlpTraining small_mlp(std::int64_t batch, OptimizerKind kind) {
   t.mlp.batch = batch;
   t.mlp.compute_dtype = DType::f32;
   t.mlp.weight_dtype = DType::f32;
-  t.sgd.lr = kind == OptimizerKind::sgd ? 0.2 : 0.01;
-  t.sgd.kind = kind;
-  t.sgd.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
-  t.sgd.clip_grad_norm = kind == OptimizerKind::sgd ? 0.5 : 0.0;  // the clip norm is over the reduced gradients
+  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.2 : 0.01;
+  t.optimizer.kind = kind;
+  t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+  t.optimizer.clip_grad_norm = kind == OptimizerKind::sgd ? 0.5 : 0.0;  // the clip norm is over the reduced gradients
   t.eval_batch = 10;
   t.init_seed = 7;
   return t;

@@ -67,11 +67,11 @@ void check_dependencies(const Graph& g, const Schedule& s) {
 // 2 Adam, 3 fp32 master weights with clipping.
 MlpTraining variant_of(std::int64_t batch, int variant) {
   MlpTraining t = mlp(batch, 2);
-  if (variant == 1) t.sgd.momentum = 0.9;
-  if (variant == 2) t.sgd.kind = OptimizerKind::adam;
+  if (variant == 1) t.optimizer.momentum = 0.9;
+  if (variant == 2) t.optimizer.kind = OptimizerKind::adam;
   if (variant == 3) {
     t.mlp.weight_dtype = DType::f32;
-    t.sgd.clip_grad_norm = 1.0;
+    t.optimizer.clip_grad_norm = 1.0;
   }
   return t;
 }

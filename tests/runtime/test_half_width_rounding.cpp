@@ -138,7 +138,7 @@ TEST_CASE("bf16 compute learns 2,000 real MNIST images on the CPU, about as fp16
     spec.mlp.batch = 32;
     spec.mlp.compute_dtype = compute;
     spec.mlp.weight_dtype = DType::f32;
-    spec.sgd = {0.1, 0.0, 0.0};
+    spec.optimizer = {0.1, 0.0, 0.0};
     auto trainer = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
     trainer->train(300);
     accuracy[compute] = trainer->evaluate().accuracy;

@@ -118,7 +118,7 @@ TEST_CASE("two SGD steps with momentum and weight decay equal the formula") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const Problem p = random_mlp_problem(rng);
-  const SgdSpec sgd{0.05, 0.9, 0.01};
+  const OptimizerSpec sgd{0.05, 0.9, 0.01};
   const auto stages = build_training_stages(p.spec, sgd);
   CpuExecutor<double> step_exec(stages.fused);   // what training runs
   step_exec.set_learning_rate(sgd.lr);            // the optimizer's run state, not IR

@@ -49,13 +49,13 @@ TEST_CASE("AdamW: bias updates fused with their column sums, the hidden weights'
     adamw.weight_decay = 0.01;
     std::pair<std::string, std::size_t> last;
     const auto counts = lowered_counts(bench_mlp(batch), adamw, &last);
-    CHECK(counts.at("bias_grad_adam") == 3);
+    CHECK(counts.at("bias_grad_update") == 3);
     // fp16 weights: the buffered weight updates (measured faster than the gradient tiles' path)
-    CHECK(counts.count("wgrad_adam") == 0);
-    CHECK(counts.at("adam_multi_tensor") == 1);
+    CHECK(counts.count("wgrad_update") == 0);
+    CHECK(counts.at("update_multi_tensor") == 1);
     for (const char* name : kSgdOnly) CHECK(counts.count(name) == 0);
     CHECK(counts.count("elementwise") == 0);  // the step advance rode on the Adam launch
-    CHECK(last.first == "adam_multi_tensor");
+    CHECK(last.first == "update_multi_tensor");
     CHECK(last.second == 1);
   }
 }
@@ -66,9 +66,9 @@ TEST_CASE("clipping: one global-norm launch, Adam reads the scale, SGD through s
   adam.clip_grad_norm = 1.0;
   auto counts = lowered_counts(bench_mlp(128), adam);
   CHECK(counts.at("grad_clip_scale") == 1);
-  CHECK(counts.at("adam_multi_tensor") == 1);  // biases too: the scale exists only after every gradient
-  CHECK(counts.count("bias_grad_adam") == 0);
-  CHECK(counts.count("wgrad_adam") == 0);  // and weights: no update from a gradient tile before the norm
+  CHECK(counts.at("update_multi_tensor") == 1);  // biases too: the scale exists only after every gradient
+  CHECK(counts.count("bias_grad_update") == 0);
+  CHECK(counts.count("wgrad_update") == 0);  // and weights: no update from a gradient tile before the norm
 
   OptimizerSpec sgd;
   sgd.clip_grad_norm = 1.0;
@@ -88,9 +88,9 @@ TEST_CASE("AdamW with fp32 master weights: the widened gradients' casts ride in 
   const auto counts = lowered_counts(spec, adamw);
   // W1 [1024, 784] and W2 [1024, 1024] straight from their gradient tiles; W3 [10, 1024]
   // (10 rows: not a multiple of 8) in the multi-tensor launch.
-  CHECK(counts.at("wgrad_adam") == 2);
-  CHECK(counts.at("bias_grad_adam") == 3);
-  CHECK(counts.at("adam_multi_tensor") == 1);  // W3 (10 rows), with the step advance
+  CHECK(counts.at("wgrad_update") == 2);
+  CHECK(counts.at("bias_grad_update") == 3);
+  CHECK(counts.at("update_multi_tensor") == 1);  // W3 (10 rows), with the step advance
   CHECK(counts.at("elementwise") == 1);        // W3's gradient cast
   // Where the buffered path measured faster, or the options say so, cuBLASLt keeps the weight gradients:
   // batch 256; W over 1024 x 1024; fp16 accumulation; backend.one_pass_backward: false.
@@ -100,7 +100,7 @@ TEST_CASE("AdamW with fp32 master weights: the widened gradients' casts ride in 
     const Schedule s = build_schedule(g, cuda::as_lowerings(lowerings));
     check_schedule_order(g, s);
     return std::count_if(s.launches.begin(), s.launches.end(),
-                         [](const Launch& l) { return l.lowering->name() == "wgrad_adam"; });
+                         [](const Launch& l) { return l.lowering->name() == "wgrad_update"; });
   };
   CHECK(tiles(spec, {}) == 2);
   MlpSpec big_batch = spec, wide = spec;
@@ -126,7 +126,49 @@ TEST_CASE("Nesterov SGD: its own lowering, never the fused momentum matmul") {
 
 TEST_CASE("plain SGD still lowers to the fast fused path (no optimizer lowering of issue 21 in it)") {
   const auto counts = lowered_counts(bench_mlp(128), OptimizerSpec{0.01, 0.0, 0.0});
-  for (const char* name : {"bias_grad_adam", "adam_multi_tensor", "grad_clip_scale", "scale_grad", "sgd_nesterov"})
+  for (const char* name : {"bias_grad_update", "update_multi_tensor", "grad_clip_scale", "scale_grad", "sgd_nesterov"})
     CHECK(counts.count(name) == 0);
   CHECK(counts.at("bias_grad_sgd") == 3);
+}
+
+TEST_CASE("RMSprop lowers through the same fused update lowerings as Adam, with the same launch count") {
+  // A new update rule touches no fast path: its updates take wgrad_update, bias_grad_update and
+  // update_multi_tensor exactly where Adam's do.
+  const auto launches = [](const MlpSpec& mlp, const OptimizerSpec& opt) {
+    std::size_t total = 0;
+    const auto counts = lowered_counts(mlp, opt);
+    for (const auto& [name, n] : counts) total += static_cast<std::size_t>(n);
+    return std::pair{counts, total};
+  };
+  MlpSpec master = bench_mlp(128);
+  master.weight_dtype = DType::f32;
+  for (const MlpSpec& mlp : {bench_mlp(32), bench_mlp(128), master}) {
+    INFO("batch " << mlp.batch << ", weights " << dtype_name(mlp.weight_dtype));
+    OptimizerSpec adam;
+    adam.kind = OptimizerKind::adam;
+    for (const bool centered : {false, true}) {
+      OptimizerSpec rms;
+      rms.kind = OptimizerKind::rmsprop;
+      rms.momentum = centered ? 0.9 : 0.0;
+      rms.centered = centered;
+      INFO("centered " << centered);
+      const auto [adam_counts, adam_total] = launches(mlp, adam);
+      const auto [rms_counts, rms_total] = launches(mlp, rms);
+      CHECK(rms_counts == adam_counts);
+      CHECK(rms_total == adam_total);
+      CHECK(rms_counts.at("bias_grad_update") == 3);
+      CHECK(rms_counts.at("update_multi_tensor") == 1);
+      const int tiles = rms_counts.count("wgrad_update") ? rms_counts.at("wgrad_update") : 0;
+      CHECK(tiles == (mlp.weight_dtype == DType::f32 ? 2 : 0));  // fp32 master weights: W1, W2 from their tiles
+      for (const char* name : kSgdOnly) CHECK(rms_counts.count(name) == 0);
+    }
+  }
+  // Clipping: every RMSprop update in the one multi-tensor launch, as Adam's.
+  OptimizerSpec clipped;
+  clipped.kind = OptimizerKind::rmsprop;
+  clipped.clip_grad_norm = 1.0;
+  const auto counts = lowered_counts(bench_mlp(128), clipped);
+  CHECK(counts.at("grad_clip_scale") == 1);
+  CHECK(counts.at("update_multi_tensor") == 1);
+  CHECK(counts.count("bias_grad_update") == 0);
 }

@@ -308,10 +308,10 @@ TEST_CASE("AdamW with clipping on the CPU: learns MNIST and resumes bit-exactly 
   sg::test::MlpTrainerSpec spec;
   spec.mlp.layers = {784, 64, 10};
   spec.mlp.batch = 32;
-  spec.sgd.lr = 2e-3;
-  spec.sgd.kind = OptimizerKind::adamw;
-  spec.sgd.weight_decay = 0.01;
-  spec.sgd.clip_grad_norm = 1.0;
+  spec.optimizer.lr = 2e-3;
+  spec.optimizer.kind = OptimizerKind::adamw;
+  spec.optimizer.weight_decay = 0.01;
+  spec.optimizer.clip_grad_norm = 1.0;
 
   auto straight = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
   straight->train(150);

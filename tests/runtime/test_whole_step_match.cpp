@@ -138,7 +138,7 @@ TEST_CASE("steps the whole-step kernels do not compute are not recognised, whate
   for (const ActivationCase& c : kActivationCases) {
     INFO("activation " << activation_name(c.activation));
     const MlpSpec base = spec_with(c.activation);
-    const SgdSpec sgd{0.003, 0.0, 0.0};
+    const OptimizerSpec sgd{0.003, 0.0, 0.0};
     const auto stages = build_training_stages(base, sgd);
     CHECK_FALSE(match_whole_step(stages.forward));
     CHECK_FALSE(match_whole_step(stages.optimized));  // unfused
@@ -168,14 +168,14 @@ TEST_CASE("steps the whole-step kernels do not compute are not recognised, whate
     MlpSpec master = base;
     master.weight_dtype = DType::f32;
     CHECK_FALSE(match_whole_step(build_training_stages(master, sgd).fused));
-    SgdSpec adamw = sgd;
+    OptimizerSpec adamw = sgd;
     adamw.kind = OptimizerKind::adamw;
     CHECK_FALSE(match_whole_step(build_training_stages(base, adamw).fused));
   }
   // No activation (identity): not a kernel's activation.
   CHECK_FALSE(match_whole_step(build_training_stages(spec_with(MlpActivation::identity), {0.003, 0.0, 0.0}).fused));
   // Different activations in different layers, and two activations in a row: one instance computes one.
-  const SgdSpec sgd{0.003, 0.0, 0.0};
+  const OptimizerSpec sgd{0.003, 0.0, 0.0};
   CHECK_FALSE(match_whole_step(
       build_sequential_training_stages(sequential_mlp({{MlpActivation::gelu}, {MlpActivation::tanh}}), sgd).fused));
   CHECK_FALSE(match_whole_step(

@@ -46,8 +46,8 @@ class DeviceArray {
 };
 
 // SGD scalars, one per parameter group, in device memory as kernels read them.
-inline cuda::DeviceBuffer device_sgd_scalars(const std::vector<cuda::SgdScalars>& host) {
-  cuda::DeviceBuffer buffer(host.size() * sizeof(cuda::SgdScalars));
+inline cuda::DeviceBuffer device_update_scalars(const std::vector<cuda::UpdateScalars>& host) {
+  cuda::DeviceBuffer buffer(host.size() * sizeof(cuda::UpdateScalars));
   buffer.upload(host.data(), buffer.bytes());
   return buffer;
 }

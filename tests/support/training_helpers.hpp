@@ -18,7 +18,7 @@ namespace sg::test {
 // options. cpu_spec / cuda_spec build the program for a dataset's rows.
 struct MlpTrainerSpec {
   MlpSpec mlp;
-  SgdSpec sgd;
+  OptimizerSpec optimizer;
   FusionOptions fusion;
   std::int64_t eval_batch = 1000;
   std::uint64_t init_seed = 0;
@@ -29,7 +29,7 @@ struct MlpTrainerSpec {
 
 inline TrainerSpec trainer_spec(const MlpTrainerSpec& s, const Dataset& data, ProgramTarget target) {
   TrainerSpec t;
-  t.program = build_mlp_program({s.mlp, s.sgd, s.fusion, s.eval_batch, s.init_seed}, data.train.images.count,
+  t.program = build_mlp_program({s.mlp, s.optimizer, s.fusion, s.eval_batch, s.init_seed}, data.train.images.count,
                                 data.test.images.count, target);
   t.shuffle_seed = s.shuffle_seed;
   t.cuda_graph = s.cuda_graph;

@@ -41,7 +41,7 @@ class BiasGradSgdLowering final : public CudaLowering {
     const Value& dy = g.value(reduce.inputs[0]);
     const Value& bias = g.value(sgd.inputs[0]);
     void* velocity = sgd.inputs.size() == 3 ? c.ptr(sgd.inputs[2]) : nullptr;
-    const SgdScalars* scalars = c.sgd_scalars(sgd.id);
+    const UpdateScalars* scalars = c.update_scalars(sgd.id);
     std::int32_t* advance = nullptr;
     for (NodeId r : l.riders) advance = static_cast<std::int32_t*>(c.ptr(g.node(r).inputs[0]));
     const void* dy_p = c.ptr(dy.id);

@@ -158,7 +158,7 @@ class CublasLtMatmulLowering final : public CudaLowering {
     b->alpha = c.one(half);
     b->beta = c.zero(half);
     if (m.role == Role::weight_update) {
-      const SgdScalars* s = c.sgd_scalars(m.sgd);
+      const UpdateScalars* s = c.update_scalars(m.sgd);
       if (!momentum(g, m)) {
         b->alpha = half ? static_cast<const void*>(&s->neg_lr_h) : &s->neg_lr;
         b->beta = half ? static_cast<const void*>(&s->one_minus_lr_wd_h) : &s->one_minus_lr_wd;
@@ -195,7 +195,7 @@ class CublasLtMatmulLowering final : public CudaLowering {
       const Value& w = g.value(sgd.inputs[0]);
       void* wp = c.ptr(w.id);
       void* vp = c.ptr(sgd.inputs[2]);
-      const SgdScalars* s = c.sgd_scalars(sgd.id);
+      const UpdateScalars* s = c.update_scalars(sgd.id);
       const auto n = element_count(w.shape);
       with_float_type(w.dtype, [&](auto tag) {
         using T = decltype(tag);

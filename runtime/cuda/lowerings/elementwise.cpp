@@ -95,7 +95,7 @@ class ElementwiseLowering final : public CudaLowering {
       case OpKind::sgd_update: {
         const Value& grad = g.value(n.inputs[1]);
         void* v = n.inputs.size() == 3 ? in[2] : nullptr;
-        const SgdScalars* sc = c.sgd_scalars(n.id);
+        const UpdateScalars* sc = c.update_scalars(n.id);
         with_float_type(grad.dtype, [&](auto tag) {
           using G = decltype(tag);
           if (x.dtype == grad.dtype)

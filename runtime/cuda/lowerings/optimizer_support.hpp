@@ -1,7 +1,7 @@
 #pragma once
-// Type dispatch of the optimizer lowerings (Adam, Nesterov SGD, clipping):
-// the (parameter, gradient) element types their kernels are instantiated for
-// (ops/cuda/optimizer_kernels.cu).
+// Type dispatch of the optimizer lowerings (update rules, Nesterov SGD,
+// clipping): the (parameter, gradient) element types their kernels are
+// instantiated for (ops/cuda/optimizer_kernels.cu, update_rules/, fast_paths/fused_update/).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -24,11 +24,6 @@ bool with_update_types(DType w, DType g, F&& f) {
 
 inline bool update_types_supported(DType w, DType g) {
   return with_update_types(w, g, [](auto, auto) {});
-}
-
-// The Adam kernels' hyper-parameters of an adam_update node.
-inline AdamHyper hyper_of(const AdamUpdateAttrs& a) {
-  return {float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
 }
 
 // ClipInput::type of a gradient dtype (-1 when the kernels do not read it).

@@ -1,9 +1,11 @@
 // The CUDA lowerings in priority order: the first whose match takes a unit
-// runs it. Larger patterns come first (a whole step, then the fused output
+// runs it. The core lowerings (this folder) cover every graph on their own;
+// each fast path's (runtime/cuda/fast_paths/, one record each) go in at
+// their slot: larger patterns first (a whole step, then the fused output
 // layer and the one-pass backward, which take several units at once); the
-// dgrad lowerings come before the forwards, so a forward knows whether a
-// cuBLASLt dgrad still needs its ReLU mask; cuBLASLt and the plain kernels
-// take whatever is left.
+// small dgrads before the forwards, so a forward knows whether a cuBLASLt
+// dgrad still needs its ReLU mask; cuBLASLt and the plain kernels take
+// whatever is left. With backend.core_only no fast path contributes.
 #include "runtime/cuda/lowering.hpp"
 
 #include <algorithm>
@@ -11,26 +13,14 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "runtime/cuda/fast_paths/fast_path.hpp"
 
 namespace sg::cuda {
 
-std::unique_ptr<CudaLowering> make_cnn_step_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_resident_step_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_whole_step_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_output_layer_backward_lowering();
-std::unique_ptr<CudaLowering> make_one_pass_wgmma_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_one_pass_row_ranges_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_one_pass_strips_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_small_k_dgrad_relu_lowering();
-std::unique_ptr<CudaLowering> make_small_n_forward_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_small_batch_forward_lowering();
-std::unique_ptr<CudaLowering> make_small_m_wgrad_sgd_lowering(const BackendOptions&);
-std::unique_ptr<CudaLowering> make_wgrad_adam_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_cublaslt_matmul_lowering();
 std::unique_ptr<CudaLowering> make_softmax_xent_lowering();
 std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
-std::unique_ptr<CudaLowering> make_bias_grad_adam_lowering();
-std::unique_ptr<CudaLowering> make_adam_multi_tensor_lowering();
+std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering();
 std::unique_ptr<CudaLowering> make_grad_clip_scale_lowering();
 std::unique_ptr<CudaLowering> make_scale_grad_lowering();
 std::unique_ptr<CudaLowering> make_sgd_nesterov_lowering();
@@ -43,9 +33,7 @@ std::unique_ptr<CudaLowering> make_dropout_lowering();
 std::unique_ptr<CudaLowering> make_max_pool2d_lowering();
 std::unique_ptr<CudaLowering> make_max_pool2d_backward_lowering();
 std::unique_ptr<CudaLowering> make_dropout2d_lowering();
-std::unique_ptr<CudaLowering> make_channel_sum_sgd_lowering();
 std::unique_ptr<CudaLowering> make_channel_sum_lowering();
-std::unique_ptr<CudaLowering> make_conv_weight_sgd_lowering();
 std::unique_ptr<CudaLowering> make_view_lowering();
 std::unique_ptr<CudaLowering> make_cast_params_lowering();
 #ifdef STEPGRAPH_HAVE_CUDNN
@@ -57,34 +45,28 @@ std::unique_ptr<CudaLowering> make_nccl_all_reduce_lowering();  // data parallel
 #endif
 
 std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& o, bool device_present) {
-  // Our fused kernels accumulate in fp32, as cuBLASLt does by default.
-  const bool ours = o.one_pass_backward && !o.accumulate_f16;
+  std::vector<SlottedLowering> fast;  // every record's lowerings, in record order
+  if (!o.core_only)
+    for (const FastPath& record : fast_paths())
+      for (SlottedLowering& l : record.lowerings(o)) fast.push_back(std::move(l));
   std::vector<std::unique_ptr<CudaLowering>> l;
-  if (o.whole_step) {
-    l.push_back(make_cnn_step_lowering(o));  // a small CNN's whole step (issue 22)
-    l.push_back(make_resident_step_lowering(o));
-    l.push_back(make_whole_step_lowering(o));
-  }
-  if (ours) {
-    l.push_back(make_output_layer_backward_lowering());
-    l.push_back(make_one_pass_wgmma_lowering(o));
-    l.push_back(make_one_pass_row_ranges_lowering(o));
-    l.push_back(make_one_pass_strips_lowering(o));
-  }
-  l.push_back(make_small_k_dgrad_relu_lowering());
-  l.push_back(make_small_n_forward_lowering(o));
-  if (ours && o.small_batch_forward) l.push_back(make_small_batch_forward_lowering());
-  l.push_back(make_small_m_wgrad_sgd_lowering(o));
-  // A weight gradient's tile straight into its Adam/AdamW update (issue 21), before cuBLASLt takes the
-  // matmul; one of our fused weight updates (backend.one_pass_backward: false keeps cuBLASLt's and a buffer).
-  if (ours) l.push_back(make_wgrad_adam_lowering(o));
+  const auto slot = [&](FastPathSlot s) {  // the fast paths' lowerings of slot s, here
+    for (SlottedLowering& f : fast)
+      if (f.slot == s && f.lowering) l.push_back(std::move(f.lowering));
+  };
+  slot(FastPathSlot::whole_step);
+  slot(FastPathSlot::backward_patterns);
+  slot(FastPathSlot::dgrad_forward);
+  slot(FastPathSlot::hidden_forward);
+  slot(FastPathSlot::weight_update);
   l.push_back(make_cublaslt_matmul_lowering());
   l.push_back(make_softmax_xent_lowering());
+  // A bias gradient's fusion group (reduce_rows + its SGD update) in one kernel:
+  // core, since the fusion pass forms the group for every SGD graph.
   l.push_back(make_bias_grad_sgd_lowering());
-  // Adam/AdamW, clipping, Nesterov (issue 21): the bias updates fused with
-  // their column sums first, then every other Adam update in one launch.
-  l.push_back(make_bias_grad_adam_lowering());
-  l.push_back(make_adam_multi_tensor_lowering());
+  slot(FastPathSlot::bias_update);
+  // The update stage (issue 35): every update-rule node left (Adam, AdamW, RMSprop) in one launch; clipping, Nesterov.
+  l.push_back(make_update_multi_tensor_lowering());
   l.push_back(make_grad_clip_scale_lowering());
   l.push_back(make_scale_grad_lowering());
   l.push_back(make_sgd_nesterov_lowering());
@@ -93,29 +75,23 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_regression_loss_lowering());
   l.push_back(make_softmax_xent_smoothed_lowering());
   l.push_back(make_dropout_lowering());
-  // CNN kernels of our own (issue 22): max-pool with the dropout2d / relu
-  // around it (forward and backward chains), a lone dropout2d, the conv bias
-  // gradient [+ its SGD update], and the conv weights' SGD updates in one
-  // launch. They take only CNN nodes (pooling, dropout2d, channel_sum, rank-4
-  // parameters): MLP schedules do not change.
+  // CNN kernels (issue 22): max-pool with the dropout2d / relu around it
+  // (forward and backward chains), a lone dropout2d, the conv bias gradient.
+  // They take only CNN nodes: MLP schedules do not change.
   l.push_back(make_max_pool2d_lowering());
   l.push_back(make_max_pool2d_backward_lowering());
   l.push_back(make_dropout2d_lowering());
-  l.push_back(make_channel_sum_sgd_lowering());
+  slot(FastPathSlot::cnn_bias_update);
   l.push_back(make_channel_sum_lowering());
-  l.push_back(make_conv_weight_sgd_lowering());
-  // Convolutional networks (issue 22): reshape/flatten as views, the
-  // convolutions by cuDNN (a conv takes the relu right after it first).
+  slot(FastPathSlot::cnn_weight_update);
+  // Reshape/flatten as views; fp32 master weights' casts left: one launch for all.
   l.push_back(make_view_lowering());
-  l.push_back(make_cast_params_lowering());  // fp32 master weights' casts left: one launch for all
-  // Convolutions: backend.conv_kernels first, the other for what it refuses.
-  // auto: ours where input x output channels <= 256, measured faster than
-  // cuDNN's best engine there on the H100 (the report CNN's 1->10 and 10->20
-  // layers at batch 64 and 256, the fast config's 1->32) and far slower at
-  // 32->64 (docs/benchmarks.md, "CNN").
-  constexpr std::int64_t kOursMaxChannelProduct = 256;
+  l.push_back(make_cast_params_lowering());
+  // Convolutions: backend.conv_kernels first (implicit_gemm: ours for all;
+  // auto: the our_conv fast path where it measured faster), then cuDNN, then
+  // ours for whatever cuDNN refuses or where it is missing.
   if (o.conv_kernels == ConvKernels::implicit_gemm) l.push_back(make_conv_implicit_gemm_lowering(0));
-  if (o.conv_kernels == ConvKernels::automatic) l.push_back(make_conv_implicit_gemm_lowering(kOursMaxChannelProduct));
+  slot(FastPathSlot::convolution);
 #ifdef STEPGRAPH_HAVE_CUDNN
   l.push_back(make_conv_cudnn_lowering());
 #endif
@@ -125,6 +101,8 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
 #endif
 
   l.push_back(make_elementwise_lowering());
+  for (const SlottedLowering& f : fast)
+    if (f.lowering) throw CudaError(fmt::format("fast path lowering {} has no slot in cuda_lowerings()", f.lowering->name()));
   if (!device_present)
     l.erase(std::remove_if(l.begin(), l.end(), [](const auto& x) { return x->asks_device(); }), l.end());
   return l;

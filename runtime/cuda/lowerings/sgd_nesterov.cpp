@@ -29,7 +29,7 @@ class SgdNesterovLowering final : public CudaLowering {
     const void* grad = c.ptr(n.inputs[1]);
     void* v = c.ptr(n.inputs[2]);
     const auto count = element_count(g.value(n.inputs[0]).shape);
-    const SgdScalars* scalars = c.sgd_scalars(n.id);
+    const UpdateScalars* scalars = c.update_scalars(n.id);
     std::function<void(cudaStream_t)> run;
     with_update_types(g.value(n.inputs[0]).dtype, g.value(n.inputs[1]).dtype, [&](auto wt, auto gt) {
       using W = decltype(wt);

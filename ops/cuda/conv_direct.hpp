@@ -1,0 +1,30 @@
+#pragma once
+// The direct path of our convolutions (conv_implicit_gemm.hpp says when it
+// runs): one block per image (x a group of output channels) with the
+// image's input planes and its filters staged in shared memory; the weight
+// gradient as ordered per-block partials and a second kernel that adds
+// them. conv_implicit_gemm.cu plans a pass here first and launches it here
+// when the plan says `direct`.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/conv_implicit_gemm.hpp"
+
+namespace sg::cuda::conv_direct {
+
+// Fills the direct fields of `plan` (plan.direct = true) when the pass takes
+// the direct path on a GPU of `multiprocessors`; false when it does not.
+bool plan(ImplicitGemmPlan& plan, int multiprocessors);
+// The forward (kFlip false) or, with the transposed flipped filter, the
+// backward data pass at stride 1 (kFlip true) of a direct plan.
+template <bool kFlip, typename T>
+void launch_conv(const ImplicitGemmPlan& plan, const T* in, const T* w, const T* bias, bool relu, T* out,
+                 cudaStream_t stream);
+// The weight gradient of a direct plan; `workspace` holds its partials.
+template <typename T>
+void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, float* workspace, cudaStream_t stream);
+// How many partials of dW the weight gradient's blocks leave (its workspace).
+std::int64_t wgrad_parts(const ImplicitGemmPlan& plan);
+
+}  // namespace sg::cuda::conv_direct

@@ -1,0 +1,116 @@
+// The multi-tensor update over any rule (multi_tensor_update.hpp). Adam's
+// launch is what it was before the rules (issue 21): the same chunks, blocks,
+// loads and arithmetic, so the same bits.
+#include <algorithm>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dependent_launch.cuh"
+#include "ops/cuda/last_block_done.cuh"
+#include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/quad_access.cuh"
+#include "ops/cuda/update_rules/adam_rule.cuh"
+#include "ops/cuda/update_rules/each_slot.cuh"
+#include "ops/cuda/update_rules/multi_tensor_update.hpp"
+#include "ops/cuda/update_rules/rmsprop_rule.cuh"
+
+namespace sg::cuda {
+namespace {
+
+constexpr int kUpdateThreads = 256;
+constexpr std::int64_t kUpdateChunk = kUpdateThreads * 16;  // elements per block
+
+struct UpdateEntry {
+  void* w;
+  const void* g;
+  StateSlots state;
+  std::int64_t n;
+  std::int64_t first_block;
+};
+
+__device__ __forceinline__ bool aligned(const void* p, int bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+template <class Rule, typename W, typename G>
+__global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(const UpdateEntry* entries, int count,
+                                                                           const UpdateScalars* scalars,
+                                                                           const std::int32_t* step,
+                                                                           const float* clip_scale, HyperOf<Rule> hyper,
+                                                                           std::int32_t* advance_step,
+                                                                           unsigned* finished) {
+  constexpr int S = Rule::kStates;
+  wait_for_previous_kernel();  // (a dependent launch: the gradients come from the kernels before)
+  int e = 0;
+  while (e + 1 < count && std::int64_t(blockIdx.x) >= entries[e + 1].first_block) ++e;
+  const UpdateEntry entry = entries[e];
+  const Rule rule(hyper, scalars->lr, step, clip_scale);
+  W* w = static_cast<W*>(entry.w);
+  const G* g = static_cast<const G*>(entry.g);
+  const std::int64_t begin = (std::int64_t(blockIdx.x) - entry.first_block) * kUpdateChunk;
+  const std::int64_t end = begin + kUpdateChunk < entry.n ? begin + kUpdateChunk : entry.n;
+  const bool vector = entry.n % 4 == 0 && aligned(w, 4 * sizeof(W)) && aligned(g, 4 * sizeof(G)) &&
+                      slots_aligned16<Rule>(entry.state, hyper);
+  if (vector) {
+    // At the copy bandwidth (one read and one write of W and the slots, one
+    // read of the gradient); loading every quad first and L2 evict-last hints
+    // on W, m and v measured slower on the H100 for Adam (18.3 vs 13.7 us for
+    // 784-1024-1024-10).
+    for (std::int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * kUpdateThreads) {
+      Quad<W> wq = load_quad(w + i);
+      const Quad<G> gq = load_quad(g + i);
+      Quad<float> sq[S];
+      each_slot<Rule>(hyper, [&](auto slot) { sq[slot.value] = load_quad(entry.state.slot[slot.value] + i); });
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wq.v[k] = from_float<W>(rule(to_float(wq.v[k]), to_float(gq.v[k]), [&](int s) -> float& { return sq[s].v[k]; }));
+      store_quad(w + i, wq);
+      each_slot<Rule>(hyper, [&](auto slot) { store_quad(entry.state.slot[slot.value] + i, sq[slot.value]); });
+    }
+  } else {
+    for (std::int64_t i = begin + threadIdx.x; i < end; i += kUpdateThreads) {
+      float st[S];
+      each_slot<Rule>(hyper, [&](auto slot) { st[slot.value] = entry.state.slot[slot.value][i]; });
+      w[i] = from_float<W>(rule(to_float(w[i]), to_float(g[i]), [&](int s) -> float& { return st[s]; }));
+      each_slot<Rule>(hyper, [&](auto slot) { entry.state.slot[slot.value][i] = st[slot.value]; });
+    }
+  }
+  if (advance_step && last_block_done(finished) && threadIdx.x == 0) *advance_step += 1;
+}
+
+}  // namespace
+
+template <class Rule, typename W, typename G>
+MultiTensorUpdate<Rule, W, G>::MultiTensorUpdate(const std::vector<UpdateTensor<W, G>>& tensors, HyperOf<Rule> hyper)
+    : count_(static_cast<int>(tensors.size())), hyper_(hyper) {
+  if (tensors.empty()) throw CudaError("MultiTensorUpdate: no tensors");
+  std::vector<UpdateEntry> entries;
+  std::int64_t block = 0;
+  for (const auto& t : tensors) {
+    entries.push_back({t.w, t.g, t.state, t.n, block});
+    block += std::max<std::int64_t>(1, (t.n + kUpdateChunk - 1) / kUpdateChunk);
+  }
+  blocks_ = static_cast<int>(block);
+  table_ = DeviceBuffer(entries.size() * sizeof(UpdateEntry));
+  table_.upload(entries.data(), entries.size() * sizeof(UpdateEntry));
+  finished_ = DeviceBuffer(sizeof(unsigned));
+  finished_.fill_bytes(0);
+}
+
+template <class Rule, typename W, typename G>
+void MultiTensorUpdate<Rule, W, G>::launch(const UpdateScalars* scalars, const std::int32_t* step,
+                                           const float* clip_scale, std::int32_t* advance_step, cudaStream_t stream,
+                                           bool dependent) const {
+  launch_dependent(multi_tensor_update_kernel<Rule, W, G>, {dim3(blocks_), dim3(kUpdateThreads)}, stream, dependent,
+                   table_.as<UpdateEntry>(), count_, scalars, step, clip_scale, hyper_, advance_step,
+                   finished_.as<unsigned>());
+}
+
+#define SG_MULTI_TENSOR_TYPES(Rule)                         \
+  template class MultiTensorUpdate<Rule, float, float>;     \
+  template class MultiTensorUpdate<Rule, __half, __half>;   \
+  template class MultiTensorUpdate<Rule, float, __half>;    \
+  template class MultiTensorUpdate<Rule, __nv_bfloat16, __nv_bfloat16>; \
+  template class MultiTensorUpdate<Rule, float, __nv_bfloat16>;
+SG_MULTI_TENSOR_TYPES(AdamRule)
+SG_MULTI_TENSOR_TYPES(RmspropRule)
+#undef SG_MULTI_TENSOR_TYPES
+
+}  // namespace sg::cuda

@@ -1,0 +1,27 @@
+#include "runtime/cuda/fast_paths/fast_path.hpp"
+
+namespace sg::cuda {
+
+// One function per record, in its folder (<name>/<name>_record.cpp).
+FastPath whole_step_fast_path();
+FastPath one_pass_backward_fast_path();
+FastPath small_forward_dgrad_fast_path();
+FastPath small_batch_forward_fast_path();
+FastPath fused_update_fast_path();
+FastPath our_conv_fast_path();
+
+const std::vector<FastPath>& fast_paths() {
+  static const std::vector<FastPath> records = {whole_step_fast_path(),          one_pass_backward_fast_path(),
+                                                small_forward_dgrad_fast_path(), small_batch_forward_fast_path(),
+                                                fused_update_fast_path(),        our_conv_fast_path()};
+  return records;
+}
+
+const FastPath* fast_path_of(std::string_view lowering_name, const BackendOptions& options) {
+  for (const FastPath& record : fast_paths())
+    for (const SlottedLowering& l : record.lowerings(options))
+      if (l.lowering->name() == lowering_name) return &record;
+  return nullptr;
+}
+
+}  // namespace sg::cuda

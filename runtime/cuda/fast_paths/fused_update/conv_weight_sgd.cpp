@@ -1,0 +1,122 @@
+// Lowering: the SGD updates of convolution weights (rank-4 parameters) with
+// the f16/bf16 -> f32 cast of their gradient where the weight is an fp32
+// master, all in ONE multi-tensor launch (ops/cuda/sgd_multi_tensor.hpp). A
+// conv weight's gradient comes from a conv2d_backward_filter launch of its
+// own (cuDNN), so the update cannot ride in the gradient's epilogue as
+// wgrad_sgd does for a linear layer. The optimizer pass places each update
+// right after its gradient, so one launch per weight is matched first; each
+// may ride on a later one of these (Match::may_ride), and the scheduler's
+// rider pass moves them all into the last, where every gradient exists.
+// Linear layers' updates (rank 2) stay with their own lowerings.
+#include "ops/cuda/sgd_multi_tensor.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/optimizer_support.hpp"
+
+namespace sg::cuda {
+namespace {
+
+// One update of the launch: the sgd_update node and the cast folded into it (-1: none).
+struct ConvWeightUpdate {
+  NodeId sgd = -1, cast = -1;
+};
+
+// The updates among a launch's nodes (its own and its riders').
+std::vector<ConvWeightUpdate> updates_of(const sg::Graph& g, const std::vector<NodeId>& nodes) {
+  std::vector<ConvWeightUpdate> out;
+  for (NodeId id : nodes) {
+    const Node& n = g.node(id);
+    if (n.op != OpKind::sgd_update) continue;
+    ConvWeightUpdate u{id, -1};
+    const NodeId producer = g.value(n.inputs[1]).producer;
+    if (producer >= 0 && std::find(nodes.begin(), nodes.end(), producer) != nodes.end()) u.cast = producer;
+    out.push_back(u);
+  }
+  return out;
+}
+
+// (weight, gradient as read) element types of an update.
+std::pair<DType, DType> types_of(const sg::Graph& g, const ConvWeightUpdate& u) {
+  const Node& sgd = g.node(u.sgd);
+  const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
+  return {g.value(sgd.inputs[0]).dtype, g.value(grad).dtype};
+}
+
+class ConvWeightSgdLowering final : public CudaLowering {
+ public:
+  std::string_view name() const override { return "conv_weight_sgd"; }
+
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    if (unit.fusion_group >= 0) return std::nullopt;
+    const sg::Graph& g = cover.graph();
+    const Node& sgd = g.node(unit.nodes.front());
+    if (sgd.op != OpKind::sgd_update || sgd.attr<SgdUpdateAttrs>().nesterov) return std::nullopt;
+    const Value& w = g.value(sgd.inputs[0]);
+    if (w.shape.size() != 4) return std::nullopt;
+    if (sgd.inputs.size() == 3 && g.value(sgd.inputs[2]).dtype != w.dtype) return std::nullopt;
+    Match m = single_unit(unit);
+    ConvWeightUpdate u{sgd.id, -1};
+    // A cast to the weight's dtype whose only reader is this update folds in
+    // (the kernel reads the gradient as it comes and updates in f32).
+    const ValueId grad = sgd.inputs[1];
+    const NodeId producer = g.value(grad).producer;
+    if (const CoverUnit* cast = free_lone_unit(cover, producer);
+        cast && g.node(producer).op == OpKind::cast && g.value(grad).dtype == w.dtype &&
+        g.consumers(grad).size() == 1 &&
+        std::find(g.outputs().begin(), g.outputs().end(), grad) == g.outputs().end()) {
+      u.cast = producer;
+      m.units.push_back(cast->id);
+    }
+    const auto [wt, gt] = types_of(g, u);
+    if (!update_types_supported(wt, gt)) return std::nullopt;
+    m.may_ride = true;
+    return m;
+  }
+
+  // Another launch of this lowering with the same element types joins this
+  // one; so does the step advance (the kernel increments the counter once).
+  bool takes_rider(const sg::Graph& g, const Launch& launch, const Launch& rider) const override {
+    if (rider.nodes.size() == 1 && g.node(rider.nodes[0]).op == OpKind::advance_step) return true;
+    if (rider.lowering != this) return false;
+    const auto mine = updates_of(g, launch.nodes), theirs = updates_of(g, rider.nodes);
+    if (mine.empty() || theirs.empty()) return false;
+    const auto types = types_of(g, mine.front());
+    return std::all_of(theirs.begin(), theirs.end(),
+                       [&](const ConvWeightUpdate& u) { return types_of(g, u) == types; });
+  }
+
+  std::string describe(const sg::Graph& g, const Launch& l) const override {
+    return fmt::format("{} tensors", updates_of(g, l.nodes).size());
+  }
+
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const sg::Graph& g = c.graph();
+    const auto updates = updates_of(g, l.nodes);
+    const auto [wtype, gtype] = types_of(g, updates.front());
+    std::int32_t* advance = nullptr;
+    for (NodeId r : l.riders)
+      if (g.node(r).op == OpKind::advance_step) advance = static_cast<std::int32_t*>(c.ptr(g.node(r).inputs[0]));
+    std::function<void(cudaStream_t)> run;
+    with_update_types(wtype, gtype, [&](auto wt, auto gt) {
+      using W = decltype(wt);
+      using G = decltype(gt);
+      std::vector<SgdTensor<W, G>> tensors;
+      for (const ConvWeightUpdate& u : updates) {
+        const Node& sgd = g.node(u.sgd);
+        const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
+        tensors.push_back({static_cast<W*>(c.ptr(sgd.inputs[0])), static_cast<const G*>(c.ptr(grad)),
+                           sgd.inputs.size() == 3 ? static_cast<W*>(c.ptr(sgd.inputs[2])) : nullptr,
+                           element_count(g.value(sgd.inputs[0]).shape), c.update_scalars(sgd.id)});
+      }
+      auto kernel = std::make_shared<SgdMultiTensor<W, G>>(tensors);
+      run = [=](cudaStream_t s) { kernel->launch(s, advance); };
+    });
+    return std::make_unique<BoundLaunch>(std::move(run), "multi-tensor");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLowering> make_conv_weight_sgd_lowering() { return std::make_unique<ConvWeightSgdLowering>(); }
+
+}  // namespace sg::cuda

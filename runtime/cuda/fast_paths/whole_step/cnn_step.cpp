@@ -1,0 +1,255 @@
+// Lowering: a graph that is exactly a small sequential CNN's training step
+// (runtime/plan/cnn_step_pattern.hpp: fp16 activations, fp32 master weights,
+// SGD) as two kernels per step (ops/cuda/fast_paths/cnn_step/cnn_step.hpp): every example's
+// forward and backward in one block with its activations in shared memory,
+// then the summed gradients' updates. Asks the device (shared memory).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "runtime/cuda/fast_paths/whole_step/cnn_step.hpp"
+
+#include "ops/cuda/fast_paths/cnn_step/cnn_step.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/plan/cnn_step_pattern.hpp"
+
+namespace sg::cuda {
+namespace {
+
+using Kind = CnnStepLayerKind;
+
+// [C, H, W] of one example of a batch-major value; a flat [B, F] is [F, 1, 1].
+void example_shape(const Shape& s, int& c, int& h, int& w) {
+  c = static_cast<int>(s.size() > 1 ? s[1] : 1);
+  h = static_cast<int>(s.size() > 2 ? s[2] : 1);
+  w = static_cast<int>(s.size() > 3 ? s[3] : 1);
+  for (std::size_t i = 4; i < s.size(); ++i) w *= static_cast<int>(s[i]);
+}
+
+CnnLayerOp op_of(Kind k) {
+  switch (k) {
+    case Kind::conv2d: return CnnLayerOp::conv2d;
+    case Kind::max_pool2d: return CnnLayerOp::max_pool2d;
+    case Kind::relu: return CnnLayerOp::relu;
+    case Kind::dropout2d: return CnnLayerOp::dropout2d;
+    case Kind::dropout: return CnnLayerOp::dropout;
+    case Kind::view: return CnnLayerOp::view;
+    case Kind::linear: return CnnLayerOp::linear;
+  }
+  return CnnLayerOp::view;
+}
+
+// The kernels' sizes for a plan (pointers are bound later); empty `why` when they run it.
+CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& why) {
+  CnnStepArgs a;
+  a.batch = static_cast<int>(plan.batch);
+  a.rows = g.value(plan.perm).shape[0];
+  a.scale = static_cast<float>(plan.input_scale);
+  a.shift = static_cast<float>(plan.input_shift);
+  if (plan.layers.size() > std::size_t(kCnnStepMaxLayers)) {
+    why = fmt::format("{} layers (at most {})", plan.layers.size(), kCnnStepMaxLayers);
+    return a;
+  }
+  a.layers = static_cast<int>(plan.layers.size());
+  std::int64_t offset = 0;
+  auto tensor = [&](ValueId param) {
+    const int t = a.tensors++;
+    if (t < kCnnStepMaxTensors) {
+      a.param_offset[t] = offset;
+      offset += element_count(g.value(param).shape);
+      a.param_offset[t + 1] = offset;
+    }
+    return t;
+  };
+  for (std::size_t i = 0; i < plan.layers.size(); ++i) {
+    const CnnStepLayer& p = plan.layers[i];
+    CnnLayer& L = a.layer[i];
+    L.op = op_of(p.kind);
+    example_shape(g.value(p.input).shape, L.in_c, L.in_h, L.in_w);
+    example_shape(g.value(p.output).shape, L.out_c, L.out_h, L.out_w);
+    L.input_gradient = p.input_gradient;
+    if (g.value(p.output).dtype != DType::f16) why = "activations are not fp16";
+    if (p.kind == Kind::conv2d) {
+      const Shape& w = g.value(p.weight).shape;
+      L.kernel_h = static_cast<int>(w[2]);
+      L.kernel_w = static_cast<int>(w[3]);
+      L.stride = static_cast<int>(p.conv.stride);
+      L.padding = static_cast<int>(p.conv.padding);
+    }
+    if (p.kind == Kind::max_pool2d) {
+      L.kernel_h = L.kernel_w = static_cast<int>(p.pool.kernel);
+      L.stride = static_cast<int>(p.pool.stride);
+    }
+    if (p.kind == Kind::dropout || p.kind == Kind::dropout2d)
+      L.dropout = dropout_params_of(p.dropout);
+    if (p.kind == Kind::conv2d || p.kind == Kind::linear) {
+      L.weight = tensor(p.weight);
+      L.bias = tensor(p.bias);
+    }
+  }
+  if (a.tensors > kCnnStepMaxTensors) why = fmt::format("{} parameter tensors (at most {})", a.tensors, kCnnStepMaxTensors);
+  const CnnLayer& first = a.layer[0];
+  if (g.value(plan.images).shape.size() != 2 || g.value(plan.images).shape[1] != std::int64_t(first.in_c) * first.in_h * first.in_w)
+    why = "the image rows are not the first layer's input";
+  if (g.value(plan.layers.front().input).dtype != DType::f16) why = "activations are not fp16";
+  for (const CnnStepLayer& p : plan.layers)
+    for (NodeId sgd : {p.weight_sgd, p.bias_sgd})
+      if (sgd >= 0 && g.node(sgd).inputs.size() > 2 && g.value(g.node(sgd).inputs[2]).dtype != DType::f32)
+        why = "velocities are not fp32";
+  return a;
+}
+
+// The plan when the fused step runs `g` under `o`; otherwise none and why not.
+std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& o, std::string& why) {
+  if (!o.whole_step) {
+    why = "turned off (backend.whole_step: false)";
+    return std::nullopt;
+  }
+  if (o.conv_kernels != ConvKernels::automatic) {  // cudnn / implicit_gemm ask for those per-launch convolutions
+    why = "backend.conv_kernels asks for per-launch convolutions";
+    return std::nullopt;
+  }
+  CnnStepMatch found = match_cnn_step(g);
+  if (!found.plan) {
+    why = "the graph is not a plain CNN training step: " + found.why_not;
+    return std::nullopt;
+  }
+  const CnnStepArgs a = shape_of(g, *found.plan, why);
+  if (why.empty()) why = cnn_step_unsupported(a);  // asks the device
+  if (!why.empty()) return std::nullopt;
+  return std::move(found.plan);
+}
+
+class CnnStepRecord final : public RecordedLaunch {
+ public:
+  // Owns the parameter image (CnnStepArgs::image) and builds it from the
+  // parameters as they are now, on `stream`.
+  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, void* const* workspace, bool dependent, cudaStream_t stream)
+      : args_(args),
+        launch_(launch),
+        image_(cnn_step_image_bytes(launch)),
+        index_tables_(std::size_t(launch.tables_floats) * sizeof(float)),
+        workspace_(workspace),
+        dependent_(dependent) {
+    const std::vector<int2> tables = cnn_step_index_tables(args_, launch_);
+    index_tables_.upload(tables.data(), tables.size() * sizeof(int2));
+    args_.index_tables = index_tables_.as<const float>();
+    args_.image = image_.as<float>();
+    launch_cnn_step_image(args_, launch_, stream);
+  }
+  void enqueue(cudaStream_t s) const override { launch_cnn_step(with_workspace(), launch_, s, dependent_); }
+  void parameters_written(cudaStream_t s) const override { launch_cnn_step_image(args_, launch_, s); }
+  std::string label() const override {
+    return fmt::format("{} blocks of {} threads, one example each at a time, {} KB shared; then the updates",
+                       launch_.blocks, launch_.threads, launch_.shared_bytes / 1024);
+  }
+  // Median GPU-clock time of each phase of block 0's first example over `repeats` steps.
+  std::vector<std::pair<std::string, double>> profile_phases(int repeats, cudaStream_t stream) const override {
+    return median_phase_times(cnn_step_phase_names(args_), repeats, stream, [&](unsigned long long* clock) {
+      CnnStepArgs a = with_workspace();
+      a.phase_clock = clock;
+      launch_cnn_step(a, launch_, stream, dependent_);
+    });
+  }
+
+ private:
+  CnnStepArgs with_workspace() const {
+    CnnStepArgs a = args_;
+    a.workspace = static_cast<float*>(*workspace_);
+    return a;
+  }
+
+  CnnStepArgs args_;
+  CnnStepLaunch launch_;
+  DeviceBuffer image_;
+  DeviceBuffer index_tables_;  // cnn_step_index_tables
+  void* const* workspace_;
+  bool dependent_;
+};
+
+std::string layer_text(const sg::Graph& g, const CnnStepLayer& l) {
+  switch (l.kind) {
+    case Kind::conv2d: {
+      const Shape& w = g.value(l.weight).shape;
+      return fmt::format("conv{}x{}:{}->{}/s{}p{}", w[2], w[3], w[1], w[0], l.conv.stride, l.conv.padding);
+    }
+    case Kind::max_pool2d: return fmt::format("maxpool{}/s{}", l.pool.kernel, l.pool.stride);
+    case Kind::relu: return "relu";
+    case Kind::dropout2d: return fmt::format("dropout2d({})", l.dropout.p);
+    case Kind::dropout: return fmt::format("dropout({})", l.dropout.p);
+    case Kind::view: return "view";
+    case Kind::linear: {
+      const Shape& w = g.value(l.weight).shape;
+      return fmt::format("linear:{}->{}", w[1], w[0]);
+    }
+  }
+  return "?";
+}
+
+class CnnStepLowering final : public CudaLowering {
+ public:
+  explicit CnnStepLowering(const BackendOptions& options) : options_(options) {}
+  std::string_view name() const override { return "cnn_step"; }
+  bool covers_whole_step() const override { return true; }
+  bool asks_device() const override { return true; }
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    if (unit.id != 0) return std::nullopt;
+    std::string why;
+    std::optional<CnnStepPlan> plan = fused_plan(cover.graph(), options_, why);
+    if (!plan) return std::nullopt;
+    Match m;
+    for (const CoverUnit& u : cover.units()) m.units.push_back(u.id);
+    m.graph_order = true;
+    m.detail = std::move(*plan);
+    return m;
+  }
+  std::string describe(const sg::Graph& g, const Launch& l) const override {
+    const auto& plan = detail_of<CnnStepPlan>(l);
+    std::vector<std::string> layers;
+    for (const CnnStepLayer& layer : plan.layers) layers.push_back(layer_text(g, layer));
+    return fmt::format("layers={},batch={}", fmt::join(layers, ","), plan.batch);
+  }
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const sg::Graph& g = c.graph();
+    const auto& plan = detail_of<CnnStepPlan>(l);
+    std::string why;
+    CnnStepArgs a = shape_of(g, plan, why);
+    if (!why.empty()) throw CudaError("cnn_step: " + why);
+    for (std::size_t i = 0; i < plan.layers.size(); ++i) {
+      const CnnStepLayer& p = plan.layers[i];
+      const CnnLayer& L = a.layer[i];
+      if (L.weight < 0) continue;
+      for (auto [t, sgd] : {std::pair{L.weight, p.weight_sgd}, std::pair{L.bias, p.bias_sgd}}) {
+        const Node& n = g.node(sgd);
+        a.param[t] = static_cast<float*>(c.ptr(n.inputs[0]));
+        a.velocity[t] = n.inputs.size() > 2 ? static_cast<float*>(c.ptr(n.inputs[2])) : nullptr;
+        a.sgd[t] = c.update_scalars(sgd);
+      }
+    }
+    a.perm = static_cast<const std::int32_t*>(c.ptr(plan.perm));
+    a.step = static_cast<std::int32_t*>(c.ptr(plan.step));
+    a.images = static_cast<const std::uint8_t*>(c.ptr(plan.images));
+    a.labels = static_cast<const std::uint8_t*>(c.ptr(plan.labels));
+    a.loss = static_cast<float*>(c.ptr(plan.loss));
+    const CnnStepLaunch launch = plan_cnn_step_launch(a);
+    return std::make_unique<CnnStepRecord>(a, launch, c.workspace(cnn_step_workspace_bytes(a, launch)),
+                                           c.options().dependent_launch, c.stream());
+  }
+
+ private:
+  BackendOptions options_;
+};
+
+}  // namespace
+
+std::string cnn_step_blocker(const sg::Graph& graph, const BackendOptions& options) {
+  std::string why;
+  fused_plan(graph, options, why);
+  return why;
+}
+
+std::unique_ptr<CudaLowering> make_cnn_step_lowering(const BackendOptions& options) {
+  return std::make_unique<CnnStepLowering>(options);
+}
+
+}  // namespace sg::cuda

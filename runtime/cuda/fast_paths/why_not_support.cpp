@@ -1,0 +1,55 @@
+#include "runtime/cuda/fast_paths/why_not_support.hpp"
+
+#include <fmt/format.h>
+
+namespace sg::cuda {
+namespace {
+
+// Whether a node applies an optimizer update to a parameter.
+bool is_update(const Node& n) {
+  const std::string_view name = op_name(n.op);
+  return name.size() > 7 && name.substr(name.size() - 7) == "_update";
+}
+
+}  // namespace
+
+std::string not_sgd(const sg::Graph& g) {
+  for (const Node& n : g.nodes()) {
+    if (!is_update(n) || n.op == OpKind::sgd_update) continue;
+    if (n.op == OpKind::adam_update)
+      return fmt::format("optimizer {}: the kernels apply SGD in-kernel",
+                         n.attr<AdamUpdateAttrs>().decoupled ? "adamw" : "adam");
+    const std::string_view name = op_name(n.op);
+    return fmt::format("optimizer {}: the kernels apply SGD in-kernel", name.substr(0, name.size() - 7));
+  }
+  return {};
+}
+
+std::string not_plain_sgd(const sg::Graph& g) {
+  if (std::string why = not_sgd(g); !why.empty()) return why;
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::sgd_update) continue;
+    const auto& a = n.attr<SgdUpdateAttrs>();
+    if (a.nesterov) return "optimizer SGD with Nesterov momentum: the kernels apply plain SGD";
+    if (a.momentum != 0.0 || n.inputs.size() > 2) return "optimizer SGD with momentum: the kernels apply plain SGD";
+  }
+  return {};
+}
+
+std::string no_fp16_weights(const sg::Graph& g) {
+  const Value* weight = nullptr;  // a matrix or filter parameter that is not fp16
+  for (const Value& v : g.values()) {
+    if (v.role != Role::param || v.shape.size() < 2) continue;
+    if (v.dtype == DType::f16) return {};
+    weight = &v;
+  }
+  if (!weight) return {};
+  return fmt::format("weights are {} (precision.weights/compute): the kernels update fp16 weights only",
+                     dtype_name(weight->dtype));
+}
+
+std::string accumulates_f16(const BackendOptions& o) {
+  return o.accumulate_f16 ? "precision.accumulate: fp16 is cuBLASLt's compute type; our kernels accumulate in fp32" : "";
+}
+
+}  // namespace sg::cuda

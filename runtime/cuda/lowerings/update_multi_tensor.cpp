@@ -1,0 +1,100 @@
+// Lowering: every update-rule update left (Adam/AdamW, RMSprop: the weights'
+// when their gradients come from cuBLASLt wgrads into buffers; with clipping
+// also the biases') in ONE launch per rule and attributes, each block one pass
+// over a chunk of one parameter: read W, the gradient and the rule's state
+// slots, write W and the slots (ops/cuda/update_rules/multi_tensor_update.hpp).
+// The optimizer pass places these updates after the last gradient, so the
+// launch sits where all its inputs exist. It takes the step advance as a
+// rider: the last block to finish increments the counter after every block
+// has read it.
+#include "ops/cuda/update_rules/multi_tensor_update.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/optimizer_support.hpp"
+#include "runtime/cuda/lowerings/update_rule_table.hpp"
+
+namespace sg::cuda {
+namespace {
+
+struct UpdateNodes {
+  std::vector<NodeId> updates;
+};
+
+// Whether two update-rule nodes can share a launch: same op and attributes,
+// step, clip scale and element types.
+bool same_launch(const sg::Graph& g, const Node& a, const Node& b) {
+  const UpdateInputs ua = *update_inputs(a), ub = *update_inputs(b);
+  return a.op == b.op && a.attrs == b.attrs && ua.step == ub.step && ua.clip_scale == ub.clip_scale &&
+         g.value(ua.param).dtype == g.value(ub.param).dtype && g.value(ua.grad).dtype == g.value(ub.grad).dtype;
+}
+
+class UpdateMultiTensorLowering final : public CudaLowering {
+ public:
+  std::string_view name() const override { return "update_multi_tensor"; }
+
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    const sg::Graph& g = cover.graph();
+    if (unit.fusion_group >= 0) return std::nullopt;
+    const Node& first = g.node(unit.nodes.front());
+    const auto first_inputs = update_inputs(first);
+    if (!first_inputs ||
+        !update_types_supported(g.value(first_inputs->param).dtype, g.value(first_inputs->grad).dtype))
+      return std::nullopt;
+    Match m;
+    UpdateNodes nodes;
+    for (const CoverUnit& u : cover.units()) {
+      if (cover.taken(u.id) || u.fusion_group >= 0) continue;
+      const Node& n = g.node(u.nodes.front());
+      if (n.op != first.op || !same_launch(g, first, n)) continue;
+      m.units.push_back(u.id);
+      nodes.updates.push_back(n.id);
+    }
+    m.detail = nodes;
+    return m;
+  }
+
+  bool takes_rider(const sg::Graph& g, const Launch&, const Launch& rider) const override {
+    return rider.nodes.size() == 1 && g.node(rider.nodes[0]).op == OpKind::advance_step;
+  }
+
+  std::string describe(const sg::Graph&, const Launch& l) const override {
+    return fmt::format("{} tensors,one pass each", detail_of<UpdateNodes>(l).updates.size());
+  }
+
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const sg::Graph& g = c.graph();
+    const auto& nodes = detail_of<UpdateNodes>(l).updates;
+    const Node& first = g.node(nodes.front());
+    const UpdateInputs in = *update_inputs(first);
+    const UpdateScalars* scalars = c.update_scalars(first.id);  // every update's lr is the same run state
+    const auto* step = in.step >= 0 ? static_cast<const std::int32_t*>(c.ptr(in.step)) : nullptr;
+    const auto* scale = in.clip_scale >= 0 ? static_cast<const float*>(c.ptr(in.clip_scale)) : nullptr;
+    std::int32_t* advance = nullptr;
+    for (NodeId r : l.riders) advance = static_cast<std::int32_t*>(c.ptr(g.node(r).inputs[0]));
+    const bool dependent = c.options().dependent_launch;
+    const auto ptr = [&](ValueId v) { return c.ptr(v); };
+    std::function<void(cudaStream_t)> run;
+    with_update_rule(first, [&](auto rule, auto hyper) {
+      using Rule = typename decltype(rule)::type;
+      with_update_types(g.value(in.param).dtype, g.value(in.grad).dtype, [&](auto wt, auto gt) {
+        using W = decltype(wt);
+        using G = decltype(gt);
+        std::vector<UpdateTensor<W, G>> tensors;
+        for (NodeId id : nodes) {
+          const UpdateInputs u = *update_inputs(g.node(id));
+          tensors.push_back({static_cast<W*>(c.ptr(u.param)), static_cast<const G*>(c.ptr(u.grad)),
+                             state_slots(u, ptr), element_count(g.value(u.param).shape)});
+        }
+        auto kernel = std::make_shared<MultiTensorUpdate<Rule, W, G>>(tensors, hyper);
+        run = [=](cudaStream_t s) { kernel->launch(scalars, step, scale, advance, s, dependent); };
+      });
+    });
+    return std::make_unique<BoundLaunch>(std::move(run), "multi-tensor");
+  }
+};
+
+}  // namespace
+
+// (The factory keeps its issue-21 name: runtime/cuda/lowerings/registry.cpp calls it.)
+std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering() { return std::make_unique<UpdateMultiTensorLowering>(); }
+
+}  // namespace sg::cuda
