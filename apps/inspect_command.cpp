@@ -87,8 +87,9 @@ CudaCover cuda_cover(const TrainConfig& config, const Graph& g) {
     std::vector<std::string> left_out;
     for (const auto& l : cuda::cuda_lowerings(backend_options_from_config(config), true))
       if (l->asks_device()) left_out.emplace_back(l->name());
-    c.note = fmt::format("# no CUDA GPU here: lowerings that ask the device ({}) were not tried\n",
-                         fmt::join(left_out, ", "));
+    if (!left_out.empty())
+      c.note = fmt::format("# no CUDA GPU here: lowerings that ask the device ({}) were not tried\n",
+                           fmt::join(left_out, ", "));
   }
   return c;
 }
