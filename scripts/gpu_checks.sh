@@ -123,5 +123,26 @@ step adamw_config build/apps/stepgraph train --config configs/mnist_adamw.yaml -
 # the check decays the lr to 0 on both sides (cosine); the constant-lr run is reported, not judged.
 SCHEDULE=cosine DATA="$data" step parity_adamw bench/parity_check.sh "$out/parity_adamw" fp16 adamw
 DATA="$data" step parity_adamw_constant_lr bash -c "bench/parity_check.sh '$out/parity_adamw_constant_lr' fp16 adamw || true"
+# The update stage and the fast paths (issue 35): memcheck on RMSprop (centered, momentum, clipping: the
+# multi-tensor rule kernel; without clipping the rule inside wgrad_update / bias_grad_update at fp32 master
+# weights), memcheck and racecheck on the report CNN's fused step (cnn_step) and on mnist_cnn_fast's per-launch
+# CNN (our convolutions, pooling, AdamW through the fused update kernels), and PyTorch parity against
+# torch.optim.RMSprop. (The ctest step above also runs every GPU test with --core-only: label gpu_core_only.)
+step memcheck_rmsprop_clip compute-sanitizer --tool memcheck --error-exitcode 3 build/apps/stepgraph train \
+  --config configs/parity_reference.yaml --set data.dir="$data" --set optim.name=rmsprop --set optim.lr=0.0003 \
+  --set optim.momentum=0.9 --set optim.centered=true --set optim.clip_grad_norm=1.0 --set run.steps=20 \
+  --set run.log_every=1 --set run.out_dir="$out/sanitized_rmsprop_clip"
+step memcheck_rmsprop_fused compute-sanitizer --tool memcheck --error-exitcode 3 build/apps/stepgraph train \
+  --config configs/parity_reference.yaml --set data.dir="$data" --set optim.name=rmsprop --set optim.lr=0.0003 \
+  --set precision.weights=fp32 --set run.steps=20 --set run.log_every=1 --set run.out_dir="$out/sanitized_rmsprop"
+for cnn in mnist_cnn mnist_cnn_fast; do
+  cnn_run=(build/apps/stepgraph train --config configs/$cnn.yaml --set data.dir="$data" --set run.epochs=0
+           --set run.steps=10 --set run.log_every=1 --set run.out_dir="$out/sanitized_$cnn")
+  step "memcheck_$cnn" compute-sanitizer --tool memcheck --error-exitcode 3 "${cnn_run[@]}"
+  step "racecheck_$cnn" compute-sanitizer --tool racecheck "${cnn_run[@]}"
+  ours=$(grep -E " access at |^=+ +at " "$out/racecheck_$cnn.log" | grep -v -E "(access )?at (nvjet|sm90_xmma|cutlass)" || true)
+  if [ -n "$ours" ]; then echo "--- racecheck_$cnn: hazards in our kernels:"; echo "$ours" | head -5; failed+=("racecheck_$cnn"); fi
+done
+DATA="$data" step parity_rmsprop bench/parity_check.sh "$out/parity_rmsprop" fp16 rmsprop
 if [ ${#failed[@]} -gt 0 ]; then echo "gpu_checks: FAILED: ${failed[*]}"; exit 1; fi
 echo "gpu_checks: all passed"
