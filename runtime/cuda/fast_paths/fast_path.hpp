@@ -26,7 +26,7 @@ enum class FastPathSlot {
   dgrad_forward,      // small-K dgrad and small-N forwards, before cuBLASLt decides the ReLU masks
   hidden_forward,     // small-batch hidden forwards
   weight_update,      // a weight gradient fused with its update, before cuBLASLt takes the matmul
-  bias_update,        // bias gradients fused with their Adam update, after the core bias_grad_sgd
+  bias_update,        // bias gradients fused with their update rule's step, after the core bias_grad_sgd
   cnn_bias_update,    // conv bias channel sums fused with SGD, before the plain channel_sum
   cnn_weight_update,  // the conv weights' SGD updates in one launch, after it
   convolution,        // our convolutions where they beat cuDNN, before cuDNN
