@@ -56,19 +56,7 @@ TEST_CASE("resuming from saved state continues bit-exactly (200 == 100 + save + 
   MlpTrainerSpec spec = small_spec();
   spec.optimizer = {0.05, 0.9, 1e-4};  // momentum: velocities must be saved too
 
-  auto straight = make_cpu_trainer(cpu_spec(spec, data), data);
-  straight->train(200);
-
-  auto first_half = make_cpu_trainer(cpu_spec(spec, data), data);
-  first_half->train(100);
-  const auto saved = first_half->save_state();
-  auto resumed = make_cpu_trainer(cpu_spec(spec, data), data);
-  resumed->load_state(saved);
-  CHECK(resumed->step() == 100);
-  resumed->train(100);
-
-  sg::test::check_same_state(*straight, *resumed);
-  CHECK(straight->last_loss() == resumed->last_loss());
+  const auto run = sg::test::check_cpu_resume(spec, data, 200, 100);
   // 62 batches per epoch: the run crossed epoch boundaries, so reshuffles were exercised.
-  CHECK(straight->step() == 200);
+  CHECK(run.straight->step() == 200);
 }

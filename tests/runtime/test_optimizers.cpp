@@ -313,21 +313,12 @@ TEST_CASE("AdamW with clipping on the CPU: learns MNIST and resumes bit-exactly 
   spec.optimizer.weight_decay = 0.01;
   spec.optimizer.clip_grad_norm = 1.0;
 
-  auto straight = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
-  straight->train(150);
-  auto first_half = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
-  first_half->train(70);
-  const auto saved = first_half->save_state();
+  const auto run = sg::test::check_cpu_resume(spec, data, 150, 70);
   bool has_moments = false;
-  for (const auto& blob : saved) has_moments = has_moments || blob.name == "adam_v_w1";
+  for (const auto& blob : run.saved) has_moments = has_moments || blob.name == "adam_v_w1";
   CHECK(has_moments);
-  auto resumed = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
-  resumed->load_state(saved);
-  resumed->train(80);
-  sg::test::check_same_state(*straight, *resumed);
-  CHECK(straight->last_loss() == resumed->last_loss());
 
-  const EvalResult eval = straight->evaluate();
+  const EvalResult eval = run.straight->evaluate();
   MESSAGE("AdamW 784-64-10, 150 steps on 2,000 images: test accuracy " << eval.accuracy);
   CHECK(eval.accuracy > 0.80);
 }

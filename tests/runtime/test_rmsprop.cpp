@@ -188,22 +188,13 @@ TEST_CASE("RMSprop with momentum and clipping on the CPU: learns MNIST and resum
   spec.optimizer.centered = true;
   spec.optimizer.clip_grad_norm = 1.0;
 
-  auto straight = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
-  straight->train(150);
-  auto first_half = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
-  first_half->train(70);
-  const auto saved = first_half->save_state();
+  const auto run = sg::test::check_cpu_resume(spec, data, 150, 70);
   int states = 0;
-  for (const auto& blob : saved)
+  for (const auto& blob : run.saved)
     states += blob.name == "rms_sq_w1" || blob.name == "rms_buf_w1" || blob.name == "rms_avg_w1";
   CHECK(states == 3);
-  auto resumed = make_cpu_trainer(sg::test::cpu_spec(spec, data), data);
-  resumed->load_state(saved);
-  resumed->train(80);
-  sg::test::check_same_state(*straight, *resumed);
-  CHECK(straight->last_loss() == resumed->last_loss());
 
-  const EvalResult eval = straight->evaluate();
+  const EvalResult eval = run.straight->evaluate();
   MESSAGE("RMSprop 784-64-10, 150 steps on 2,000 images: test accuracy " << eval.accuracy);
   CHECK(eval.accuracy > 0.80);
 }

@@ -1,10 +1,11 @@
 #pragma once
 // Helpers of the training-step tests: an MLP trainer setup made into a
 // TrainerSpec for a dataset, a random u8 dataset of any width, the loss of
-// each of n steps, every parameter as one flat vector, and a bit-for-bit
-// comparison of two trainers' saved state.
+// each of n steps, every parameter as one flat vector, a bit-for-bit
+// comparison of two trainers' saved state, and a CPU resume check.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -90,5 +91,27 @@ inline void check_same_state(const std::vector<io::TensorBlob>& x, const std::ve
 }
 // The same for the two trainers' states now.
 inline void check_same_state(Trainer& a, Trainer& b) { check_same_state(a.save_state(), b.save_state()); }
+
+// A CPU run of `steps` steps straight, and one of `split` steps saved, loaded
+// into a fresh trainer and continued to `steps`: both end in the same state
+// and loss (checked here). Returns the straight trainer and the saved state.
+struct CpuResumeRun {
+  std::unique_ptr<Trainer> straight;
+  std::vector<io::TensorBlob> saved;  // after `split` steps
+};
+inline CpuResumeRun check_cpu_resume(const MlpTrainerSpec& spec, const Dataset& data, int steps, int split) {
+  CpuResumeRun run{make_cpu_trainer(cpu_spec(spec, data), data), {}};
+  run.straight->train(steps);
+  auto first_half = make_cpu_trainer(cpu_spec(spec, data), data);
+  first_half->train(split);
+  run.saved = first_half->save_state();
+  auto resumed = make_cpu_trainer(cpu_spec(spec, data), data);
+  resumed->load_state(run.saved);
+  CHECK(resumed->step() == split);
+  resumed->train(steps - split);
+  check_same_state(*run.straight, *resumed);
+  CHECK(run.straight->last_loss() == resumed->last_loss());
+  return run;
+}
 
 }  // namespace sg::test

@@ -17,11 +17,4 @@ const std::vector<FastPath>& fast_paths() {
   return records;
 }
 
-const FastPath* fast_path_of(std::string_view lowering_name, const BackendOptions& options) {
-  for (const FastPath& record : fast_paths())
-    for (const SlottedLowering& l : record.lowerings(options))
-      if (l.lowering->name() == lowering_name) return &record;
-  return nullptr;
-}
-
 }  // namespace sg::cuda

@@ -68,7 +68,4 @@ struct DeclinedFastPath {
 std::vector<DeclinedFastPath> declined_fast_paths(const sg::Graph& graph, const Schedule& schedule,
                                                   const BackendOptions& options, bool device_present);
 
-// Whether `lowering` is one of a fast path's (the name of its record), or null for a core lowering.
-const FastPath* fast_path_of(std::string_view lowering_name, const BackendOptions& options);
-
 }  // namespace sg::cuda
