@@ -1,6 +1,7 @@
 """PyTorch baselines for `stepgraph bench --config configs/mnist_cnn.yaml`: the
 report's MNIST CNN (bench/torch_cnn.py) trained with SGD (lr 0.01, momentum
-0.5), dropout on, MNIST preloaded on the GPU and normalized, batches in the
+0.5; --optim adamw: lr 1e-3, weight decay 0.01; --optim rmsprop: lr 1e-3,
+the config's optim section changed alike on stepgraph's side), dropout on, MNIST preloaded on the GPU and normalized, batches in the
 runtime's order. Modes, each in fp32 (the report's setup) and under fp16
 autocast (stepgraph's precision: fp16 activations, fp32 master weights):
   torch_eager[_amp]      eager loop, batches gathered on the GPU
@@ -53,9 +54,21 @@ def make_step(model, opt, data, amp, counter=None):
     return step
 
 
-def eager_runner(data, amp):
+def make_optimizer(name, params, capturable):
+    """The report's SGD, or AdamW / RMSprop with stepgraph bench's defaults;
+    foreach (and capturable, for the step counter on the GPU) inside a CUDA graph."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.5, foreach=capturable or None)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=True, capturable=capturable)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=1e-3, foreach=True, capturable=capturable)
+    raise ValueError(f"unknown optimizer {name}")
+
+
+def eager_runner(data, amp, optim):
     model = build_report_cnn(0, "cuda")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+    opt = make_optimizer(optim, model.parameters(), capturable=False)
     step = make_step(model, opt, data, amp)
     state = {"s": 0, "loss": None}
 
@@ -69,9 +82,9 @@ def eager_runner(data, amp):
     return run, state
 
 
-def cudagraph_runner(data, amp):
+def cudagraph_runner(data, amp, optim):
     model = build_report_cnn(0, "cuda")
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5, foreach=True)
+    opt = make_optimizer(optim, model.parameters(), capturable=True)
     counter = torch.zeros(1, dtype=torch.int64, device="cuda")
     step = make_step(model, opt, data, amp, counter)
     side = torch.cuda.Stream()
@@ -95,10 +108,10 @@ def cudagraph_runner(data, amp):
 
 def measure(mode, batch, args, data):
     record = {"mode": mode, "width": 0, "batch": batch, "steps": args.steps, "repeats": args.repeats,
-              "model": "report_cnn"}
+              "model": "report_cnn", "optim": args.optim}
     amp = mode.endswith("_amp")
     runner = cudagraph_runner if mode.startswith("torch_cudagraph") else eager_runner
-    return timed_record(record, lambda: runner(data, amp), args, batch)
+    return timed_record(record, lambda: runner(data, amp, args.optim), args, batch)
 
 
 def main():
@@ -110,6 +123,7 @@ def main():
     p.add_argument("--eager-steps", type=int, default=100, help="timed steps per repeat of the eager modes")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--optim", choices=["sgd", "adamw", "rmsprop"], default="sgd")
     p.add_argument("--out", default="torch_cnn_bench.json")
     a = p.parse_args()
     torch.backends.cudnn.benchmark = True  # PyTorch's fastest cuDNN algorithms for these shapes

@@ -194,8 +194,8 @@ class CnnStepWalker {
         const Node* filter = one(OpKind::conv2d_backward_filter);
         if (filter->inputs[1] != layer.input || !same_geometry(filter->attr<Conv2dAttrs>(), layer.conv))
           throw NoMatch{"a conv2d_backward_filter not of its conv2d"};
-        layer.weight_sgd = update_of(layer.weight, filter->outputs[0]);
-        layer.bias_sgd = update_of(layer.bias, one(OpKind::channel_sum)->outputs[0]);
+        layer.weight_update = update_of(layer.weight, filter->outputs[0]);
+        layer.bias_update = update_of(layer.bias, one(OpKind::channel_sum)->outputs[0]);
         if (!layer.input_gradient) return -1;
         const Node* data = one(OpKind::conv2d_backward_data);
         if (g_.value(data->inputs[1]).producer < 0 || g_.node(g_.value(data->inputs[1]).producer).inputs[0] != layer.weight ||
@@ -205,7 +205,7 @@ class CnnStepWalker {
       }
       case Kind::linear: {
         const Node* sum = one(OpKind::reduce_rows);
-        layer.bias_sgd = update_of(layer.bias, sum->outputs[0]);
+        layer.bias_update = update_of(layer.bias, sum->outputs[0]);
         const Node* wgrad = nullptr;
         const Node* dgrad = nullptr;
         for (NodeId id : g_.consumers(g)) {
@@ -221,7 +221,7 @@ class CnnStepWalker {
         }
         if (!wgrad) throw NoMatch{"a linear layer without its weight-gradient matmul"};
         seen_.insert(wgrad->id);
-        layer.weight_sgd = update_of(layer.weight, wgrad->outputs[0]);
+        layer.weight_update = update_of(layer.weight, wgrad->outputs[0]);
         if (!layer.input_gradient) return -1;
         if (!dgrad) throw NoMatch{"a linear layer without its data-gradient matmul"};
         seen_.insert(dgrad->id);
@@ -255,17 +255,20 @@ class CnnStepWalker {
     throw NoMatch{"unknown layer"};
   }
 
-  // The sgd_update of `param` from cast(grad) to f32; returns its node.
+  // The optimizer update (any op that updates in place: sgd_update or an
+  // update rule's) of `param` from cast(grad) to f32; returns its node. Which
+  // updates the kernels apply is the backend's question (its why_not).
   NodeId update_of(ValueId param, ValueId grad) {
     const Node* cast = reader(grad, OpKind::cast, 0);
     if (!cast || g_.value(cast->outputs[0]).dtype != DType::f32 || g_.consumers(grad).size() != 1)
       throw NoMatch{fmt::format("the gradient {} is not cast to fp32 for its update", g_.value(grad).name)};
-    const Node* sgd = reader(cast->outputs[0], OpKind::sgd_update, 1);
-    if (!sgd || sgd->inputs[0] != param || g_.consumers(cast->outputs[0]).size() != 1)
-      throw NoMatch{fmt::format("{} is not updated by SGD from its gradient", g_.value(param).name)};
-    if (sgd->attr<SgdUpdateAttrs>().nesterov) throw NoMatch{"Nesterov momentum"};
-    seen_.insert({cast->id, sgd->id});
-    return sgd->id;
+    const std::vector<NodeId>& readers = g_.consumers(cast->outputs[0]);
+    const Node* update = readers.size() == 1 ? &g_.node(readers[0]) : nullptr;
+    if (!update || !op_updates_in_place(update->op) || update->inputs.size() < 2 || update->inputs[0] != param ||
+        update->inputs[1] != cast->outputs[0])
+      throw NoMatch{fmt::format("{} is not updated by an optimizer from its gradient alone", g_.value(param).name)};
+    seen_.insert({cast->id, update->id});
+    return update->id;
   }
 
   const Node* only_node(OpKind op) const { return sole_node(g_, op); }

@@ -3,8 +3,8 @@
 // sequential CNN (issue 22): the batch fetch, a chain of per-example layers
 // (conv2d with bias, max_pool2d, relu, dropout2d, dropout, flatten/reshape,
 // linear), softmax cross-entropy on the last linear layer, the autodiff
-// backward of that chain, one SGD update per parameter from its fp32 master
-// copy, and the step advance. A backend may then run the whole step per
+// backward of that chain, one optimizer update per parameter (SGD or an
+// update rule's op) of its fp32 master copy, and the step advance. A backend may then run the whole step per
 // example, each example's activations kept on chip (ops/cuda/fast_paths/cnn_step/cnn_step.hpp).
 // Recognition is structural, as mlp_step_pattern's: every backward node is
 // looked up by what it reads and must be the one autodiff makes for its
@@ -25,9 +25,9 @@ struct CnnStepLayer {
   CnnStepLayerKind kind = CnnStepLayerKind::view;
   ValueId input = -1, output = -1;  // batch-major values ([B, C, H, W] or [B, F])
   // conv2d and linear: the fp32 master parameters (cast to the compute dtype
-  // in the forward) and the sgd_update nodes that apply their gradients.
+  // in the forward) and the optimizer's update nodes that apply their gradients.
   ValueId weight = -1, bias = -1;
-  NodeId weight_sgd = -1, bias_sgd = -1;
+  NodeId weight_update = -1, bias_update = -1;
   bool input_gradient = false;  // whether the backward computes the gradient of `input`
   Conv2dAttrs conv;             // conv2d
   Pool2dAttrs pool;             // max_pool2d

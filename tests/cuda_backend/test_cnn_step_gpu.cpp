@@ -210,3 +210,85 @@ TEST_CASE("the fused CNN step's parameter image: kept by the updates == rebuilt 
   test::check_same_state(kept, reloaded);
   test::check_same_state(kept, fresh);
 }
+
+namespace {
+
+// Every floating state tensor's change from `before` to `after`, end to end.
+std::vector<float> state_change(const std::vector<io::TensorBlob>& before, const std::vector<io::TensorBlob>& after) {
+  REQUIRE(before.size() == after.size());
+  std::vector<float> change;
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (before[i].dtype == DType::i32) continue;
+    const std::vector<float> a = floats_from_blob(before[i]), b = floats_from_blob(after[i]);
+    for (std::size_t k = 0; k < a.size(); ++k) change.push_back(b[k] - a[k]);
+  }
+  return change;
+}
+
+}  // namespace
+
+// Issue 35: the update kernel applies any update rule to the summed partial
+// gradients. What each step changes (weights and rule states) must follow the
+// CPU backend and the per-launch schedule. eps = 1e-3 keeps an update
+// proportional to its gradient where the gradient is small (with eps = 1e-8
+// it is lr times the gradient's sign, which fp16 rounding of a near-zero
+// gradient flips), so the changes compare by norm; Adam's bias correction read
+// at the advanced step counter would change the first step's update by a
+// quarter, far outside the tolerance.
+TEST_CASE("random CNNs under AdamW, Adam and RMSprop: the fused step's update rule follows the CPU and per-launch") {
+  SG_SKIP_IF_CORE_ONLY("the fused CNN step");
+  struct Case {
+    OptimizerKind kind;
+    std::int64_t batch;
+    double momentum;
+    bool centered;
+  };
+  std::mt19937_64 rng(35);
+  for (const Case c : {Case{OptimizerKind::adamw, 16, 0.0, false}, Case{OptimizerKind::adam, 64, 0.0, false},
+                       Case{OptimizerKind::rmsprop, 33, 0.9, true}, Case{OptimizerKind::rmsprop, 5, 0.0, false}}) {
+    RandomCnn r = random_cnn(rng, c.batch);
+    OptimizerSpec& o = r.training.optimizer;
+    o.kind = c.kind;
+    o.lr = 2e-3;
+    o.eps = 1e-3;
+    o.momentum = c.momentum;
+    o.centered = c.centered;
+    o.weight_decay = c.kind == OptimizerKind::adamw ? 0.05 : 1e-3;
+    CAPTURE(optimizer_name(c.kind));
+    CAPTURE(c.momentum);
+    CAPTURE(c.centered);
+    CAPTURE(r.text);
+    const auto& shape = r.training.model.input_shape;
+    const Dataset data = test::random_dataset(c.batch * 4, shape[0] * shape[1] * shape[2], r.classes, rng);
+    const auto fused = make_trainer(r, data, ProgramTarget::cuda);
+    const auto per_launch = make_trainer(r, data, ProgramTarget::cuda, /*whole_step=*/false);
+    const auto cpu = make_trainer(r, data, ProgramTarget::cpu);
+    INFO(fused->description());
+    REQUIRE(fused->description().find("cnn_step") != std::string::npos);
+    REQUIRE(per_launch->description().find("cnn_step") == std::string::npos);
+    const auto start = cpu->save_state();  // the same initial state for all three
+    // The first step, then two more (bias correction at t = 2 and 3); each
+    // trainer's change from its own state before.
+    for (int steps : {1, 2}) {
+      CAPTURE(steps);
+      const auto fused_before = fused->save_state();
+      const auto per_launch_before = per_launch->save_state();
+      const auto cpu_before = cpu->save_state();
+      fused->train(steps);
+      per_launch->train(steps);
+      cpu->train(steps);
+      const std::vector<float> fused_change = state_change(fused_before, fused->save_state());
+      CHECK(test::relative_error(fused_change, state_change(cpu_before, cpu->save_state())) < 3e-2);
+      CHECK(test::relative_error(fused_change, state_change(per_launch_before, per_launch->save_state())) < 3e-2);
+      check_same_state(*fused, *cpu, 1e-2);
+    }
+    CHECK(test::relative_error(state_change(start, fused->save_state()), state_change(start, cpu->save_state())) < 3e-2);
+    for (int step = 4; step <= 12; ++step) {
+      fused->train(1);
+      cpu->train(1);
+      CAPTURE(step);
+      REQUIRE(std::isfinite(fused->last_loss()));
+      CHECK(std::abs(fused->last_loss() - cpu->last_loss()) < 2e-2 * std::abs(cpu->last_loss()) + 1e-3);
+    }
+  }
+}

@@ -8,10 +8,9 @@
 #include "ops/cuda/last_block_done.cuh"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/quad_access.cuh"
-#include "ops/cuda/update_rules/adam_rule.cuh"
+#include "ops/cuda/update_rules/all_rules.cuh"
 #include "ops/cuda/update_rules/each_slot.cuh"
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
-#include "ops/cuda/update_rules/rmsprop_rule.cuh"
 
 namespace sg::cuda {
 namespace {
@@ -109,8 +108,7 @@ void MultiTensorUpdate<Rule, W, G>::launch(const UpdateScalars* scalars, const s
   template class MultiTensorUpdate<Rule, float, __half>;    \
   template class MultiTensorUpdate<Rule, __nv_bfloat16, __nv_bfloat16>; \
   template class MultiTensorUpdate<Rule, float, __nv_bfloat16>;
-SG_MULTI_TENSOR_TYPES(AdamRule)
-SG_MULTI_TENSOR_TYPES(RmspropRule)
+SG_FOR_EACH_UPDATE_RULE(SG_MULTI_TENSOR_TYPES)
 #undef SG_MULTI_TENSOR_TYPES
 
 }  // namespace sg::cuda

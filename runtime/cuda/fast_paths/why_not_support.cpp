@@ -3,19 +3,9 @@
 #include <fmt/format.h>
 
 namespace sg::cuda {
-namespace {
-
-// Whether a node applies an optimizer update to a parameter.
-bool is_update(const Node& n) {
-  const std::string_view name = op_name(n.op);
-  return name.size() > 7 && name.substr(name.size() - 7) == "_update";
-}
-
-}  // namespace
-
 std::string not_sgd(const sg::Graph& g) {
   for (const Node& n : g.nodes()) {
-    if (!is_update(n) || n.op == OpKind::sgd_update) continue;
+    if (!op_updates_in_place(n.op) || n.op == OpKind::sgd_update) continue;
     if (n.op == OpKind::adam_update)
       return fmt::format("optimizer {}: the kernels apply SGD in-kernel",
                          n.attr<AdamUpdateAttrs>().decoupled ? "adamw" : "adam");

@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
   wait_copies<2>();
   __syncthreads();
   mark_phase(args.phase_clock, 1, true);
+  if (blockIdx.x == 0 && b.tid == 0) *step_at_start(args, launch, gridDim.x) = step;
   const CnnStepArgs& a = arguments.args;
   const CnnStepLaunch& l = arguments.launch;
   float* const smem = b.smem;
@@ -235,10 +236,13 @@ CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& a) {
   return launch;
 }
 
-void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
+namespace cnn_step_parts {
+
+void launch_cnn_step_examples(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream) {
   cnn_step_examples<<<l.blocks, l.threads, l.shared_bytes, stream>>>(a, l);
   SG_LAUNCH_CHECK("cnn_step_examples");
-  cnn_step_parts::launch_cnn_step_update(a, l, stream, dependent);
 }
+
+}  // namespace cnn_step_parts
 
 }  // namespace sg::cuda

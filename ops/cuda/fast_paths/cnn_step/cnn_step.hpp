@@ -12,9 +12,12 @@
 //   2. per parameter element: the blocks' slices, or the products of the
 //      examples' factors, summed in a fixed order, the
 //      gradient rounded to the compute dtype as the graph's wgrad value is,
-//      the SGD (momentum, weight decay) update of the fp32 master weight
-//      (ops/cuda/sgd_step.cuh, as every SGD kernel), the batch's mean loss
-//      and the step advance. It also writes the new weights' fp16 casts (the
+//      the update of the fp32 master weight, the batch's mean loss and the
+//      step advance. The update is the update stage's (docs/design.md, "The
+//      update stage"): kernel 1's slices and factors are the per-block
+//      partial gradients, and kernel 2 applies any update rule
+//      (ops/cuda/update_rules/) to their sums, or SGD (momentum, weight
+//      decay; ops/cuda/sgd_step.cuh, as every SGD kernel). It also writes the new weights' fp16 casts (the
 //      graph's cast nodes) into the parameter image: the layouts kernel 1's
 //      layers read, which every block of the next step copies into its
 //      shared memory as they are (built per block from the fp32 weights,
@@ -43,6 +46,7 @@
 
 #include "ops/cuda/dropout.hpp"
 #include "ops/cuda/kernels.hpp"
+#include "ops/cuda/update_rules/update_rule.hpp"
 
 namespace sg::cuda {
 
@@ -68,13 +72,14 @@ struct CnnStepArgs {
   int batch = 0;
   int layers = 0;
   CnnLayer layer[kCnnStepMaxLayers];
-  // Parameters: fp32 master tensors, their velocities (null: no momentum)
-  // and SGD scalars; tensor t is elements param_offset[t] to
-  // param_offset[t + 1] of the update kernel's range.
+  // Parameters: fp32 master tensors, their SGD velocities (null: no
+  // momentum, or an update rule's step: CnnStepRuleState) and update scalars
+  // (the lr; SGD's momentum and weight decay); tensor t is elements
+  // param_offset[t] to param_offset[t + 1] of the update kernel's range.
   int tensors = 0;
   float* param[kCnnStepMaxTensors] = {};
   float* velocity[kCnnStepMaxTensors] = {};
-  const UpdateScalars* sgd[kCnnStepMaxTensors] = {};
+  const UpdateScalars* scalars[kCnnStepMaxTensors] = {};
   std::int64_t param_offset[kCnnStepMaxTensors + 1] = {};
   // Batch fetch: row perm[(step mod (rows/batch))*batch + i] of the u8
   // tables, pixels scaled x*scale+shift (as launch_batch_fetch).
@@ -87,7 +92,8 @@ struct CnnStepArgs {
   float* loss = nullptr;  // mean cross-entropy of the batch
   // cnn_step_workspace_bytes of device memory: the blocks' gradient slices
   // (CnnStepLaunch::slice_floats each), the examples' linear-layer factors
-  // (factor_floats each), then one loss per example.
+  // (factor_floats each), one loss per example, then the step counter as
+  // kernel 1 read it.
   float* workspace = nullptr;
   // The parameter image, cnn_step_image_bytes: the bytes of kernel 1's
   // shared memory from CnnStepLaunch::image_offset on (fp16 weight layouts,
@@ -175,9 +181,21 @@ std::vector<int2> cnn_step_index_tables(const CnnStepArgs& args, const CnnStepLa
 void launch_cnn_step_image(const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t stream);
 // Names of the gaps between consecutive phase_clock entries.
 std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& args);
-// Both kernels on `stream` (capturable); args.workspace must be set. With
-// `dependent` (BackendOptions::dependent_launch) the update kernel is a
-// programmatic dependent of kernel 1 (ops/cuda/dependent_launch.cuh).
+// Both kernels on `stream` (capturable), the update by SGD; args.workspace
+// must be set. With `dependent` (BackendOptions::dependent_launch) the update
+// kernel is a programmatic dependent of kernel 1 (ops/cuda/dependent_launch.cuh).
 void launch_cnn_step(const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t stream, bool dependent);
+
+// The state slots of every tensor's update rule (update_rule.hpp), by
+// tensor index (CnnStepArgs::param); CnnStepArgs::velocity stays null.
+struct CnnStepRuleState {
+  StateSlots tensor[kCnnStepMaxTensors] = {};
+};
+// Both kernels, the update by `Rule` with `hyper` (instantiated for every
+// rule: update_rules/all_rules.cuh). Its bias correction reads the step
+// counter as it was at the step's start.
+template <class Rule>
+void launch_cnn_step(const CnnStepArgs& args, const CnnStepLaunch& launch, const CnnStepRuleState& state,
+                     HyperOf<Rule> hyper, cudaStream_t stream, bool dependent);
 
 }  // namespace sg::cuda

@@ -187,7 +187,7 @@ std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& a) {
 
 std::size_t cnn_step_workspace_bytes(const CnnStepArgs& a, const CnnStepLaunch& l) {
   return (std::size_t(l.blocks) * std::size_t(l.slice_floats) +
-          std::size_t(a.batch) * (std::size_t(l.factor_floats) + 1)) * sizeof(float);
+          std::size_t(a.batch) * (std::size_t(l.factor_floats) + 1) + 1) * sizeof(float);
 }
 
 std::size_t cnn_step_image_bytes(const CnnStepLaunch& l) { return std::size_t(l.image_floats) * sizeof(float); }

@@ -1,8 +1,8 @@
 #pragma once
 // What the CNN step's translation units call of each other on the host
 // (cnn_step.hpp has the public interface): kernel 1's shared-memory layout
-// and the gradient workspace's (cnn_step_layout.cu), and the update kernel's
-// launch (cnn_step_update.cu).
+// and the gradient workspace's (cnn_step_layout.cu), and kernel 1's launch
+// (cnn_step.cu).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -25,8 +25,8 @@ SharedLayout shared_layout(const CnnStepArgs& a);
 // order, else its tensors in the slices too (linear_backward says why).
 void plan_gradients(const CnnStepArgs& a, int examples_per_block, CnnStepLaunch& l);
 
-// The update kernel on `stream` after kernel 1 (a programmatic dependent
-// with `dependent`, launch_cnn_step).
-void launch_cnn_step_update(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent);
+// Kernel 1 on `stream` (cnn_step_update.cu's launch_cnn_step launches it,
+// then the update kernel, whose code depends on the optimizer).
+void launch_cnn_step_examples(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream);
 
 }  // namespace sg::cuda::cnn_step_parts

@@ -92,12 +92,18 @@ inline bool fused_relu(const CnnStepArgs& a, int li) {
 
 // The workspace (cnn_step_workspace_bytes), for a kernel 1 grid of
 // `blocks`: the blocks' gradient slices, then the examples' factor rows,
-// then the examples' losses.
+// then the examples' losses, then the step counter at the step's start.
 __device__ __forceinline__ float* factor_rows(const CnnStepArgs& a, const CnnStepLaunch& l, int blocks) {
   return a.workspace + std::int64_t(blocks) * l.slice_floats;
 }
 __device__ __forceinline__ float* example_losses(const CnnStepArgs& a, const CnnStepLaunch& l, int blocks) {
   return factor_rows(a, l, blocks) + std::int64_t(a.batch) * l.factor_floats;
+}
+// The step counter as kernel 1 read it: the update rules' bias correction
+// reads it here, since the update kernel's last block advances the counter
+// while its other blocks may not have started.
+__device__ __forceinline__ std::int32_t* step_at_start(const CnnStepArgs& a, const CnnStepLaunch& l, int blocks) {
+  return reinterpret_cast<std::int32_t*>(example_losses(a, l, blocks) + a.batch);
 }
 
 // The arguments as copied into shared memory at the start: read by every

@@ -1,12 +1,14 @@
 // Kernel 2 of the CNN step (cnn_step.hpp): the blocks' gradient slices (or
-// the examples' linear-layer factors) summed in a fixed order, the SGD update
-// of the fp32 master weights (sgd_step.cuh), their fp16 casts into the
-// parameter image, the batch's mean loss and the step advance; and the
-// kernel that rebuilds the image from the fp32 parameters.
+// the examples' linear-layer factors) summed in a fixed order, the update of
+// the fp32 master weights by SGD (sgd_step.cuh) or by any update rule
+// (update_rules/), their fp16 casts into the parameter image, the batch's
+// mean loss and the step advance; and the kernel that rebuilds the image
+// from the fp32 parameters.
 #include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
@@ -15,6 +17,8 @@
 #include "ops/cuda/fast_paths/cnn_step/cnn_step_shapes.cuh"
 #include "ops/cuda/phase_marks.cuh"
 #include "ops/cuda/sgd_step.cuh"
+#include "ops/cuda/update_rules/all_rules.cuh"
+#include "ops/cuda/update_rules/each_slot.cuh"
 #include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
@@ -129,7 +133,7 @@ struct TensorTable {
   std::int64_t offset[kCnnStepMaxTensors + 1];
   float* param[kCnnStepMaxTensors];
   float* velocity[kCnnStepMaxTensors];
-  const UpdateScalars* sgd[kCnnStepMaxTensors];
+  const UpdateScalars* scalars[kCnnStepMaxTensors];
   GradientSource source[kCnnStepMaxTensors];
   ImageTarget target[kCnnStepMaxTensors];
   __device__ int tensor_of(std::int64_t e) const {
@@ -139,13 +143,21 @@ struct TensorTable {
   }
 };
 
+// The block's tensor table, declared in a function that is no template: nvcc
+// refuses a __shared__ variable of a type with member initialisers in a kernel
+// template ("dynamic initialization"), and none runs in shared memory anyway.
+__device__ __forceinline__ TensorTable& block_tensor_table() {
+  __shared__ TensorTable table;
+  return table;
+}
+
 __device__ void load_tensor_table(TensorTable& table, const CnnStepArgs& a, const CnnStepLaunch& l) {
   for (int t = threadIdx.x; t <= a.tensors; t += blockDim.x) {
     table.offset[t] = a.param_offset[t];
     if (t < a.tensors) {
       table.param[t] = a.param[t];
       table.velocity[t] = a.velocity[t];
-      table.sgd[t] = a.sgd[t];
+      table.scalars[t] = a.scalars[t];
       table.source[t] = gradient_source(a, l, t);
       table.target[t] = image_target(a, l, t);
     }
@@ -153,15 +165,43 @@ __device__ void load_tensor_table(TensorTable& table, const CnnStepArgs& a, cons
   __syncthreads();
 }
 
+// How kernel 2 updates an element: SGD from the tensor's velocity and
+// scalars (InKernelSgd), or an update rule from its state slots (RuleUpdate).
+struct InKernelSgd {};
+template <class R>
+struct RuleUpdate {
+  using Rule = R;
+  HyperOf<Rule> hyper;
+  CnnStepRuleState state;
+};
+
+// The rule's state pointers in shared memory, as the tensor table (none for SGD).
+template <class Update>
+struct StateTable {
+  __device__ void load(const Update&, int) {}
+};
+template <class Rule>
+struct StateTable<RuleUpdate<Rule>> {
+  float* slot[kCnnStepMaxTensors][kMaxUpdateStates];  // (a plain array: no initialiser in shared memory)
+  __device__ void load(const RuleUpdate<Rule>& u, int tensors) {
+    for (int t = threadIdx.x; t < tensors; t += blockDim.x)
+      for (int s = 0; s < kMaxUpdateStates; ++s) slot[t][s] = u.state.tensor[t].slot[s];
+    __syncthreads();
+  }
+};
+
 // Launched as a dependent of kernel 1 (where the backend allows it), so its
 // blocks are resident and have read what kernel 1 does not write (weights,
-// velocities, SGD scalars, the step counter) when kernel 1 ends: after that
-// an element costs one round of loads, its gradient's parts, all in flight.
-// The grid has one lane per part of every element (element_blocks), and one
-// block more, the last, for the batch's mean loss and the step advance.
+// velocities or rule states, update scalars, the step counter) when kernel 1
+// ends: after that an element costs one round of loads, its gradient's
+// parts, all in flight. The grid has one lane per part of every element
+// (element_blocks), and one block more, the last, for the batch's mean loss
+// and the step advance.
+template <class Update>
 __global__ void __launch_bounds__(kUpdateThreads)
     cnn_step_update(const __grid_constant__ CnnStepArgs a, const __grid_constant__ CnnStepLaunch l, int blocks,
-                    int phase) {
+                    int phase, const __grid_constant__ Update u) {
+  constexpr bool kSgd = std::is_same_v<Update, InKernelSgd>;
   if (blockIdx.x == gridDim.x - 1) {
     if (threadIdx.x >= 32) return;
     const std::int32_t step = *a.step;  // written only by the previous step's update
@@ -176,8 +216,10 @@ __global__ void __launch_bounds__(kUpdateThreads)
     }
     return;
   }
-  __shared__ TensorTable table;
+  TensorTable& table = block_tensor_table();
+  __shared__ StateTable<Update> states;
   load_tensor_table(table, a, l);
+  states.load(u, a.tensors);
   const std::int64_t elements = table.offset[a.tensors];
   const int part = threadIdx.x % kSumParts;
   const std::int64_t e = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) / kSumParts;
@@ -186,11 +228,14 @@ __global__ void __launch_bounds__(kUpdateThreads)
   const bool updates = part == 0 && e < elements;  // the lane that updates element e
   float* const velocity = table.velocity[t];
   float w = 0.f, v = 0.f;
+  float state[kMaxUpdateStates] = {};  // an update rule's slots of element i
   UpdateScalars scalars{};
   if (updates) {
     w = table.param[t][i];
     if (velocity) v = velocity[i];
-    scalars = *table.sgd[t];
+    if constexpr (!kSgd)
+      each_slot<typename Update::Rule>(u.hyper, [&](auto s) { state[s.value] = states.slot[t][s.value][i]; });
+    scalars = *table.scalars[t];
   }
   wait_for_previous_kernel();
   mark_phase(a.phase_clock, phase, true);
@@ -203,9 +248,18 @@ __global__ void __launch_bounds__(kUpdateThreads)
   float sum = part_sum + __shfl_xor_sync(0xffffffffu, part_sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
   if (updates) {
-    w = sgd_step(w, rounded(sum), velocity != nullptr, v, scalars);
+    if constexpr (kSgd) {
+      w = sgd_step(w, rounded(sum), velocity != nullptr, v, scalars);
+    } else {
+      const typename Update::Rule rule(u.hyper, scalars.lr, step_at_start(a, l, blocks), nullptr);
+      w = rule(w, rounded(sum), [&](int s) -> float& { return state[s]; });
+    }
     table.param[t][i] = w;
-    if (velocity) velocity[i] = v;
+    if constexpr (kSgd) {
+      if (velocity) velocity[i] = v;
+    } else {
+      each_slot<typename Update::Rule>(u.hyper, [&](auto s) { states.slot[t][s.value][i] = state[s.value]; });
+    }
     store_in_image(a.image, table.target[t], i, w);
   }
   __syncthreads();
@@ -232,6 +286,15 @@ int element_blocks(const CnnStepArgs& a, int lanes_per_element) {
   return int(std::max<std::int64_t>(1, (threads + kUpdateThreads - 1) / kUpdateThreads));
 }
 
+template <class Update>
+void launch_update(const CnnStepArgs& a, const CnnStepLaunch& l, const Update& u, cudaStream_t stream,
+                   bool dependent) {
+  const int update_phase = a.phase_clock ? static_cast<int>(cnn_step_phase_names(a).size()) - 1 : 0;
+  launch_dependent(cnn_step_update<Update>,
+                   LaunchGeometry{dim3(element_blocks(a, kSumParts) + 1), dim3(kUpdateThreads)}, stream, dependent, a,
+                   l, l.blocks, update_phase, u);
+}
+
 }  // namespace
 
 void launch_cnn_step_image(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream) {
@@ -240,13 +303,21 @@ void launch_cnn_step_image(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStr
   SG_LAUNCH_CHECK("cnn_step_build_image");
 }
 
-namespace cnn_step_parts {
-
-void launch_cnn_step_update(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
-  const int update_phase = a.phase_clock ? static_cast<int>(cnn_step_phase_names(a).size()) - 1 : 0;
-  launch_dependent(cnn_step_update, LaunchGeometry{dim3(element_blocks(a, kSumParts) + 1), dim3(kUpdateThreads)},
-                   stream, dependent, a, l, l.blocks, update_phase);
+void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
+  cnn_step_parts::launch_cnn_step_examples(a, l, stream);
+  launch_update(a, l, InKernelSgd{}, stream, dependent);
 }
 
-}  // namespace cnn_step_parts
+template <class Rule>
+void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, const CnnStepRuleState& state, HyperOf<Rule> hyper,
+                     cudaStream_t stream, bool dependent) {
+  cnn_step_parts::launch_cnn_step_examples(a, l, stream);
+  launch_update(a, l, RuleUpdate<Rule>{hyper, state}, stream, dependent);
+}
+
+#define SG_CNN_STEP_RULE(Rule)                                                                                \
+  template void launch_cnn_step<Rule>(const CnnStepArgs&, const CnnStepLaunch&, const CnnStepRuleState&,     \
+                                      HyperOf<Rule>, cudaStream_t, bool);
+SG_FOR_EACH_UPDATE_RULE(SG_CNN_STEP_RULE)
+#undef SG_CNN_STEP_RULE
 }  // namespace sg::cuda

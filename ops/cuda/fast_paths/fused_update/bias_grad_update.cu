@@ -5,9 +5,8 @@
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/fast_paths/fused_update/bias_grad_update.hpp"
 #include "ops/cuda/launch_config.cuh"
-#include "ops/cuda/update_rules/adam_rule.cuh"
+#include "ops/cuda/update_rules/all_rules.cuh"
 #include "ops/cuda/update_rules/each_slot.cuh"
-#include "ops/cuda/update_rules/rmsprop_rule.cuh"
 
 namespace sg::cuda {
 namespace {
@@ -62,8 +61,7 @@ void launch_bias_grad_update(const G* dy, std::int64_t rows, std::int64_t cols, 
   SG_BIAS_GRAD_UPDATE(Rule, float, __half)            \
   SG_BIAS_GRAD_UPDATE(Rule, __nv_bfloat16, __nv_bfloat16) \
   SG_BIAS_GRAD_UPDATE(Rule, float, __nv_bfloat16)
-SG_BIAS_GRAD_UPDATE_TYPES(AdamRule)
-SG_BIAS_GRAD_UPDATE_TYPES(RmspropRule)
+SG_FOR_EACH_UPDATE_RULE(SG_BIAS_GRAD_UPDATE_TYPES)
 #undef SG_BIAS_GRAD_UPDATE_TYPES
 #undef SG_BIAS_GRAD_UPDATE
 

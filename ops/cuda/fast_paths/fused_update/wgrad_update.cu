@@ -15,9 +15,8 @@
 #include "ops/cuda/fast_paths/fused_update/wgrad_update.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/quad_access.cuh"
-#include "ops/cuda/update_rules/adam_rule.cuh"
+#include "ops/cuda/update_rules/all_rules.cuh"
 #include "ops/cuda/update_rules/each_slot.cuh"
-#include "ops/cuda/update_rules/rmsprop_rule.cuh"
 
 namespace sg::cuda {
 namespace {
@@ -156,8 +155,7 @@ void launch_wgrad_update(const __half* dy, const __half* x, std::int64_t batch, 
   SG_WGRAD_UPDATE(Rule, __half, __half)   \
   SG_WGRAD_UPDATE(Rule, float, __half)    \
   SG_WGRAD_UPDATE(Rule, float, float)
-SG_WGRAD_UPDATE_TYPES(AdamRule)
-SG_WGRAD_UPDATE_TYPES(RmspropRule)
+SG_FOR_EACH_UPDATE_RULE(SG_WGRAD_UPDATE_TYPES)
 #undef SG_WGRAD_UPDATE_TYPES
 #undef SG_WGRAD_UPDATE
 

@@ -1,16 +1,20 @@
 // Lowering: a graph that is exactly a small sequential CNN's training step
 // (runtime/plan/cnn_step_pattern.hpp: fp16 activations, fp32 master weights,
-// SGD) as two kernels per step (ops/cuda/fast_paths/cnn_step/cnn_step.hpp): every example's
-// forward and backward in one block with its activations in shared memory,
-// then the summed gradients' updates. Asks the device (shared memory).
+// SGD or any update rule) as two kernels per step
+// (ops/cuda/fast_paths/cnn_step/cnn_step.hpp): every example's forward and
+// backward in one block with its activations in shared memory, then the
+// summed gradients' updates. Asks the device (shared memory).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <functional>
 
 #include "runtime/cuda/fast_paths/whole_step/cnn_step.hpp"
 
 #include "ops/cuda/fast_paths/cnn_step/cnn_step.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/update_rule_table.hpp"
 #include "runtime/plan/cnn_step_pattern.hpp"
 
 namespace sg::cuda {
@@ -37,6 +41,46 @@ CnnLayerOp op_of(Kind k) {
     case Kind::linear: return CnnLayerOp::linear;
   }
   return CnnLayerOp::view;
+}
+
+// The update nodes of a plan's parameters, in tensor order.
+std::vector<NodeId> update_nodes(const CnnStepPlan& plan) {
+  std::vector<NodeId> nodes;
+  for (const CnnStepLayer& p : plan.layers)
+    if (p.weight_update >= 0) nodes.insert(nodes.end(), {p.weight_update, p.bias_update});
+  return nodes;
+}
+
+// Why the update kernel cannot apply the plan's updates ("" when it can):
+// it applies one optimizer to every tensor, SGD (momentum, weight decay; not
+// Nesterov) or an update rule of update_rule_table.hpp without clipping,
+// every state fp32 and the step counter the fetch's.
+std::string update_blocker(const sg::Graph& g, const CnnStepPlan& plan) {
+  const std::vector<NodeId> nodes = update_nodes(plan);
+  if (nodes.empty()) return {};
+  const Node& first = g.node(nodes.front());
+  for (NodeId id : nodes)
+    if (g.node(id).op != first.op || !(g.node(id).attrs == first.attrs))
+      return "the parameters' optimizer updates differ (the update kernel applies one to all)";
+  for (NodeId id : nodes) {
+    const Node& n = g.node(id);
+    std::vector<ValueId> states;
+    if (n.op == OpKind::sgd_update) {
+      if (n.attr<SgdUpdateAttrs>().nesterov) return "optimizer SGD with Nesterov momentum: the update kernel applies SGD without it";
+      if (n.inputs.size() > 2) states.push_back(n.inputs[2]);
+    } else if (const std::optional<UpdateInputs> u = update_inputs(n)) {
+      if (u->clip_scale >= 0) return "gradient clipping (its scale exists only after every gradient)";
+      if (u->step >= 0 && u->step != plan.step) return "the update reads another step counter than the batch fetch";
+      for (ValueId v : u->state)
+        if (v >= 0) states.push_back(v);
+    } else {
+      return fmt::format("optimizer update {}: no update rule for it (runtime/cuda/lowerings/update_rule_table.hpp)",
+                         op_name(n.op));
+    }
+    for (ValueId v : states)
+      if (g.value(v).dtype != DType::f32) return "the optimizer's state is not fp32";
+  }
+  return {};
 }
 
 // The kernels' sizes for a plan (pointers are bound later); empty `why` when they run it.
@@ -92,10 +136,7 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
   if (g.value(plan.images).shape.size() != 2 || g.value(plan.images).shape[1] != std::int64_t(first.in_c) * first.in_h * first.in_w)
     why = "the image rows are not the first layer's input";
   if (g.value(plan.layers.front().input).dtype != DType::f16) why = "activations are not fp16";
-  for (const CnnStepLayer& p : plan.layers)
-    for (NodeId sgd : {p.weight_sgd, p.bias_sgd})
-      if (sgd >= 0 && g.node(sgd).inputs.size() > 2 && g.value(g.node(sgd).inputs[2]).dtype != DType::f32)
-        why = "velocities are not fp32";
+  if (std::string update = update_blocker(g, plan); !update.empty()) why = update;
   return a;
 }
 
@@ -120,13 +161,18 @@ std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& 
   return std::move(found.plan);
 }
 
+// Both kernels of one step on a stream, the update by the graph's optimizer.
+using CnnStepLauncher = std::function<void(const CnnStepArgs&, const CnnStepLaunch&, cudaStream_t, bool dependent)>;
+
 class CnnStepRecord final : public RecordedLaunch {
  public:
   // Owns the parameter image (CnnStepArgs::image) and builds it from the
   // parameters as they are now, on `stream`.
-  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, void* const* workspace, bool dependent, cudaStream_t stream)
+  CnnStepRecord(CnnStepArgs args, CnnStepLaunch launch, CnnStepLauncher launcher, void* const* workspace,
+                bool dependent, cudaStream_t stream)
       : args_(args),
         launch_(launch),
+        launcher_(std::move(launcher)),
         image_(cnn_step_image_bytes(launch)),
         index_tables_(std::size_t(launch.tables_floats) * sizeof(float)),
         workspace_(workspace),
@@ -137,7 +183,7 @@ class CnnStepRecord final : public RecordedLaunch {
     args_.image = image_.as<float>();
     launch_cnn_step_image(args_, launch_, stream);
   }
-  void enqueue(cudaStream_t s) const override { launch_cnn_step(with_workspace(), launch_, s, dependent_); }
+  void enqueue(cudaStream_t s) const override { launcher_(with_workspace(), launch_, s, dependent_); }
   void parameters_written(cudaStream_t s) const override { launch_cnn_step_image(args_, launch_, s); }
   std::string label() const override {
     return fmt::format("{} blocks of {} threads, one example each at a time, {} KB shared; then the updates",
@@ -148,7 +194,7 @@ class CnnStepRecord final : public RecordedLaunch {
     return median_phase_times(cnn_step_phase_names(args_), repeats, stream, [&](unsigned long long* clock) {
       CnnStepArgs a = with_workspace();
       a.phase_clock = clock;
-      launch_cnn_step(a, launch_, stream, dependent_);
+      launcher_(a, launch_, stream, dependent_);
     });
   }
 
@@ -161,6 +207,7 @@ class CnnStepRecord final : public RecordedLaunch {
 
   CnnStepArgs args_;
   CnnStepLaunch launch_;
+  CnnStepLauncher launcher_;
   DeviceBuffer image_;
   DeviceBuffer index_tables_;  // cnn_step_index_tables
   void* const* workspace_;
@@ -207,7 +254,13 @@ class CnnStepLowering final : public CudaLowering {
     const auto& plan = detail_of<CnnStepPlan>(l);
     std::vector<std::string> layers;
     for (const CnnStepLayer& layer : plan.layers) layers.push_back(layer_text(g, layer));
-    return fmt::format("layers={},batch={}", fmt::join(layers, ","), plan.batch);
+    // An update rule is named; SGD, which the kernels were first written for, is not.
+    const std::vector<NodeId> updates = update_nodes(plan);
+    const std::string update =
+        updates.empty() || g.node(updates.front()).op == OpKind::sgd_update
+            ? std::string()
+            : ",update=" + update_rule_name(g.node(updates.front()));
+    return fmt::format("layers={},batch={}{}", fmt::join(layers, ","), plan.batch, update);
   }
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
@@ -215,24 +268,35 @@ class CnnStepLowering final : public CudaLowering {
     std::string why;
     CnnStepArgs a = shape_of(g, plan, why);
     if (!why.empty()) throw CudaError("cnn_step: " + why);
-    for (std::size_t i = 0; i < plan.layers.size(); ++i) {
-      const CnnStepLayer& p = plan.layers[i];
-      const CnnLayer& L = a.layer[i];
-      if (L.weight < 0) continue;
-      for (auto [t, sgd] : {std::pair{L.weight, p.weight_sgd}, std::pair{L.bias, p.bias_sgd}}) {
-        const Node& n = g.node(sgd);
-        a.param[t] = static_cast<float*>(c.ptr(n.inputs[0]));
+    // Tensor t is the t-th update node (shape_of numbers them in the same order).
+    const std::vector<NodeId> updates = update_nodes(plan);
+    CnnStepRuleState state;
+    for (std::size_t t = 0; t < updates.size(); ++t) {
+      const Node& n = g.node(updates[t]);
+      a.param[t] = static_cast<float*>(c.ptr(n.inputs[0]));
+      a.scalars[t] = c.update_scalars(n.id);
+      if (n.op == OpKind::sgd_update)
         a.velocity[t] = n.inputs.size() > 2 ? static_cast<float*>(c.ptr(n.inputs[2])) : nullptr;
-        a.sgd[t] = c.update_scalars(sgd);
-      }
+      else
+        state.tensor[t] = state_slots(*update_inputs(n), [&](ValueId v) { return c.ptr(v); });
     }
+    CnnStepLauncher launcher = [](const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t s, bool dep) {
+      launch_cnn_step(args, launch, s, dep);
+    };
+    if (!updates.empty())
+      with_update_rule(g.node(updates.front()), [&](auto rule, auto hyper) {
+        using Rule = typename decltype(rule)::type;
+        launcher = [state, hyper](const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t s, bool dep) {
+          launch_cnn_step<Rule>(args, launch, state, hyper, s, dep);
+        };
+      });
     a.perm = static_cast<const std::int32_t*>(c.ptr(plan.perm));
     a.step = static_cast<std::int32_t*>(c.ptr(plan.step));
     a.images = static_cast<const std::uint8_t*>(c.ptr(plan.images));
     a.labels = static_cast<const std::uint8_t*>(c.ptr(plan.labels));
     a.loss = static_cast<float*>(c.ptr(plan.loss));
     const CnnStepLaunch launch = plan_cnn_step_launch(a);
-    return std::make_unique<CnnStepRecord>(a, launch, c.workspace(cnn_step_workspace_bytes(a, launch)),
+    return std::make_unique<CnnStepRecord>(a, launch, std::move(launcher), c.workspace(cnn_step_workspace_bytes(a, launch)),
                                            c.options().dependent_launch, c.stream());
   }
 

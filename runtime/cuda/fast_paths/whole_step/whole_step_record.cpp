@@ -2,7 +2,8 @@
 // step as one launch per step: an MLP as one kernel (a cooperative grid or
 // one cluster: whole_step; the weights resident in one cluster's shared
 // memory across steps: resident_step), a small sequential CNN as two
-// (cnn_step). Plain SGD, fp16.
+// (cnn_step). fp16. The MLP kernels apply SGD in-kernel; the CNN step's
+// update kernel applies SGD or any update rule to its summed partial gradients.
 #include <algorithm>
 #include <stdexcept>
 
@@ -30,11 +31,11 @@ std::vector<SlottedLowering> whole_step_lowerings(const BackendOptions& o) {
 
 std::string whole_step_why_not(const sg::Graph& g, const BackendOptions& o, bool /*device_present*/) {
   if (!o.whole_step) return "turned off (backend.whole_step: false)";
-  if (std::string why = not_sgd(g); !why.empty()) return why;
   const bool convolutional =
       std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return n.op == OpKind::conv2d; });
   // The blockers ask the device only once every structural check passed.
   if (convolutional) return cnn_step_blocker(g, o);
+  if (std::string why = not_sgd(g); !why.empty()) return why;
   return whole_step_blocker(g, o, /*resident=*/false);
 }
 
@@ -42,7 +43,7 @@ std::string whole_step_why_not(const sg::Graph& g, const BackendOptions& o, bool
 
 FastPath whole_step_fast_path() {
   return {"whole_step",
-          "a small MLP's (or sequential CNN's) whole SGD training step as one launch: grid, cluster or resident weights",
+          "a small MLP's whole SGD training step as one launch (grid, cluster or resident weights); a sequential CNN's, any optimizer, as two",
           {"whole_step", "whole_step_mode", "resident_cluster"},
           whole_step_lowerings,
           whole_step_why_not};
