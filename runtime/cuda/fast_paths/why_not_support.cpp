@@ -3,9 +3,18 @@
 #include <fmt/format.h>
 
 namespace sg::cuda {
+namespace {
+
+// An optimizer's update: an in-place op on a parameter (not the step advance).
+bool is_optimizer_update(const sg::Graph& g, const Node& n) {
+  return op_updates_in_place(n.op) && !n.inputs.empty() && g.value(n.inputs[0]).role == Role::param;
+}
+
+}  // namespace
+
 std::string not_sgd(const sg::Graph& g) {
   for (const Node& n : g.nodes()) {
-    if (!op_updates_in_place(n.op) || n.op == OpKind::sgd_update) continue;
+    if (!is_optimizer_update(g, n) || n.op == OpKind::sgd_update) continue;
     if (n.op == OpKind::adam_update)
       return fmt::format("optimizer {}: the kernels apply SGD in-kernel",
                          n.attr<AdamUpdateAttrs>().decoupled ? "adamw" : "adam");
