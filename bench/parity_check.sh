@@ -3,7 +3,7 @@
 # PyTorch (bench/torch_parity.py: fp16 autocast, same initial weights, same
 # batches). Passes when the test losses agree within 2% and the test
 # accuracies within 0.5 points.
-# Usage: [LR=...] [SCHEDULE=constant|cosine] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw|rmsprop|cnn]
+# Usage: [LR=...] [SCHEDULE=constant|cosine] bench/parity_check.sh [OUT=runs/parity] [COMPUTE=fp16|bf16] [VARIANT=relu|gelu|gelu_tanh|mse|adamw|rmsprop|cnn|cnn_rmsprop|cnn_adamw]
 # (bf16: precision.compute: bf16 against PyTorch's bf16 autocast; gelu,
 # gelu_tanh: that model.activation against nn.GELU / GELU(approximate='tanh');
 # mse: model.loss: mse regressing MNIST's one-hot class vectors (an .npz copy
@@ -19,15 +19,18 @@
 # final weights, and so the test loss, far less sensitive to rounding;
 # cnn: issue 22's report CNN, configs/mnist_cnn.yaml with its dropout2d and
 # dropout layers left out, one epoch of 937 steps at batch 64, SGD lr 0.01
-# momentum 0.5, against bench/torch_cnn.py's ReportNet from the same weights)
+# momentum 0.5, against bench/torch_cnn.py's ReportNet from the same weights;
+# cnn_rmsprop / cnn_adamw: the same CNN under RMSprop / AdamW (wd 0.01), lr
+# 1e-3 on the cosine schedule, which the fused CNN step applies as update
+# rules: issue 35)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/parity}"
 compute="${2:-fp16}"
 case "$compute" in fp16|bf16) ;; *) echo "parity_check.sh: COMPUTE must be fp16 or bf16, not '$compute'" >&2; exit 2;; esac
 variant="${3:-relu}"
-case "$variant" in relu|gelu|gelu_tanh|mse|adamw|rmsprop|cnn) ;;
-  *) echo "parity_check.sh: VARIANT must be relu, gelu, gelu_tanh, mse, adamw, rmsprop or cnn, not '$variant'" >&2; exit 2;; esac
+case "$variant" in relu|gelu|gelu_tanh|mse|adamw|rmsprop|cnn|cnn_rmsprop|cnn_adamw) ;;
+  *) echo "parity_check.sh: VARIANT must be relu, gelu, gelu_tanh, mse, adamw, rmsprop, cnn, cnn_rmsprop or cnn_adamw, not '$variant'" >&2; exit 2;; esac
 data="${DATA:-data/mnist}"
 mkdir -p "$out"
 data_abs="$(realpath -m "$data")"
@@ -49,10 +52,20 @@ case "$variant" in
     lr=0.0003 default_schedule=cosine
     ours_extra=(--set optim.name=rmsprop --set optim.alpha=0.99 --set optim.eps=1e-8 --set optim.momentum=0.9 --set optim.weight_decay=0.0001)
     torch_extra=(--optim rmsprop --alpha 0.99 --eps 1e-8 --momentum 0.9 --weight-decay 0.0001);;
-  cnn)
+  cnn|cnn_rmsprop|cnn_adamw)
     lr=0.01 config=configs/mnist_cnn.yaml steps=937
     ours_extra=(--set "model.sequential=[{conv2d: {out: 10, kernel: 5}}, {max_pool2d: {kernel: 2}}, relu, {conv2d: {out: 20, kernel: 5}}, {max_pool2d: {kernel: 2}}, relu, flatten, {linear: {out: 50}}, relu, {linear: {out: 10}}]")
-    torch_model=(--model report_cnn --batch 64 --momentum 0.5 --normalize);;
+    torch_model=(--model report_cnn --batch 64 --momentum 0.5 --normalize)
+    case "$variant" in  # the fused CNN step's update rules (issue 35), lr 1e-3 decayed on both sides
+      cnn_rmsprop)
+        lr=0.001 default_schedule=cosine torch_model=(--model report_cnn --batch 64 --normalize)
+        ours_extra+=(--set optim.name=rmsprop --set optim.momentum=0 --set optim.alpha=0.99 --set optim.eps=1e-8)
+        torch_extra=(--optim rmsprop --alpha 0.99 --eps 1e-8);;
+      cnn_adamw)
+        lr=0.001 default_schedule=cosine torch_model=(--model report_cnn --batch 64 --normalize)
+        ours_extra+=(--set optim.name=adamw --set optim.momentum=0 --set optim.weight_decay=0.01 --set "optim.betas=[0.9, 0.999]" --set optim.eps=1e-8)
+        torch_extra=(--optim adamw --weight-decay 0.01 --betas 0.9,0.999 --eps 1e-8);;
+    esac;;
 esac
 lr="${LR:-$lr}"  # LR=...: another learning rate for both sides
 schedule="${SCHEDULE:-$default_schedule}"

@@ -4,15 +4,20 @@
 # compute-sanitizer memcheck and racecheck on a short training run, the
 # default config's accuracy, the PyTorch parity check, and the
 # replay_reference example. Logs go to OUT (default runs/gpu_checks).
-# Usage: scripts/gpu_checks.sh [OUT] ; DATA=<mnist dir> (default data/mnist)
+# Usage: scripts/gpu_checks.sh [OUT] [ONLY] ; DATA=<mnist dir> (default data/mnist)
+# ONLY: a regular expression; only the checks whose names match it run (to
+# rerun some after a fix: scripts/gpu_checks.sh runs/gpu_checks 'parity_cnn|_cnn_'),
+# the build step among them only when it matches too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-runs/gpu_checks}"
+only="${2:-}"
 data="$(realpath -m "${DATA:-data/mnist}")"
 mkdir -p "$out"
 failed=()
 step() {  # step NAME COMMAND...: runs COMMAND, logs to OUT/NAME.log, remembers failures
   local name="$1"; shift
+  if [ -n "$only" ] && ! [[ "$name" =~ $only ]]; then return 0; fi
   echo "=== $name: $*"
   if "$@" >"$out/$name.log" 2>&1; then echo "--- $name: ok"; else echo "--- $name: FAILED"; failed+=("$name"); fi
   tail -n "${TAIL:-6}" "$out/$name.log"
@@ -57,7 +62,7 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_8192_b25
   # any other report (e.g. a DSMEM access to a block that may not run yet),
   # whose first frame line is "=========     at <kernel>".
   step "racecheck_$variant" compute-sanitizer --tool racecheck "${short[@]}"
-  ours=$(grep -E " access at |^=+ +at " "$out/racecheck_$variant.log" |
+  ours=$(grep -E " access at |^=+ +at " "$out/racecheck_$variant.log" 2>/dev/null |
          grep -v -E "(access )?at (nvjet|sm90_xmma|cutlass)" || true)
   library=$(grep -c " access at nvjet" "$out/racecheck_$variant.log" || true)
   if [ -n "$ours" ]; then
@@ -140,9 +145,23 @@ for cnn in mnist_cnn mnist_cnn_fast; do
            --set run.steps=10 --set run.log_every=1 --set run.out_dir="$out/sanitized_$cnn")
   step "memcheck_$cnn" compute-sanitizer --tool memcheck --error-exitcode 3 "${cnn_run[@]}"
   step "racecheck_$cnn" compute-sanitizer --tool racecheck "${cnn_run[@]}"
-  ours=$(grep -E " access at |^=+ +at " "$out/racecheck_$cnn.log" | grep -v -E "(access )?at (nvjet|sm90_xmma|cutlass)" || true)
+  ours=$(grep -E " access at |^=+ +at " "$out/racecheck_$cnn.log" 2>/dev/null | grep -v -E "(access )?at (nvjet|sm90_xmma|cutlass)" || true)
   if [ -n "$ours" ]; then echo "--- racecheck_$cnn: hazards in our kernels:"; echo "$ours" | head -5; failed+=("racecheck_$cnn"); fi
 done
 DATA="$data" step parity_rmsprop bench/parity_check.sh "$out/parity_rmsprop" fp16 rmsprop
+# The fused CNN step's update rules (issue 35): memcheck and racecheck on the report CNN under AdamW (the
+# step counter kernel 1 keeps for the bias correction) and centered RMSprop with momentum (three state
+# slots), and PyTorch parity for both.
+for rule in adamw rmsprop; do
+  rule_sets=(--set optim.name=$rule --set optim.lr=0.001 --set optim.momentum=0)
+  [ $rule = rmsprop ] && rule_sets=(--set optim.name=rmsprop --set optim.lr=0.0003 --set optim.momentum=0.9 --set optim.centered=true)
+  rule_run=(build/apps/stepgraph train --config configs/mnist_cnn.yaml --set data.dir="$data" --set run.epochs=0
+            --set run.steps=10 --set run.log_every=1 "${rule_sets[@]}" --set run.out_dir="$out/sanitized_cnn_$rule")
+  step "memcheck_cnn_$rule" compute-sanitizer --tool memcheck --error-exitcode 3 "${rule_run[@]}"
+  step "racecheck_cnn_$rule" compute-sanitizer --tool racecheck "${rule_run[@]}"
+  ours=$(grep -E " access at |^=+ +at " "$out/racecheck_cnn_$rule.log" 2>/dev/null | grep -v -E "(access )?at (nvjet|sm90_xmma|cutlass)" || true)
+  if [ -n "$ours" ]; then echo "--- racecheck_cnn_$rule: hazards in our kernels:"; echo "$ours" | head -5; failed+=("racecheck_cnn_$rule"); fi
+  DATA="$data" step "parity_cnn_$rule" bench/parity_check.sh "$out/parity_cnn_$rule" fp16 "cnn_$rule"
+done
 if [ ${#failed[@]} -gt 0 ]; then echo "gpu_checks: FAILED: ${failed[*]}"; exit 1; fi
 echo "gpu_checks: all passed"

@@ -133,8 +133,12 @@ TEST_CASE("the normal schedule names each declined fast path with a reason") {
     if (g.name == "mnist_cnn_fast.yaml") {
       const auto declined = check_declined(g);
       // AdamW is the CNN step's too (issue 35): every structural check
-      // passes, and only the device can say whether the step fits.
-      CHECK(reason_of(declined, "whole_step") == "not decided without a GPU: it asks the device whether the step fits");
+      // passes, and only the device can say whether the step fits (it does
+      // not: the 3136x128 layer's weights alone exceed shared memory).
+      const std::string why = reason_of(declined, "whole_step");
+      INFO(why);
+      CHECK((why == "not decided without a GPU: it asks the device whether the step fits" ||
+             why.find("bytes of shared memory") != std::string::npos));
       CHECK(reason_of(declined, "our_conv") == "");  // its first conv is 1->32: ours runs it
     }
   NamedGraph off{"MLP, whole_step off", bench_mlp(128, 64, OptimizerKind::sgd, DType::f16), BackendOptions{}};
