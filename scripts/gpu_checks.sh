@@ -64,7 +64,7 @@ for variant in fp32 fp16 fp16_wide fp16_1024 fp16_512_k4 fp16_8192 fp16_8192_b25
   step "racecheck_$variant" compute-sanitizer --tool racecheck "${short[@]}"
   ours=$(grep -E " access at |^=+ +at " "$out/racecheck_$variant.log" 2>/dev/null |
          grep -v -E "(access )?at (nvjet|sm90_xmma|cutlass)" || true)
-  library=$(grep -c " access at nvjet" "$out/racecheck_$variant.log" || true)
+  library=$(grep -c " access at nvjet" "$out/racecheck_$variant.log" 2>/dev/null || true)
   if [ -n "$ours" ]; then
     echo "--- racecheck_$variant: hazards in our kernels:"; echo "$ours" | head -5; failed+=("racecheck_$variant")
   elif [ "${library:-0}" -gt 0 ]; then
