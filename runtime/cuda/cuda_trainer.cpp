@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cuda/cuda_program.hpp"
@@ -249,11 +250,21 @@ std::string CudaTrainer::description() const {
   SG_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   const auto& s = impl_->spec;
   const auto& program = *impl_->train;
+  // One whole-step launch, or the whole-step kernel with the update stage's
+  // launch after it (an update rule: no fast path declined), both named.
+  std::string whole_step;
+  if (program.uses_whole_step()) {
+    whole_step = fmt::format(" ({})", program.launch_label(0));
+  } else if (const std::string why = program.declined_reason("whole_step"); !why.empty()) {
+    whole_step = fmt::format(" (whole-step kernel not used: {})", why);
+  } else {
+    std::vector<std::string> labels;
+    for (std::size_t i = 0; i < program.schedule().launches.size(); ++i) labels.push_back(program.launch_label(i));
+    whole_step = fmt::format(" ({})", fmt::join(labels, "; "));
+  }
   return fmt::format("cuda on {} ({}, {} launches per step{}{}, {} accumulate)", prop.name,
                      s.cuda_graph ? "CUDA graph replay" : "stream launches", program.schedule().launches.size(),
-                     program.uses_whole_step() ? fmt::format(" ({})", program.launch_label(0))
-                                               : fmt::format(" (whole-step kernel not used: {})",
-                                                             program.declined_reason("whole_step")),
+                     whole_step,
                      s.cuda_graph && s.backend.steps_per_launch > 1
                          ? fmt::format(", {} steps per graph", s.backend.steps_per_launch)
                          : "",

@@ -96,16 +96,16 @@ class StepWalker {
     for (std::size_t l = plan.layers.size(); l-- > 0;) {
       WholeStepLayer& layer = plan.layers[l];
       const Node* bias_sum = reader(dz, OpKind::reduce_rows, 0);
-      const Node* bias_sgd = bias_sum ? sgd_of(layer.bias, bias_sum->outputs[0]) : nullptr;
+      const Node* bias_update = bias_sum ? update_of(layer.bias, bias_sum->outputs[0]) : nullptr;
       const Node* wgrad = reader(dz, OpKind::matmul, 0, [&](const Node& n) {
         return n.attr<MatmulAttrs>().trans_a && !n.attr<MatmulAttrs>().trans_b && n.inputs[1] == inputs[l];
       });
-      const Node* weight_sgd = wgrad ? sgd_of(layer.weight, wgrad->outputs[0]) : nullptr;
-      if (!bias_sgd || !weight_sgd || !group({bias_sum->id, bias_sgd->id}, FusionKind::bgrad_sgd) ||
-          !group({wgrad->id, weight_sgd->id}, FusionKind::wgrad_sgd))
+      const Node* weight_update = wgrad ? update_of(layer.weight, wgrad->outputs[0]) : nullptr;
+      if (!bias_update || !weight_update || !gradient_and_update(*bias_sum, *bias_update, FusionKind::bgrad_sgd) ||
+          !gradient_and_update(*wgrad, *weight_update, FusionKind::wgrad_sgd))
         return std::nullopt;
-      layer.bias_sgd = bias_sgd->id;
-      layer.weight_sgd = weight_sgd->id;
+      layer.bias_update = bias_update->id;
+      layer.weight_update = weight_update->id;
       if (l == 0) break;
       const Node* dgrad = reader(dz, OpKind::matmul, 0, [&](const Node& n) {
         return !n.attr<MatmulAttrs>().trans_a && !n.attr<MatmulAttrs>().trans_b && n.inputs[1] == layer.weight;
@@ -163,11 +163,26 @@ class StepWalker {
     return OpKind::relu_backward;  // (unreachable: `forward` came from kActivations)
   }
 
-  // The sgd_update of `param` from `grad` (with or without momentum state:
-  // whether a kernel implements it is the backend's question).
-  const Node* sgd_of(ValueId param, ValueId grad) const {
-    const Node* sgd = reader(grad, OpKind::sgd_update, 1);
-    return sgd && sgd->inputs[0] == param ? sgd : nullptr;
+  // The optimizer update of `param` from `grad`: the one node reading the
+  // gradient, an in-place op on `param` (sgd_update with or without momentum
+  // state, or an update rule's op: which ones a kernel applies is the
+  // backend's question).
+  const Node* update_of(ValueId param, ValueId grad) const {
+    const std::vector<NodeId>& readers = g_.consumers(grad);
+    if (readers.size() != 1) return nullptr;
+    const Node& n = g_.node(readers[0]);
+    const bool update = op_updates_in_place(n.op) && n.inputs.size() >= 2 && n.inputs[0] == param && n.inputs[1] == grad;
+    return update ? &n : nullptr;
+  }
+
+  // A gradient and its update: SGD's in one fusion group of `sgd_kind`
+  // (wgrad_sgd, bgrad_sgd), any other optimizer's as two lone nodes (its
+  // updates run after the last gradient: graph/optimizer_pass.hpp).
+  bool gradient_and_update(const Node& gradient, const Node& update, FusionKind sgd_kind) {
+    if (update.op == OpKind::sgd_update) return group({gradient.id, update.id}, sgd_kind);
+    if (gradient.fusion_group >= 0 || update.fusion_group >= 0) return false;
+    seen_.insert({gradient.id, update.id});
+    return true;
   }
 
   // Whether exactly these nodes form one fusion group of `kind`; records them.

@@ -1,7 +1,7 @@
 #pragma once
 // Recognises a fused graph that is exactly the training step of an MLP
 // (batch fetch, Linear+activation layers, softmax cross-entropy, its
-// autodiff backward, SGD, step advance), so a backend may run it as one
+// autodiff backward, one optimizer update per parameter, step advance), so a backend may run it as one
 // whole-step kernel. The activation is one of relu, gelu, gelu_tanh, silu,
 // tanh and sigmoid, the same in every hidden layer: inside the layer's
 // linear_forward group (relu, gelu_tanh) or a lone node after a bias-only
@@ -19,13 +19,14 @@
 
 namespace sg {
 
-// Per layer (input side first): its parameters, their sgd_update nodes, the
+// Per layer (input side first): its parameters, their optimizer's update
+// nodes (sgd_update or an update rule's op), the
 // value the layer outputs (the activation's output, or the logits for the
 // last layer) and, for hidden layers, its pre-activation (the bias_add's
 // output) and that pre-activation's gradient.
 struct WholeStepLayer {
   ValueId weight = -1, bias = -1;
-  NodeId weight_sgd = -1, bias_sgd = -1;
+  NodeId weight_update = -1, bias_update = -1;
   ValueId output = -1;
   ValueId pre_activation = -1;       // -1 for the logits layer
   ValueId pre_activation_grad = -1;  // -1 for the logits layer

@@ -379,3 +379,73 @@ TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
   REQUIRE(cuda::CudaTrainer(cuda_spec(spec, data), data).description().find("weights resident") != std::string::npos);
   sg::test::check_learning_rate_changes_reach(spec, data, true);
 }
+
+// Issue 35: with an update rule the whole-step kernel stores every layer's
+// gradient (the graph's fp16 value) instead of its in-kernel SGD, and the
+// update stage's one launch after it (update_multi_tensor, with the step
+// advance) applies the rule. eps = 1e-3 keeps a small gradient's update
+// proportional to it, so the first step's change compares by norm (Adam's
+// bias correction at the wrong step would change it by a quarter).
+TEST_CASE("update rules: the whole-step kernel hands its gradients to the update stage, which follows the CPU") {
+  SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  struct Case {
+    OptimizerKind kind;
+    std::vector<std::int64_t> layers;
+    std::int64_t batch;
+    WholeStepMode mode;
+    double momentum = 0.0;
+    bool centered = false;
+  };
+  for (const Case& c : std::vector<Case>{{OptimizerKind::adamw, {48, 64, 32, 10}, 32, WholeStepMode::grid},
+                                         {OptimizerKind::adam, {32, 16, 7}, 16, WholeStepMode::cluster},
+                                         {OptimizerKind::rmsprop, {64, 10}, 64, WholeStepMode::grid, 0.9, true},
+                                         // the resident kernel declines an update rule: the grid runs it
+                                         {OptimizerKind::rmsprop, {112, 96, 80, 48, 29}, 48, WholeStepMode::resident}}) {
+    INFO(optimizer_name(c.kind) << ", layers " << c.layers.size() << ", first width " << c.layers[0] << ", batch "
+                                << c.batch << ", mode " << whole_step_mode_name(c.mode));
+    MlpTrainerSpec spec = f16_spec(c.layers, c.batch, c.kind == OptimizerKind::adamw ? 0.01 : 1e-3);
+    spec.optimizer.kind = c.kind;
+    spec.optimizer.lr = 2e-3;
+    spec.optimizer.eps = 1e-3;
+    spec.optimizer.momentum = c.momentum;
+    spec.optimizer.centered = c.centered;
+    spec.backend.whole_step_mode = c.mode;
+    MlpTrainerSpec per_launch_spec = spec;
+    per_launch_spec.backend.whole_step = false;
+    const Dataset data = random_dataset(c.batch * 12 + 5, c.layers.front(), c.layers.back(), rng);
+    auto cpu = make_cpu_trainer(cpu_spec(spec, data), data);
+    cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
+    cuda::CudaTrainer per_launch(cuda_spec(per_launch_spec, data), data);
+    INFO(gpu.description());
+    const cuda::CudaProgram& program = gpu.training_program();
+    REQUIRE(program.schedule().launches.size() == 2);
+    CHECK(program.launch_label(0).find("whole_step[") != std::string::npos);
+    CHECK(program.launch_label(0).find("gradients out for") != std::string::npos);
+    const bool grid = program.launch_label(0).find("cooperative grid") != std::string::npos;
+    const bool cluster = program.launch_label(0).find("one cluster") != std::string::npos;
+    CHECK((grid || (c.mode == WholeStepMode::cluster && cluster)));
+    CHECK(program.launch_label(1).find("update_multi_tensor") != std::string::npos);
+    CHECK(program.declined_reason("whole_step").empty());
+    gpu.poison_activations();  // scratch the kernel forgot to write would show as NaN
+    const std::vector<float> start = all_parameters(gpu);
+    REQUIRE(start == all_parameters(*cpu));
+    const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
+    losses(per_launch, 1);
+    CHECK(std::abs(first_gpu[0] - first_cpu[0]) / first_cpu[0] < 2e-3);
+    std::vector<float> gpu_change = all_parameters(gpu), cpu_change = all_parameters(*cpu),
+                       per_launch_change = all_parameters(per_launch);
+    for (std::size_t i = 0; i < start.size(); ++i) {
+      gpu_change[i] -= start[i];
+      cpu_change[i] -= start[i];
+      per_launch_change[i] -= start[i];
+    }
+    CHECK(sg::test::relative_error(gpu_change, cpu_change) < 3e-2);
+    CHECK(sg::test::relative_error(gpu_change, per_launch_change) < 3e-2);
+    const auto gpu_curve = losses(gpu, 29), cpu_curve = losses(*cpu, 29);
+    CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-2);
+    CHECK(gpu.step() == 30);
+  }
+}

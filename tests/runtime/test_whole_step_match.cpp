@@ -33,8 +33,8 @@ TEST_CASE("the fused reference training step is recognised, with every layer's v
   REQUIRE(plan->layers.size() == 4);
   CHECK(g.value(plan->layers[0].weight).name == "w1");
   CHECK(g.value(plan->layers[3].bias).name == "b4");
-  CHECK(g.node(plan->layers[2].weight_sgd).op == OpKind::sgd_update);
-  CHECK(g.node(plan->layers[2].weight_sgd).inputs[0] == plan->layers[2].weight);
+  CHECK(g.node(plan->layers[2].weight_update).op == OpKind::sgd_update);
+  CHECK(g.node(plan->layers[2].weight_update).inputs[0] == plan->layers[2].weight);
   CHECK(g.value(plan->layers[3].output).shape == Shape{32, 10});   // logits
   CHECK(plan->layers[3].pre_activation_grad == -1);
   CHECK(g.value(plan->layers[0].output).shape == Shape{32, 128});  // relu output
@@ -168,9 +168,24 @@ TEST_CASE("steps the whole-step kernels do not compute are not recognised, whate
     MlpSpec master = base;
     master.weight_dtype = DType::f32;
     CHECK_FALSE(match_whole_step(build_training_stages(master, sgd).fused));
-    OptimizerSpec adamw = sgd;
-    adamw.kind = OptimizerKind::adamw;
-    CHECK_FALSE(match_whole_step(build_training_stages(base, adamw).fused));
+    // Any optimizer is the step's pattern (issue 35): its update nodes are
+    // the optimizer's, lone after the last gradient (the kernels hand their
+    // gradients to the update stage's launch).
+    for (const auto& [kind, op] : {std::pair{OptimizerKind::adamw, OpKind::adam_update},
+                                   std::pair{OptimizerKind::rmsprop, OpKind::rmsprop_update}}) {
+      OptimizerSpec rule = sgd;
+      rule.kind = kind;
+      const Graph g = build_training_stages(base, rule).fused;
+      const auto found = match_whole_step(g);
+      REQUIRE(found);
+      for (const WholeStepLayer& layer : found->layers) {
+        CHECK(g.node(layer.weight_update).op == op);
+        CHECK(g.node(layer.bias_update).inputs[0] == layer.bias);
+        CHECK(g.node(layer.weight_update).fusion_group < 0);
+      }
+      rule.clip_grad_norm = 1.0;  // the clip scale's nodes read every gradient: not the kernels' step
+      CHECK_FALSE(match_whole_step(build_training_stages(base, rule).fused));
+    }
   }
   // No activation (identity): not a kernel's activation.
   CHECK_FALSE(match_whole_step(build_training_stages(spec_with(MlpActivation::identity), {0.003, 0.0, 0.0}).fused));

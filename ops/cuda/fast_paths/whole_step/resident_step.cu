@@ -263,6 +263,8 @@ std::vector<int> cluster_candidates(int cluster) {
 }  // namespace
 
 std::string resident_step_unsupported(const WholeStepArgs& a, int cluster) {
+  if (a.gradients_out)  // its steps follow each other inside one launch: no update stage between them
+    return "an update rule: it runs several steps per launch, each applying SGD to the weights it keeps";
   if (auto why = shape_unsupported(a); !why.empty()) return why;
   for (int S : cluster_candidates(cluster)) {
     const ResidentLayout lay = layout_for(a, S);

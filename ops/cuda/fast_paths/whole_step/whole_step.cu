@@ -11,6 +11,9 @@
 //              W_{l+1} -= lr grad[l+1]^T act[l]; b_l -= lr colsum(grad[l])
 //              (and b_{L-1} from dlogits);
 //              at l = 0 also W_0 -= lr grad[0]^T x and the step advances
+// With WholeStepArgs::gradients_out each update instead stores its gradient
+// for the update stage's launch after the kernel (any update rule), which
+// also advances the step.
 // A weight is only updated in the phase after the last one that reads it,
 // so no block can see a half-updated matrix. Loops over the batch or the
 // classes are unrolled so their loads are in flight together: a phase is
@@ -55,8 +58,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   phase_barrier<kCluster>();  // the logits layer's W and b were read above: update them only now
   mark_phase(a.phase_clock, phase++);
   if (L == 1) {
-    bias_update(sh.dlogits, a.bias[0], B, C, a.bias_sgd[0], grid_thread(), grid_threads());
-    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0], (C + 31) / 32 * 32);
+    bias_update(sh.dlogits, a.bias[0], B, C, a.bias_sgd[0], grid_thread(), grid_threads(), a.bias_grad[0]);
+    logits_weight_update(sh, sh.x, a.weight[0], B, C, a.dims[0], a.weight_sgd[0], (C + 31) / 32 * 32, a.weight_grad[0]);
   }
 
   for (int l = L - 2; l >= 0; --l) {  // grad[l] is complete
@@ -69,21 +72,23 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
       warps_used = std::int64_t(min(int(gridDim.x), a.dims[l] / 16)) * kWarps;
     }
     if (l + 1 == L - 1) {
-      logits_weight_update(sh, a.act[l], a.weight[l + 1], B, C, a.dims[l + 1], a.weight_sgd[l + 1], warps_used * 32);
+      logits_weight_update(sh, a.act[l], a.weight[l + 1], B, C, a.dims[l + 1], a.weight_sgd[l + 1], warps_used * 32,
+                           a.weight_grad[l + 1]);
       warps_used += (std::int64_t(C) * a.dims[l + 1] + 31) / 32;
       bias_update(sh.dlogits, a.bias[l + 1], B, C, a.bias_sgd[l + 1],
-                  rotated(grid_thread(), grid_threads(), warps_used * 32), grid_threads());
+                  rotated(grid_thread(), grid_threads(), warps_used * 32), grid_threads(), a.bias_grad[l + 1]);
       warps_used += 1;
     } else {
       weight_update(a.grad[l + 1], a.act[l], a.weight[l + 1], B, a.dims[l + 2], a.dims[l + 1], a.weight_sgd[l + 1], sh,
-                    warps_used);
+                    warps_used, a.weight_grad[l + 1]);
       warps_used += std::int64_t(a.dims[l + 2] / 16) * (a.dims[l + 1] / 16);
     }
     bias_update(HalfReader{a.grad[l]}, a.bias[l], B, a.dims[l + 1], a.bias_sgd[l],
-                rotated(grid_thread(), grid_threads(), warps_used * 32), grid_threads());
+                rotated(grid_thread(), grid_threads(), warps_used * 32), grid_threads(), a.bias_grad[l]);
     warps_used += (a.dims[l + 1] + 31) / 32;
     if (l == 0) {
-      weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh, warps_used);
+      weight_update(a.grad[0], sh.x, a.weight[0], B, a.dims[1], a.dims[0], a.weight_sgd[0], sh, warps_used,
+                    a.weight_grad[0]);
     } else {
       phase_barrier<kCluster>();
       mark_phase(a.phase_clock, phase++);
@@ -92,7 +97,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) whole_step_kernel(const Whol
   __syncthreads();
   mark_phase(a.phase_clock, phase++);  // block 0's own end: the others finish about then
   // Every block read the step counter in its fetch, several barriers ago.
-  if (blockIdx.x == 0 && threadIdx.x == 0) *a.step += 1;
+  // With gradients out the update stage's launch reads it, then advances it.
+  if (blockIdx.x == 0 && threadIdx.x == 0 && !a.gradients_out) *a.step += 1;
 }
 
 std::vector<std::string> per_step_phase_names(int layers) {

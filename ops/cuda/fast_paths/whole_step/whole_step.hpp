@@ -1,7 +1,8 @@
 #pragma once
 // The whole training step of a small MLP as ONE cooperative kernel: batch
 // fetch, every Linear(+activation) forward, softmax cross-entropy, every backward
-// matmul and the fused SGD updates, and the step-counter advance. Between
+// matmul and the fused SGD updates, and the step-counter advance (or, for any
+// other optimizer, the gradients for the update stage: gradients_out). Between
 // dependent phases the grid synchronises (cooperative groups) instead of
 // ending a kernel, so a step costs one launch instead of ~18. Matmuls use
 // tensor cores (wmma 16x16x16, fp16 in, fp32 accumulate); every intermediate
@@ -63,6 +64,14 @@ struct WholeStepArgs {
   // layers only; the resident kernel keeps it in shared memory instead).
   Activation activation = Activation::relu;
   __half* pre[kWholeStepMaxLayers] = {};
+  // Gradients out (issue 35: the update stage's form): every layer's weight
+  // and bias gradient, [dims[l+1], dims[l]] and [dims[l+1]], stored in fp16
+  // as the graph's gradient values instead of the in-kernel SGD step; the
+  // parameters and the step counter are left to the update stage's launch
+  // after the kernel (any update rule). The grid and cluster kernels only.
+  bool gradients_out = false;
+  __half* weight_grad[kWholeStepMaxLayers] = {};
+  __half* bias_grad[kWholeStepMaxLayers] = {};
 };
 
 // Empty when the kernel runs these sizes; otherwise why not (for logs/dumps).

@@ -189,9 +189,12 @@ __device__ void dgrad_layer(const __half* dY, const __half* W, const __half* sav
   }
 }
 
-// W[N,K] = sgd(W, dY[B,N]^T X[B,K]): one warp per 16x16 tile of W.
+// W[N,K] = sgd(W, dY[B,N]^T X[B,K]): one warp per 16x16 tile of W. With
+// `grad_out` (WholeStepArgs::weight_grad) the gradient goes there instead,
+// rounded to fp16 as the graph's value, and W is left to the update stage.
 __device__ void weight_update(const __half* dY, const __half* X, __half* W, int batch, int N, int K,
-                              const UpdateScalars* scalars, const Shared& sh, std::int64_t warp_offset) {
+                              const UpdateScalars* scalars, const Shared& sh, std::int64_t warp_offset,
+                              __half* grad_out) {
   const UpdateScalars s = *scalars;
   const int ktiles = K / 16, tiles = (N / 16) * ktiles;
   float* tile = sh.wtile + warp_id() * 256;
@@ -210,7 +213,17 @@ __device__ void weight_update(const __half* dY, const __half* X, __half* W, int 
     }
     wmma::store_matrix_sync(tile, acc, 16, wmma::mem_row_major);
     __syncwarp();
-    __half* w = W + std::int64_t(nt * 16 + row) * K + kt * 16 + half * 8;
+    const std::int64_t at = std::int64_t(nt * 16 + row) * K + kt * 16 + half * 8;
+    if (grad_out) {
+      uint4 rounded;
+      auto* g = reinterpret_cast<__half*>(&rounded);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) g[q] = __float2half(tile[row * 16 + half * 8 + q]);
+      *reinterpret_cast<uint4*>(grad_out + at) = rounded;
+      __syncwarp();
+      continue;
+    }
+    __half* w = W + at;
     uint4 packed = *reinterpret_cast<const uint4*>(w);
     auto* v = reinterpret_cast<__half*>(&packed);
 #pragma unroll
@@ -279,9 +292,10 @@ __device__ void logits_backward(const Shared& sh, const __half* W, const __half*
   }
 }
 
-// W[C,K] = sgd(W, dlogits^T X) for the logits layer.
+// W[C,K] = sgd(W, dlogits^T X) for the logits layer (or the gradient into
+// `grad_out`, as weight_update).
 __device__ void logits_weight_update(const Shared& sh, const __half* X, __half* W, int batch, int C, int K,
-                                     const UpdateScalars* scalars, std::int64_t thread_offset) {
+                                     const UpdateScalars* scalars, std::int64_t thread_offset, __half* grad_out) {
   const UpdateScalars s = *scalars;
   for (std::int64_t e = rotated(grid_thread(), grid_threads(), thread_offset); e < std::int64_t(C) * K;
        e += grid_threads()) {
@@ -289,7 +303,8 @@ __device__ void logits_weight_update(const Shared& sh, const __half* X, __half* 
     float g = 0.f;
 #pragma unroll
     for (int r = 0; r < batch; ++r) g += sh.dlogits[r * C + c] * __half2float(X[std::int64_t(r) * K + k]);
-    W[e] = __float2half(sgd_step_folded(__half2float(W[e]), g, s));
+    if (grad_out) grad_out[e] = __float2half(g);
+    else W[e] = __float2half(sgd_step_folded(__half2float(W[e]), g, s));
   }
 }
 
@@ -298,16 +313,18 @@ struct HalfReader {
   __device__ float operator[](std::int64_t i) const { return __half2float(p[i]); }
 };
 
-// b[N] = sgd(b, column sums of dY[B,N]) by `threads` threads starting at `thread`.
-// Rows reads dY[i] as float (a float pointer, or HalfReader for fp16).
+// b[N] = sgd(b, column sums of dY[B,N]) by `threads` threads starting at
+// `thread` (or the sums into `grad_out`, as weight_update). Rows reads dY[i]
+// as float (a float pointer, or HalfReader for fp16).
 template <typename Rows>
 __device__ void bias_update(Rows dY, __half* b, int batch, int N, const UpdateScalars* scalars,
-                            std::int64_t thread, std::int64_t threads) {
+                            std::int64_t thread, std::int64_t threads, __half* grad_out) {
   for (std::int64_t n = thread; n < N; n += threads) {
     float g = 0.f;
 #pragma unroll
     for (int r = 0; r < batch; ++r) g += dY[std::int64_t(r) * N + n];
-    b[n] = __float2half(sgd_step_folded(__half2float(b[n]), g, *scalars));
+    if (grad_out) grad_out[n] = __float2half(g);
+    else b[n] = __float2half(sgd_step_folded(__half2float(b[n]), g, *scalars));
   }
 }
 

@@ -2,13 +2,14 @@
 // step as one launch per step: an MLP as one kernel (a cooperative grid or
 // one cluster: whole_step; the weights resident in one cluster's shared
 // memory across steps: resident_step), a small sequential CNN as two
-// (cnn_step). fp16. The MLP kernels apply SGD in-kernel; the CNN step's
-// update kernel applies SGD or any update rule to its summed partial gradients.
+// (cnn_step). fp16. The MLP kernels apply plain SGD in-kernel, or store
+// every gradient for the update stage's launch after them (any update rule);
+// the CNN step's update kernel applies SGD or any update rule to its summed
+// partial gradients.
 #include <algorithm>
 #include <stdexcept>
 
 #include "runtime/cuda/fast_paths/fast_path.hpp"
-#include "runtime/cuda/fast_paths/why_not_support.hpp"
 #include "runtime/cuda/fast_paths/whole_step/cnn_step.hpp"
 #include "runtime/cuda/fast_paths/whole_step/whole_step_support.hpp"
 
@@ -35,7 +36,6 @@ std::string whole_step_why_not(const sg::Graph& g, const BackendOptions& o, bool
       std::any_of(g.nodes().begin(), g.nodes().end(), [](const Node& n) { return n.op == OpKind::conv2d; });
   // The blockers ask the device only once every structural check passed.
   if (convolutional) return cnn_step_blocker(g, o);
-  if (std::string why = not_sgd(g); !why.empty()) return why;
   return whole_step_blocker(g, o, /*resident=*/false);
 }
 
@@ -43,7 +43,7 @@ std::string whole_step_why_not(const sg::Graph& g, const BackendOptions& o, bool
 
 FastPath whole_step_fast_path() {
   return {"whole_step",
-          "a small MLP's whole SGD training step as one launch (grid, cluster or resident weights); a sequential CNN's, any optimizer, as two",
+          "a small MLP's whole training step as one launch (grid, cluster or resident weights; an update rule's updates in one launch after it); a sequential CNN's as two",
           {"whole_step", "whole_step_mode", "resident_cluster"},
           whole_step_lowerings,
           whole_step_why_not};

@@ -7,6 +7,7 @@
 #include "ops/cuda/fast_paths/whole_step/resident_step.hpp"
 #include "ops/cuda/fast_paths/measured_costs.hpp"
 #include "runtime/cuda/lowerings/activation_nodes.hpp"
+#include "runtime/cuda/lowerings/update_rule_table.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -33,6 +34,37 @@ WholeStepChoice choice_of(const BackendOptions& o) {
   return c;
 }
 
+// Whether the plan's updates leave the kernel (WholeStepArgs::gradients_out):
+// they are an update rule's (update_blocker says they are all alike).
+bool updates_by_rule(const sg::Graph& g, const WholeStepPlan& plan) {
+  return !plan.layers.empty() && is_update_rule_op(g.node(plan.layers.front().weight_update).op);
+}
+
+// Why the kernels can neither apply nor hand over the plan's updates ("" when
+// they can): plain SGD is applied in-kernel; update rules (no clipping: its
+// scale needs every gradient first) run in the update stage's launch after
+// the kernel, which takes the gradients the kernel stores.
+std::string update_blocker(const sg::Graph& g, const WholeStepPlan& plan) {
+  bool sgd = false, rule = false;
+  for (const WholeStepLayer& layer : plan.layers)
+    for (NodeId id : {layer.weight_update, layer.bias_update}) {
+      const Node& n = g.node(id);
+      if (n.op == OpKind::sgd_update) {
+        sgd = true;
+        if (n.inputs.size() != 2 || n.attr<SgdUpdateAttrs>().momentum != 0.0)
+          return "SGD with momentum: the kernels apply plain SGD in-kernel";
+      } else if (const std::optional<UpdateInputs> u = update_inputs(n)) {
+        rule = true;
+        if (u->clip_scale >= 0) return "gradient clipping (its scale exists only after every gradient)";
+      } else {
+        return fmt::format("optimizer update {}: no update rule for it (runtime/cuda/lowerings/update_rule_table.hpp)",
+                           op_name(n.op));
+      }
+    }
+  if (sgd && rule) return "SGD and an update rule in one step";
+  return {};
+}
+
 // The sizes of a whole-step launch (pointers are bound later).
 WholeStepArgs shape_of(const sg::Graph& g, const WholeStepPlan& plan) {
   WholeStepArgs args;
@@ -44,6 +76,7 @@ WholeStepArgs shape_of(const sg::Graph& g, const WholeStepPlan& plan) {
   args.scale = float(plan.input_scale);
   args.shift = float(plan.input_shift);
   args.activation = forward_activation(plan.activation).value_or(Activation::relu);
+  args.gradients_out = updates_by_rule(g, plan);
   return args;
 }
 
@@ -89,14 +122,15 @@ std::string whole_step_blocker(const sg::Graph& g, const BackendOptions& o, bool
     if (g.value(layer.weight).dtype != DType::f16 || g.value(layer.output).dtype != DType::f16 ||
         (layer.pre_activation >= 0 && g.value(layer.pre_activation).dtype != DType::f16))
       return "parameters or activations are not fp16";
-    const Node& sgd = g.node(layer.weight_sgd);
-    if (sgd.inputs.size() != 2 || sgd.attr<SgdUpdateAttrs>().momentum != 0.0) return "SGD with momentum";
   }
+  if (std::string why = update_blocker(g, *plan); !why.empty()) return why;
   if (plan->layers.size() > std::size_t(kWholeStepMaxLayers)) return "too many layers";
   const WholeStepArgs shape = shape_of(g, *plan);
   if (std::string why = whole_step_unsupported(shape); !why.empty()) return why;
   const bool automatic = o.whole_step_mode == WholeStepMode::automatic;
-  const bool per_launch_kernels = o.one_pass_backward && !o.accumulate_f16;
+  // (The one-pass kernels that make the per-launch schedule faster at some
+  // batches apply plain SGD only: with an update rule they are not there.)
+  const bool per_launch_kernels = o.one_pass_backward && !o.accumulate_f16 && !shape.gradients_out;
   if (automatic && per_launch_kernels && per_launch_faster_batch(plan->batch))
     return fmt::format("batch {}: the per-launch schedule's dependent-launch kernels are faster", plan->batch);
   std::int64_t parameters = 0;
@@ -120,7 +154,15 @@ std::optional<Match> match_whole_graph(const Cover& cover, const CoverUnit& unit
   if (unit.id != 0 || !whole_step_blocker(g, options, resident).empty()) return std::nullopt;
   const WholeStepPlan plan = *match_whole_step(g);
   Match m;
-  for (const CoverUnit& u : cover.units()) m.units.push_back(u.id);
+  // With an update rule the updates and the step advance are left to the
+  // update stage's launch (update_multi_tensor), which reads the gradients
+  // the kernel stores; else the kernel takes every node.
+  const bool gradients_out = updates_by_rule(g, plan);
+  for (const CoverUnit& u : cover.units()) {
+    const Node& n = g.node(u.nodes.front());
+    if (gradients_out && u.nodes.size() == 1 && (is_update_rule_op(n.op) || n.op == OpKind::advance_step)) continue;
+    m.units.push_back(u.id);
+  }
   m.graph_order = true;
   for (const WholeStepLayer& layer : plan.layers)  // hidden layers; the logits stay on chip
     if (layer.pre_activation_grad >= 0) {
@@ -141,8 +183,13 @@ std::unique_ptr<RecordedLaunch> record_whole_step(const Launch& l, const BindCon
     const WholeStepLayer& layer = plan.layers[i];
     args.weight[i] = static_cast<__half*>(c.ptr(layer.weight));
     args.bias[i] = static_cast<__half*>(c.ptr(layer.bias));
-    args.weight_sgd[i] = c.update_scalars(layer.weight_sgd);
-    args.bias_sgd[i] = c.update_scalars(layer.bias_sgd);
+    if (args.gradients_out) {  // the gradient values the update nodes read
+      args.weight_grad[i] = static_cast<__half*>(c.ptr(g.node(layer.weight_update).inputs[1]));
+      args.bias_grad[i] = static_cast<__half*>(c.ptr(g.node(layer.bias_update).inputs[1]));
+    } else {
+      args.weight_sgd[i] = c.update_scalars(layer.weight_update);
+      args.bias_sgd[i] = c.update_scalars(layer.bias_update);
+    }
     if (layer.pre_activation_grad >= 0) {  // a hidden layer (the logits never leave the chip)
       args.act[i] = static_cast<__half*>(c.ptr(layer.output));
       args.grad[i] = static_cast<__half*>(c.ptr(layer.pre_activation_grad));
@@ -174,11 +221,14 @@ class WholeGraphLowering final : public CudaLowering {
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     return match_whole_graph(cover, unit, options_, resident_);
   }
-  std::string describe(const sg::Graph&, const Launch& l) const override {
+  std::string describe(const sg::Graph& g, const Launch& l) const override {
     const auto& plan = detail_of<WholeStepPlan>(l);
     const std::string activation =  // (ReLU steps print as they always did)
         plan.activation == OpKind::relu ? "" : fmt::format(",activation={}", op_name(plan.activation));
-    return fmt::format("dims={},batch={}{}", fmt::join(plan.dims, "-"), plan.batch, activation);
+    const std::string gradients =  // (and SGD steps too)
+        updates_by_rule(g, plan) ? ",gradients out for " + update_rule_name(g.node(plan.layers.front().weight_update))
+                                 : "";
+    return fmt::format("dims={},batch={}{}{}", fmt::join(plan.dims, "-"), plan.batch, activation, gradients);
   }
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     return record_whole_step(l, c, resident_);
