@@ -183,12 +183,12 @@ std::unique_ptr<RecordedLaunch> record_whole_step(const Launch& l, const BindCon
     const WholeStepLayer& layer = plan.layers[i];
     args.weight[i] = static_cast<__half*>(c.ptr(layer.weight));
     args.bias[i] = static_cast<__half*>(c.ptr(layer.bias));
+    // (Bound with gradients out too: the kernels load them before they branch.)
+    args.weight_sgd[i] = c.update_scalars(layer.weight_update);
+    args.bias_sgd[i] = c.update_scalars(layer.bias_update);
     if (args.gradients_out) {  // the gradient values the update nodes read
       args.weight_grad[i] = static_cast<__half*>(c.ptr(g.node(layer.weight_update).inputs[1]));
       args.bias_grad[i] = static_cast<__half*>(c.ptr(g.node(layer.bias_update).inputs[1]));
-    } else {
-      args.weight_sgd[i] = c.update_scalars(layer.weight_update);
-      args.bias_sgd[i] = c.update_scalars(layer.bias_update);
     }
     if (layer.pre_activation_grad >= 0) {  // a hidden layer (the logits never leave the chip)
       args.act[i] = static_cast<__half*>(c.ptr(layer.output));
