@@ -443,9 +443,14 @@ TEST_CASE("update rules: the whole-step kernel hands its gradients to the update
     }
     CHECK(sg::test::relative_error(gpu_change, cpu_change) < 3e-2);
     CHECK(sg::test::relative_error(gpu_change, per_launch_change) < 3e-2);
+    // 29 more steps: the losses follow the CPU's; the parameters follow the
+    // per-launch schedule's (the same fp16 gradients into the same rule: the
+    // CPU's drift further apart, 5.9% for RMSprop on 112-96-80-48-29 after 30
+    // steps, as a sign-like update amplifies rounding).
     const auto gpu_curve = losses(gpu, 29), cpu_curve = losses(*cpu, 29);
+    losses(per_launch, 29);
     CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
-    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-2);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(per_launch)) < 2e-2);
     CHECK(gpu.step() == 30);
   }
 }
