@@ -407,7 +407,10 @@ TEST_CASE("update rules: the whole-step kernel hands its gradients to the update
                                 << c.batch << ", mode " << whole_step_mode_name(c.mode));
     MlpTrainerSpec spec = f16_spec(c.layers, c.batch, c.kind == OptimizerKind::adamw ? 0.01 : 1e-3);
     spec.optimizer.kind = c.kind;
-    spec.optimizer.lr = 2e-3;
+    // RMSprop's first steps move each weight by about 10 lr (v starts at
+    // (1 - alpha) g^2): lr 2e-4 keeps them as small as Adam's at 2e-3, where
+    // 30 steps of 0.02 on weights of 0.1 made any rounding chaotic.
+    spec.optimizer.lr = c.kind == OptimizerKind::rmsprop ? 2e-4 : 2e-3;
     spec.optimizer.eps = 1e-3;
     spec.optimizer.momentum = c.momentum;
     spec.optimizer.centered = c.centered;
@@ -444,9 +447,7 @@ TEST_CASE("update rules: the whole-step kernel hands its gradients to the update
     CHECK(sg::test::relative_error(gpu_change, cpu_change) < 3e-2);
     CHECK(sg::test::relative_error(gpu_change, per_launch_change) < 3e-2);
     // 29 more steps: the losses follow the CPU's; the parameters follow the
-    // per-launch schedule's (the same fp16 gradients into the same rule: the
-    // CPU's drift further apart, 5.9% for RMSprop on 112-96-80-48-29 after 30
-    // steps, as a sign-like update amplifies rounding).
+    // per-launch schedule's (the same fp16 gradients into the same rule).
     const auto gpu_curve = losses(gpu, 29), cpu_curve = losses(*cpu, 29);
     losses(per_launch, 29);
     CHECK(sg::test::relative_error(gpu_curve, cpu_curve) < 1e-2);
