@@ -384,8 +384,7 @@ TEST_CASE("resident weights: a learning-rate change reaches the next launch") {
 // gradient (the graph's fp16 value) instead of its in-kernel SGD, and the
 // update stage's one launch after it (update_multi_tensor, with the step
 // advance) applies the rule. eps = 1e-3 keeps a small gradient's update
-// proportional to it, so the first step's change compares by norm (Adam's
-// bias correction at the wrong step would change it by a quarter).
+// proportional to it, so the first step's change compares by norm.
 TEST_CASE("update rules: the whole-step kernel hands its gradients to the update stage, which follows the CPU") {
   SG_SKIP_IF_CORE_ONLY("the whole-step kernels");
   auto rng = sg::test::fresh_rng();
@@ -444,7 +443,12 @@ TEST_CASE("update rules: the whole-step kernel hands its gradients to the update
       cpu_change[i] -= start[i];
       per_launch_change[i] -= start[i];
     }
-    CHECK(sg::test::relative_error(gpu_change, cpu_change) < 3e-2);
+    // Against the CPU the bound is looser: a ReLU input rounded to an fp16
+    // zero on one side only flips a mask, and with an update normalised per
+    // element the weights it touches move by lr instead of ~0 (up to 6% of
+    // the change's norm on these small nets); a wrong bias correction moves
+    // every element by a quarter.
+    CHECK(sg::test::relative_error(gpu_change, cpu_change) < 0.12);
     CHECK(sg::test::relative_error(gpu_change, per_launch_change) < 3e-2);
     // 29 more steps: the losses follow the CPU's; the parameters follow the
     // per-launch schedule's (the same fp16 gradients into the same rule).
