@@ -17,8 +17,9 @@
 //      update stage"): kernel 1's slices and factors are the per-block
 //      partial gradients, and kernel 2 applies any update rule
 //      (ops/cuda/update_rules/) to their sums, or SGD (momentum, weight
-//      decay; ops/cuda/sgd_step.cuh, as every SGD kernel). It also writes the new weights' fp16 casts (the
-//      graph's cast nodes) into the parameter image: the layouts kernel 1's
+//      decay; ops/cuda/sgd_step.cuh, as every SGD kernel). It also writes
+//      the new weights' fp16 casts (the graph's cast nodes) into the
+//      parameter image: the layouts kernel 1's
 //      layers read, which every block of the next step copies into its
 //      shared memory as they are (built per block from the fp32 weights,
 //      they took 8 of a step's 56 us at batch 64).
@@ -72,9 +73,9 @@ struct CnnStepArgs {
   int batch = 0;
   int layers = 0;
   CnnLayer layer[kCnnStepMaxLayers];
-  // Parameters: fp32 master tensors, their SGD velocities (null: no
-  // momentum, or an update rule's step: CnnStepRuleState) and update scalars
-  // (the lr; SGD's momentum and weight decay); tensor t is elements
+  // Parameters: fp32 master tensors, their SGD velocities (null without
+  // momentum, and under an update rule, whose state is CnnStepRuleState's)
+  // and update scalars (the lr; SGD's momentum and weight decay); tensor t is elements
   // param_offset[t] to param_offset[t + 1] of the update kernel's range.
   int tensors = 0;
   float* param[kCnnStepMaxTensors] = {};
