@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "models/layer_graph.hpp"
 #include "models/model_pieces.hpp"
 #include "models/param_init.hpp"
 
@@ -18,6 +19,7 @@ std::string layer_name(const LayerSpec& layer) {
     case LayerKind::activation: return std::string(activation_name(layer.activation));
     case LayerKind::dropout: return "dropout";
     case LayerKind::dropout2d: return "dropout2d";
+    case LayerKind::add: return "add";
   }
   return "?";
 }
@@ -93,24 +95,55 @@ Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
       if (!(l.p >= 0.0 && l.p < 1.0)) throw fail(fmt::format("p must be in [0, 1) (got {})", l.p));
       if (l.kind == LayerKind::dropout2d) spatial();
       return in;
+    case LayerKind::add: return in;  // (its inputs' shapes agree: merged_input_shape)
   }
   throw fail("unknown layer kind");
 }
 
-// Builds the layers on x ([batch, features] from the gather).
+// The per-example shape layer `index` reads: its (first) input's; for an add
+// every input's, which must agree. `shapes[j]`: after layer j; -1: the input.
+Shape merged_input_shape(const std::vector<std::int64_t>& input_shape, const std::vector<Shape>& shapes,
+                         const std::vector<LayerSpec>& layers, const std::vector<std::int64_t>& reads,
+                         std::size_t index) {
+  const auto shape_of = [&](std::int64_t j) { return j < 0 ? Shape(input_shape) : shapes[static_cast<std::size_t>(j)]; };
+  const auto source = [&](std::int64_t j) {
+    return j < 0 ? std::string("the model's input")
+                 : fmt::format("layer {}{}", j, layers[static_cast<std::size_t>(j)].name.empty()
+                                                    ? std::string()
+                                                    : fmt::format(" '{}'", layers[static_cast<std::size_t>(j)].name));
+  };
+  const Shape first = shape_of(reads.front());
+  for (std::size_t k = 1; k < reads.size(); ++k)
+    if (shape_of(reads[k]) != first) {
+      const LayerSpec& l = layers[index];
+      const std::string problem =
+          fmt::format("adds {} ({}) and {} ({}): the shapes must agree", shape_string(first), source(reads.front()),
+                      shape_string(shape_of(reads[k])), source(reads[k]));
+      throw SequentialShapeError(static_cast<std::int64_t>(index),
+                                 fmt::format("layer {} ({}): {}", index, layer_name(l), problem), problem);
+    }
+  return first;
+}
+
+// Builds the layers on x ([batch, features] from the gather); returns the last one's output.
 ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool training) {
   const auto shapes = infer_sequential_shapes(spec.input_shape, spec.layers);
-  ValueId h = x;
+  const auto reads = layer_inputs(spec.layers);
+  ValueId input = x;
   if (spec.input_shape.size() == 3) {
     Shape nchw{spec.batch};
     nchw.insert(nchw.end(), spec.input_shape.begin(), spec.input_shape.end());
-    h = g.append_node(OpKind::reshape, {h}, ReshapeAttrs{nchw}, Role::activation).front();
+    input = g.append_node(OpKind::reshape, {input}, ReshapeAttrs{nchw}, Role::activation).front();
   }
-  Shape in = spec.input_shape;
+  std::vector<ValueId> outputs;  // outputs[i]: layer i's
+  const auto value_of = [&](std::int64_t j) { return j < 0 ? input : outputs[static_cast<std::size_t>(j)]; };
   std::size_t k = 0;              // layers with parameters so far
   std::int64_t dropouts_here = 0;  // dropout layers since the last layer with parameters
   for (std::size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& l = spec.layers[i];
+    const std::int64_t first = reads[i].front();
+    const Shape in = first < 0 ? Shape(spec.input_shape) : shapes[static_cast<std::size_t>(first)];
+    ValueId h = value_of(first);
     if (has_parameters(l)) {
       ++k;
       dropouts_here = 0;
@@ -154,10 +187,14 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
           h = g.append_node(op, {h, g.value_named(names::step)}, attrs, Role::activation).front();
         }
         break;
+      case LayerKind::add:  // a residual connection: the inputs summed in their listed order
+        for (std::size_t r = 1; r < reads[i].size(); ++r)
+          h = g.append_node(OpKind::add, {h, value_of(reads[i][r])}, NoAttrs{}, Role::activation).front();
+        break;
     }
-    in = shapes[i];
+    outputs.push_back(h);
   }
-  return h;
+  return outputs.back();
 }
 
 model_pieces::BatchSource batch_source(const SequentialSpec& spec) {
@@ -178,11 +215,11 @@ std::vector<Shape> infer_sequential_shapes(const std::vector<std::int64_t>& inpu
   for (auto d : input_shape)
     if (d <= 0) throw input_error("sizes must be > 0");
   if (layers.empty()) throw input_error("the layer list is empty");
+  const auto reads = layer_inputs(layers);
   std::vector<Shape> out;
-  Shape in = input_shape;
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    in = layer_output(in, layers[i], static_cast<std::int64_t>(i));
-    out.push_back(in);
+    const Shape in = merged_input_shape(input_shape, out, layers, reads[i], i);
+    out.push_back(layer_output(in, layers[i], static_cast<std::int64_t>(i)));
   }
   return out;
 }
@@ -259,11 +296,13 @@ TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec,
 std::vector<ParameterInit> sequential_initial_parameters(const std::vector<std::int64_t>& input_shape,
                                                          const std::vector<LayerSpec>& layers, std::uint64_t seed) {
   const auto shapes = infer_sequential_shapes(input_shape, layers);
+  const auto reads = layer_inputs(layers);
   std::vector<ParameterInit> out;
-  Shape in = input_shape;
   std::size_t k = 0;
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& l = layers[i];
+    const std::int64_t first = reads[i].front();
+    const Shape in = first < 0 ? Shape(input_shape) : shapes[static_cast<std::size_t>(first)];
     if (has_parameters(l)) {
       ++k;
       const Shape w_shape = l.kind == LayerKind::linear ? Shape{l.out, in[0]} : Shape{l.out, in[0], l.kernel, l.kernel};
@@ -272,7 +311,6 @@ std::vector<ParameterInit> sequential_initial_parameters(const std::vector<std::
       out.push_back({names::weight(k), w_shape, linear_init(element_count(w_shape), fan_in, param_key(seed, index))});
       out.push_back({names::bias(k), {l.out}, linear_init(l.out, fan_in, param_key(seed, index + 1))});
     }
-    in = shapes[i];
   }
   return out;
 }

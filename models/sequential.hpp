@@ -2,7 +2,9 @@
 // The generic Sequential model builder (issue 22): a list of layers in the
 // spirit of PyTorch's nn.Sequential (linear, conv2d, max_pool2d, flatten,
 // activations, dropout, dropout2d) on top of the same in-graph batch fetch
-// and losses as the MLP (models/model_pieces.hpp). A list of linear /
+// and losses as the MLP (models/model_pieces.hpp). Layers may name the
+// earlier layers they read and `add` merges several (a model graph, issue
+// 37: residual connections; models/layer_graph.hpp). A list of linear /
 // activation / dropout layers builds exactly the graph build_mlp_* builds for
 // the same network, so the CUDA fast paths see the same structure.
 //
@@ -24,7 +26,7 @@
 
 namespace sg {
 
-enum class LayerKind : std::uint8_t { linear, conv2d, max_pool2d, flatten, activation, dropout, dropout2d };
+enum class LayerKind : std::uint8_t { linear, conv2d, max_pool2d, flatten, activation, dropout, dropout2d, add };
 
 struct LayerSpec {
   LayerKind kind = LayerKind::linear;
@@ -34,6 +36,11 @@ struct LayerSpec {
   std::int64_t padding = 0;  // conv2d
   MlpActivation activation = MlpActivation::relu;  // kind activation
   double p = 0.0;            // dropout, dropout2d: in [0, 1)
+  // A model graph (issue 37, models/layer_graph.hpp): the name later layers'
+  // `inputs` use, and the layers this one reads (empty: the one before it).
+  // add: the sum of two or more inputs of one shape (a residual connection).
+  std::string name = {};
+  std::vector<std::string> inputs = {};
 };
 
 // "linear", "conv2d", ..., the activation's own name for an activation layer.

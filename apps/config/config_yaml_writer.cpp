@@ -28,6 +28,8 @@ std::string layer_text(const LayerConfig& l) {
   }
   if (l.kind == "conv2d") keys.push_back(fmt::format("padding: {}", l.padding));
   if (l.kind == "dropout" || l.kind == "dropout2d") keys.push_back(fmt::format("p: {}", num(l.p)));
+  if (!l.name.empty()) keys.push_back(fmt::format("name: {}", l.name));
+  if (!l.inputs.empty()) keys.push_back(fmt::format("inputs: [{}]", fmt::join(l.inputs, ", ")));
   return fmt::format("{}{{{}}}", l.kind, fmt::join(keys, ", "));
 }
 
@@ -48,6 +50,8 @@ std::string to_yaml(const TrainConfig& c) {
       }
       if (layer.kind == "conv2d") e << YAML::Key << "padding" << YAML::Value << layer.padding;
       if (layer.kind == "dropout" || layer.kind == "dropout2d") e << YAML::Key << "p" << YAML::Value << num(layer.p);
+      if (!layer.name.empty()) e << YAML::Key << "name" << YAML::Value << layer.name;
+      if (!layer.inputs.empty()) e << YAML::Key << "inputs" << YAML::Value << YAML::Flow << layer.inputs;
       e << YAML::EndMap << YAML::EndMap;
     }
     e << YAML::EndSeq;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "apps/config/sequential_layers.hpp"
+#include "models/layer_graph.hpp"
 #include "models/sequential.hpp"
 
 namespace sg::app {
@@ -65,18 +66,24 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
   // Every layer's per-example output and weights, in floating point (no overflow); a
   // layer that does not fit its input is validate's to report.
   std::vector<Shape> shapes;
+  std::vector<std::vector<std::int64_t>> reads;  // the layers each layer reads (models/layer_graph.hpp)
+  const Shape input_shape = m.input_shape.empty() ? Shape{m.input} : m.input_shape;
   try {
-    shapes = infer_sequential_shapes(m.input_shape.empty() ? Shape{m.input} : m.input_shape, layer_specs(m.sequential));
+    const auto specs = layer_specs(m.sequential);
+    shapes = infer_sequential_shapes(input_shape, specs);
+    reads = layer_inputs(specs);
   } catch (const std::exception&) {  // GraphError, ConfigError: validate reports them with their own message
     return;
   }
-  double in = input_elements;
   for (std::size_t i = 0; i < shapes.size() && i < m.sequential.size(); ++i) {
     const auto& l = m.sequential[i];
     double out = 1;
     for (auto d : shapes[i]) out *= static_cast<double>(d);
-    const double in_channels = i == 0 ? static_cast<double>(m.input_shape.empty() ? m.input : m.input_shape.front())
-                                      : static_cast<double>(shapes[i - 1].front());
+    const std::int64_t first = reads[i].front();  // the input the layer's weights see
+    const Shape& read = first < 0 ? input_shape : shapes[static_cast<std::size_t>(first)];
+    double in = 1;
+    for (auto d : read) in *= static_cast<double>(d);
+    const double in_channels = static_cast<double>(read.front());
     const double weights = l.kind == "linear" ? in * static_cast<double>(l.out)
                            : l.kind == "conv2d"
                                ? in_channels * static_cast<double>(l.out) * static_cast<double>(l.kernel * l.kernel)
@@ -87,7 +94,6 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
              fmt::format("gives {:.0f} values per example; at most {:.0f}", out, kMaxExampleElements));
     if (weights > kMaxLayerParameters)
       r.fail(entry_of(list, i, list), at, fmt::format("has {:.0f} weights; at most {:.0f}", weights, kMaxLayerParameters));
-    in = out;
   }
 }
 

@@ -20,8 +20,24 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds
       {"dropout", {"p"}},
       {"dropout2d", {"p"}},
       {"relu", {}}, {"gelu", {}}, {"gelu_tanh", {}}, {"silu", {}}, {"tanh", {}}, {"sigmoid", {}}, {"identity", {}},
+      {"add", {}},
   };
   return kinds;
+}
+
+// The keys every layer takes besides its own (issue 37's model graph).
+bool graph_key(const std::string& key) { return key == "name" || key == "inputs"; }
+
+// `inputs: name` or `inputs: [a, b]`: the layers a layer reads.
+std::vector<std::string> read_inputs(const ConfigReader& r, const YAML::Node& node, const std::string& path) {
+  std::vector<std::string> names;
+  if (node.IsScalar()) return {node.Scalar()};
+  if (!node.IsSequence()) r.fail(node, path, "expected a layer name or a list of them, e.g. [block1, input]");
+  for (const auto& item : node) {
+    if (!item.IsScalar()) r.fail(item, path, "expected layer names, e.g. [block1, input]");
+    names.push_back(item.Scalar());
+  }
+  return names;
 }
 
 // model.sequential: a list of `- kind: {options}` (or `- kind`) entries.
@@ -56,11 +72,15 @@ void read_layers(const ConfigReader& r, const YAML::Node& model, std::vector<Lay
       if (!options.IsMap()) r.fail(options, path, "expected a mapping of options, e.g. {out: 10} ({} for none)");
       for (const auto& kv : options) {
         const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
-        if (std::find(kind->second.begin(), kind->second.end(), key) == kind->second.end())
+        if (!graph_key(key) && std::find(kind->second.begin(), kind->second.end(), key) == kind->second.end())
           r.fail(kv.first, path + "." + key,
-                 kind->second.empty() ? fmt::format("unknown option ({} takes none)", layer.kind)
-                                      : fmt::format("unknown option (known here: {})", fmt::join(kind->second, ", ")));
+                 kind->second.empty()
+                     ? fmt::format("unknown option ({} takes only name and inputs)", layer.kind)
+                     : fmt::format("unknown option (known here: {}, name, inputs)", fmt::join(kind->second, ", ")));
       }
+      r.read(options, path, "name", layer.name);
+      if (options["inputs"] && !options["inputs"].IsNull())
+        layer.inputs = read_inputs(r, options["inputs"], path + ".inputs");
       r.read(options, path, "out", layer.out);
       r.read(options, path, "kernel", layer.kernel);
       r.read(options, path, "stride", layer.stride);

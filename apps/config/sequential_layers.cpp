@@ -13,7 +13,10 @@ std::vector<LayerSpec> layer_specs(const std::vector<LayerConfig>& layers) {
     s.stride = l.stride;
     s.padding = l.padding;
     s.p = l.p;
+    s.name = l.name;
+    s.inputs = l.inputs;
     if (l.kind == "linear") s.kind = LayerKind::linear;
+    else if (l.kind == "add") s.kind = LayerKind::add;
     else if (l.kind == "conv2d") s.kind = LayerKind::conv2d;
     else if (l.kind == "max_pool2d") s.kind = LayerKind::max_pool2d;
     else if (l.kind == "flatten") s.kind = LayerKind::flatten;

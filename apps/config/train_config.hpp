@@ -26,6 +26,10 @@ struct LayerConfig {
   std::int64_t stride = 0;   // conv2d: default 1; max_pool2d: default kernel
   std::int64_t padding = 0;  // conv2d
   double p = 0.5;            // dropout, dropout2d (PyTorch's default)
+  // Any layer (issue 37's model graph): its name, and the layers it reads
+  // (empty: the one before; "input": the model's input). add: two or more.
+  std::string name = {};
+  std::vector<std::string> inputs = {};
   bool operator==(const LayerConfig&) const = default;
 };
 // "conv2d{out: 10, kernel: 5, stride: 1, padding: 0}" (the layer's keys only).

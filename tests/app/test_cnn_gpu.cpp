@@ -63,23 +63,10 @@ TEST_CASE("the report's CNN step on CUDA follows the CPU backend: one step's sta
     // fp16 rounding: the sums differ in order only.
     gpu->train(1);
     cpu->train(1);
-    const auto a = gpu->save_state();
-    const auto b = cpu->save_state();
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      if (a[i].dtype == DType::i32) continue;  // the step counter
-      CAPTURE(a[i].name);
-      CHECK(test::relative_error(floats_from_blob(a[i]), floats_from_blob(b[i])) < 1e-2);
-    }
+    test::check_states_close(*gpu, *cpu, 1e-2);
     // Twenty steps on, fp16 rounding differences have compounded in the
     // velocities, but the losses still follow each other within a percent.
-    for (int step = 1; step < 20; ++step) {
-      gpu->train(1);
-      cpu->train(1);
-      CAPTURE(step);
-      CHECK(std::isfinite(gpu->last_loss()));
-      CHECK(std::abs(gpu->last_loss() - cpu->last_loss()) < 1e-2 * std::abs(cpu->last_loss()) + 1e-3);
-    }
+    test::check_losses_follow(*gpu, *cpu, 19, 1e-2);
   }
   fs::remove_all(out);
 }

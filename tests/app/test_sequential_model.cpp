@@ -18,6 +18,7 @@
 #include "runtime/io/checkpoint.hpp"
 #include "tests/support/temp_files.hpp"
 #include "tests/support/test_data.hpp"
+#include "tests/support/error_text.hpp"
 #include "tests/support/training_helpers.hpp"
 #include "tests/support/checkpoint_checks.hpp"
 
@@ -43,12 +44,7 @@ app::TrainConfig parse(const std::string& model_yaml, const std::vector<std::str
 }
 
 std::string error_of(const std::string& model_yaml) {
-  try {
-    parse(model_yaml);
-  } catch (const app::ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::error_of([&] { parse(model_yaml); });
 }
 
 }  // namespace
@@ -108,7 +104,7 @@ TEST_CASE("bad model.sequential lists give one clear error naming the file, line
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - conv3d: {out: 2}\n"),
       {"test.yaml:5:", "model.sequential[1]", "unknown layer 'conv3d'", "max_pool2d"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {outs: 8}\n"),
-      {"test.yaml:4:", "model.sequential[0].linear.outs", "unknown option (known here: out)"});
+      {"test.yaml:4:", "model.sequential[0].linear.outs", "unknown option (known here: out, name, inputs)"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {}\n"),
       {"test.yaml:4:", "model.sequential[0].linear.out", "is required for linear"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: ten}\n"),
@@ -116,7 +112,7 @@ TEST_CASE("bad model.sequential lists give one clear error naming the file, line
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - dropout: {p: 1.5}\n    - linear: {out: 3}\n"),
       {"test.yaml:5:", "model.sequential[1].dropout.p", "must be in [0, 1)"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - relu: {p: 1}\n    - linear: {out: 3}\n"),
-      {"test.yaml:5:", "model.sequential[1].relu.p", "relu takes none"});
+      {"test.yaml:5:", "model.sequential[1].relu.p", "relu takes only name and inputs"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - [linear, 8]\n"),
       {"test.yaml:4:", "model.sequential[0]", "expected one layer"});
   has(error_of("model:\n  layers: [16, 3]\n  input: [16]\n  sequential:\n    - linear: {out: 3}\n"),

@@ -2,9 +2,11 @@
 // Helpers of the training-step tests: an MLP trainer setup made into a
 // TrainerSpec for a dataset, a random u8 dataset of any width, the loss of
 // each of n steps, every parameter as one flat vector, a bit-for-bit
-// comparison of two trainers' saved state, and a CPU resume check.
+// comparison of two trainers' saved state, a GPU-against-CPU one (states
+// close, losses following), and a CPU resume check.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "models/mlp_program.hpp"
 #include "runtime/tensor_blob.hpp"
 #include "runtime/trainer.hpp"
+#include "tests/runtime/test_support.hpp"
 
 namespace sg::test {
 
@@ -91,6 +94,32 @@ inline void check_same_state(const std::vector<io::TensorBlob>& x, const std::ve
 }
 // The same for the two trainers' states now.
 inline void check_same_state(Trainer& a, Trainer& b) { check_same_state(a.save_state(), b.save_state()); }
+
+// Every floating entry of two trainers' states (parameters, optimizer state)
+// within `tolerance` relative error by norm (NaN never passes); the step
+// counter equal. For a GPU trainer against the CPU backend after a step.
+inline void check_states_close(Trainer& a, Trainer& b, double tolerance) {
+  const auto x = a.save_state();
+  const auto y = b.save_state();
+  REQUIRE(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (x[i].dtype == DType::i32) continue;  // the step counter
+    CAPTURE(x[i].name);
+    CHECK(relative_error(floats_from_blob(x[i]), floats_from_blob(y[i])) < tolerance);
+  }
+}
+
+// `steps` more steps of both trainers, each step's loss of `a` within
+// `tolerance` of `b`'s (relative, plus 1e-3 absolute) and finite.
+inline void check_losses_follow(Trainer& a, Trainer& b, int steps, double tolerance) {
+  for (int step = 1; step <= steps; ++step) {
+    a.train(1);
+    b.train(1);
+    CAPTURE(step);
+    REQUIRE(std::isfinite(a.last_loss()));
+    CHECK(std::abs(a.last_loss() - b.last_loss()) < tolerance * std::abs(b.last_loss()) + 1e-3);
+  }
+}
 
 // A CPU run of `steps` steps straight, and one of `split` steps saved, loaded
 // into a fresh trainer and continued to `steps`: both end in the same state

@@ -1,0 +1,39 @@
+#pragma once
+// Residual networks written as a user would (issue 37's model graph), shared
+// by the CPU-side and the GPU tests of the model graph.
+#include <string>
+
+#include "apps/config/train_config.hpp"
+
+namespace sg::test {
+
+// 20 -> linear 16 (h) -> relu -> linear 16 (r) -> add h + r -> relu -> linear 5:
+// one residual block around the second linear layer.
+inline const char* kResidualMlp =
+    "model:\n  input: [20]\n  sequential:\n"
+    "    - linear: {out: 16, name: h}\n"
+    "    - relu\n"
+    "    - linear: {out: 16, name: r}\n"
+    "    - add: {inputs: [h, r]}\n"
+    "    - relu\n"
+    "    - linear: {out: 5}\n";
+
+// The same block in a CNN: 1x6x6 -> conv 4 (c1) -> relu -> conv 4 (c2) -> add -> relu -> flatten -> linear 3.
+inline const char* kResidualCnn =
+    "model:\n  input: [1, 6, 6]\n  sequential:\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1, name: c1}\n"
+    "    - relu\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1, name: c2}\n"
+    "    - add: {inputs: [c1, c2]}\n"
+    "    - relu\n"
+    "    - flatten\n"
+    "    - linear: {out: 3}\n";
+
+// The model section plus small-run settings on `backend` (cpu, cuda), as file "graph.yaml".
+inline app::TrainConfig parse_model(const std::string& model_yaml, const std::string& backend = "cpu") {
+  return app::parse_config(model_yaml + "data:\n  batch_size: 16\noptim:\n  lr: 0.05\n  momentum: 0.9\nrun:\n  steps: 10\n"
+                                        "precision:\n  weights: fp32\nbackend:\n  kind: " + backend + "\n",
+                           "graph.yaml");
+}
+
+}  // namespace sg::test

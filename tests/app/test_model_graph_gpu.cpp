@@ -1,0 +1,34 @@
+// Issue 37's model graph on the GPU: residual networks (models/layer_graph.hpp)
+// run by the CUDA backend follow the CPU backend, with no fast path that
+// assumes a chain taking them.
+#include <doctest/doctest.h>
+
+#include <random>
+
+#include "apps/backend_choice.hpp"
+#include "tests/app/residual_models.hpp"
+#include "tests/support/training_helpers.hpp"
+
+using namespace sg;
+
+TEST_CASE("residual networks on CUDA follow the CPU backend: one step's state, twenty steps' losses") {
+  std::mt19937_64 rng(37);
+  for (const auto& [yaml, features, classes] : {std::tuple{test::kResidualMlp, std::int64_t{20}, std::int64_t{5}},
+                                                std::tuple{test::kResidualCnn, std::int64_t{36}, std::int64_t{3}}}) {
+    CAPTURE(yaml);
+    const Dataset data = test::random_dataset(160, features, classes, rng);
+    std::string note;
+    const auto gpu = app::make_trainer(test::parse_model(yaml, "cuda"), data, note);
+    const auto cpu = app::make_trainer(test::parse_model(yaml, "cpu"), data, note);
+    INFO(gpu->description());
+    REQUIRE(gpu->description().find("cuda") != std::string::npos);
+    CHECK(gpu->description().find("cnn_step[") == std::string::npos);
+    CHECK(gpu->description().find("whole_step[") == std::string::npos);
+    // One step: fp16 activations against f32, the same first gradients up to
+    // rounding; then the losses follow each other.
+    gpu->train(1);
+    cpu->train(1);
+    test::check_states_close(*gpu, *cpu, 1e-2);
+    test::check_losses_follow(*gpu, *cpu, 19, 2e-2);
+  }
+}
