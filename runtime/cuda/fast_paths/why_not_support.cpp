@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/cuda/lowerings/update_rule_table.hpp"
+
 namespace sg::cuda {
 namespace {
 
@@ -15,11 +17,7 @@ bool is_optimizer_update(const sg::Graph& g, const Node& n) {
 std::string not_sgd(const sg::Graph& g) {
   for (const Node& n : g.nodes()) {
     if (!is_optimizer_update(g, n) || n.op == OpKind::sgd_update) continue;
-    if (n.op == OpKind::adam_update)
-      return fmt::format("optimizer {}: the kernels apply SGD in-kernel",
-                         n.attr<AdamUpdateAttrs>().decoupled ? "adamw" : "adam");
-    const std::string_view name = op_name(n.op);
-    return fmt::format("optimizer {}: the kernels apply SGD in-kernel", name.substr(0, name.size() - 7));
+    return fmt::format("optimizer {}: the kernels apply SGD in-kernel", update_rule_name(n));
   }
   return {};
 }
