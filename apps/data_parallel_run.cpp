@@ -23,9 +23,6 @@ void check_can_run(const TrainConfig& c) {
     throw ConfigError(fmt::format("{}: backend.kind: cpu, but data-parallel training (--gpus, RANK/WORLD_SIZE) runs on "
                                   "the CUDA backend over NCCL",
                                   c.source));
-  if (c.model.is_sequential())
-    throw ConfigError(fmt::format("{}: model.sequential: data-parallel training runs model.layers MLPs only so far",
-                                  c.source));
 #ifndef STEPGRAPH_HAVE_NCCL
   throw ConfigError("data-parallel training (--gpus, RANK/WORLD_SIZE) needs NCCL, and this stepgraph was built without "
                     "it: install NCCL (Debian: libnccl-dev; pip: nvidia-nccl-cu13) and re-run cmake (NCCL_ROOT names "
@@ -71,13 +68,14 @@ DataParallelGroup join_data_parallel_run(const TrainConfig& config, const RankLa
   // ends every rank with one line instead of leaving them blocked: NCCL setup
   // and a captured all-reduce wait for peers without a timeout of their own.
   distributed::WatchdogOptions watch;
+  watch.peer_timeout = std::chrono::milliseconds(static_cast<long long>(launch.peer_timeout_s * 1000));
   watch.report = [](const std::string& line) {
     spdlog::error("{}", line);
     spdlog::default_logger()->flush();
   };
   g.watchdog = std::make_shared<distributed::PeerWatchdog>(std::move(joined.links), std::move(watch));
-  spdlog::info("data parallel: rank {} of {} on GPU {} joined the rendezvous at {}:{} (NCCL {})", g.rank, g.world_size,
-               g.local_rank, o.master_addr, o.master_port, cuda::nccl_version_string());
+  spdlog::info("data parallel: rank {} of {} on GPU {} ({}) joined the rendezvous at {}:{} (NCCL {})", g.rank,
+               g.world_size, g.local_rank, launch.launcher, o.master_addr, o.master_port, cuda::nccl_version_string());
 #endif
   return g;
 }
@@ -102,11 +100,20 @@ std::unique_ptr<Trainer> make_data_parallel_trainer(const TrainConfig& config, c
   if (config.data.batch_size * group.world_size > rows)
     throw ConfigError(fmt::format("{}: data.batch_size {} x {} ranks exceeds the {} training rows", config.source,
                                   config.data.batch_size, group.world_size, rows));
-  TrainerSpec spec = trainer_spec(config, rows, data.test.images.count, ProgramTarget::cuda, data.train.images.dtype);
-  MlpTraining training = mlp_training(config, data.train.images.dtype);
-  training.data_rank = group.rank;
-  training.data_ranks = group.world_size;
-  spec.program = build_mlp_program(training, rows, data.test.images.count, ProgramTarget::cuda);
+  const auto test_rows = data.test.images.count;
+  const DType features = data.train.images.dtype;
+  TrainerSpec spec = trainer_spec(config, rows, test_rows, ProgramTarget::cuda, features);
+  if (config.model.is_sequential()) {
+    SequentialTraining training = sequential_training(config, features);
+    training.data_rank = group.rank;
+    training.data_ranks = group.world_size;
+    spec.program = build_sequential_program(training, rows, test_rows, ProgramTarget::cuda);
+  } else {
+    MlpTraining training = mlp_training(config, features);
+    training.data_rank = group.rank;
+    training.data_ranks = group.world_size;
+    spec.program = build_mlp_program(training, rows, test_rows, ProgramTarget::cuda);
+  }
   spec.data_parallel = group;
 #ifdef STEPGRAPH_HAVE_CUDA
   return cuda::make_cuda_trainer(spec, data);

@@ -2,9 +2,10 @@
 // One rank of a data-parallel training run (issue 25): joining the run (the
 // rendezvous hands out rank 0's NCCL id after checking that every rank has
 // the same world size and resolved config), the rank's CUDA trainer (the
-// config's MLP built for its slice of each global batch, with the gradient
-// all-reduce), and the checkpoint entry that records the rank count so a run
-// resumes at the same one. docs/data_parallel.md.
+// config's model, model.layers or model.sequential, built for its slice of
+// each global batch, with the gradient all-reduce), and the checkpoint entry
+// that records the rank count so a run resumes at the same one.
+// docs/data_parallel.md.
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,7 +17,7 @@
 namespace sg::app {
 
 // Throws ConfigError when the config cannot run data parallel (CPU backend,
-// a model.sequential model, no NCCL or no GPU in this build/machine).
+// no NCCL or no GPU in this build/machine).
 void check_can_run(const TrainConfig& config);
 // check_can_run, and `gpus` ranks fit this machine's GPUs (--gpus N).
 void check_can_supervise(const TrainConfig& config, int gpus);

@@ -40,13 +40,13 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage, const Ins
     features = data.train.images.dtype;
   }
   if (config.model.is_sequential()) {  // issue 22's model.sequential: the same stages from the Sequential builder
-    if (request.world_size > 0)
-      throw ConfigError("inspect --world-size: data-parallel graphs are built for model.layers MLPs only so far");
     const SequentialTraining training = sequential_training(config, features);
     if (stage == "eval") return build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
     SequentialSpec spec = sequential_for_target(training.model, ProgramTarget::cuda);
     spec.dataset_rows = train_rows;
-    auto stages = build_sequential_training_stages(spec, training.optimizer, training.fusion);
+    OptimizerSpec optimizer = training.optimizer;
+    if (request.world_size > 0) shard_for_rank(spec, optimizer, request.rank, request.world_size);
+    auto stages = build_sequential_training_stages(spec, optimizer, training.fusion);
     if (stage == "forward") return stages.forward;
     if (stage == "backward") return stages.backward;
     if (stage == "optimized") return stages.optimized;

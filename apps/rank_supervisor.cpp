@@ -104,7 +104,10 @@ int reap(std::vector<Child>& children, int& first_failure, std::string& why) {
 
 void stop_all(std::vector<Child>& children, int& first_failure, std::string& why) {
   for (const Child& c : children)
-    if (c.running) ::kill(c.pid, SIGTERM);
+    if (c.running) {
+      ::kill(c.pid, SIGTERM);
+      ::kill(c.pid, SIGCONT);  // a stopped rank (SIGSTOP, a hang the watchdogs caught) acts on it only once running
+    }
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (reap(children, first_failure, why) > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

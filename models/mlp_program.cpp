@@ -17,12 +17,14 @@ MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target) {
   return mlp;
 }
 
-void shard_for_rank(MlpSpec& mlp, OptimizerSpec& sgd, std::int64_t rank, std::int64_t ranks) {
+void check_data_rank(std::int64_t rank, std::int64_t ranks) {
   if (rank < 0 || rank >= ranks)
     throw GraphError(fmt::format("data parallel: rank {} is not in 0..{}", rank, ranks - 1));
-  mlp.batch_rank = rank;
-  mlp.batch_ranks = ranks;
-  sgd.all_reduce_gradients = true;
+}
+
+std::uint64_t rank_dropout_seed(std::uint64_t seed, std::int64_t rank) {
+  // Philox keys differing by an odd multiple of the golden ratio: unrelated streams.
+  return seed + static_cast<std::uint64_t>(rank) * 0x9E3779B97F4A7C15ull;
 }
 
 TrainingProgram build_mlp_program(const MlpTraining& t, std::int64_t train_rows, std::int64_t test_rows,

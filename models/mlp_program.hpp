@@ -39,10 +39,26 @@ std::int64_t eval_batch_for(std::int64_t rows, std::int64_t wanted);
 // CUDA backend computes in f16 or bf16, so f32 compute becomes f16 there).
 MlpSpec mlp_for_target(MlpSpec mlp, ProgramTarget target);
 
-// The training graph's spec and optimizer for rank `rank` of `ranks` (issue
-// 25): the rank's slice of each global batch, every gradient reduced over the
-// ranks. Throws GraphError for a rank outside 0..ranks-1.
-void shard_for_rank(MlpSpec& mlp, OptimizerSpec& sgd, std::int64_t rank, std::int64_t ranks);
+// Throws GraphError for a rank outside 0..ranks-1.
+void check_data_rank(std::int64_t rank, std::int64_t ranks);
+
+// The dropout seed of rank `rank`: rank 0 keeps `seed`, every other rank gets
+// its own stream, so that the ranks' masks (keyed on the element's place in
+// the rank's own batch) are not the same pattern N times over.
+std::uint64_t rank_dropout_seed(std::uint64_t seed, std::int64_t rank);
+
+// The training graph's spec (MlpSpec or SequentialSpec) and optimizer for
+// rank `rank` of `ranks` (issue 25): the rank's slice of each global batch,
+// its own dropout stream, every gradient reduced over the ranks. Throws
+// GraphError for a rank outside 0..ranks-1.
+template <class ModelSpec>
+void shard_for_rank(ModelSpec& spec, OptimizerSpec& optimizer, std::int64_t rank, std::int64_t ranks) {
+  check_data_rank(rank, ranks);
+  spec.batch_rank = rank;
+  spec.batch_ranks = ranks;
+  spec.dropout_seed = rank_dropout_seed(spec.dropout_seed, rank);
+  optimizer.all_reduce_gradients = true;
+}
 
 // Training graph over `train_rows` rows, eval graph (fused too) over
 // `test_rows` with eval_batch_for(test_rows, eval_batch) rows per run.

@@ -200,7 +200,7 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
 model_pieces::BatchSource batch_source(const SequentialSpec& spec) {
   return {spec.dataset_rows, element_count(spec.input_shape), spec.feature_dtype, spec.target_width,
           spec.batch,        spec.compute_dtype,              spec.input_scale,   spec.input_shift,
-          0,                 1};
+          spec.batch_rank,   spec.batch_ranks};
 }
 
 }  // namespace

@@ -67,6 +67,10 @@ struct SequentialSpec {
   MlpLoss loss = MlpLoss::softmax_xent;
   double label_smoothing = 0.0;
   std::uint64_t dropout_seed = 0;
+  // Data parallel, as in MlpSpec: rank `batch_rank`'s `batch` rows of every
+  // global batch of batch_ranks * batch rows.
+  std::int64_t batch_rank = 0;
+  std::int64_t batch_ranks = 1;
 };
 
 // A layer list that does not fit its input: `index` is the 0-based position

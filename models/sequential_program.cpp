@@ -1,5 +1,7 @@
 #include "models/sequential_program.hpp"
 
+#include <algorithm>
+
 namespace sg {
 
 SequentialSpec sequential_for_target(SequentialSpec spec, ProgramTarget target) {
@@ -12,8 +14,11 @@ TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64
   TrainingProgram p;
   SequentialSpec train = sequential_for_target(t.model, target);
   train.dataset_rows = train_rows;
-  p.train = build_sequential_training_stages(train, t.optimizer, t.fusion).fused;
+  OptimizerSpec optimizer = t.optimizer;
+  if (t.data_ranks > 0) shard_for_rank(train, optimizer, t.data_rank, t.data_ranks);
+  p.train = build_sequential_training_stages(train, optimizer, t.fusion).fused;
   p.train_data = mlp_data_bindings(p.train, train.batch);
+  p.train_data.ranks = std::max<std::int64_t>(1, t.data_ranks);
 
   SequentialSpec eval = sequential_for_target(t.model, target);
   eval.dataset_rows = test_rows;

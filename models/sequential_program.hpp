@@ -17,6 +17,10 @@ struct SequentialTraining {
   FusionOptions fusion;
   std::int64_t eval_batch = 1000;  // rounded down to a divisor of the test rows
   std::uint64_t init_seed = 0;
+  // Data parallel, as in MlpTraining: rank `data_rank` of `data_ranks` (0: a
+  // single-process run) fetches its slice and reduces every gradient.
+  std::int64_t data_rank = 0;
+  std::int64_t data_ranks = 0;
 };
 
 // The spec with `target`'s compute dtype (as mlp_for_target).

@@ -29,6 +29,7 @@ namespace {
 
 // The bytes on a kept connection after the rendezvous. Nothing else is sent.
 constexpr char kGoodbye = 'G';  // this rank has run its last collective
+constexpr char kHeartbeat = 'H';  // this rank's watchdog runs (so its process is not stopped)
 constexpr char kLostRank = 'L';  // + i32 rank + u32 length + reason: that rank is gone, end too
 constexpr std::uint32_t kMaxReason = 1024;
 
@@ -92,7 +93,9 @@ void PeerWatchdog::Watch::release() {
 PeerWatchdog::PeerWatchdog(PeerLinks links, WatchdogOptions options)
     : rank_(links.rank), world_size_(links.world_size), options_(std::move(options)), shared_(std::make_shared<Shared>()) {
   if (!options_.report) options_.report = print_to_stderr;
-  for (PeerLink& l : links.links) links_.push_back({l.rank, std::move(l.socket), false, false, {}});
+  const auto now = std::chrono::steady_clock::now();
+  for (PeerLink& l : links.links) links_.push_back({l.rank, std::move(l.socket), false, false, now, {}});
+  next_beat_ = last_turn_ = now;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
     throw std::runtime_error(fmt::format("data parallel: cannot start the peer watchdog: pipe2 failed ({})",
@@ -140,12 +143,14 @@ void PeerWatchdog::run() {
         fds.push_back({l.socket.fd(), POLLIN, 0});
         polled.push_back(&l);
       }
-    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(options_.check_every.count()));
+    const auto wait = std::min(options_.check_every, options_.heartbeat_every);
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
     if (ready > 0) {
       if (fds[0].revents) return;  // end()
       for (std::size_t i = 0; i < polled.size(); ++i)
         if (fds[i + 1].revents) read_from(*polled[i]);
     }
+    beat_and_check_silence();
     std::unique_lock lock(shared_->mutex);
     if (shared_->ending) return;
     if (WatchedCollective* c = shared_->collective)
@@ -163,10 +168,15 @@ void PeerWatchdog::read_from(Link& link) {
   for (;;) {
     const ssize_t k = ::recv(link.socket.fd(), buf, sizeof buf, MSG_DONTWAIT);
     if (k > 0) {
+      link.last_heard = std::chrono::steady_clock::now();
       link.unread.append(buf, static_cast<std::size_t>(k));
       while (!link.unread.empty()) {
         if (link.unread[0] == kGoodbye) {
           link.said_goodbye = true;
+          link.unread.erase(0, 1);
+          continue;
+        }
+        if (link.unread[0] == kHeartbeat) {
           link.unread.erase(0, 1);
           continue;
         }
@@ -202,6 +212,31 @@ void PeerWatchdog::read_from(Link& link) {
          lost_rank_message(rank_, link.rank, "its connection " + failure, c ? c->collective_name() : std::string()),
          fmt::format("its connection to rank {} {}", rank_, failure));
     return;
+  }
+}
+
+void PeerWatchdog::beat_and_check_silence() {
+  const auto now = std::chrono::steady_clock::now();
+  // A turn that came far later than poll's wait means this process itself was
+  // stopped (Ctrl-Z stops every rank at once): its peers' silence meanwhile
+  // says nothing about them, so the silence is counted from now.
+  if (now - last_turn_ > options_.peer_timeout / 2)
+    for (Link& l : links_) l.last_heard = now;
+  last_turn_ = now;
+  if (now >= next_beat_) {
+    for (Link& l : links_)
+      if (!l.closed) send_quietly(l.socket.fd(), &kHeartbeat, 1);
+    next_beat_ = now + options_.heartbeat_every;
+  }
+  for (Link& l : links_) {
+    if (l.closed || l.said_goodbye || now - l.last_heard < options_.peer_timeout) continue;
+    const double silent_s = std::chrono::duration<double>(now - l.last_heard).count();
+    std::unique_lock lock(shared_->mutex);
+    const WatchedCollective* c = shared_->collective;
+    const std::string why = fmt::format("it sent nothing for {:.1f} s: stopped or hung", silent_s);
+    lose(lock, l.rank, lost_rank_message(rank_, l.rank, why, c ? c->collective_name() : std::string()),
+         fmt::format("rank {} heard nothing from it for {:.1f} s: stopped or hung", rank_, silent_s));
+    return;  // end() came first
   }
 }
 

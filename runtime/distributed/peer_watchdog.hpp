@@ -14,8 +14,13 @@
 //     connections (rank 0 first tells every other peer which rank it lost),
 //     abort the collective (ncclCommAbort, which releases NCCL kernels stuck
 //     in a replay) and exit with `exit_status`, writing nothing more (no
-//     checkpoint). If the abort itself hangs, the process exits after
-//     `abort_grace` anyway.
+//     checkpoint). If the abort itself hangs (it can, with a peer gone
+//     mid-collective), the process exits after `abort_grace` anyway.
+//   - a peer that sends nothing for `peer_timeout` (its process stopped,
+//     SIGSTOP, or hung so badly that its watchdog thread cannot run) is lost
+//     the same way. Every watchdog sends a one-byte heartbeat on each
+//     connection every `heartbeat_every`, from this thread, so a rank busy
+//     for a long time in a step, a start-up or an evaluation still beats.
 //   - an orderly end, end(true), sends the goodbye first: the rank has run
 //     every collective of the run, so no peer can be left waiting on it.
 //     Only a rank whose training steps all completed says goodbye; one that
@@ -61,8 +66,12 @@ class WatchedCollective {
 };
 
 struct WatchdogOptions {
-  std::chrono::milliseconds check_every{200};     // how often async_error() is read (sockets wake the thread at once)
-  std::chrono::milliseconds abort_grace{10'000};  // exit after this even if abort() has not returned
+  std::chrono::milliseconds check_every{200};  // how often async_error() is read (sockets wake the thread at once)
+  // Exit after this even if abort() has not returned: ncclCommAbort can wait
+  // on a dead peer's collective, and every rank must end within 2 s (issue 38).
+  std::chrono::milliseconds abort_grace{1'000};
+  std::chrono::milliseconds heartbeat_every{500};
+  std::chrono::milliseconds peer_timeout{30'000};  // silence after which a peer counts as hung
   int exit_status = 1;
   // Prints the one line (default: to stderr); the app tags it with the rank.
   std::function<void(const std::string&)> report;
@@ -114,10 +123,13 @@ class PeerWatchdog {
     Socket socket;
     bool said_goodbye = false;  // it has run its last collective: its close is no loss
     bool closed = false;        // no longer polled
+    std::chrono::steady_clock::time_point last_heard;  // any byte, a heartbeat included
     std::string unread;         // a message's first bytes (a lost-rank notice is 5 bytes)
   };
   void run();
   void read_from(Link& link);
+  // Sends the heartbeats that are due; loses a peer silent for peer_timeout.
+  void beat_and_check_silence();
   // Ends the rank (prints `line`, tells the other peers `lost` is gone
   // because `why`, aborts the collective, exits) unless end() came first:
   // then it returns. `lock` holds shared_->mutex.
@@ -129,6 +141,7 @@ class PeerWatchdog {
   std::shared_ptr<Shared> shared_;
   std::vector<Link> links_;  // the thread's while it runs; end()'s after it is joined
   Socket wake_read_, wake_write_;  // a byte on this pipe ends run()
+  std::chrono::steady_clock::time_point next_beat_, last_turn_;
   bool ended_ = false;
   std::thread thread_;  // last: started once everything above exists
 };

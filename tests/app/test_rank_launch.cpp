@@ -1,12 +1,14 @@
 // How a data-parallel run is launched (issue 25), no GPU needed: the rank
-// options from the command line or the torchrun variables (read only in
-// apps/rank_launch.cpp), their errors, the supervisor's child command line,
+// options from the command line, the torchrun variables, Slurm's or Open MPI's
+// (read only in apps/rank_launch.cpp), their errors, the supervisor's child command line,
 // and the supervisor ending every rank when one fails (no rank left waiting).
 #include <doctest/doctest.h>
 
 #include <chrono>
 #include <map>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "apps/config/train_config.hpp"
 #include "apps/data_parallel_run.hpp"
@@ -92,6 +94,244 @@ TEST_CASE("rank launch: bad values name the option or variable") {
   const RankLaunch g = resolve(gpus, {{"RANK", "5"}, {"WORLD_SIZE", "9"}});
   CHECK(g.gpus == 2);
   CHECK_FALSE(g.data_parallel());
+  // The silence limit for a stopped or hung rank: too short would lose ranks merely slow to be scheduled.
+  for (RankLaunch short_limit : {gpus, RankLaunch{}}) {
+    short_limit.peer_timeout_s = 1.5;
+    CHECK_THROWS_WITH_AS(resolve(short_limit, {{"RANK", "0"}, {"WORLD_SIZE", "2"}}),
+                         "--peer-timeout 1.5 must be >= 2 (seconds; heartbeats go every 0.5 s)", app::ConfigError);
+  }
+  CHECK(resolve({}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}}).peer_timeout_s == 30);
+}
+
+TEST_CASE("rank launch: srun's variables give rank, world size, local rank, master address and port") {
+  const std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "5"},
+                                                    {"SLURM_NTASKS", "8"},
+                                                    {"SLURM_LOCALID", "1"},
+                                                    {"SLURM_JOB_NODELIST", "gpu-node[03-05,07],login1"},
+                                                    {"SLURM_JOB_ID", "123456"}};
+  const RankLaunch l = resolve({}, slurm);
+  CHECK(l.data_parallel());
+  CHECK(l.launcher == "Slurm");
+  CHECK(l.rank == 5);
+  CHECK(l.world_size == 8);
+  CHECK(l.local_rank == 1);
+  CHECK(l.master_addr == "gpu-node03");
+  CHECK(l.master_port == 29500 + 456);  // 29500 + SLURM_JOB_ID mod 1000
+  // The port: a job id too long for an int still works digit by digit; no integer job id: 29500.
+  const auto port_of = [&](const char* job_id) {
+    auto env = slurm;
+    if (job_id) env["SLURM_JOB_ID"] = job_id;
+    else env.erase("SLURM_JOB_ID");
+    return resolve({}, env).master_port;
+  };
+  CHECK(port_of("99999999999999999999") == 29500 + 999);
+  CHECK(port_of("7") == 29507);
+  CHECK(port_of("12a") == 29500);
+  CHECK(port_of(nullptr) == 29500);
+  // Without SLURM_LOCALID the local rank is the rank, as for torchrun.
+  auto no_local = slurm;
+  no_local.erase("SLURM_LOCALID");
+  CHECK(resolve({}, no_local).local_rank == 5);
+}
+
+TEST_CASE("rank launch: the first host of a Slurm node list") {
+  CHECK(app::first_slurm_host("gpu-node[03-05,07],login1") == "gpu-node03");
+  CHECK(app::first_slurm_host("n1,n2") == "n1");
+  CHECK(app::first_slurm_host("node[7]") == "node7");
+  CHECK(app::first_slurm_host("a[001-004]") == "a001");
+  CHECK(app::first_slurm_host("rack1-node[2-3]") == "rack1-node2");
+  CHECK(app::first_slurm_host("solo") == "solo");
+  CHECK(app::first_slurm_host("r[2-3]n[010,12]") == "r2n010");  // one group per dimension
+  CHECK(app::first_slurm_host("x[9,1-2],y[1]") == "x9");         // as written, not the smallest
+  const std::pair<const char*, const char*> bad[] = {{"", "it is empty"},
+                                                     {"gpu[1-2", "'[' without ']'"},
+                                                     {"gpu1-2]", "']' without '['"},
+                                                     {"a[1]]", "']' without '['"},
+                                                     {"a[[1]]", "'[' inside brackets"},
+                                                     {",n1", "its first host is empty"},
+                                                     {"node[]", "a bracket that does not start with a number"},
+                                                     {"node[a-b]", "a bracket that does not start with a number"}};
+  for (const auto& [list, why] : bad) {
+    const std::string text =
+        fmt::format("environment variable SLURM_JOB_NODELIST='{}' is not a Slurm host list: {}", list, why);
+    CHECK_THROWS_WITH_AS(app::first_slurm_host(list), text.c_str(), app::ConfigError);
+  }
+}
+
+TEST_CASE("rank launch: the command line, MASTER_ADDR/PORT, LOCAL_RANK win over Slurm, one task is a single process") {
+  const std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "3"},
+                                                    {"SLURM_NTASKS", "4"},
+                                                    {"SLURM_LOCALID", "3"},
+                                                    {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                                    {"SLURM_JOB_ID", "42"}};
+  auto env = slurm;
+  env["MASTER_ADDR"] = "10.1.2.3";
+  env["MASTER_PORT"] = "31000";
+  env["LOCAL_RANK"] = "0";
+  const RankLaunch m = resolve({}, env);
+  CHECK(m.launcher == "Slurm");
+  CHECK(m.rank == 3);
+  CHECK(m.master_addr == "10.1.2.3");
+  CHECK(m.master_port == 31000);
+  CHECK(m.local_rank == 0);
+  RankLaunch addr;
+  addr.master_addr = "head";
+  addr.master_port = 4000;
+  addr.local_rank = 2;
+  const RankLaunch a = resolve(addr, env);
+  CHECK(a.launcher == "Slurm");
+  CHECK(a.master_addr == "head");
+  CHECK(a.master_port == 4000);
+  CHECK(a.local_rank == 2);
+  // --rank/--world-size: the command line is the launcher, nothing comes from Slurm.
+  RankLaunch cli;
+  cli.rank = 1;
+  cli.world_size = 2;
+  const RankLaunch c = resolve(cli, slurm);
+  CHECK(c.launcher == "command line");
+  CHECK(c.rank == 1);
+  CHECK(c.world_size == 2);
+  CHECK(c.local_rank == 1);
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 29500);
+  // One task (a one-task job, or stepgraph run in the batch script itself): single process.
+  auto one = slurm;
+  one["SLURM_PROCID"] = "0";
+  one["SLURM_NTASKS"] = "1";
+  const RankLaunch s = resolve({}, one);
+  CHECK_FALSE(s.data_parallel());
+  CHECK(s.rank == -1);
+  CHECK(s.launcher.empty());
+  auto no_procid = slurm;
+  no_procid.erase("SLURM_PROCID");
+  CHECK_FALSE(resolve({}, no_procid).data_parallel());
+}
+
+TEST_CASE("rank launch: bad Slurm values name the variable") {
+  const std::map<std::string, std::string> slurm = {
+      {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_NODELIST", "n[1-2]"}};
+  auto env = slurm;
+  env["SLURM_PROCID"] = "x";
+  CHECK_THROWS_WITH_AS(resolve({}, env), "environment variable SLURM_PROCID='x' is not an integer", app::ConfigError);
+  env = slurm;
+  env["SLURM_PROCID"] = "4";
+  CHECK_THROWS_WITH_AS(resolve({}, env), "rank 4 is not in 0..3 (world size 4; SLURM_PROCID/SLURM_NTASKS)",
+                       app::ConfigError);
+  env = slurm;
+  env["SLURM_NTASKS"] = "4x";
+  CHECK_THROWS_WITH_AS(resolve({}, env), "environment variable SLURM_NTASKS='4x' is not an integer", app::ConfigError);
+  env = slurm;
+  env["SLURM_JOB_NODELIST"] = "n[1-2";
+  CHECK_THROWS_WITH_AS(resolve({}, env),
+                       "environment variable SLURM_JOB_NODELIST='n[1-2' is not a Slurm host list: '[' without ']'",
+                       app::ConfigError);
+  env["MASTER_ADDR"] = "n1";  // not read when the address is given
+  CHECK(resolve({}, env).master_addr == "n1");
+  env = slurm;
+  env.erase("SLURM_JOB_NODELIST");
+  CHECK_THROWS_WITH_AS(resolve({}, env), doctest::Contains("Slurm started 4 tasks but SLURM_JOB_NODELIST is not set"),
+                       app::ConfigError);
+}
+
+TEST_CASE("rank launch: mpirun's variables, several machines need MASTER_ADDR") {
+  const RankLaunch l = resolve({}, {{"OMPI_COMM_WORLD_RANK", "2"},
+                                    {"OMPI_COMM_WORLD_SIZE", "4"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+  CHECK(l.data_parallel());
+  CHECK(l.launcher == "Open MPI");
+  CHECK(l.rank == 2);
+  CHECK(l.world_size == 4);
+  CHECK(l.local_rank == 1);
+  CHECK(l.master_addr == "127.0.0.1");  // every rank on this machine
+  CHECK(l.master_port == 29500);
+  // mpirun -np 1: a world of one.
+  const RankLaunch one = resolve({}, {{"OMPI_COMM_WORLD_RANK", "0"},
+                                      {"OMPI_COMM_WORLD_SIZE", "1"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}});
+  CHECK(one.data_parallel());
+  CHECK(one.world_size == 1);
+  CHECK(one.launcher == "Open MPI");
+  // Two machines: rank 0's address cannot be guessed.
+  std::map<std::string, std::string> two = {{"OMPI_COMM_WORLD_RANK", "5"},
+                                            {"OMPI_COMM_WORLD_SIZE", "8"},
+                                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+  CHECK_THROWS_WITH_AS(resolve({}, two),
+                       "Open MPI started 8 ranks on several machines (OMPI_COMM_WORLD_LOCAL_SIZE 4 < "
+                       "OMPI_COMM_WORLD_SIZE 8): give rank 0's address with --master-addr or MASTER_ADDR "
+                       "(mpirun -x MASTER_ADDR=...)",
+                       app::ConfigError);
+  RankLaunch addr;
+  addr.master_addr = "node0";
+  CHECK(resolve(addr, two).master_addr == "node0");
+  two["MASTER_ADDR"] = "10.0.0.1";
+  two["MASTER_PORT"] = "29612";
+  const RankLaunch m = resolve({}, two);
+  CHECK(m.rank == 5);
+  CHECK(m.world_size == 8);
+  CHECK(m.local_rank == 1);
+  CHECK(m.master_addr == "10.0.0.1");
+  CHECK(m.master_port == 29612);
+  CHECK_THROWS_WITH_AS(resolve({}, {{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}}),
+                       "rank 4 is not in 0..3 (world size 4; OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE)",
+                       app::ConfigError);
+  CHECK_THROWS_WITH_AS(resolve({}, {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "0"}}),
+                       "rank 0 given without a world size >= 1 (OMPI_COMM_WORLD_SIZE)", app::ConfigError);
+  // Only the rank: not an Open MPI launch.
+  CHECK_FALSE(resolve({}, {{"OMPI_COMM_WORLD_RANK", "1"}}).data_parallel());
+}
+
+TEST_CASE("rank launch: torchrun variables win over Open MPI and Slurm, Open MPI over Slurm, --gpus over all") {
+  const std::map<std::string, std::string> ompi = {{"OMPI_COMM_WORLD_RANK", "2"},
+                                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+  const std::map<std::string, std::string> slurm = {{"SLURM_PROCID", "0"},
+                                                    {"SLURM_NTASKS", "8"},
+                                                    {"SLURM_LOCALID", "0"},
+                                                    {"SLURM_JOB_NODELIST", "n[1-2]"},
+                                                    {"SLURM_JOB_ID", "77"}};
+  auto all = ompi;
+  all.insert(slurm.begin(), slurm.end());
+  // mpirun inside an allocation: its ranks inherit the allocation's SLURM_* but are mpirun's.
+  const RankLaunch o = resolve({}, all);
+  CHECK(o.launcher == "Open MPI");
+  CHECK(o.rank == 2);
+  CHECK(o.world_size == 4);
+  CHECK(o.local_rank == 2);
+  CHECK(o.master_addr == "127.0.0.1");
+  CHECK(o.master_port == 29500);
+  all["RANK"] = "1";
+  all["WORLD_SIZE"] = "3";
+  const RankLaunch t = resolve({}, all);
+  CHECK(t.launcher == "torchrun variables");
+  CHECK(t.rank == 1);
+  CHECK(t.world_size == 3);
+  CHECK(t.local_rank == 1);  // not OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID
+  CHECK(t.master_addr == "127.0.0.1");
+  CHECK(t.master_port == 29500);
+  // --gpus starts its own ranks whatever the launcher's variables say.
+  RankLaunch gpus;
+  gpus.gpus = 2;
+  const RankLaunch g = resolve(gpus, all);
+  CHECK(g.launcher == "--gpus");
+  CHECK(g.gpus == 2);
+  CHECK_FALSE(g.data_parallel());
+  CHECK(g.master_addr == "127.0.0.1");
+  CHECK(resolve(gpus, slurm).launcher == "--gpus");
+  RankLaunch both = gpus;
+  both.world_size = 2;
+  CHECK_THROWS_WITH_AS(resolve(both, slurm), doctest::Contains("--gpus starts and numbers the ranks itself"),
+                       app::ConfigError);
+  // The launcher of the other sources.
+  CHECK(resolve({}, {}).launcher.empty());
+  CHECK(resolve({}, {{"RANK", "0"}, {"WORLD_SIZE", "2"}}).launcher == "torchrun variables");
+  RankLaunch cli;
+  cli.rank = 0;
+  cli.world_size = 2;
+  CHECK(resolve(cli, {}).launcher == "command line");
 }
 
 TEST_CASE("rank launch: the ranks get the command line without --gpus") {
@@ -186,4 +426,14 @@ TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one 
   CHECK(single.find("{batch=32}") != std::string::npos);
   r.rank = 2;
   CHECK_THROWS_WITH_AS(app::run_inspect(config, r), "inspect: --rank 2 is not in 0..1 (--world-size 2)", app::ConfigError);
+  // A model.sequential CNN too: rank 1 of 3's slice, one bucket per conv and linear layer.
+  const auto cnn = app::load_config(sg::test::source_dir() / "configs/mnist_cnn.yaml", {});
+  r.world_size = 3;
+  r.rank = 1;
+  const std::string cnn_text = app::run_inspect(cnn, r);
+  CHECK(cnn_text.find("{batch=64,rank=1/3}") != std::string::npos);
+  buckets = 0;
+  for (auto at = cnn_text.find("all_reduce_mean("); at != std::string::npos; at = cnn_text.find("all_reduce_mean(", at + 1))
+    ++buckets;
+  CHECK(buckets == 4);
 }

@@ -31,6 +31,7 @@
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 #include "runtime/distributed/peer_watchdog.hpp"
+#include "tests/runtime/small_residual_cnn.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
 #include "tests/support/training_helpers.hpp"
@@ -178,6 +179,42 @@ TEST_CASE("a single-rank NCCL run (all-reduce captured in the graph) follows the
   all_gpu.insert(all_gpu.end(), gpu_losses.begin(), gpu_losses.end());
   CHECK(sg::test::relative_error(all_gpu, plain_losses) < 1e-2);
   CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
+}
+
+TEST_CASE("a single-rank NCCL run of a residual CNN (model.sequential) follows the CPU backend and the plain CUDA step") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    INFO(optimizer_name(kind));
+    const Dataset data = random_dataset(300, 36, 6, rng);
+    const auto spec = [&](std::int64_t ranks, ProgramTarget target) {
+      SequentialTraining t = test::small_residual_cnn(25, kind);
+      t.data_ranks = ranks;
+      TrainerSpec s;
+      s.program = build_sequential_program(t, data.train.images.count, data.test.images.count, target);
+      s.shuffle_seed = 5;
+      return s;
+    };
+    TrainerSpec dp = spec(1, ProgramTarget::cuda);
+    dp.data_parallel = single_rank();
+    cuda::CudaTrainer gpu(dp, data);
+    CHECK(nccl_launches(gpu) == 3);  // two convolutions and the linear layer
+    CHECK(gpu.training_program().stream_plan().forks());
+    auto cpu = make_cpu_trainer(spec(1, ProgramTarget::cpu), data);
+    cuda::CudaTrainer plain(spec(0, ProgramTarget::cuda), data);
+    CHECK(nccl_launches(plain) == 0);
+    gpu.poison_activations();
+    const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-3);
+    const auto gpu_losses = losses(gpu, 35), cpu_losses = losses(*cpu, 35), plain_losses = losses(plain, 36);
+    MESSAGE(optimizer_name(kind) << " loss step 36: nccl " << gpu_losses.back() << " cpu " << cpu_losses.back()
+                                 << " plain cuda " << plain_losses.back());
+    CHECK(sg::test::relative_error(gpu_losses, cpu_losses) < 1e-2);
+    std::vector<float> all_gpu = first_gpu;
+    all_gpu.insert(all_gpu.end(), gpu_losses.begin(), gpu_losses.end());
+    CHECK(sg::test::relative_error(all_gpu, plain_losses) < 1e-2);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
+  }
 }
 
 TEST_CASE("single-rank NCCL runs: reruns are bit-identical, resume at the same rank count is bit-exact") {

@@ -12,6 +12,8 @@
 
 #include "graph/verifier.hpp"
 #include "models/mlp_program.hpp"
+#include "models/sequential_program.hpp"
+#include "tests/runtime/small_residual_cnn.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/trainer.hpp"
 #include "tests/runtime/test_support.hpp"
@@ -236,6 +238,65 @@ TEST_CASE("data parallel: N simulated ranks at batch B end with the weights of o
       // ... and the training really moved them.
       CHECK(test::relative_error(all_params(*ranks[0]), initial) > 1e-3);
     }
+  }
+}
+
+TEST_CASE("data parallel: a model.sequential CNN (a residual add) on N simulated ranks matches one rank at N*B") {
+  auto rng = test::fresh_rng();
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    const std::int64_t n_ranks = 2 + std::int64_t(rng() % 3), batch = 2 + std::int64_t(rng() % 4), steps = 5;
+    INFO(optimizer_name(kind) << ", " << n_ranks << " ranks x batch " << batch << ", seed " << test::last_seed());
+    const std::int64_t rows = n_ranks * batch * 3 + 1;
+    const Data d = random_dataset(rng, rows, 36, 6);
+    auto reference = executor(build_sequential_program(test::small_residual_cnn(n_ranks * batch, kind), rows, 10, ProgramTarget::cpu), d);
+    std::vector<std::unique_ptr<CpuExecutor<float>>> ranks;
+    for (std::int64_t r = 0; r < n_ranks; ++r) {
+      auto t = test::small_residual_cnn(batch, kind);
+      t.data_rank = r;
+      t.data_ranks = n_ranks;
+      const TrainingProgram p = build_sequential_program(t, rows, 10, ProgramTarget::cpu);
+      CHECK(p.train_data.ranks == n_ranks);
+      std::size_t buckets = 0;
+      for (const Node& n : p.train.nodes()) buckets += n.op == OpKind::all_reduce_mean;
+      CHECK(buckets == 3);  // each conv and the linear layer: its weight and bias gradient
+      ranks.push_back(executor(p, d));
+    }
+    const auto initial = all_params(*reference);
+    for (std::int64_t s = 0; s < steps; ++s) {
+      reference->run();
+      step_ranks(ranks);
+      for (std::size_t r = 1; r < ranks.size(); ++r) CHECK(all_params(*ranks[r]) == all_params(*ranks[0]));
+    }
+    const double err = test::relative_error(all_params(*ranks[0]), all_params(*reference));
+    INFO("relative error by norm " << err);
+    CHECK(err < (kind == OptimizerKind::sgd ? 1e-5 : 1e-3));  // as for the MLP above
+    CHECK(test::relative_error(all_params(*ranks[0]), initial) > 1e-3);
+  }
+}
+
+TEST_CASE("data parallel: every rank draws its own dropout masks, rank 0 those of a single process") {
+  const auto seeds_of = [](const Graph& g) {
+    std::vector<std::uint64_t> seeds;
+    for (const Node& n : g.nodes())
+      if (n.op == OpKind::dropout) seeds.push_back(n.attr<DropoutAttrs>().seed);
+    return seeds;
+  };
+  const auto program = [](std::int64_t rank, std::int64_t ranks) {
+    auto t = small_mlp(4, OptimizerKind::sgd);
+    t.mlp.dropout = 0.3;
+    t.mlp.dropout_seed = 11;
+    t.data_rank = rank;
+    t.data_ranks = ranks;
+    return build_mlp_program(t, 40, 10, ProgramTarget::cpu).train;
+  };
+  const auto single = seeds_of(program(0, 0)), rank0 = seeds_of(program(0, 3)), rank1 = seeds_of(program(1, 3)),
+             rank2 = seeds_of(program(2, 3));
+  REQUIRE(!single.empty());
+  CHECK(rank0 == single);
+  CHECK(rank1.size() == single.size());
+  for (std::size_t i = 0; i < single.size(); ++i) {
+    CHECK(rank1[i] != single[i]);
+    CHECK(rank2[i] != rank1[i]);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include "models/mlp_program.hpp"
+#include "tests/runtime/report_cnn.hpp"
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/stream_plan.hpp"
 #include "runtime/plan/memory_plan.hpp"
@@ -153,7 +154,7 @@ std::string annotated(const Graph& g, const Schedule& s, const cuda::StreamPlan&
 }  // namespace
 
 TEST_CASE("data parallel: each all-reduce is forked to the communication stream after its bucket and joined before "
-          "its first reader; the last layer's overlaps the earlier layers' backward") {
+          "its first reader, the last layer's overlaps the earlier layers' backward") {
   for (const std::int64_t batch : {32, 256}) {
     for (const int variant : {0, 1, 2, 3}) {  // plain SGD, momentum, Adam, fp32 master weights + clipping
       INFO("batch " << batch << ", variant " << variant);
@@ -243,4 +244,32 @@ TEST_CASE("a single-process schedule has no communication launch: no second stre
   const cuda::StreamPlan plan = cuda::plan_streams(plain.train, lp.schedule);
   CHECK_FALSE(plan.forks());
   for (std::size_t i = 0; i <= lp.schedule.launches.size(); ++i) CHECK(plan.joined_before(i).empty());
+}
+
+TEST_CASE("data parallel: a CNN rank (model.sequential) reduces each layer's gradients before its update, "
+          "on the communication stream, without the fused CNN step") {
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    INFO(optimizer_name(kind));
+    SequentialTraining t = test::report_cnn();
+    t.optimizer.kind = kind;
+    t.data_rank = 1;
+    t.data_ranks = 2;
+    const TrainingProgram p = build_sequential_program(t, 1280, 200, ProgramTarget::cuda);
+    const Lowered l = lower(p.train);
+    const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule);
+    std::size_t reduces = 0;
+    std::string names;
+    for (std::size_t i = 0; i < l.schedule.launches.size(); ++i) {
+      const std::string name(l.schedule.launches[i].lowering->name());
+      names += name + " ";
+      reduces += name == "nccl_all_reduce";
+      CHECK(plan.on_communication[i] == (name == "nccl_all_reduce"));
+      // The whole-network kernels fold the update into the gradient's pass: they must not take a rank's step.
+      CHECK(name.find("cnn_step") == std::string::npos);
+    }
+    CHECK(reduces == 4);  // two convolutions, two linear layers
+    check_dependencies(p.train, l.schedule);
+    MESSAGE("report CNN, " << optimizer_name(kind) << ", rank 1 of 2: " << l.schedule.launches.size()
+                           << " launches: " << names);
+  }
 }

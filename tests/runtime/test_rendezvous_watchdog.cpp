@@ -32,8 +32,8 @@ using sg::test::free_port;
 // has passed (never when empty) and says on stderr when it is aborted.
 class StandInCollective final : public WatchedCollective {
  public:
-  StandInCollective(std::string error, std::chrono::milliseconds error_after)
-      : error_(std::move(error)), error_at_(Clock::now() + error_after) {}
+  StandInCollective(std::string error, std::chrono::milliseconds error_after, bool abort_hangs)
+      : error_(std::move(error)), error_at_(Clock::now() + error_after), abort_hangs_(abort_hangs) {}
   std::string collective_name() const override { return "stand-in"; }
   std::optional<std::string> async_error() override {
     if (error_.empty() || Clock::now() < error_at_) return std::nullopt;
@@ -42,19 +42,23 @@ class StandInCollective final : public WatchedCollective {
   void abort() override {
     static const char said[] = "stand-in collective aborted\n";
     (void)!::write(2, said, sizeof said - 1);
+    // As ncclCommAbort can, waiting on a collective whose peer is gone.
+    if (abort_hangs_) std::this_thread::sleep_for(std::chrono::seconds(20));
   }
 
  private:
   std::string error_;
   Clock::time_point error_at_;
+  bool abort_hangs_;
 };
 
 // What one rank does after the rendezvous.
 struct Behaviour {
-  enum Kind { hang, sigkill, goodbye, leave_silently } kind = hang;
+  enum Kind { hang, sigkill, goodbye, leave_silently, sigstop } kind = hang;
   int after_ms = 0;              // when it dies, says goodbye or leaves
   int stay_ms = 0;               // goodbye: how long it lives on after it (watching nothing)
   std::string collective_error;  // the stand-in reports this at after_ms (hang only)
+  bool abort_hangs = false;      // the stand-in's abort never returns
 };
 
 Behaviour make(Behaviour::Kind kind, int after_ms = 0, int stay_ms = 0, std::string error = {}) {
@@ -70,6 +74,14 @@ Behaviour killed_after(int ms) { return make(Behaviour::sigkill, ms); }
 Behaviour goodbye_after(int ms, int stay_ms = 0) { return make(Behaviour::goodbye, ms, stay_ms); }
 Behaviour leaves_after(int ms) { return make(Behaviour::leave_silently, ms); }
 Behaviour fails_after(int ms, std::string error) { return make(Behaviour::hang, ms, 0, std::move(error)); }
+Behaviour stopped_after(int ms) { return make(Behaviour::sigstop, ms); }
+Behaviour hangs_and_abort_hangs() {
+  Behaviour b = hangs();
+  b.abort_hangs = true;
+  return b;
+}
+
+constexpr int kPeerTimeoutMs = 1500;  // the watchdog's silence limit in these worlds
 
 struct RankResult {
   int status = 0;
@@ -86,10 +98,11 @@ void run_rank(int rank, int world, int port, const Behaviour& b) {
   auto joined = rendezvous_keeping_links(o, rank == 0 ? std::string("id") : std::string());
   WatchdogOptions w;
   w.check_every = std::chrono::milliseconds(20);
-  w.abort_grace = std::chrono::milliseconds(3000);
-  w.exit_status = 3;
+  w.heartbeat_every = std::chrono::milliseconds(100);
+  w.peer_timeout = std::chrono::milliseconds(kPeerTimeoutMs);
+  w.exit_status = 3;  // abort_grace: the default (1 s)
   PeerWatchdog watchdog(std::move(joined.links), w);
-  StandInCollective collective(b.collective_error, std::chrono::milliseconds(b.after_ms));
+  StandInCollective collective(b.collective_error, std::chrono::milliseconds(b.after_ms), b.abort_hangs);
   auto watch = watchdog.watch(collective);
   const auto sleep_ms = [](int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); };
   switch (b.kind) {
@@ -109,6 +122,11 @@ void run_rank(int rank, int world, int port, const Behaviour& b) {
     case Behaviour::leave_silently:
       sleep_ms(b.after_ms);
       return;  // the watchdog's destructor closes without a goodbye, as an error unwinding would
+    case Behaviour::sigstop:  // every thread stops, the watchdog's too; its sockets stay open
+      sleep_ms(b.after_ms);
+      ::kill(::getpid(), SIGSTOP);
+      sleep_ms(20'000);
+      ::_exit(0);
   }
 }
 
@@ -130,13 +148,17 @@ std::vector<RankResult> run_world(const std::vector<Behaviour>& behaviours, doub
       }
       return 0;
     }));
-  std::vector<RankResult> results;
-  for (const sg::test::Child& child : children) {
-    RankResult r;
-    r.stderr_text = sg::test::read_until_exit(child, r.status);
-    results.push_back(r);
-  }
+  std::vector<RankResult> results(children.size());
+  // The stopped ranks never end by themselves: the others first, then those are killed.
+  for (std::size_t r = 0; r < children.size(); ++r)
+    if (behaviours[r].kind != Behaviour::sigstop)
+      results[r].stderr_text = sg::test::read_until_exit(children[r], results[r].status);
   seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (std::size_t r = 0; r < children.size(); ++r)
+    if (behaviours[r].kind == Behaviour::sigstop) {
+      ::kill(children[r].pid, SIGKILL);
+      results[r].stderr_text = sg::test::read_until_exit(children[r], results[r].status);
+    }
   return results;
 }
 
@@ -207,6 +229,34 @@ TEST_CASE("peer watchdog: the collective's asynchronous error ends that rank, an
   const auto got0 = run_world({fails_after(300, "injected failure"), hangs()}, seconds);
   check_ended(got0[0], "data parallel: rank 0: stand-in reported an error (injected failure)");
   check_ended(got0[1], "data parallel: rank 1 lost rank 0 (stand-in reported an error on it: injected failure)");
+}
+
+TEST_CASE("peer watchdog: an abort that hangs (a peer gone mid-collective) still ends the rank within 2 s") {
+  double seconds = 0;
+  const auto got = run_world({hangs_and_abort_hangs(), hangs_and_abort_hangs(), killed_after(300)}, seconds);
+  check_ended(got[0], "data parallel: rank 0 lost rank 2 (its connection closed without a goodbye)");
+  check_ended(got[1], "data parallel: rank 1 lost rank 2 (its connection to rank 0 closed without a goodbye)");
+  // The kill at 0.3 s, the abort_grace of 1 s, the rendezvous: not the 20 s the abort would take.
+  CHECK(seconds < 2.5);
+}
+
+TEST_CASE("peer watchdog: a stopped rank (SIGSTOP) is lost after the silence limit and ends the others") {
+  double seconds = 0;
+  const auto got = run_world({hangs(), hangs(), stopped_after(300)}, seconds);
+  const std::string hung = "(it sent nothing for ";
+  check_ended(got[0], "data parallel: rank 0 lost rank 2 " + hung);
+  CHECK(got[0].stderr_text.find(" s: stopped or hung): aborting stand-in and ending this rank") != std::string::npos);
+  check_ended(got[1], "data parallel: rank 1 lost rank 2 (rank 0 heard nothing from it for ");
+  // A stopped rank 0 (the hub): every peer times out by itself.
+  double seconds0 = 0;
+  const auto got0 = run_world({stopped_after(300), hangs(), hangs()}, seconds0);
+  for (int r = 1; r < 3; ++r)
+    check_ended(got0[static_cast<std::size_t>(r)], "data parallel: rank " + std::to_string(r) + " lost rank 0 " + hung);
+  // Detected after the limit, not before it, and long before the 20 s the others would wait.
+  for (const double s : {seconds, seconds0}) {
+    CHECK(s > (300 + kPeerTimeoutMs) / 1000.0);
+    CHECK(s < (300 + kPeerTimeoutMs) / 1000.0 + 2.0);
+  }
 }
 
 TEST_CASE("peer watchdog: ranks that end in order (goodbye first) print nothing and exit 0") {
