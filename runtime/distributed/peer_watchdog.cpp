@@ -202,8 +202,11 @@ void PeerWatchdog::read_from(Link& link) {
     }
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // A peer whose process ends with our heartbeats unread in its socket
+    // resets the connection instead of closing it: the same end.
+    const bool ended = k == 0 || errno == ECONNRESET;
     const std::string failure =
-        k == 0 ? std::string("closed without a goodbye") : fmt::format("failed ({})", std::strerror(errno));
+        ended ? std::string("closed without a goodbye") : fmt::format("failed ({})", std::strerror(errno));
     link.closed = true;
     if (link.said_goodbye) return;  // its last collective ran: its end is no loss
     std::unique_lock lock(shared_->mutex);

@@ -63,6 +63,9 @@ class CnnStepWalker {
       layer.input_gradient = i > first_param;
       g = backward_layer(layer, g);
     }
+    check_all_reduces();
+    plan.gradients_reduced = reduced_;
+    if (plan.ranks != 1 && !reduced_) throw NoMatch{"a data-parallel shard whose gradients are not all-reduced"};
     const Node* advance = only_node(OpKind::advance_step);
     if (!advance || advance->inputs[0] != plan.step) throw NoMatch{"no step advance"};
     seen_.insert(advance->id);
@@ -84,7 +87,8 @@ class CnnStepWalker {
   ValueId fetch(CnnStepPlan& plan) {
     const Node* indices = only_node(OpKind::batch_indices);
     if (!indices) throw NoMatch{"no single batch fetch"};
-    if (indices->attr<BatchIndicesAttrs>().ranks != 1) throw NoMatch{"a data-parallel shard"};
+    plan.rank = indices->attr<BatchIndicesAttrs>().rank;
+    plan.ranks = indices->attr<BatchIndicesAttrs>().ranks;
     plan.perm = indices->inputs[0];
     plan.step = indices->inputs[1];
     plan.batch = indices->attr<BatchIndicesAttrs>().batch;
@@ -194,8 +198,8 @@ class CnnStepWalker {
         const Node* filter = one(OpKind::conv2d_backward_filter);
         if (filter->inputs[1] != layer.input || !same_geometry(filter->attr<Conv2dAttrs>(), layer.conv))
           throw NoMatch{"a conv2d_backward_filter not of its conv2d"};
-        layer.weight_update = update_of(layer.weight, filter->outputs[0]);
-        layer.bias_update = update_of(layer.bias, one(OpKind::channel_sum)->outputs[0]);
+        layer.weight_update = update_of(layer.weight, filter->outputs[0], layer.weight_gradient);
+        layer.bias_update = update_of(layer.bias, one(OpKind::channel_sum)->outputs[0], layer.bias_gradient);
         if (!layer.input_gradient) return -1;
         const Node* data = one(OpKind::conv2d_backward_data);
         if (g_.value(data->inputs[1]).producer < 0 || g_.node(g_.value(data->inputs[1]).producer).inputs[0] != layer.weight ||
@@ -205,7 +209,7 @@ class CnnStepWalker {
       }
       case Kind::linear: {
         const Node* sum = one(OpKind::reduce_rows);
-        layer.bias_update = update_of(layer.bias, sum->outputs[0]);
+        layer.bias_update = update_of(layer.bias, sum->outputs[0], layer.bias_gradient);
         const Node* wgrad = nullptr;
         const Node* dgrad = nullptr;
         for (NodeId id : g_.consumers(g)) {
@@ -221,7 +225,7 @@ class CnnStepWalker {
         }
         if (!wgrad) throw NoMatch{"a linear layer without its weight-gradient matmul"};
         seen_.insert(wgrad->id);
-        layer.weight_update = update_of(layer.weight, wgrad->outputs[0]);
+        layer.weight_update = update_of(layer.weight, wgrad->outputs[0], layer.weight_gradient);
         if (!layer.input_gradient) return -1;
         if (!dgrad) throw NoMatch{"a linear layer without its data-gradient matmul"};
         seen_.insert(dgrad->id);
@@ -256,19 +260,43 @@ class CnnStepWalker {
   }
 
   // The optimizer update (any op that updates in place: sgd_update or an
-  // update rule's) of `param` from cast(grad) to f32; returns its node. Which
-  // updates the kernels apply is the backend's question (its why_not).
-  NodeId update_of(ValueId param, ValueId grad) {
+  // update rule's) of `param` from cast(grad) to f32, directly or through an
+  // all_reduce_mean (data parallel: every gradient or none); returns its node
+  // and sets `gradient` to the cast's output. Which updates the kernels apply
+  // is the backend's question (its why_not).
+  NodeId update_of(ValueId param, ValueId grad, ValueId& gradient) {
     const Node* cast = reader(grad, OpKind::cast, 0);
     if (!cast || g_.value(cast->outputs[0]).dtype != DType::f32 || g_.consumers(grad).size() != 1)
       throw NoMatch{fmt::format("the gradient {} is not cast to fp32 for its update", g_.value(grad).name)};
-    const std::vector<NodeId>& readers = g_.consumers(cast->outputs[0]);
+    gradient = cast->outputs[0];
+    ValueId applied = gradient;  // what the update reads
+    const std::vector<NodeId>& cast_readers = g_.consumers(gradient);
+    const bool reduced = cast_readers.size() == 1 && g_.node(cast_readers[0]).op == OpKind::all_reduce_mean;
+    if (!updates_seen_.empty() && reduced != reduced_) throw NoMatch{"some gradients are all-reduced and some not"};
+    reduced_ = reduced;
+    if (reduced) {
+      const Node& all_reduce = g_.node(cast_readers[0]);
+      for (std::size_t k = 0; k < all_reduce.inputs.size(); ++k)
+        if (all_reduce.inputs[k] == gradient) applied = all_reduce.outputs[k];
+      seen_.insert(all_reduce.id);
+      all_reduces_.insert(all_reduce.id);
+      reduced_gradients_.insert(gradient);
+    }
+    const std::vector<NodeId>& readers = g_.consumers(applied);
     const Node* update = readers.size() == 1 ? &g_.node(readers[0]) : nullptr;
     if (!update || !op_updates_in_place(update->op) || update->inputs.size() < 2 || update->inputs[0] != param ||
-        update->inputs[1] != cast->outputs[0])
+        update->inputs[1] != applied)
       throw NoMatch{fmt::format("{} is not updated by an optimizer from its gradient alone", g_.value(param).name)};
     seen_.insert({cast->id, update->id});
+    updates_seen_.insert(update->id);
     return update->id;
+  }
+
+  // Every all_reduce_mean reduces gradients of this step's parameters only.
+  void check_all_reduces() const {
+    for (NodeId id : all_reduces_)
+      for (ValueId v : g_.node(id).inputs)
+        if (!reduced_gradients_.count(v)) throw NoMatch{"an all-reduce of something besides the parameters' gradients"};
   }
 
   const Node* only_node(OpKind op) const { return sole_node(g_, op); }
@@ -277,6 +305,9 @@ class CnnStepWalker {
   const Graph& g_;
   const Node* labels_ = nullptr;
   std::set<NodeId> seen_;
+  std::set<NodeId> updates_seen_, all_reduces_;
+  std::set<ValueId> reduced_gradients_;
+  bool reduced_ = false;
 };
 
 }  // namespace

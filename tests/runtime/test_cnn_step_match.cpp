@@ -4,6 +4,9 @@
 // updates the kernels apply is the lowering's check: test_cnn_step_layout).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <tuple>
+
 #include "runtime/plan/cnn_step_pattern.hpp"
 #include "tests/runtime/report_cnn.hpp"
 
@@ -70,6 +73,53 @@ TEST_CASE("the CNN step is recognised under every optimizer: its update nodes ar
     }
     CHECK(updates == 8);
   }
+}
+
+TEST_CASE("a data-parallel rank's CNN step is recognised: its slice of the batch, every gradient all-reduced") {
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    CAPTURE(optimizer_name(kind));
+    auto t = report_cnn();
+    t.optimizer.kind = kind;
+    t.data_rank = 2;
+    t.data_ranks = 3;
+    const Graph g = report_cnn_cuda_graph(t);
+    const CnnStepMatch found = match_cnn_step(g);
+    INFO(found.why_not);
+    REQUIRE(found.plan);
+    const CnnStepPlan& plan = *found.plan;
+    CHECK(plan.rank == 2);
+    CHECK(plan.ranks == 3);
+    CHECK(plan.gradients_reduced);
+    int tensors = 0;
+    for (const CnnStepLayer& l : plan.layers) {
+      if (l.weight < 0) continue;
+      for (const auto& [param, gradient, update] : {std::tuple{l.weight, l.weight_gradient, l.weight_update},
+                                                   std::tuple{l.bias, l.bias_gradient, l.bias_update}}) {
+        ++tensors;
+        // The kernel's gradient is the fp32 cast an all_reduce_mean reads; the update reads its output.
+        CHECK(g.value(gradient).dtype == DType::f32);
+        REQUIRE(g.consumers(gradient).size() == 1);
+        const Node& all_reduce = g.node(g.consumers(gradient)[0]);
+        CHECK(all_reduce.op == OpKind::all_reduce_mean);
+        const auto k = std::find(all_reduce.inputs.begin(), all_reduce.inputs.end(), gradient) - all_reduce.inputs.begin();
+        CHECK(g.node(update).inputs[1] == all_reduce.outputs[std::size_t(k)]);
+        CHECK(g.node(update).inputs[0] == param);
+      }
+    }
+    CHECK(tensors == 8);
+  }
+  // A single-process step has no reduction; its gradients are the update's inputs.
+  const Graph single = report_cnn_cuda_graph(report_cnn());
+  const auto plan = match_cnn_step(single).plan;
+  REQUIRE(plan);
+  CHECK_FALSE(plan->gradients_reduced);
+  CHECK(plan->ranks == 1);
+  CHECK(single.node(plan->layers[1].weight_update).inputs[1] == plan->layers[1].weight_gradient);
+  // Clipping the reduced gradients adds nodes the kernels do not compute.
+  auto clipped = report_cnn();
+  clipped.data_ranks = 2;
+  clipped.optimizer.clip_grad_norm = 1.0;
+  CHECK_FALSE(match_cnn_step(report_cnn_cuda_graph(clipped)).plan);
 }
 
 TEST_CASE("graphs the CNN step kernels would compute differently are not recognised") {

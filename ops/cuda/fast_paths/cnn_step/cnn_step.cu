@@ -211,7 +211,8 @@ using cnn_step_parts::SharedLayout;
 std::string cnn_step_unsupported(const CnnStepArgs& a) {
   if (a.layers < 1 || a.layers > kCnnStepMaxLayers) return fmt::format("{} layers (1 to {})", a.layers, kCnnStepMaxLayers);
   if (a.tensors > kCnnStepMaxTensors) return fmt::format("{} parameter tensors (at most {})", a.tensors, kCnnStepMaxTensors);
-  if (a.batch < 1 || a.rows < a.batch) return "fewer rows than a batch";
+  if (a.batch < 1 || a.ranks < 1 || a.rank < 0 || a.rank >= a.ranks || a.rows < std::int64_t(a.batch) * a.ranks)
+    return "fewer rows than a (global) batch";
   const std::size_t bytes = shared_layout(a).bytes, limit = dynamic_shared_limit();
   if (bytes > limit)
     return fmt::format("an example's activations, weights and work space need {} bytes of shared memory (the GPU "

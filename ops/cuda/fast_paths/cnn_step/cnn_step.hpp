@@ -82,11 +82,19 @@ struct CnnStepArgs {
   float* velocity[kCnnStepMaxTensors] = {};
   const UpdateScalars* scalars[kCnnStepMaxTensors] = {};
   std::int64_t param_offset[kCnnStepMaxTensors + 1] = {};
-  // Batch fetch: row perm[(step mod (rows/batch))*batch + i] of the u8
-  // tables, pixels scaled x*scale+shift (as launch_batch_fetch).
+  // Batch fetch: row perm[(step mod (rows/G))*G + rank*batch + i] of the u8
+  // tables, G = ranks * batch (a data-parallel rank's slice of the global
+  // batch; ranks = 1 otherwise), pixels scaled x*scale+shift (as launch_batch_fetch).
   const std::int32_t* perm = nullptr;
   std::int64_t rows = 0;
-  std::int32_t* step = nullptr;  // advanced by one at the end of the step
+  int rank = 0, ranks = 1;
+  std::int32_t* step = nullptr;  // advanced by one at the end of the step (not with gradients_out)
+  // Data parallel (issue 38): kernel 2 stores tensor t's summed gradient,
+  // rounded as the graph's value, as fp32 at gradient_out[t] instead of
+  // updating; the update stage reduces it over the ranks, applies the
+  // optimizer and advances the step (launch_cnn_step_gradients).
+  bool gradients_out = false;
+  float* gradient_out[kCnnStepMaxTensors] = {};
   const std::uint8_t* images = nullptr;
   const std::uint8_t* labels = nullptr;
   float scale = 1.f, shift = 0.f;
@@ -198,5 +206,10 @@ struct CnnStepRuleState {
 template <class Rule>
 void launch_cnn_step(const CnnStepArgs& args, const CnnStepLaunch& launch, const CnnStepRuleState& state,
                      HyperOf<Rule> hyper, cudaStream_t stream, bool dependent);
+// With args.gradients_out: the image rebuilt from the fp32 parameters (the
+// update stage wrote them), kernel 1, then kernel 2 storing the gradients
+// and the loss; the step counter is the update stage's to advance.
+void launch_cnn_step_gradients(const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t stream,
+                               bool dependent);
 
 }  // namespace sg::cuda

@@ -2,8 +2,9 @@
 // the examples' linear-layer factors) summed in a fixed order, the update of
 // the fp32 master weights by SGD (sgd_step.cuh) or by any update rule
 // (update_rules/), their fp16 casts into the parameter image, the batch's
-// mean loss and the step advance; and the kernel that rebuilds the image
-// from the fp32 parameters.
+// mean loss and the step advance, or (data parallel) the summed gradients
+// stored for the update stage; and the kernel that rebuilds the image from
+// the fp32 parameters.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -133,6 +134,7 @@ struct TensorTable {
   std::int64_t offset[kCnnStepMaxTensors + 1];
   float* param[kCnnStepMaxTensors];
   float* velocity[kCnnStepMaxTensors];
+  float* gradient_out[kCnnStepMaxTensors];
   const UpdateScalars* scalars[kCnnStepMaxTensors];
   GradientSource source[kCnnStepMaxTensors];
   ImageTarget target[kCnnStepMaxTensors];
@@ -157,6 +159,7 @@ __device__ void load_tensor_table(TensorTable& table, const CnnStepArgs& a, cons
     if (t < a.tensors) {
       table.param[t] = a.param[t];
       table.velocity[t] = a.velocity[t];
+      table.gradient_out[t] = a.gradient_out[t];
       table.scalars[t] = a.scalars[t];
       table.source[t] = gradient_source(a, l, t);
       table.target[t] = image_target(a, l, t);
@@ -166,8 +169,10 @@ __device__ void load_tensor_table(TensorTable& table, const CnnStepArgs& a, cons
 }
 
 // How kernel 2 updates an element: SGD from the tensor's velocity and
-// scalars (InKernelSgd), or an update rule from its state slots (RuleUpdate).
+// scalars (InKernelSgd), an update rule from its state slots (RuleUpdate), or
+// not at all: the gradient is stored for the update stage (GradientsOut).
 struct InKernelSgd {};
+struct GradientsOut {};
 template <class R>
 struct RuleUpdate {
   using Rule = R;
@@ -196,12 +201,13 @@ struct StateTable<RuleUpdate<Rule>> {
 // ends: after that an element costs one round of loads, its gradient's
 // parts, all in flight. The grid has one lane per part of every element
 // (element_blocks), and one block more, the last, for the batch's mean loss
-// and the step advance.
+// and the step advance (with GradientsOut the update stage's, after its updates).
 template <class Update>
 __global__ void __launch_bounds__(kUpdateThreads)
     cnn_step_update(const __grid_constant__ CnnStepArgs a, const __grid_constant__ CnnStepLaunch l, int blocks,
                     int phase, const __grid_constant__ Update u) {
   constexpr bool kSgd = std::is_same_v<Update, InKernelSgd>;
+  constexpr bool kOut = std::is_same_v<Update, GradientsOut>;
   if (blockIdx.x == gridDim.x - 1) {
     if (threadIdx.x >= 32) return;
     const std::int32_t step = *a.step;  // written only by the previous step's update
@@ -212,7 +218,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
     sum = warp_sum(sum);
     if (threadIdx.x == 0) {
       *a.loss = sum / float(a.batch);
-      *a.step = step + 1;
+      if constexpr (!kOut) *a.step = step + 1;  // else the update stage's step advance, after its updates
     }
     return;
   }
@@ -230,10 +236,10 @@ __global__ void __launch_bounds__(kUpdateThreads)
   float w = 0.f, v = 0.f;
   float state[kMaxUpdateStates] = {};  // an update rule's slots of element i
   UpdateScalars scalars{};
-  if (updates) {
+  if (updates && !kOut) {
     w = table.param[t][i];
     if (velocity) v = velocity[i];
-    if constexpr (!kSgd)
+    if constexpr (!kSgd && !kOut)
       each_slot<typename Update::Rule>(u.hyper, [&](auto s) { state[s.value] = states.slot[t][s.value][i]; });
     scalars = *table.scalars[t];
   }
@@ -247,17 +253,18 @@ __global__ void __launch_bounds__(kUpdateThreads)
   // The parts' sums in one order for every element: (p0 + p1) + (p2 + p3).
   float sum = part_sum + __shfl_xor_sync(0xffffffffu, part_sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  if (updates) {
+  if (updates && kOut) table.gradient_out[t][i] = rounded(sum);
+  if (updates && !kOut) {
     if constexpr (kSgd) {
       w = sgd_step(w, rounded(sum), velocity != nullptr, v, scalars);
-    } else {
+    } else if constexpr (!kOut) {
       const typename Update::Rule rule(u.hyper, scalars.lr, step_at_start(a, l, blocks), nullptr);
       w = rule(w, rounded(sum), [&](int s) -> float& { return state[s]; });
     }
     table.param[t][i] = w;
     if constexpr (kSgd) {
       if (velocity) velocity[i] = v;
-    } else {
+    } else if constexpr (!kOut) {
       each_slot<typename Update::Rule>(u.hyper, [&](auto s) { states.slot[t][s.value][i] = state[s.value]; });
     }
     store_in_image(a.image, table.target[t], i, w);
@@ -306,6 +313,14 @@ void launch_cnn_step_image(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStr
 void launch_cnn_step(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
   cnn_step_parts::launch_cnn_step_examples(a, l, stream);
   launch_update(a, l, InKernelSgd{}, stream, dependent);
+}
+
+void launch_cnn_step_gradients(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream, bool dependent) {
+  // The image's paddings stay zero from launch_cnn_step_image; its values are the parameters' casts.
+  cnn_step_build_image<<<element_blocks(a, 1), kUpdateThreads, 0, stream>>>(a, l);
+  SG_LAUNCH_CHECK("cnn_step_build_image");
+  cnn_step_parts::launch_cnn_step_examples(a, l, stream);
+  launch_update(a, l, GradientsOut{}, stream, dependent);
 }
 
 template <class Rule>

@@ -3,10 +3,14 @@
 // SGD or any update rule) as two kernels per step
 // (ops/cuda/fast_paths/cnn_step/cnn_step.hpp): every example's forward and
 // backward in one block with its activations in shared memory, then the
-// summed gradients' updates. Asks the device (shared memory).
+// summed gradients' updates. A data-parallel rank's step (its gradients
+// all-reduced before their updates) keeps both kernels: the second stores the
+// gradients, and the all-reduces, the updates and the step advance are the
+// update stage's launches (any optimizer). Asks the device (shared memory).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "runtime/cuda/fast_paths/whole_step/cnn_step.hpp"
@@ -57,7 +61,7 @@ std::vector<NodeId> update_nodes(const CnnStepPlan& plan) {
 // every state fp32 and the step counter the fetch's.
 std::string update_blocker(const sg::Graph& g, const CnnStepPlan& plan) {
   const std::vector<NodeId> nodes = update_nodes(plan);
-  if (nodes.empty()) return {};
+  if (nodes.empty() || plan.gradients_reduced) return {};  // reduced gradients: the update stage applies any optimizer
   const Node& first = g.node(nodes.front());
   for (NodeId id : nodes)
     if (g.node(id).op != first.op || !(g.node(id).attrs == first.attrs))
@@ -88,6 +92,9 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
   CnnStepArgs a;
   a.batch = static_cast<int>(plan.batch);
   a.rows = g.value(plan.perm).shape[0];
+  a.rank = static_cast<int>(plan.rank);
+  a.ranks = static_cast<int>(plan.ranks);
+  a.gradients_out = plan.gradients_reduced;
   a.scale = static_cast<float>(plan.input_scale);
   a.shift = static_cast<float>(plan.input_shift);
   if (plan.layers.size() > std::size_t(kCnnStepMaxLayers)) {
@@ -186,8 +193,10 @@ class CnnStepRecord final : public RecordedLaunch {
   void enqueue(cudaStream_t s) const override { launcher_(with_workspace(), launch_, s, dependent_); }
   void parameters_written(cudaStream_t s) const override { launch_cnn_step_image(args_, launch_, s); }
   std::string label() const override {
-    return fmt::format("{} blocks of {} threads, one example each at a time, {} KB shared; then the updates",
-                       launch_.blocks, launch_.threads, launch_.shared_bytes / 1024);
+    return fmt::format("{} blocks of {} threads, one example each at a time, {} KB shared; then {}", launch_.blocks,
+                       launch_.threads, launch_.shared_bytes / 1024,
+                       args_.gradients_out ? "the summed gradients, which the update stage reduces and applies"
+                                           : "the updates");
   }
   // Median GPU-clock time of each phase of block 0's first example over `repeats` steps.
   std::vector<std::pair<std::string, double>> profile_phases(int repeats, cudaStream_t stream) const override {
@@ -245,7 +254,20 @@ class CnnStepLowering final : public CudaLowering {
     std::optional<CnnStepPlan> plan = fused_plan(cover.graph(), options_, why);
     if (!plan) return std::nullopt;
     Match m;
-    for (const CoverUnit& u : cover.units()) m.units.push_back(u.id);
+    // Reduced gradients: the all-reduces, updates and step advance are the update stage's launches.
+    const sg::Graph& g = cover.graph();
+    const auto update_stage = [&](NodeId n) {
+      const OpKind op = g.node(n).op;
+      return op == OpKind::all_reduce_mean || op_updates_in_place(op) || op == OpKind::advance_step;
+    };
+    for (const CoverUnit& u : cover.units()) {
+      const auto staged = std::count_if(u.nodes.begin(), u.nodes.end(), update_stage);
+      if (!plan->gradients_reduced || staged == 0) {
+        m.units.push_back(u.id);
+        continue;
+      }
+      if (staged != static_cast<std::ptrdiff_t>(u.nodes.size())) return std::nullopt;  // a fusion across the boundary
+    }
     m.graph_order = true;
     m.detail = std::move(*plan);
     return m;
@@ -254,13 +276,16 @@ class CnnStepLowering final : public CudaLowering {
     const auto& plan = detail_of<CnnStepPlan>(l);
     std::vector<std::string> layers;
     for (const CnnStepLayer& layer : plan.layers) layers.push_back(layer_text(g, layer));
-    // An update rule is named; SGD, which the kernels were first written for, is not.
+    // An update rule the kernels apply is named; SGD, which they were first
+    // written for, is not, nor the update stage's (its own launches say).
     const std::vector<NodeId> updates = update_nodes(plan);
     const std::string update =
-        updates.empty() || g.node(updates.front()).op == OpKind::sgd_update
+        updates.empty() || plan.gradients_reduced || g.node(updates.front()).op == OpKind::sgd_update
             ? std::string()
             : ",update=" + update_rule_name(g.node(updates.front()));
-    return fmt::format("layers={},batch={}{}", fmt::join(layers, ","), plan.batch, update);
+    const std::string shard =
+        plan.gradients_reduced ? fmt::format(",rank={}/{},gradients out", plan.rank, plan.ranks) : std::string();
+    return fmt::format("layers={},batch={}{}{}", fmt::join(layers, ","), plan.batch, update, shard);
   }
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
@@ -271,10 +296,17 @@ class CnnStepLowering final : public CudaLowering {
     // Tensor t is the t-th update node (shape_of numbers them in the same order).
     const std::vector<NodeId> updates = update_nodes(plan);
     CnnStepRuleState state;
+    std::vector<ValueId> gradients;  // in the same order
+    for (const CnnStepLayer& p : plan.layers)
+      if (p.weight_update >= 0) gradients.insert(gradients.end(), {p.weight_gradient, p.bias_gradient});
     for (std::size_t t = 0; t < updates.size(); ++t) {
       const Node& n = g.node(updates[t]);
       a.param[t] = static_cast<float*>(c.ptr(n.inputs[0]));
       a.scalars[t] = c.update_scalars(n.id);
+      if (a.gradients_out) {
+        a.gradient_out[t] = static_cast<float*>(c.ptr(gradients[t]));
+        continue;  // the update stage holds the optimizer's state
+      }
       if (n.op == OpKind::sgd_update)
         a.velocity[t] = n.inputs.size() > 2 ? static_cast<float*>(c.ptr(n.inputs[2])) : nullptr;
       else
@@ -283,7 +315,11 @@ class CnnStepLowering final : public CudaLowering {
     CnnStepLauncher launcher = [](const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t s, bool dep) {
       launch_cnn_step(args, launch, s, dep);
     };
-    if (!updates.empty())
+    if (a.gradients_out)
+      launcher = [](const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t s, bool dep) {
+        launch_cnn_step_gradients(args, launch, s, dep);
+      };
+    else if (!updates.empty())
       with_update_rule(g.node(updates.front()), [&](auto rule, auto hyper) {
         using Rule = typename decltype(rule)::type;
         launcher = [state, hyper](const CnnStepArgs& args, const CnnStepLaunch& launch, cudaStream_t s, bool dep) {
