@@ -1,12 +1,17 @@
-"""PyTorch DDP baseline for stepgraph's data-parallel training (issue 25):
-the MLP 784-W-...-W-10 (--depth hidden layers) with SGD (lr 0.01) under fp16
-autocast, fp32 master weights, one process per GPU under torchrun (NCCL).
+"""PyTorch DDP baseline for stepgraph's data-parallel training (issues 25, 38):
+--model mlp: the MLP 784-W-...-W-10 (--depth hidden layers) with SGD (lr
+0.01); --model report_cnn: configs/mnist_cnn.yaml's CNN (torch_cnn.py) with
+SGD lr 0.01, momentum 0.5. fp16 autocast, fp32 master weights, one process
+per GPU under torchrun (NCCL). DDP at its best setting by default (issue 38):
+gradients compressed to bf16 for the all-reduce (bf16_compress_hook),
+gradient_as_bucket_view, static_graph; --plain turns all three off.
 Every rank takes its slice of each global batch of world * --batch rows in
 stepgraph's order (rank r: rows r*B .. r*B+B-1 of sd.batch_rows for the
 global batch), as `stepgraph train --gpus N` does. Prints one JSON line
 from rank 0: samples/s over all ranks (median of --repeats timings of
 --steps steps, CUDA events, after --warmup steps).
 Usage: torchrun --nproc_per_node N bench/torch_ddp.py --data data/mnist --width 8192 --batch 256
+       torchrun --nproc_per_node N bench/torch_ddp.py --data data/mnist --model report_cnn --batch 64
 """
 import argparse
 import json
@@ -17,8 +22,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
 import stepgraph_data as sd
+from torch_cnn import ReportNet
 
 
 def main():
@@ -30,6 +37,8 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--model", choices=["mlp", "report_cnn"], default="mlp")
+    p.add_argument("--plain", action="store_true", help="DDP without the bf16 hook, bucket views and static graph")
     a = p.parse_args()
     local = int(os.environ["LOCAL_RANK"])  # torchrun sets these
     torch.cuda.set_device(local)
@@ -43,20 +52,29 @@ def main():
     order = torch.tensor([sd.batch_rows(s, n, a.batch * world, 1)[rank * a.batch:(rank + 1) * a.batch]
                           for s in range(total)], device="cuda")
 
-    mods, fan_in = [], 784
-    for _ in range(a.depth):
-        mods += [torch.nn.Linear(fan_in, a.width), torch.nn.ReLU()]
-        fan_in = a.width
-    model = torch.nn.Sequential(*mods, torch.nn.Linear(fan_in, 10)).cuda()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    if a.model == "mlp":
+        mods, fan_in = [], 784
+        for _ in range(a.depth):
+            mods += [torch.nn.Linear(fan_in, a.width), torch.nn.ReLU()]
+            fan_in = a.width
+        model = torch.nn.Sequential(*mods, torch.nn.Linear(fan_in, 10)).cuda()
+        shape, momentum = (-1, 784), 0.0
+    else:
+        model, shape, momentum = ReportNet().cuda(), (-1, 1, 28, 28), 0.5
+    best = {} if a.plain else {"gradient_as_bucket_view": True, "static_graph": True}
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local], **best)
+    if not a.plain:
+        ddp.register_comm_hook(None, bf16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=momentum)
     step = [0]
 
     def run(k):
         for _ in range(k):
             idx = order[step[0]]
             with torch.autocast("cuda", dtype=torch.float16):
-                loss = F.cross_entropy(ddp(x_all[idx].float() / 255.0), y_all[idx])
+                out = ddp((x_all[idx].float() / 255.0).view(*shape))
+                # ReportNet ends in log_softmax: NLL of it is the cross-entropy
+                loss = F.cross_entropy(out, y_all[idx]) if a.model == "mlp" else F.nll_loss(out, y_all[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -77,7 +95,8 @@ def main():
         times.append(t.item())
     seconds = statistics.median(times)
     if rank == 0:
-        print(json.dumps({"impl": "torch_ddp", "world": world, "width": a.width, "depth": a.depth,
+        print(json.dumps({"impl": "torch_ddp" + ("" if a.plain else "_bf16hook_static"), "model": a.model,
+                          "world": world, "width": a.width, "depth": a.depth,
                           "batch_per_gpu": a.batch, "samples_per_s": a.steps * a.batch * world / seconds,
                           "us_per_step": 1e6 * seconds / a.steps}))
     dist.destroy_process_group()
