@@ -114,6 +114,28 @@ std::vector<float> all_params(CpuExecutor<float>& e) {
   return out;
 }
 
+// `steps` steps of one rank at N*B and of N simulated ranks: the ranks hold
+// one copy of the weights between them, which ends near the reference's and
+// away from where it started.
+void check_ranks_follow(CpuExecutor<float>& reference, std::vector<std::unique_ptr<CpuExecutor<float>>>& ranks,
+                        std::int64_t steps, OptimizerKind kind) {
+  const auto initial = all_params(reference);
+  for (std::int64_t s = 0; s < steps; ++s) {
+    reference.run();
+    step_ranks(ranks);
+    for (std::size_t r = 1; r < ranks.size(); ++r) CHECK(all_params(*ranks[r]) == all_params(*ranks[0]));
+  }
+  // Only the summation order differs (a mean of per-rank means vs one mean
+  // over N*B rows): f32 rounding. SGD (momentum, clipping) stays near 1e-7
+  // by norm (1e-5 asked); Adam divides by sqrt(v) + eps, so a gradient
+  // element near zero turns rounding into a visible step (seen up to 1.4e-5
+  // in thousands of random runs; 1e-3 asked).
+  const double err = test::relative_error(all_params(*ranks[0]), all_params(reference));
+  INFO("relative error by norm " << err);
+  CHECK(err < (kind == OptimizerKind::sgd ? 1e-5 : 1e-3));
+  CHECK(test::relative_error(all_params(*ranks[0]), initial) > 1e-3);  // the training really moved them
+}
+
 }  // namespace
 
 TEST_CASE("data parallel: the ranks' batch slices cover every sample of an epoch exactly once") {
@@ -220,23 +242,7 @@ TEST_CASE("data parallel: N simulated ranks at batch B end with the weights of o
         t.data_ranks = n_ranks;
         ranks.push_back(executor(build_mlp_program(t, rows, 10, ProgramTarget::cpu), d));
       }
-      const auto initial = all_params(*reference);
-      for (std::int64_t s = 0; s < steps; ++s) {
-        reference->run();
-        step_ranks(ranks);
-        // The ranks hold one copy of the weights between them.
-        for (std::size_t r = 1; r < ranks.size(); ++r) CHECK(all_params(*ranks[r]) == all_params(*ranks[0]));
-      }
-      // Only the summation order differs (a mean of per-rank means vs one
-      // mean over N*B rows): f32 rounding. SGD (momentum, clipping) stays
-      // near 1e-7 by norm (1e-5 asked); Adam divides by sqrt(v) + eps, so a
-      // gradient element near zero turns rounding into a visible step (seen
-      // up to 1.4e-5 in thousands of random runs; 1e-3 asked).
-      const double err = test::relative_error(all_params(*ranks[0]), all_params(*reference));
-      INFO("relative error by norm " << err);
-      CHECK(err < (kind == OptimizerKind::sgd ? 1e-5 : 1e-3));
-      // ... and the training really moved them.
-      CHECK(test::relative_error(all_params(*ranks[0]), initial) > 1e-3);
+      check_ranks_follow(*reference, ranks, steps, kind);
     }
   }
 }
@@ -261,16 +267,7 @@ TEST_CASE("data parallel: a model.sequential CNN (a residual add) on N simulated
       CHECK(buckets == 3);  // each conv and the linear layer: its weight and bias gradient
       ranks.push_back(executor(p, d));
     }
-    const auto initial = all_params(*reference);
-    for (std::int64_t s = 0; s < steps; ++s) {
-      reference->run();
-      step_ranks(ranks);
-      for (std::size_t r = 1; r < ranks.size(); ++r) CHECK(all_params(*ranks[r]) == all_params(*ranks[0]));
-    }
-    const double err = test::relative_error(all_params(*ranks[0]), all_params(*reference));
-    INFO("relative error by norm " << err);
-    CHECK(err < (kind == OptimizerKind::sgd ? 1e-5 : 1e-3));  // as for the MLP above
-    CHECK(test::relative_error(all_params(*ranks[0]), initial) > 1e-3);
+    check_ranks_follow(*reference, ranks, steps, kind);
   }
 }
 
