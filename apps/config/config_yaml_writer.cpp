@@ -28,9 +28,42 @@ std::string layer_text(const LayerConfig& l) {
   }
   if (l.kind == "conv2d") keys.push_back(fmt::format("padding: {}", l.padding));
   if (l.kind == "dropout" || l.kind == "dropout2d") keys.push_back(fmt::format("p: {}", num(l.p)));
+  if (l.kind == "residual") {
+    std::vector<std::string> body;
+    for (const LayerConfig& b : l.body) body.push_back(layer_text(b));
+    keys.push_back(fmt::format("layers: [{}]", fmt::join(body, ", ")));
+    if (!l.projection.empty()) keys.push_back("projection: " + layer_text(l.projection.front()));
+  }
   if (!l.name.empty()) keys.push_back(fmt::format("name: {}", l.name));
   if (!l.inputs.empty()) keys.push_back(fmt::format("inputs: [{}]", fmt::join(l.inputs, ", ")));
   return fmt::format("{}{{{}}}", l.kind, fmt::join(keys, ", "));
+}
+
+// One model.sequential entry, `kind: {options}`; a residual block's layers nested as a list.
+static void emit_layer(YAML::Emitter& e, const LayerConfig& layer) {
+  const bool block = layer.kind == "residual";
+  e << YAML::BeginMap << YAML::Key << layer.kind << YAML::Value;
+  if (!block) e << YAML::Flow;
+  e << YAML::BeginMap;
+  if (layer.kind == "linear" || layer.kind == "conv2d") e << YAML::Key << "out" << YAML::Value << layer.out;
+  if (layer.kind == "conv2d" || layer.kind == "max_pool2d") {
+    e << YAML::Key << "kernel" << YAML::Value << layer.kernel;
+    e << YAML::Key << "stride" << YAML::Value << layer.stride;
+  }
+  if (layer.kind == "conv2d") e << YAML::Key << "padding" << YAML::Value << layer.padding;
+  if (layer.kind == "dropout" || layer.kind == "dropout2d") e << YAML::Key << "p" << YAML::Value << num(layer.p);
+  if (block) {
+    e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
+    for (const LayerConfig& b : layer.body) emit_layer(e, b);
+    e << YAML::EndSeq;
+    if (!layer.projection.empty()) {
+      e << YAML::Key << "projection" << YAML::Value;
+      emit_layer(e, layer.projection.front());
+    }
+  }
+  if (!layer.name.empty()) e << YAML::Key << "name" << YAML::Value << layer.name;
+  if (!layer.inputs.empty()) e << YAML::Key << "inputs" << YAML::Value << YAML::Flow << layer.inputs;
+  e << YAML::EndMap << YAML::EndMap;
 }
 
 std::string to_yaml(const TrainConfig& c) {
@@ -41,19 +74,7 @@ std::string to_yaml(const TrainConfig& c) {
   if (c.model.is_sequential()) {
     e << YAML::Key << "input" << YAML::Value << YAML::Flow << c.model.input_shape;
     e << YAML::Key << "sequential" << YAML::Value << YAML::BeginSeq;
-    for (const auto& layer : c.model.sequential) {
-      e << YAML::BeginMap << YAML::Key << layer.kind << YAML::Value << YAML::Flow << YAML::BeginMap;
-      if (layer.kind == "linear" || layer.kind == "conv2d") e << YAML::Key << "out" << YAML::Value << layer.out;
-      if (layer.kind == "conv2d" || layer.kind == "max_pool2d") {
-        e << YAML::Key << "kernel" << YAML::Value << layer.kernel;
-        e << YAML::Key << "stride" << YAML::Value << layer.stride;
-      }
-      if (layer.kind == "conv2d") e << YAML::Key << "padding" << YAML::Value << layer.padding;
-      if (layer.kind == "dropout" || layer.kind == "dropout2d") e << YAML::Key << "p" << YAML::Value << num(layer.p);
-      if (!layer.name.empty()) e << YAML::Key << "name" << YAML::Value << layer.name;
-      if (!layer.inputs.empty()) e << YAML::Key << "inputs" << YAML::Value << YAML::Flow << layer.inputs;
-      e << YAML::EndMap << YAML::EndMap;
-    }
+    for (const auto& layer : c.model.sequential) emit_layer(e, layer);
     e << YAML::EndSeq;
   } else {
     e << YAML::Key << "layers" << YAML::Value << YAML::Flow << c.model.layers;

@@ -40,8 +40,9 @@ void check_model_layers(const ConfigReader& r, const YAML::Node& root, const Mod
 
 void check_sequential(const ConfigReader& r, const YAML::Node& root, const ModelConfig& m) {
   const YAML::Node list = model_key(root, "sequential");
-  if (static_cast<std::int64_t>(m.sequential.size()) > kMaxModelLayers)
-    r.fail(list, "model.sequential", fmt::format("has {} layers; at most {}", m.sequential.size(), kMaxModelLayers));
+  const ExpandedLayers layers = expand_layers(m.sequential);  // residual blocks as the layers they stand for
+  if (static_cast<std::int64_t>(layers.specs.size()) > kMaxModelLayers)
+    r.fail(list, "model.sequential", fmt::format("has {} layers; at most {}", layers.specs.size(), kMaxModelLayers));
   const YAML::Node input = model_key(root, "input");
   if (m.input_shape.size() > 3)
     r.fail(input, "model.input", fmt::format("has {} entries; at most 3 ([C, H, W] or [features])", m.input_shape.size()));
@@ -54,10 +55,10 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
   if (input_elements > kMaxExampleElements)
     r.fail(input, "model.input",
            fmt::format("{:.0f} values per example; at most {:.0f}", input_elements, kMaxExampleElements));
-  for (std::size_t i = 0; i < m.sequential.size(); ++i) {
-    const auto& l = m.sequential[i];
-    const std::string at = fmt::format("model.sequential[{}].{}", i, l.kind);
-    const YAML::Node node = entry_of(list, i, list);
+  for (std::size_t i = 0; i < layers.specs.size(); ++i) {
+    const LayerSpec& l = layers.specs[i];
+    const std::string& at = layers.paths[i];
+    const YAML::Node node = entry_of(list, layers.entries[i], list);
     if (l.out > kMaxLayerWidth)
       r.fail(node, at + ".out", fmt::format("{} is more than the {} outputs a layer may have", l.out, kMaxLayerWidth));
     for (const auto& [key, value] : {std::pair{"kernel", l.kernel}, {"stride", l.stride}, {"padding", l.padding}})
@@ -69,14 +70,13 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
   std::vector<std::vector<std::int64_t>> reads;  // the layers each layer reads (models/layer_graph.hpp)
   const Shape input_shape = m.input_shape.empty() ? Shape{m.input} : m.input_shape;
   try {
-    const auto specs = layer_specs(m.sequential);
-    shapes = infer_sequential_shapes(input_shape, specs);
-    reads = layer_inputs(specs);
+    shapes = infer_sequential_shapes(input_shape, layers.specs);
+    reads = layer_inputs(layers.specs);
   } catch (const std::exception&) {  // GraphError, ConfigError: validate reports them with their own message
     return;
   }
-  for (std::size_t i = 0; i < shapes.size() && i < m.sequential.size(); ++i) {
-    const auto& l = m.sequential[i];
+  for (std::size_t i = 0; i < shapes.size() && i < layers.specs.size(); ++i) {
+    const LayerSpec& l = layers.specs[i];
     double out = 1;
     for (auto d : shapes[i]) out *= static_cast<double>(d);
     const std::int64_t first = reads[i].front();  // the input the layer's weights see
@@ -84,16 +84,16 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
     double in = 1;
     for (auto d : read) in *= static_cast<double>(d);
     const double in_channels = static_cast<double>(read.front());
-    const double weights = l.kind == "linear" ? in * static_cast<double>(l.out)
-                           : l.kind == "conv2d"
+    const double weights = l.kind == LayerKind::linear ? in * static_cast<double>(l.out)
+                           : l.kind == LayerKind::conv2d
                                ? in_channels * static_cast<double>(l.out) * static_cast<double>(l.kernel * l.kernel)
                                : 0.0;
-    const std::string at = fmt::format("model.sequential[{}].{}", i, l.kind);
+    const std::string& at = layers.paths[i];
+    const YAML::Node node = entry_of(list, layers.entries[i], list);
     if (out > kMaxExampleElements)
-      r.fail(entry_of(list, i, list), at,
-             fmt::format("gives {:.0f} values per example; at most {:.0f}", out, kMaxExampleElements));
+      r.fail(node, at, fmt::format("gives {:.0f} values per example; at most {:.0f}", out, kMaxExampleElements));
     if (weights > kMaxLayerParameters)
-      r.fail(entry_of(list, i, list), at, fmt::format("has {:.0f} weights; at most {:.0f}", weights, kMaxLayerParameters));
+      r.fail(node, at, fmt::format("has {:.0f} weights; at most {:.0f}", weights, kMaxLayerParameters));
   }
 }
 

@@ -21,6 +21,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds
       {"dropout2d", {"p"}},
       {"relu", {}}, {"gelu", {}}, {"gelu_tanh", {}}, {"silu", {}}, {"tanh", {}}, {"sigmoid", {}}, {"identity", {}},
       {"add", {}},
+      {"residual", {"layers", "projection"}},
   };
   return kinds;
 }
@@ -40,67 +41,99 @@ std::vector<std::string> read_inputs(const ConfigReader& r, const YAML::Node& no
   return names;
 }
 
+LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std::string& at);
+
+// A list of `- kind: {options}` (or `- kind`) entries at `path` (model.sequential, a residual block's layers).
+std::vector<LayerConfig> read_layer_list(const ConfigReader& r, const YAML::Node& list, const std::string& path) {
+  if (!list.IsSequence())
+    r.fail(list, path, "expected a list of layers, e.g. [{linear: {out: 10}}] (one `- kind: {...}` per line)");
+  std::vector<LayerConfig> out;
+  for (std::size_t i = 0; i < list.size(); ++i) out.push_back(read_layer(r, list[i], fmt::format("{}[{}]", path, i)));
+  return out;
+}
+
+// A residual block's own keys: its body (required), its projection (one layer, not a block).
+void read_residual(const ConfigReader& r, const YAML::Node& options, const YAML::Node& item, const std::string& path,
+                   LayerConfig& layer) {
+  // Blocks nest (a block's layer may be a block), but not without end: the reader recurses.
+  constexpr std::size_t kMaxNesting = 8;
+  std::size_t depth = 0;
+  for (auto at = path.find(".residual"); at != std::string::npos; at = path.find(".residual", at + 1)) ++depth;
+  if (depth > kMaxNesting)
+    r.fail(item, path, fmt::format("residual blocks nested {} deep; at most {}", depth, kMaxNesting));
+  if (!options || options.IsNull() || !options["layers"] || options["layers"].IsNull())
+    r.fail(options ? options : item, path + ".layers",
+           "is required for residual: the block's layers, e.g. [{conv2d: {out: 16, kernel: 3, padding: 1}}, relu]");
+  layer.body = read_layer_list(r, options["layers"], path + ".layers");
+  if (layer.body.empty()) r.fail(options["layers"], path + ".layers", "needs at least one layer");
+  if (const YAML::Node projection = options["projection"]; projection && !projection.IsNull()) {
+    layer.projection = {read_layer(r, projection, path + ".projection")};
+    if (layer.projection[0].kind == "residual")
+      r.fail(projection, path + ".projection", "is one layer (e.g. {conv2d: {out: 16, kernel: 1}}), not a residual block");
+  }
+  if (layer.inputs.size() > 1)
+    r.fail(options["inputs"], path + ".inputs", "a residual block reads one input (its sum's other term is its body)");
+}
+
 // model.sequential: a list of `- kind: {options}` (or `- kind`) entries.
 void read_layers(const ConfigReader& r, const YAML::Node& model, std::vector<LayerConfig>& out) {
   if (!model || !model.IsMap()) return;
   const YAML::Node list = model["sequential"];
   if (!list || list.IsNull()) return;
-  if (!list.IsSequence())
-    r.fail(list, "model.sequential", "expected a list of layers, e.g. [{linear: {out: 10}}] (one `- kind: {...}` per line)");
-  out.clear();
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const YAML::Node item = list[i];
-    const std::string at = fmt::format("model.sequential[{}]", i);
-    YAML::Node options;
-    LayerConfig layer;
-    if (item.IsScalar()) {
-      layer.kind = item.Scalar();
-    } else if (item.IsMap() && item.size() == 1 && item.begin()->first.IsScalar()) {
-      layer.kind = item.begin()->first.Scalar();
-      options = item.begin()->second;
-    } else {
-      r.fail(item, at, "expected one layer as `kind: {options}` (e.g. `conv2d: {out: 10, kernel: 5}`) or `kind`");
-    }
-    const auto kind = std::find_if(layer_kinds().begin(), layer_kinds().end(), [&](const auto& k) { return k.first == layer.kind; });
-    if (kind == layer_kinds().end()) {
-      std::vector<std::string> names;
-      for (const auto& k : layer_kinds()) names.push_back(k.first);
-      r.fail(item, at, fmt::format("unknown layer '{}' (known: {})", layer.kind, fmt::join(names, ", ")));
-    }
-    const std::string path = at + "." + layer.kind;
-    if (options && !options.IsNull()) {
-      if (!options.IsMap()) r.fail(options, path, "expected a mapping of options, e.g. {out: 10} ({} for none)");
-      for (const auto& kv : options) {
-        const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
-        if (!graph_key(key) && std::find(kind->second.begin(), kind->second.end(), key) == kind->second.end())
-          r.fail(kv.first, path + "." + key,
-                 kind->second.empty()
-                     ? fmt::format("unknown option ({} takes only name and inputs)", layer.kind)
-                     : fmt::format("unknown option (known here: {}, name, inputs)", fmt::join(kind->second, ", ")));
-      }
-      r.read(options, path, "name", layer.name);
-      if (options["inputs"] && !options["inputs"].IsNull())
-        layer.inputs = read_inputs(r, options["inputs"], path + ".inputs");
-      r.read(options, path, "out", layer.out);
-      r.read(options, path, "kernel", layer.kernel);
-      r.read(options, path, "stride", layer.stride);
-      r.read(options, path, "padding", layer.padding);
-      r.read(options, path, "p", layer.p);
-    }
-    const auto has = [&](const char* key) { return options && options.IsMap() && options[key]; };
-    for (const auto& key : kind->second)
-      if ((key == "out" || key == "kernel") && !has(key.c_str()))
-        r.fail(options ? options : item, path + "." + key, fmt::format("is required for {}", layer.kind));
-    if (has("stride") && layer.stride <= 0) r.fail(options["stride"], path + ".stride", "must be > 0");
-    if (layer.kind == "conv2d" && layer.stride == 0) layer.stride = 1;
-    if (layer.kind == "max_pool2d" && layer.stride == 0) layer.stride = layer.kernel;
-    if (layer.kind != "dropout" && layer.kind != "dropout2d") layer.p = LayerConfig{}.p;
-    if (has("out") && layer.out <= 0) r.fail(options["out"], path + ".out", "must be > 0");
-    if (has("kernel") && layer.kernel <= 0) r.fail(options["kernel"], path + ".kernel", "must be > 0");
-    if (layer.padding < 0) r.fail(options["padding"], path + ".padding", "must be >= 0");
-    if (has("p") && !(layer.p >= 0.0 && layer.p < 1.0)) r.fail(options["p"], path + ".p", "must be in [0, 1)");
-    out.push_back(layer);
+  out = read_layer_list(r, list, "model.sequential");
+}
+
+LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std::string& at) {
+  YAML::Node options;
+  LayerConfig layer;
+  if (item.IsScalar()) {
+    layer.kind = item.Scalar();
+  } else if (item.IsMap() && item.size() == 1 && item.begin()->first.IsScalar()) {
+    layer.kind = item.begin()->first.Scalar();
+    options = item.begin()->second;
+  } else {
+    r.fail(item, at, "expected one layer as `kind: {options}` (e.g. `conv2d: {out: 10, kernel: 5}`) or `kind`");
   }
+  const auto kind = std::find_if(layer_kinds().begin(), layer_kinds().end(), [&](const auto& k) { return k.first == layer.kind; });
+  if (kind == layer_kinds().end()) {
+    std::vector<std::string> names;
+    for (const auto& k : layer_kinds()) names.push_back(k.first);
+    r.fail(item, at, fmt::format("unknown layer '{}' (known: {})", layer.kind, fmt::join(names, ", ")));
+  }
+  const std::string path = at + "." + layer.kind;
+  if (options && !options.IsNull()) {
+    if (!options.IsMap()) r.fail(options, path, "expected a mapping of options, e.g. {out: 10} ({} for none)");
+    for (const auto& kv : options) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+      if (!graph_key(key) && std::find(kind->second.begin(), kind->second.end(), key) == kind->second.end())
+        r.fail(kv.first, path + "." + key,
+               kind->second.empty()
+                   ? fmt::format("unknown option ({} takes only name and inputs)", layer.kind)
+                   : fmt::format("unknown option (known here: {}, name, inputs)", fmt::join(kind->second, ", ")));
+    }
+    r.read(options, path, "name", layer.name);
+    if (options["inputs"] && !options["inputs"].IsNull())
+      layer.inputs = read_inputs(r, options["inputs"], path + ".inputs");
+    r.read(options, path, "out", layer.out);
+    r.read(options, path, "kernel", layer.kernel);
+    r.read(options, path, "stride", layer.stride);
+    r.read(options, path, "padding", layer.padding);
+    r.read(options, path, "p", layer.p);
+  }
+  if (layer.kind == "residual") read_residual(r, options, item, path, layer);
+  const auto has = [&](const char* key) { return options && options.IsMap() && options[key]; };
+  for (const auto& key : kind->second)
+    if ((key == "out" || key == "kernel") && !has(key.c_str()))
+      r.fail(options ? options : item, path + "." + key, fmt::format("is required for {}", layer.kind));
+  if (has("stride") && layer.stride <= 0) r.fail(options["stride"], path + ".stride", "must be > 0");
+  if (layer.kind == "conv2d" && layer.stride == 0) layer.stride = 1;
+  if (layer.kind == "max_pool2d" && layer.stride == 0) layer.stride = layer.kernel;
+  if (layer.kind != "dropout" && layer.kind != "dropout2d") layer.p = LayerConfig{}.p;
+  if (has("out") && layer.out <= 0) r.fail(options["out"], path + ".out", "must be > 0");
+  if (has("kernel") && layer.kernel <= 0) r.fail(options["kernel"], path + ".kernel", "must be > 0");
+  if (layer.padding < 0) r.fail(options["padding"], path + ".padding", "must be >= 0");
+  if (has("p") && !(layer.p >= 0.0 && layer.p < 1.0)) r.fail(options["p"], path + ".p", "must be in [0, 1)");
+  return layer;
 }
 
 }  // namespace

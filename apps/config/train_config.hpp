@@ -30,6 +30,12 @@ struct LayerConfig {
   // (empty: the one before; "input": the model's input). add: two or more.
   std::string name = {};
   std::vector<std::string> inputs = {};
+  // residual (issue 37's short form of a residual block): `body` runs on the
+  // block's input (the layer before, or its one `inputs` entry), and its
+  // output is added to that input, or to `projection`'s output (none or one
+  // layer, e.g. a 1x1 conv2d, also on the block's input); `name` names the sum.
+  std::vector<LayerConfig> body = {};
+  std::vector<LayerConfig> projection = {};
   bool operator==(const LayerConfig&) const = default;
 };
 // "conv2d{out: 10, kernel: 5, stride: 1, padding: 0}" (the layer's keys only).

@@ -72,13 +72,13 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
     require(!given("dropout"), "model.dropout", "applies to model.layers; model.sequential lists its dropout layers (- dropout: {p: 0.5})");
     if (m.input_shape.empty()) m.input_shape = {m.input};
     const YAML::Node list = model_node["sequential"];
+    const ExpandedLayers layers = expand_layers(m.sequential);
     try {
-      m.classes = sequential_outputs(m.input_shape, layer_specs(m.sequential));
+      m.classes = sequential_outputs(m.input_shape, layers.specs);
     } catch (const SequentialShapeError& e) {
       if (e.index < 0) r.fail(model_node["input"], "model.input", e.what());
-      r.fail(list[static_cast<std::size_t>(e.index)],
-             fmt::format("model.sequential[{}].{}", e.index, m.sequential[static_cast<std::size_t>(e.index)].kind),
-             fmt::format("{} (model.input {})", e.problem, shape_string(m.input_shape)));
+      const auto i = static_cast<std::size_t>(e.index);  // a layer of the expanded list: its entry's line, its own path
+      r.fail(list[layers.entries[i]], layers.paths[i], fmt::format("{} (model.input {})", e.problem, shape_string(m.input_shape)));
     }
     m.input = element_count(m.input_shape);
     require(m.classes > 1 || m.loss != "softmax_xent", "model.sequential",
