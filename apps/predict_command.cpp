@@ -64,14 +64,15 @@ int run_predict(const PredictRequest& r) {
   data::ImageSet table = data::read_feature_table("--input", r.input, "x");
   const auto rows = table.count;
   if (table.pixels_per_image() != saved.inputs())
-    throw ConfigError(fmt::format("--input {}: {} features per row, but the model in {} takes {} (model.layers[0])",
-                                  r.input, table.pixels_per_image(), r.checkpoint, saved.inputs()));
-  const bool trained_u8 = saved.mlp.feature_dtype == DType::u8;
+    throw ConfigError(fmt::format("--input {}: {} features per row, but the model in {} takes {} ({})", r.input,
+                                  table.pixels_per_image(), r.checkpoint, saved.inputs(),
+                                  saved.sequential ? "model.input" : "model.layers[0]"));
+  const bool trained_u8 = saved.feature_dtype() == DType::u8;
   if (trained_u8 != (table.dtype == DType::u8))
     throw ConfigError(fmt::format(
         "--input {}: {} features, but the model in {} was trained on {} features (scaled by {} before the first "
         "layer): pass the same kind of data",
-        r.input, dtype_name(table.dtype), r.checkpoint, dtype_name(saved.mlp.feature_dtype), saved.mlp.input_scale));
+        r.input, dtype_name(table.dtype), r.checkpoint, dtype_name(saved.feature_dtype()), saved.input_scale()));
 
   const bool use_cuda = r.backend == "cuda" || (r.backend == "auto" && cuda_backend_usable());
   if (r.backend == "cuda" && !cuda_backend_usable())
@@ -80,12 +81,21 @@ int run_predict(const PredictRequest& r) {
 
   const auto batch = std::min(r.batch_size, rows);
   table = padded(std::move(table), batch);
-  MlpSpec spec = mlp_for_target(saved.mlp, use_cuda ? ProgramTarget::cuda : ProgramTarget::cpu);
-  spec.feature_dtype = table.dtype;
-  spec.batch = batch;
-  spec.dataset_rows = table.count;
+  const ProgramTarget target = use_cuda ? ProgramTarget::cuda : ProgramTarget::cpu;
   PredictionProgram program;
-  program.graph = build_mlp_predict(spec);
+  if (saved.sequential) {  // CNNs, residual graphs (issue 37): the eval forward of the same layers
+    SequentialSpec spec = sequential_for_target(*saved.sequential, target);
+    spec.feature_dtype = table.dtype;
+    spec.batch = batch;
+    spec.dataset_rows = table.count;
+    program.graph = build_sequential_predict(spec);
+  } else {
+    MlpSpec spec = mlp_for_target(saved.mlp, target);
+    spec.feature_dtype = table.dtype;
+    spec.batch = batch;
+    spec.dataset_rows = table.count;
+    program.graph = build_mlp_predict(spec);
+  }
   fuse(program.graph);
   program.features = program.graph.value_named(names::images);
   program.perm = program.graph.value_named(names::perm);

@@ -21,6 +21,31 @@ std::vector<io::TensorBlob> without_feature_dtype(std::vector<io::TensorBlob> te
   return tensors;
 }
 
+namespace {
+
+// The checkpoint's tensor `name`, or null.
+const io::TensorBlob* find_tensor(const io::Checkpoint& ckpt, const std::string& name) {
+  for (const auto& b : ckpt.tensors)
+    if (b.name == name) return &b;
+  return nullptr;
+}
+
+// A model.sequential model's parameters: the names and shapes its builder gives them.
+void load_sequential_params(const std::filesystem::path& path, const io::Checkpoint& ckpt, SavedModel& m) {
+  for (const ParameterInit& p : sequential_initial_parameters(m.sequential->input_shape, m.sequential->layers, 0)) {
+    const io::TensorBlob* blob = find_tensor(ckpt, p.name);
+    if (!blob)
+      throw io::IoError(fmt::format("{}: no parameter '{}' (the model.sequential layers of its config)", path.string(),
+                                    p.name));
+    if (blob->shape != p.shape)
+      throw io::IoError(fmt::format("{}: parameter '{}' is {} but the config's model.sequential makes it {}",
+                                    path.string(), p.name, shape_string(blob->shape), shape_string(p.shape)));
+    m.params.push_back(*blob);
+  }
+}
+
+}  // namespace
+
 SavedModel load_saved_model(const std::filesystem::path& path) {
   const io::Checkpoint ckpt = io::load_checkpoint(path);
   SavedModel m;
@@ -39,6 +64,11 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
                                       b.bytes));
       }
     }
+  if (m.config.model.is_sequential()) {
+    m.sequential = sequential_training(m.config, features).model;
+    load_sequential_params(path, ckpt, m);
+    return m;
+  }
   m.mlp = mlp_training(m.config, features).mlp;
   const auto& sizes = m.mlp.layers;
   for (std::size_t l = 1; l < sizes.size(); ++l) {
@@ -65,6 +95,10 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
 }
 
 exporting::ExportedMlp exported_mlp(const SavedModel& model) {
+  if (model.sequential)
+    throw ConfigError(fmt::format("{}: model.sequential: export writes model.layers MLPs only so far (issue 37); "
+                                  "`stepgraph predict` takes this checkpoint",
+                                  model.config.source));
   exporting::ExportedMlp e;
   e.layers = model.layers;
   e.activation = std::string(activation_name(model.mlp.activation));

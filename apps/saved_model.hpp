@@ -2,14 +2,18 @@
 // A trained model as `stepgraph predict` and `stepgraph export` read it from
 // a checkpoint: the saved config (layers, activation, dropout, loss, input
 // scaling), the feature dtype it was trained on and the parameters as f32.
+// Every model: a model.layers MLP, or a model.sequential network (issue 37:
+// CNNs, residual graphs), whose layers the config's builder makes again.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "apps/config/train_config.hpp"
 #include "graph/dtype.hpp"
 #include "models/mlp.hpp"
+#include "models/sequential.hpp"
 #include "runtime/export/exported_mlp.hpp"
 #include "runtime/io/checkpoint.hpp"
 
@@ -25,20 +29,26 @@ io::TensorBlob feature_dtype_blob(DType dtype);
 std::vector<io::TensorBlob> without_feature_dtype(std::vector<io::TensorBlob> tensors);
 
 struct SavedModel {
-  TrainConfig config;         // the run's resolved config
-  MlpSpec mlp;                // model, input scaling and feature dtype as trained (batch/rows unset)
-  std::vector<exporting::DenseLayer> layers;
+  TrainConfig config;  // the run's resolved config
+  // model.layers: model, input scaling and feature dtype as trained (batch/rows unset).
+  MlpSpec mlp;
+  std::vector<exporting::DenseLayer> layers;  // model.layers' dense layers
+  // model.sequential: the layers, input scaling and feature dtype as trained (batch/rows unset).
+  std::optional<SequentialSpec> sequential;
   std::vector<io::TensorBlob> params;  // w1, b1, ... as stored
-  bool regression() const { return mlp.target_width > 0; }
-  std::int64_t inputs() const { return mlp.layers.front(); }
-  std::int64_t outputs() const { return mlp.layers.back(); }
+  bool regression() const { return (sequential ? sequential->target_width : mlp.target_width) > 0; }
+  std::int64_t inputs() const { return sequential ? element_count(sequential->input_shape) : mlp.layers.front(); }
+  std::int64_t outputs() const { return sequential ? config.model.classes : mlp.layers.back(); }
+  DType feature_dtype() const { return sequential ? sequential->feature_dtype : mlp.feature_dtype; }
+  double input_scale() const { return sequential ? sequential->input_scale : mlp.input_scale; }
 };
 
 // Throws (ConfigError / io::IoError) naming the file when it is not a
 // readable checkpoint or its parameters do not match its config.
 SavedModel load_saved_model(const std::filesystem::path& checkpoint);
 
-// What the exporters take (runtime/export/exported_mlp.hpp).
+// What the exporters take (runtime/export/exported_mlp.hpp). Throws
+// ConfigError for a model.sequential model (export writes MLPs so far).
 exporting::ExportedMlp exported_mlp(const SavedModel& model);
 
 }  // namespace sg::app
