@@ -1,6 +1,7 @@
 #include "apps/export_command.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "apps/config/train_config.hpp"
@@ -17,6 +18,29 @@ void add_export_options(CLI::App& cmd, ExportRequest& r) {
   cmd.add_option("-o,--out", r.out, "file to write")->required();
 }
 
+namespace {
+
+// A model.sequential network (issue 37): safetensors named as the printed module's state_dict.
+int export_graph(const ExportRequest& r, const SavedModel& saved) {
+  if (r.format == "onnx")
+    throw ConfigError(fmt::format("{}: model.sequential: --format onnx writes model.layers MLPs only so far (issue 37); "
+                                  "--format safetensors writes this model",
+                                  r.checkpoint));
+  const exporting::ExportedGraph model = exported_graph(saved);
+  const std::string code = exporting::torch_module_code(model);  // before writing: a layer it cannot express throws
+  const std::string bytes = exporting::safetensors_bytes(model);
+  io::write_file_atomically(r.out, bytes);
+  spdlog::info("wrote {} ({}, {} bytes) from {}", r.out, r.format, bytes.size(), r.checkpoint);
+  spdlog::info("it is the state_dict of this module (also in the file's __metadata__['stepgraph.torch_module']); "
+               "inputs [N, {}] scaled as {}:\n{}",
+               fmt::join(model.input_shape, ", "),
+               exporting::input_scaling_text(model.input_scale, model.input_shift),
+               code);
+  return 0;
+}
+
+}  // namespace
+
 int run_export(const ExportRequest& r) {
   if (r.format != "safetensors" && r.format != "onnx")
     throw ConfigError(fmt::format("--format '{}' is not one of safetensors, onnx", r.format));
@@ -24,6 +48,7 @@ int run_export(const ExportRequest& r) {
   if (r.format == "onnx" && !exporting::onnx_export_available()) exporting::onnx_bytes({});
   io::check_writable_file(r.out, "-o");
   const SavedModel saved = load_saved_model(r.checkpoint);
+  if (saved.sequential) return export_graph(r, saved);
   const exporting::ExportedMlp model = exported_mlp(saved);
   const std::string bytes = r.format == "onnx" ? exporting::onnx_bytes(model) : exporting::safetensors_bytes(model);
   io::write_file_atomically(r.out, bytes);

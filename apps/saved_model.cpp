@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "apps/backend_choice.hpp"
+#include "models/layer_graph.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "runtime/tensor_blob.hpp"
 
@@ -96,8 +97,8 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
 
 exporting::ExportedMlp exported_mlp(const SavedModel& model) {
   if (model.sequential)
-    throw ConfigError(fmt::format("{}: model.sequential: export writes model.layers MLPs only so far (issue 37); "
-                                  "`stepgraph predict` takes this checkpoint",
+    throw ConfigError(fmt::format("{}: model.sequential: this exporter writes model.layers MLPs only so far (issue "
+                                  "37); --format safetensors writes this model",
                                   model.config.source));
   exporting::ExportedMlp e;
   e.layers = model.layers;
@@ -107,6 +108,45 @@ exporting::ExportedMlp exported_mlp(const SavedModel& model) {
   e.input_scale = model.mlp.input_scale;
   e.input_shift = model.mlp.input_shift;
   return e;
+}
+
+}  // namespace sg::app
+
+namespace sg::app {
+
+exporting::ExportedGraph exported_graph(const SavedModel& model) {
+  if (!model.sequential) throw ConfigError(fmt::format("{}: not a model.sequential model", model.config.source));
+  const SequentialSpec& spec = *model.sequential;
+  const auto shapes = infer_sequential_shapes(spec.input_shape, spec.layers);
+  const auto reads = layer_inputs(spec.layers);
+  exporting::ExportedGraph g;
+  g.input_shape = spec.input_shape;
+  g.regression = model.regression();
+  g.input_scale = spec.input_scale;
+  g.input_shift = spec.input_shift;
+  std::size_t next_param = 0;  // params: w1, b1, w2, b2, ... in layer order (load_sequential_params)
+  for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& l = spec.layers[i];
+    exporting::GraphLayer e;
+    e.kind = layer_name(l);  // an activation layer: the activation's name
+    for (std::int64_t r : reads[i]) e.inputs.push_back(static_cast<int>(r));
+    const Shape& in = reads[i].front() < 0 ? Shape(spec.input_shape) : shapes[static_cast<std::size_t>(reads[i].front())];
+    e.in = in.front();
+    e.out = l.out;
+    e.kernel = l.kernel;
+    e.stride = layer_stride(l);
+    e.padding = l.padding;
+    e.p = l.p;
+    if (l.kind == LayerKind::conv2d || l.kind == LayerKind::linear) {
+      const io::TensorBlob& w = model.params.at(next_param++);
+      const io::TensorBlob& b = model.params.at(next_param++);
+      e.weight_shape = w.shape;
+      e.weight = floats_from_blob(w);
+      e.bias = floats_from_blob(b);
+    }
+    g.layers.push_back(std::move(e));
+  }
+  return g;
 }
 
 }  // namespace sg::app

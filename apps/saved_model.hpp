@@ -14,6 +14,7 @@
 #include "graph/dtype.hpp"
 #include "models/mlp.hpp"
 #include "models/sequential.hpp"
+#include "runtime/export/exported_graph.hpp"
 #include "runtime/export/exported_mlp.hpp"
 #include "runtime/io/checkpoint.hpp"
 
@@ -48,7 +49,10 @@ struct SavedModel {
 SavedModel load_saved_model(const std::filesystem::path& checkpoint);
 
 // What the exporters take (runtime/export/exported_mlp.hpp). Throws
-// ConfigError for a model.sequential model (export writes MLPs so far).
+// ConfigError for a model.sequential model: see exported_graph.
 exporting::ExportedMlp exported_mlp(const SavedModel& model);
+// A model.sequential model as the exporters take it
+// (runtime/export/exported_graph.hpp); throws ConfigError for an MLP.
+exporting::ExportedGraph exported_graph(const SavedModel& model);
 
 }  // namespace sg::app

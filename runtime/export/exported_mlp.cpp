@@ -36,10 +36,10 @@ std::string torch_sequential_text(const ExportedMlp& m) {
   return s + ")";
 }
 
-std::string input_scaling_text(const ExportedMlp& m) {
-  std::string s = m.input_scale == 1.0 ? "x" : fmt::format("x * {}", m.input_scale);
-  if (m.input_shift > 0) s += fmt::format(" + {}", m.input_shift);
-  if (m.input_shift < 0) s += fmt::format(" - {}", -m.input_shift);
+std::string input_scaling_text(double scale, double shift) {
+  std::string s = scale == 1.0 ? "x" : fmt::format("x * {}", scale);
+  if (shift > 0) s += fmt::format(" + {}", shift);
+  if (shift < 0) s += fmt::format(" - {}", -shift);
   return s;
 }
 

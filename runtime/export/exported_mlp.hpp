@@ -31,7 +31,10 @@ std::vector<std::int64_t> torch_linear_indices(const ExportedMlp& model);
 std::string torch_sequential_text(const ExportedMlp& model);
 // The input scaling as code: "x * 0.00392 - 0.4242" (a negative shift
 // subtracted, a zero shift or a unit scale left out; "x" for neither).
-std::string input_scaling_text(const ExportedMlp& model);
+std::string input_scaling_text(double input_scale, double input_shift);
+inline std::string input_scaling_text(const ExportedMlp& model) {
+  return input_scaling_text(model.input_scale, model.input_shift);
+}
 // The PyTorch module of an activation ("nn.GELU(approximate='tanh')"), "" for
 // identity; throws std::invalid_argument for one it does not know.
 std::string torch_activation(const std::string& activation);

@@ -1,0 +1,43 @@
+#pragma once
+// A trained model.sequential network (issue 37: CNNs, residual graphs) as the
+// exporters see it: its layers in run order, each with the earlier layers it
+// reads, its sizes and its parameters in PyTorch's layouts (nn.Conv2d
+// [out, in, k, k], nn.Linear [out, in]), and the input scaling it was trained
+// with. Filled from a checkpoint by apps/saved_model.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sg::exporting {
+
+struct GraphLayer {
+  // conv2d, linear, max_pool2d, flatten, dropout, dropout2d, add, or an
+  // activation (relu, gelu, gelu_tanh, silu, tanh, sigmoid, identity).
+  std::string kind;
+  std::vector<int> inputs;  // earlier layers' indices; -1: the model's input
+  std::int64_t in = 0, out = 0;  // conv2d: channels; linear: features
+  std::int64_t kernel = 0, stride = 1, padding = 0;
+  double p = 0.0;  // dropout, dropout2d (off at inference)
+  std::vector<std::int64_t> weight_shape;
+  std::vector<float> weight, bias;  // conv2d, linear
+};
+
+struct ExportedGraph {
+  std::vector<std::int64_t> input_shape;  // per example: [C, H, W] or [features]
+  std::vector<GraphLayer> layers;
+  bool regression = false;
+  double input_scale = 1.0;  // the model sees x * input_scale + input_shift
+  double input_shift = 0.0;
+};
+
+// "layer3.weight": the state_dict name of layer `index`'s tensor in torch_module_code's module.
+std::string graph_parameter_name(std::size_t index, const char* tensor);
+// The PyTorch module of the same structure, as Python source: `class
+// StepgraphNet(nn.Module)` with one submodule per layer with parameters
+// (layer<i>, i its index in the list) and a forward that runs the list in
+// order (pooling, activations, flatten and adds as functions; dropout is
+// off at inference). Its input is [N, *input_shape], already scaled.
+// Throws std::invalid_argument for a layer kind it does not know.
+std::string torch_module_code(const ExportedGraph& model);
+
+}  // namespace sg::exporting
