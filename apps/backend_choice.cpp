@@ -103,7 +103,7 @@ void check_cuda_can_run(const TrainConfig& c) {
 #else
   if (c.model.is_sequential() && needs_cnn_lowerings(c.model.input_shape, layer_specs(c.model.sequential)))
     throw ConfigError(fmt::format(
-        "{}: model.sequential: CNN layers (conv2d, max_pool2d, flatten, dropout2d, a [C, H, W] input) need cuDNN 9 "
+        "{}: model.sequential: CNN layers (conv2d, the poolings, flatten, dropout2d, a [C, H, W] input) need cuDNN 9 "
         "on the CUDA backend, and this build has none (CMake did not find it; see README): install cuDNN 9 and "
         "rebuild, or train on the CPU with backend.kind: cpu (--set backend.kind=cpu)",
         c.source));

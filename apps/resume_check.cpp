@@ -18,7 +18,8 @@ std::string model_form(const ModelConfig& m) {
   bool convolutional = false;
   for (const auto& l : m.sequential) {
     if (texts.size() < 3) texts.push_back(layer_text(l));
-    convolutional = convolutional || l.kind == "conv2d" || l.kind == "max_pool2d";
+    convolutional = convolutional || l.kind == "conv2d" || l.kind == "max_pool2d" || l.kind == "avg_pool2d" ||
+                    l.kind == "global_avg_pool2d";
   }
   return fmt::format("model.sequential [{}{}] ({}, {} layers)", fmt::join(texts, ", "),
                      m.sequential.size() > 3 ? ", ..." : "", convolutional ? "a CNN" : "a Sequential model", m.sequential.size());

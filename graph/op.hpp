@@ -73,6 +73,11 @@ enum class OpKind : std::uint8_t {
   all_reduce_mean,        // (grad, ...) -> (mean of each over the data-parallel ranks, ...): one bucket
   // ---- update rules added on the update stage (issue 35)
   rmsprop_update,         // (param, grad, square_avg[, momentum_buf][, grad_avg][, clip scale f32[1]]) -> nothing
+  // ---- pooling beyond max (issue 37)
+  avg_pool2d,             // X [N,C,H,W] -> [N,C,H',W'] window means (no padding, floor)
+  avg_pool2d_backward,    // dY [N,C,H',W'] -> dX [N,C,grad_h,grad_w]: dY / k^2 spread over each window
+  global_avg_pool2d,      // X [N,C,H,W] -> [N,C,1,1] plane means (PyTorch's AdaptiveAvgPool2d(1))
+  global_avg_pool2d_backward,  // dY [N,C,1,1] -> dX [N,C,H,W] (ReshapeAttrs::shape): dY / (H W) everywhere
 };
 
 std::string_view op_name(OpKind op);
@@ -176,13 +181,20 @@ struct Conv2dAttrs {
   bool operator==(const Conv2dAttrs&) const = default;
 };
 // Square window pooling with no padding (output size floored), as
-// PyTorch's MaxPool2d(kernel, stride).
+// PyTorch's MaxPool2d(kernel, stride) and AvgPool2d(kernel, stride). On
+// avg_pool2d_backward, grad_h x grad_w is dX's spatial size (the floor leaves
+// it ambiguous from dY, as for the conv gradients); 0 on the other ops.
+// (max_pool2d_backward takes X itself, which decides its argmax.)
 struct Pool2dAttrs {
   std::int64_t kernel = 2;
   std::int64_t stride = 2;
+  std::int64_t grad_h = 0;
+  std::int64_t grad_w = 0;
   bool operator==(const Pool2dAttrs&) const = default;
 };
-// The output shape of a reshape (same element count as the input).
+// The output shape of a reshape (same element count as the input), and of
+// global_avg_pool2d_backward (the pooled input's shape, which dY's [N,C,1,1]
+// does not tell).
 struct ReshapeAttrs {
   Shape shape;
   bool operator==(const ReshapeAttrs&) const = default;

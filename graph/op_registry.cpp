@@ -36,6 +36,9 @@ const std::vector<const OpDef*>& table() {
         &ops::all_reduce_mean_def(),
         // issue 35: update rules on the update stage
         &ops::rmsprop_update_def(),
+        // issue 37: mean pooling
+        &ops::avg_pool2d_def(), &ops::avg_pool2d_backward_def(), &ops::global_avg_pool2d_def(),
+        &ops::global_avg_pool2d_backward_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

@@ -20,20 +20,22 @@ std::string layer_name(const LayerSpec& layer) {
     case LayerKind::dropout: return "dropout";
     case LayerKind::dropout2d: return "dropout2d";
     case LayerKind::add: return "add";
+    case LayerKind::avg_pool2d: return "avg_pool2d";
+    case LayerKind::global_avg_pool2d: return "global_avg_pool2d";
   }
   return "?";
 }
 
 std::int64_t layer_stride(const LayerSpec& layer) {
   if (layer.stride > 0) return layer.stride;
-  return layer.kind == LayerKind::max_pool2d ? layer.kernel : 1;
+  return layer.kind == LayerKind::max_pool2d || layer.kind == LayerKind::avg_pool2d ? layer.kernel : 1;
 }
 
 bool needs_cnn_lowerings(const std::vector<std::int64_t>& input_shape, const std::vector<LayerSpec>& layers) {
   if (input_shape.size() != 1) return true;
   for (const auto& l : layers)
     if (l.kind == LayerKind::conv2d || l.kind == LayerKind::max_pool2d || l.kind == LayerKind::flatten ||
-        l.kind == LayerKind::dropout2d)
+        l.kind == LayerKind::dropout2d || l.kind == LayerKind::avg_pool2d || l.kind == LayerKind::global_avg_pool2d)
       return true;
   return false;
 }
@@ -78,7 +80,8 @@ Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
       const auto s = layer_stride(l);
       return {l.out, window_out(in[1], l.kernel, s, l.padding), window_out(in[2], l.kernel, s, l.padding)};
     }
-    case LayerKind::max_pool2d: {
+    case LayerKind::max_pool2d:
+    case LayerKind::avg_pool2d: {
       spatial();
       if (l.kernel <= 0) throw fail(fmt::format("kernel must be > 0 (got {})", l.kernel));
       if (l.stride < 0) throw fail("stride must be > 0");
@@ -88,6 +91,7 @@ Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
       const auto s = layer_stride(l);
       return {in[0], window_out(in[1], l.kernel, s, 0), window_out(in[2], l.kernel, s, 0)};
     }
+    case LayerKind::global_avg_pool2d: spatial(); return {in[0]};
     case LayerKind::flatten: return {element_count(in)};
     case LayerKind::activation: return in;
     case LayerKind::dropout:
@@ -168,7 +172,14 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
         break;
       }
       case LayerKind::max_pool2d:
-        h = g.append_node(OpKind::max_pool2d, {h}, Pool2dAttrs{l.kernel, layer_stride(l)}, Role::activation).front();
+      case LayerKind::avg_pool2d:
+        h = g.append_node(l.kind == LayerKind::max_pool2d ? OpKind::max_pool2d : OpKind::avg_pool2d, {h},
+                          Pool2dAttrs{l.kernel, layer_stride(l)}, Role::activation)
+                .front();
+        break;
+      case LayerKind::global_avg_pool2d:  // [N, C, 1, 1] as PyTorch's, then flattened to [N, C]
+        h = g.append_node(OpKind::global_avg_pool2d, {h}, NoAttrs{}, Role::activation).front();
+        h = g.append_node(OpKind::flatten, {h}, NoAttrs{}, Role::activation).front();
         break;
       case LayerKind::flatten: h = g.append_node(OpKind::flatten, {h}, NoAttrs{}, Role::activation).front(); break;
       case LayerKind::activation: h = model_pieces::add_activation(g, l.activation, h); break;

@@ -1,7 +1,7 @@
 #pragma once
 // The generic Sequential model builder (issue 22): a list of layers in the
-// spirit of PyTorch's nn.Sequential (linear, conv2d, max_pool2d, flatten,
-// activations, dropout, dropout2d) on top of the same in-graph batch fetch
+// spirit of PyTorch's nn.Sequential (linear, conv2d, max_pool2d, avg_pool2d,
+// global_avg_pool2d, flatten, activations, dropout, dropout2d) on top of the same in-graph batch fetch
 // and losses as the MLP (models/model_pieces.hpp). Layers may name the
 // earlier layers they read and `add` merges several (a model graph, issue
 // 37: residual connections; models/layer_graph.hpp). A list of linear /
@@ -26,13 +26,24 @@
 
 namespace sg {
 
-enum class LayerKind : std::uint8_t { linear, conv2d, max_pool2d, flatten, activation, dropout, dropout2d, add };
+enum class LayerKind : std::uint8_t {
+  linear,
+  conv2d,
+  max_pool2d,
+  flatten,
+  activation,
+  dropout,
+  dropout2d,
+  add,
+  avg_pool2d,         // PyTorch's AvgPool2d(kernel, stride)
+  global_avg_pool2d,  // AdaptiveAvgPool2d(1) + flatten: [C, H, W] -> [C]
+};
 
 struct LayerSpec {
   LayerKind kind = LayerKind::linear;
   std::int64_t out = 0;      // linear: output features; conv2d: output channels
-  std::int64_t kernel = 0;   // conv2d, max_pool2d: square kernel
-  std::int64_t stride = 0;   // conv2d: 0 = 1; max_pool2d: 0 = kernel (PyTorch's defaults)
+  std::int64_t kernel = 0;   // conv2d, max_pool2d, avg_pool2d: square kernel
+  std::int64_t stride = 0;   // conv2d: 0 = 1; max/avg_pool2d: 0 = kernel (PyTorch's defaults)
   std::int64_t padding = 0;  // conv2d
   MlpActivation activation = MlpActivation::relu;  // kind activation
   double p = 0.0;            // dropout, dropout2d: in [0, 1)
@@ -48,7 +59,7 @@ std::string layer_name(const LayerSpec& layer);
 // The stride a layer uses (its default resolved).
 std::int64_t layer_stride(const LayerSpec& layer);
 // Whether the model has layers whose CUDA lowerings need cuDNN 9 (conv2d) or
-// come with it (max_pool2d, flatten, dropout2d, and the reshape of the batch
+// come with it (the poolings, flatten, dropout2d, and the reshape of the batch
 // to [N, C, H, W] a rank-3 input needs): a build without cuDNN refuses them.
 bool needs_cnn_lowerings(const std::vector<std::int64_t>& input_shape, const std::vector<LayerSpec>& layers);
 

@@ -22,7 +22,7 @@ static std::string num(double v) {
 std::string layer_text(const LayerConfig& l) {
   std::vector<std::string> keys;
   if (l.kind == "linear" || l.kind == "conv2d") keys.push_back(fmt::format("out: {}", l.out));
-  if (l.kind == "conv2d" || l.kind == "max_pool2d") {
+  if (l.kind == "conv2d" || l.kind == "max_pool2d" || l.kind == "avg_pool2d") {
     keys.push_back(fmt::format("kernel: {}", l.kernel));
     keys.push_back(fmt::format("stride: {}", l.stride));
   }
@@ -46,7 +46,7 @@ static void emit_layer(YAML::Emitter& e, const LayerConfig& layer) {
   if (!block) e << YAML::Flow;
   e << YAML::BeginMap;
   if (layer.kind == "linear" || layer.kind == "conv2d") e << YAML::Key << "out" << YAML::Value << layer.out;
-  if (layer.kind == "conv2d" || layer.kind == "max_pool2d") {
+  if (layer.kind == "conv2d" || layer.kind == "max_pool2d" || layer.kind == "avg_pool2d") {
     e << YAML::Key << "kernel" << YAML::Value << layer.kernel;
     e << YAML::Key << "stride" << YAML::Value << layer.stride;
   }

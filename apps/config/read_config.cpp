@@ -16,6 +16,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds
       {"linear", {"out"}},
       {"conv2d", {"out", "kernel", "stride", "padding"}},
       {"max_pool2d", {"kernel", "stride"}},
+      {"avg_pool2d", {"kernel", "stride"}},
+      {"global_avg_pool2d", {}},
       {"flatten", {}},
       {"dropout", {"p"}},
       {"dropout2d", {"p"}},
@@ -127,7 +129,7 @@ LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std:
       r.fail(options ? options : item, path + "." + key, fmt::format("is required for {}", layer.kind));
   if (has("stride") && layer.stride <= 0) r.fail(options["stride"], path + ".stride", "must be > 0");
   if (layer.kind == "conv2d" && layer.stride == 0) layer.stride = 1;
-  if (layer.kind == "max_pool2d" && layer.stride == 0) layer.stride = layer.kernel;
+  if ((layer.kind == "max_pool2d" || layer.kind == "avg_pool2d") && layer.stride == 0) layer.stride = layer.kernel;
   if (layer.kind != "dropout" && layer.kind != "dropout2d") layer.p = LayerConfig{}.p;
   if (has("out") && layer.out <= 0) r.fail(options["out"], path + ".out", "must be > 0");
   if (has("kernel") && layer.kernel <= 0) r.fail(options["kernel"], path + ".kernel", "must be > 0");

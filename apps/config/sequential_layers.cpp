@@ -18,6 +18,8 @@ LayerSpec spec_of(const LayerConfig& l) {
   else if (l.kind == "add") s.kind = LayerKind::add;
   else if (l.kind == "conv2d") s.kind = LayerKind::conv2d;
   else if (l.kind == "max_pool2d") s.kind = LayerKind::max_pool2d;
+  else if (l.kind == "avg_pool2d") s.kind = LayerKind::avg_pool2d;
+  else if (l.kind == "global_avg_pool2d") s.kind = LayerKind::global_avg_pool2d;
   else if (l.kind == "flatten") s.kind = LayerKind::flatten;
   else if (l.kind == "dropout") s.kind = LayerKind::dropout;
   else if (l.kind == "dropout2d") s.kind = LayerKind::dropout2d;

@@ -180,10 +180,15 @@ std::string attrs_text(const Conv2dAttrs& a) {
   return fmt::format(" {{stride={},padding={}}}", a.stride, a.padding);
 }
 
-json write_attrs(const Pool2dAttrs& a) { return {{"kernel", a.kernel}, {"stride", a.stride}}; }
+json write_attrs(const Pool2dAttrs& a) {
+  return {{"kernel", a.kernel}, {"stride", a.stride}, {"grad_h", a.grad_h}, {"grad_w", a.grad_w}};
+}
+// grad_h / grad_w default to 0: graphs dumped before avg_pool2d had none.
 void read_attrs(const json& j, Pool2dAttrs& a) {
   a.kernel = j.at("kernel").get<std::int64_t>();
   a.stride = j.at("stride").get<std::int64_t>();
+  a.grad_h = j.value("grad_h", std::int64_t{0});
+  a.grad_w = j.value("grad_w", std::int64_t{0});
 }
 std::string attrs_text(const Pool2dAttrs& a) { return fmt::format(" {{kernel={},stride={}}}", a.kernel, a.stride); }
 

@@ -118,5 +118,10 @@ const OpDef& dropout2d_def();
 const OpDef& dropout2d_backward_def();
 // issue 25: data-parallel training
 const OpDef& all_reduce_mean_def();
+// issue 37: mean pooling
+const OpDef& avg_pool2d_def();
+const OpDef& avg_pool2d_backward_def();
+const OpDef& global_avg_pool2d_def();
+const OpDef& global_avg_pool2d_backward_def();
 
 }  // namespace sg::ops

@@ -45,6 +45,10 @@ std::string torch_module_code(const ExportedGraph& m) {
       value = fmt::format("self.layer{}({})", i, h);
     } else if (l.kind == "max_pool2d") {
       value = fmt::format("F.max_pool2d({}, kernel_size={}, stride={})", h, l.kernel, l.stride);
+    } else if (l.kind == "avg_pool2d") {
+      value = fmt::format("F.avg_pool2d({}, kernel_size={}, stride={})", h, l.kernel, l.stride);
+    } else if (l.kind == "global_avg_pool2d") {  // [N, C, 1, 1] flattened to [N, C], as stepgraph's layer does
+      value = fmt::format("torch.flatten(F.adaptive_avg_pool2d({}, 1), 1)", h);
     } else if (l.kind == "flatten") {
       value = fmt::format("torch.flatten({}, 1)", h);
     } else if (l.kind == "dropout" || l.kind == "dropout2d") {

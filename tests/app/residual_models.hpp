@@ -29,6 +29,22 @@ inline const char* kResidualCnn =
     "    - flatten\n"
     "    - linear: {out: 3}\n";
 
+// Issue 37's poolings in a residual CNN: 1x8x8 -> conv 4 -> relu ->
+// residual block (conv, relu, conv) -> relu -> avg_pool2d 2 (4x4) -> conv 6
+// -> relu -> global mean (6) -> linear 3.
+inline const char* kPooledResidualCnn =
+    "model:\n  input: [1, 8, 8]\n  sequential:\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+    "    - relu\n"
+    "    - residual: {layers: [{conv2d: {out: 4, kernel: 3, padding: 1}}, relu, "
+    "{conv2d: {out: 4, kernel: 3, padding: 1}}]}\n"
+    "    - relu\n"
+    "    - avg_pool2d: {kernel: 2}\n"
+    "    - conv2d: {out: 6, kernel: 3, padding: 1}\n"
+    "    - relu\n"
+    "    - global_avg_pool2d\n"
+    "    - linear: {out: 3}\n";
+
 // The model section plus small-run settings on `backend` (cpu, cuda), as file "graph.yaml".
 inline app::TrainConfig parse_model(const std::string& model_yaml, const std::string& backend = "cpu") {
   return app::parse_config(model_yaml + "data:\n  batch_size: 16\noptim:\n  lr: 0.05\n  momentum: 0.9\nrun:\n  steps: 10\n"

@@ -7,7 +7,9 @@
 // whose code it prints (names, shapes, the checkpoint's values; the code
 // parses as Python). PyTorch running it against predict is
 // bench/export_roundtrip.py's, on the GPU image. ONNX of such a model is
-// refused with one line.
+// refused with one line. A CNN with avg_pool2d and global average pooling
+// (issue 37's poolings) learns bars wherever they lie, and goes through
+// predict and export the same way.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -52,6 +54,27 @@ Patches make_patches(std::int64_t n, std::uint64_t seed) {
     const int r0 = c == 2 ? 3 : 0, c0 = c == 1 ? 3 : 0;
     for (int r = 0; r < 6; ++r)
       for (int k = 0; k < 6; ++k) p.x.push_back((r >= r0 && r < r0 + 3 && k >= c0 && k < c0 + 3 ? 1.f : 0.f) + noise(rng));
+    p.y.push_back(c);
+  }
+  return p;
+}
+
+// 1x6x6 images of three classes at a random place: a horizontal bar of 3
+// pixels, a vertical one, a diagonal one, with noise. Where the bar lies
+// says nothing: a network with global average pooling learns these.
+Patches make_bars(std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> noise(0.f, 0.3f);
+  Patches p{n, {}, {}};
+  for (std::int64_t i = 0; i < n; ++i) {
+    const int c = static_cast<int>(i % 3);
+    const int r0 = static_cast<int>(rng() % 4), c0 = static_cast<int>(rng() % 4);
+    std::vector<float> image(36, 0.f);
+    for (int k = 0; k < 3; ++k) {
+      const int r = c == 0 ? r0 + 1 : r0 + k, col = c == 1 ? c0 + 1 : c0 + k;
+      image[static_cast<std::size_t>(r * 6 + col)] = 1.f;
+    }
+    for (float v : image) p.x.push_back(v + noise(rng));
     p.y.push_back(c);
   }
   return p;
@@ -115,28 +138,21 @@ void check_safetensors_export(const fs::path& dir, const app::SavedModel& saved)
   CHECK(std::system(("python3 -c \"import ast; ast.parse(open('" + (dir / "module.py").string() + "').read())\"").c_str()) == 0);
 }
 
-}  // namespace
-
-TEST_CASE("predict takes a model.sequential checkpoint (a residual CNN): the run's accuracy on the same rows") {
-  const auto dir = test::fresh_dir("predict-sequential");
-  const Patches train = make_patches(240, 1), held = make_patches(60, 2);
+// Trains `layers` (model.sequential entries, one per line) on `images`' data
+// with the CPU backend, checkpointing to dir/model.sgck; the held-out rows
+// are dir/xt.npy (dir/yt.npy: their labels).
+using Images = Patches (*)(std::int64_t, std::uint64_t);
+app::TrainSummary train_on(Images images, const fs::path& dir, const std::string& layers, int epochs) {
+  const Patches train = images(240, 1), held = images(60, 2);
   test::write_file(dir / "x.npy", test::npy_f32({train.n, 1, 6, 6}, train.x));
   test::write_file(dir / "y.npy", test::npy_i64({train.n}, train.y));
   test::write_file(dir / "xt.npy", test::npy_f32({held.n, 1, 6, 6}, held.x));
   test::write_file(dir / "yt.npy", test::npy_i64({held.n}, held.y));
-  const std::string yaml =
-      "model:\n  input: [1, 6, 6]\n  sequential:\n"
-      "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
-      "    - relu\n"
-      "    - residual: {layers: [{conv2d: {out: 4, kernel: 3, padding: 1}}, relu, {conv2d: {out: 4, kernel: 3, padding: 1}}]}\n"
-      "    - relu\n"
-      "    - max_pool2d: {kernel: 2}\n"
-      "    - flatten\n"
-      "    - linear: {out: 3}\n"
-      "data: {batch_size: 16, eval_batch_size: 30}\n"
-      "optim: {lr: 0.05, momentum: 0.9}\n"
-      "run: {epochs: 6, log_every: 1000}\n"
-      "backend: {kind: cpu}\n";
+  const std::string yaml = "model:\n  input: [1, 6, 6]\n  sequential:\n" + layers +
+                           "data: {batch_size: 16, eval_batch_size: 30}\n"
+                           "optim: {lr: 0.05, momentum: 0.9}\n"
+                           "run: {epochs: " + std::to_string(epochs) + ", log_every: 1000}\n"
+                           "backend: {kind: cpu}\n";
   const auto config = app::parse_config(
       yaml, "predict test",
       {"data.train_x=" + (dir / "x.npy").string(), "data.train_y=" + (dir / "y.npy").string(),
@@ -144,14 +160,13 @@ TEST_CASE("predict takes a model.sequential checkpoint (a residual CNN): the run
        "run.out_dir=" + (dir / "run").string(), "run.checkpoint=" + (dir / "model.sgck").string()});
   const auto summary = app::run_training(config);
   REQUIRE(summary.final_eval.examples == 60);
-  CHECK(summary.final_eval.accuracy > 0.9);
+  return summary;
+}
 
-  const auto saved = app::load_saved_model(dir / "model.sgck");
-  REQUIRE(saved.sequential);
-  CHECK(saved.inputs() == 36);
-  CHECK(saved.outputs() == 3);
-  CHECK(saved.feature_dtype() == DType::f32);
-  CHECK(saved.params.size() == 8);  // w and b of the stem conv, the block's two convs and the linear layer
+// Predict's probabilities are the softmax of its logits, and its top class
+// hits as many held-out rows as the run's own evaluation did.
+void check_predict_follows_evaluation(Images images, const fs::path& dir, const app::TrainSummary& summary) {
+  const Patches held = images(60, 2);
   const auto probabilities = predict(dir, "probabilities"), logits = predict(dir, "logits");
   int hits = 0;
   for (std::int64_t i = 0; i < 60; ++i) {
@@ -166,11 +181,58 @@ TEST_CASE("predict takes a model.sequential checkpoint (a residual CNN): the run
   }
   // The evaluation and predict run the same f32 forward of the same rows on the CPU.
   CHECK(hits == static_cast<int>(std::lround(summary.final_eval.accuracy * 60)));
+}
+
+}  // namespace
+
+TEST_CASE("predict takes a model.sequential checkpoint (a residual CNN): the run's accuracy on the same rows") {
+  const auto dir = test::fresh_dir("predict-sequential");
+  const auto summary = train_on(
+      make_patches, dir,
+      "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+      "    - relu\n"
+      "    - residual: {layers: [{conv2d: {out: 4, kernel: 3, padding: 1}}, relu, {conv2d: {out: 4, kernel: 3, padding: 1}}]}\n"
+      "    - relu\n"
+      "    - max_pool2d: {kernel: 2}\n"
+      "    - flatten\n"
+      "    - linear: {out: 3}\n",
+      6);
+  CHECK(summary.final_eval.accuracy > 0.9);
+
+  const auto saved = app::load_saved_model(dir / "model.sgck");
+  REQUIRE(saved.sequential);
+  CHECK(saved.inputs() == 36);
+  CHECK(saved.outputs() == 3);
+  CHECK(saved.feature_dtype() == DType::f32);
+  CHECK(saved.params.size() == 8);  // w and b of the stem conv, the block's two convs and the linear layer
+  check_predict_follows_evaluation(make_patches, dir, summary);
 
   app::ExportRequest e{(dir / "model.sgck").string(), "onnx", (dir / "model.onnx").string()};
   CHECK(test::error_of([&] { app::run_export(e); }).find("--format onnx writes model.layers MLPs only so far") !=
         std::string::npos);
   CHECK_FALSE(fs::exists(dir / "model.onnx"));
   check_safetensors_export(dir, saved);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("predict and export of a CNN with avg_pool2d and global average pooling") {
+  const auto dir = test::fresh_dir("predict-pooled");
+  const auto summary = train_on(make_bars, dir,
+                                "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+                                "    - relu\n"
+                                "    - avg_pool2d: {kernel: 2}\n"
+                                "    - conv2d: {out: 8, kernel: 3, padding: 1}\n"
+                                "    - relu\n"
+                                "    - global_avg_pool2d\n"
+                                "    - linear: {out: 3}\n",
+                                60);  // slow to start (a mean of 8 features feeds the classifier): 93% here
+  CHECK(summary.final_eval.accuracy > 0.8);
+  check_predict_follows_evaluation(make_bars, dir, summary);
+  app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
+  REQUIRE(app::run_export(e) == 0);
+  const std::string st = io::read_file(dir / "model.safetensors");
+  for (const char* line : {"h2 = F.avg_pool2d(h1, kernel_size=2, stride=2)",
+                           "h5 = torch.flatten(F.adaptive_avg_pool2d(h4, 1), 1)", "self.layer6 = nn.Linear(8, 3)"})
+    CHECK(st.find(line) != std::string::npos);
   fs::remove_all(dir);
 }

@@ -25,34 +25,8 @@ namespace {
 
 constexpr std::int32_t kStep = 5;  // the step counter value of every FD run (dropout2d's mask is fixed)
 
-// Appends flatten(out) -> mse_loss against a random target, fills every
-// param and input with uniform values in [-1, 1] (the step state gets
-// kStep), and checks each param's autodiff gradient against central
-// differences. Params are the values to differentiate (x too, for dX).
 void check_against_finite_differences(Graph g, ValueId out, std::mt19937_64& rng) {
-  const ValueId pred = g.flatten(out);
-  const Shape pred_shape = g.value(pred).shape;
-  const ValueId target = g.input("target", pred_shape, DType::f32);
-  const ValueId loss = g.append_node(OpKind::mse_loss, {pred, target}, NoAttrs{}).front();
-  const auto grads = append_backward(g, loss);
-
-  CpuExecutor<double> exec(g);
-  for (const auto& v : g.values()) {
-    if (v.role == Role::param || v.role == Role::input) sg::test::fill_uniform(exec.tensor(v.id).real, rng);
-    if (v.role == Role::state && v.dtype == DType::i32) exec.tensor(v.id).i32.assign(1, kStep);
-  }
-  exec.run();
-  const auto analytic_of = sg::test::analytic_gradients(exec, grads);
-
-  for (const auto& [param, grad] : grads.of_param) {
-    const std::vector<double>& analytic = analytic_of.at(param);
-    const std::vector<double> numeric = sg::test::numeric_gradient(exec, param, loss);
-    INFO("parameter " << g.value(param).name << " " << shape_string(g.value(param).shape));
-    double norm = 0;
-    for (double a : analytic) norm += a * a;
-    CHECK(norm > 0);  // a gradient that is all zero would pass vacuously
-    CHECK(sg::test::relative_error(analytic, numeric) < 1e-5);
-  }
+  sg::test::check_gradients_through_mse(std::move(g), out, rng, kStep);
 }
 
 // An independent conv2d: copy X into an explicitly zero-padded buffer, then

@@ -33,6 +33,7 @@ std::unique_ptr<CudaLowering> make_dropout_lowering();
 std::unique_ptr<CudaLowering> make_max_pool2d_lowering();
 std::unique_ptr<CudaLowering> make_max_pool2d_backward_lowering();
 std::unique_ptr<CudaLowering> make_dropout2d_lowering();
+std::unique_ptr<CudaLowering> make_avg_pool2d_lowering();
 std::unique_ptr<CudaLowering> make_channel_sum_lowering();
 std::unique_ptr<CudaLowering> make_view_lowering();
 std::unique_ptr<CudaLowering> make_cast_params_lowering();
@@ -81,6 +82,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_max_pool2d_lowering());
   l.push_back(make_max_pool2d_backward_lowering());
   l.push_back(make_dropout2d_lowering());
+  l.push_back(make_avg_pool2d_lowering());  // mean pooling, global pooling (issue 37)
   slot(FastPathSlot::cnn_bias_update);
   l.push_back(make_channel_sum_lowering());
   slot(FastPathSlot::cnn_weight_update);
