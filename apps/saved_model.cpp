@@ -137,10 +137,12 @@ exporting::ExportedGraph exported_graph(const SavedModel& model) {
     e.stride = layer_stride(l);
     e.padding = l.padding;
     e.p = l.p;
-    if (l.kind == LayerKind::conv2d || l.kind == LayerKind::linear) {
+    e.eps = l.eps;
+    if (l.kind == LayerKind::conv2d || l.kind == LayerKind::linear || l.kind == LayerKind::layer_norm) {
       const io::TensorBlob& w = model.params.at(next_param++);
       const io::TensorBlob& b = model.params.at(next_param++);
       e.weight_shape = w.shape;
+      e.bias_shape = b.shape;
       e.weight = floats_from_blob(w);
       e.bias = floats_from_blob(b);
     }

@@ -78,6 +78,9 @@ enum class OpKind : std::uint8_t {
   avg_pool2d_backward,    // dY [N,C,H',W'] -> dX [N,C,grad_h,grad_w]: dY / k^2 spread over each window
   global_avg_pool2d,      // X [N,C,H,W] -> [N,C,1,1] plane means (PyTorch's AdaptiveAvgPool2d(1))
   global_avg_pool2d_backward,  // dY [N,C,1,1] -> dX [N,C,H,W] (ReshapeAttrs::shape): dY / (H W) everywhere
+  // ---- normalisation (issue 37)
+  layer_norm,             // (X [N,...], gamma [...], beta [...]) -> (X - mean) / sqrt(var + eps) * gamma + beta per example
+  layer_norm_backward,    // (dY, X, gamma) -> (dX, dgamma, dbeta): the statistics recomputed from X
 };
 
 std::string_view op_name(OpKind op);
@@ -200,9 +203,16 @@ struct ReshapeAttrs {
   bool operator==(const ReshapeAttrs&) const = default;
 };
 
+// PyTorch's LayerNorm(normalized_shape = every dimension but the first,
+// eps): the biased variance of each example's values.
+struct LayerNormAttrs {
+  double eps = 1e-5;
+  bool operator==(const LayerNormAttrs&) const = default;
+};
+
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
-                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs>;
+                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -213,7 +223,7 @@ constexpr std::size_t attrs_index() {
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
 // "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
-// "reshape", "rmsprop_update".
+// "reshape", "rmsprop_update", "layer_norm".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 

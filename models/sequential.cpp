@@ -22,6 +22,7 @@ std::string layer_name(const LayerSpec& layer) {
     case LayerKind::add: return "add";
     case LayerKind::avg_pool2d: return "avg_pool2d";
     case LayerKind::global_avg_pool2d: return "global_avg_pool2d";
+    case LayerKind::layer_norm: return "layer_norm";
   }
   return "?";
 }
@@ -42,7 +43,9 @@ bool needs_cnn_lowerings(const std::vector<std::int64_t>& input_shape, const std
 
 namespace {
 
-bool has_parameters(const LayerSpec& l) { return l.kind == LayerKind::linear || l.kind == LayerKind::conv2d; }
+bool has_parameters(const LayerSpec& l) {
+  return l.kind == LayerKind::linear || l.kind == LayerKind::conv2d || l.kind == LayerKind::layer_norm;
+}
 
 // Spatial output size of a window of `kernel` moved by `stride` over `size`
 // (+ 2 * padding) positions, floored as PyTorch does.
@@ -94,6 +97,9 @@ Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
     case LayerKind::global_avg_pool2d: spatial(); return {in[0]};
     case LayerKind::flatten: return {element_count(in)};
     case LayerKind::activation: return in;
+    case LayerKind::layer_norm:
+      if (!(l.eps > 0.0)) throw fail(fmt::format("eps must be > 0 (got {})", l.eps));
+      return in;
     case LayerKind::dropout:
     case LayerKind::dropout2d:
       if (!(l.p >= 0.0 && l.p < 1.0)) throw fail(fmt::format("p must be in [0, 1) (got {})", l.p));
@@ -177,6 +183,16 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
                           Pool2dAttrs{l.kernel, layer_stride(l)}, Role::activation)
                 .front();
         break;
+      case LayerKind::layer_norm: {  // over the example's values, as nn.LayerNorm(its shape)
+        const ValueId w = g.param(names::weight(k), in, spec.weight_dtype);
+        const ValueId b = g.param(names::bias(k), in, spec.weight_dtype);
+        h = g.append_node(OpKind::layer_norm,
+                          {h, model_pieces::as_compute(g, w, spec.compute_dtype),
+                           model_pieces::as_compute(g, b, spec.compute_dtype)},
+                          LayerNormAttrs{l.eps}, Role::activation)
+                .front();
+        break;
+      }
       case LayerKind::global_avg_pool2d:  // [N, C, 1, 1] as PyTorch's, then flattened to [N, C]
         h = g.append_node(OpKind::global_avg_pool2d, {h}, NoAttrs{}, Role::activation).front();
         h = g.append_node(OpKind::flatten, {h}, NoAttrs{}, Role::activation).front();
@@ -314,7 +330,12 @@ std::vector<ParameterInit> sequential_initial_parameters(const std::vector<std::
     const LayerSpec& l = layers[i];
     const std::int64_t first = reads[i].front();
     const Shape in = first < 0 ? Shape(input_shape) : shapes[static_cast<std::size_t>(first)];
-    if (has_parameters(l)) {
+    if (l.kind == LayerKind::layer_norm) {  // nn.LayerNorm's start: weight 1, bias 0 (no draws)
+      ++k;
+      const auto n = static_cast<std::size_t>(element_count(in));
+      out.push_back({names::weight(k), in, std::vector<float>(n, 1.f)});
+      out.push_back({names::bias(k), in, std::vector<float>(n, 0.f)});
+    } else if (has_parameters(l)) {
       ++k;
       const Shape w_shape = l.kind == LayerKind::linear ? Shape{l.out, in[0]} : Shape{l.out, in[0], l.kernel, l.kernel};
       const std::int64_t fan_in = element_count(w_shape) / l.out;

@@ -8,8 +8,8 @@
 // activation / dropout layers builds exactly the graph build_mlp_* builds for
 // the same network, so the CUDA fast paths see the same structure.
 //
-// Parameter names: w<k> / b<k> for the k-th layer with parameters (linear or
-// conv2d, 1-based in list order), the MLP's names: a Sequential MLP is the
+// Parameter names: w<k> / b<k> for the k-th layer with parameters (linear,
+// conv2d or layer_norm's weight and bias, 1-based in list order), the MLP's names: a Sequential MLP is the
 // MLP (same graph, same checkpoint entries, same export), and a CNN's
 // checkpoint lists its parameters in PyTorch's state-dict order.
 #include <cstdint>
@@ -37,6 +37,7 @@ enum class LayerKind : std::uint8_t {
   add,
   avg_pool2d,         // PyTorch's AvgPool2d(kernel, stride)
   global_avg_pool2d,  // AdaptiveAvgPool2d(1) + flatten: [C, H, W] -> [C]
+  layer_norm,         // LayerNorm(the per-example shape, eps), affine: weight 1 and bias 0 at the start
 };
 
 struct LayerSpec {
@@ -47,6 +48,7 @@ struct LayerSpec {
   std::int64_t padding = 0;  // conv2d
   MlpActivation activation = MlpActivation::relu;  // kind activation
   double p = 0.0;            // dropout, dropout2d: in [0, 1)
+  double eps = 1e-5;         // layer_norm (PyTorch's default)
   // A model graph (issue 37, models/layer_graph.hpp): the name later layers'
   // `inputs` use, and the layers this one reads (empty: the one before it).
   // add: the sum of two or more inputs of one shape (a residual connection).

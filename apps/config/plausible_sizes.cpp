@@ -87,7 +87,8 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
     const double weights = l.kind == LayerKind::linear ? in * static_cast<double>(l.out)
                            : l.kind == LayerKind::conv2d
                                ? in_channels * static_cast<double>(l.out) * static_cast<double>(l.kernel * l.kernel)
-                               : 0.0;
+                           : l.kind == LayerKind::layer_norm ? in
+                                                             : 0.0;
     const std::string& at = layers.paths[i];
     const YAML::Node node = entry_of(list, layers.entries[i], list);
     if (out > kMaxExampleElements)

@@ -18,6 +18,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds
       {"max_pool2d", {"kernel", "stride"}},
       {"avg_pool2d", {"kernel", "stride"}},
       {"global_avg_pool2d", {}},
+      {"layer_norm", {"eps"}},
       {"flatten", {}},
       {"dropout", {"p"}},
       {"dropout2d", {"p"}},
@@ -121,6 +122,7 @@ LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std:
     r.read(options, path, "stride", layer.stride);
     r.read(options, path, "padding", layer.padding);
     r.read(options, path, "p", layer.p);
+    r.read(options, path, "eps", layer.eps);
   }
   if (layer.kind == "residual") read_residual(r, options, item, path, layer);
   const auto has = [&](const char* key) { return options && options.IsMap() && options[key]; };
@@ -135,6 +137,7 @@ LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std:
   if (has("kernel") && layer.kernel <= 0) r.fail(options["kernel"], path + ".kernel", "must be > 0");
   if (layer.padding < 0) r.fail(options["padding"], path + ".padding", "must be >= 0");
   if (has("p") && !(layer.p >= 0.0 && layer.p < 1.0)) r.fail(options["p"], path + ".p", "must be in [0, 1)");
+  if (has("eps") && !(layer.eps > 0.0)) r.fail(options["eps"], path + ".eps", "must be > 0");
   return layer;
 }
 

@@ -197,4 +197,8 @@ json write_attrs(const ReshapeAttrs& a) { return {{"shape", a.shape}}; }
 void read_attrs(const json& j, ReshapeAttrs& a) { a.shape = j.at("shape").get<Shape>(); }
 std::string attrs_text(const ReshapeAttrs&) { return ""; }
 
+json write_attrs(const LayerNormAttrs& a) { return {{"eps", a.eps}}; }
+void read_attrs(const json& j, LayerNormAttrs& a) { a.eps = j.at("eps").get<double>(); }
+std::string attrs_text(const LayerNormAttrs& a) { return fmt::format(" {{eps={}}}", a.eps); }
+
 }  // namespace sg::ops

@@ -49,6 +49,7 @@ SG_ATTR_CODEC(Conv2dAttrs)
 SG_ATTR_CODEC(Pool2dAttrs)
 SG_ATTR_CODEC(ReshapeAttrs)
 SG_ATTR_CODEC(RmspropUpdateAttrs)
+SG_ATTR_CODEC(LayerNormAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -123,5 +124,8 @@ const OpDef& avg_pool2d_def();
 const OpDef& avg_pool2d_backward_def();
 const OpDef& global_avg_pool2d_def();
 const OpDef& global_avg_pool2d_backward_def();
+// issue 37: normalisation
+const OpDef& layer_norm_def();
+const OpDef& layer_norm_backward_def();
 
 }  // namespace sg::ops

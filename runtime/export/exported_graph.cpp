@@ -43,6 +43,10 @@ std::string torch_module_code(const ExportedGraph& m) {
     } else if (l.kind == "linear") {
       init += fmt::format("        self.layer{} = nn.Linear({}, {})\n", i, l.in, l.out);
       value = fmt::format("self.layer{}({})", i, h);
+    } else if (l.kind == "layer_norm") {
+      init += fmt::format("        self.layer{} = nn.LayerNorm([{}], eps={})\n", i, fmt::join(l.weight_shape, ", "),
+                          l.eps);
+      value = fmt::format("self.layer{}({})", i, h);
     } else if (l.kind == "max_pool2d") {
       value = fmt::format("F.max_pool2d({}, kernel_size={}, stride={})", h, l.kernel, l.stride);
     } else if (l.kind == "avg_pool2d") {

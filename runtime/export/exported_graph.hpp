@@ -2,7 +2,7 @@
 // A trained model.sequential network (issue 37: CNNs, residual graphs) as the
 // exporters see it: its layers in run order, each with the earlier layers it
 // reads, its sizes and its parameters in PyTorch's layouts (nn.Conv2d
-// [out, in, k, k], nn.Linear [out, in]), and the input scaling it was trained
+// [out, in, k, k], nn.Linear [out, in], nn.LayerNorm the normalised shape), and the input scaling it was trained
 // with. Filled from a checkpoint by apps/saved_model.
 #include <cstdint>
 #include <string>
@@ -11,15 +11,18 @@
 namespace sg::exporting {
 
 struct GraphLayer {
-  // conv2d, linear, max_pool2d, flatten, dropout, dropout2d, add, or an
-  // activation (relu, gelu, gelu_tanh, silu, tanh, sigmoid, identity).
+  // conv2d, linear, max_pool2d, avg_pool2d, global_avg_pool2d, layer_norm,
+  // flatten, dropout, dropout2d, add, or an activation (relu, gelu,
+  // gelu_tanh, silu, tanh, sigmoid, identity).
   std::string kind;
   std::vector<int> inputs;  // earlier layers' indices; -1: the model's input
   std::int64_t in = 0, out = 0;  // conv2d: channels; linear: features
   std::int64_t kernel = 0, stride = 1, padding = 0;
   double p = 0.0;  // dropout, dropout2d (off at inference)
-  std::vector<std::int64_t> weight_shape;
-  std::vector<float> weight, bias;  // conv2d, linear
+  double eps = 1e-5;  // layer_norm
+  std::vector<std::int64_t> weight_shape;  // layer_norm: the per-example shape it normalises
+  std::vector<std::int64_t> bias_shape;    // [out]; layer_norm: weight_shape
+  std::vector<float> weight, bias;  // conv2d, linear, layer_norm
 };
 
 struct ExportedGraph {

@@ -61,7 +61,7 @@ std::string safetensors_bytes(const ExportedGraph& model) {
     const GraphLayer& l = model.layers[i];
     if (l.weight.empty()) continue;
     f.add(graph_parameter_name(i, "weight"), l.weight_shape, l.weight);
-    f.add(graph_parameter_name(i, "bias"), {l.out}, l.bias);
+    f.add(graph_parameter_name(i, "bias"), l.bias_shape, l.bias);
   }
   return f.bytes();
 }

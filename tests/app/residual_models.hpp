@@ -29,6 +29,15 @@ inline const char* kResidualCnn =
     "    - flatten\n"
     "    - linear: {out: 3}\n";
 
+// A pre-norm residual MLP (issue 37's layer_norm): 20 -> linear 16 ->
+// residual block (layer_norm, linear 16, relu, linear 16) -> layer_norm -> linear 5.
+inline const char* kNormedResidualMlp =
+    "model:\n  input: [20]\n  sequential:\n"
+    "    - linear: {out: 16}\n"
+    "    - residual: {layers: [layer_norm, {linear: {out: 16}}, relu, {linear: {out: 16}}]}\n"
+    "    - layer_norm: {eps: 0.0001}\n"
+    "    - linear: {out: 5}\n";
+
 // Issue 37's poolings in a residual CNN: 1x8x8 -> conv 4 -> relu ->
 // residual block (conv, relu, conv) -> relu -> avg_pool2d 2 (4x4) -> conv 6
 // -> relu -> global mean (6) -> linear 3.

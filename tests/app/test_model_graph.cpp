@@ -28,6 +28,7 @@ using namespace sg;
 
 namespace {
 
+using test::kNormedResidualMlp;
 using test::kPooledResidualCnn;
 using test::kResidualCnn;
 using test::kResidualMlp;
@@ -137,9 +138,10 @@ TEST_CASE("gradients through a residual add match central differences (f64)") {
 
 // (The pooled CNN's global mean leaves 6 features: too few to memorise
 // random labels. It learns real patches in test_predict_sequential.)
-TEST_CASE("a residual MLP and a residual CNN learn on the CPU backend") {
+TEST_CASE("residual MLPs (one with layer_norm) and a residual CNN learn on the CPU backend") {
   std::mt19937_64 rng(37);
   for (const auto& [yaml, features, classes] : {std::tuple{kResidualMlp, std::int64_t{20}, std::int64_t{5}},
+                                                std::tuple{kNormedResidualMlp, std::int64_t{20}, std::int64_t{5}},
                                                 std::tuple{kResidualCnn, std::int64_t{36}, std::int64_t{3}}}) {
     const auto c = parse(yaml);
     const Dataset data = test::random_dataset(64, features, classes, rng);  // memorised: random labels
@@ -159,7 +161,7 @@ TEST_CASE("a residual MLP and a residual CNN learn on the CPU backend") {
 
 #ifdef STEPGRAPH_HAVE_CUDA
 TEST_CASE("the CUDA lowerings cover a residual network's training and eval graphs (no GPU needed)") {
-  for (const char* yaml : {kResidualMlp, kResidualCnn, kPooledResidualCnn}) {
+  for (const char* yaml : {kResidualMlp, kResidualCnn, kPooledResidualCnn, kNormedResidualMlp}) {
   const auto program = app::trainer_spec(parse(yaml), 640, 320, ProgramTarget::cuda).program;
   for (const bool core_only : {false, true}) {
     BackendOptions options;

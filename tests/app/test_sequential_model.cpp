@@ -111,6 +111,12 @@ TEST_CASE("bad model.sequential lists give one clear error naming the file, line
       {"test.yaml:4:", "model.sequential[0].linear.out", "expected an integer, got 'ten'"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - dropout: {p: 1.5}\n    - linear: {out: 3}\n"),
       {"test.yaml:5:", "model.sequential[1].dropout.p", "must be in [0, 1)"});
+  has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - layer_norm: {eps: 0}\n    - linear: {out: 3}\n"),
+      {"test.yaml:5:", "model.sequential[1].layer_norm.eps", "must be > 0"});
+  has(error_of("model:\n  input: [16]\n  sequential:\n    - global_avg_pool2d\n    - linear: {out: 3}\n"),
+      {"test.yaml:4:", "model.sequential[0].global_avg_pool2d", "[channels, height, width]"});
+  has(error_of("model:\n  input: [1, 4, 4]\n  sequential:\n    - avg_pool2d: {}\n    - flatten\n    - linear: {out: 3}\n"),
+      {"test.yaml:4:", "model.sequential[0].avg_pool2d.kernel", "is required for avg_pool2d"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - relu: {p: 1}\n    - linear: {out: 3}\n"),
       {"test.yaml:5:", "model.sequential[1].relu.p", "relu takes only name and inputs"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - [linear, 8]\n"),
@@ -142,6 +148,31 @@ TEST_CASE("model.sequential round-trips through the resolved config (to_yaml) wi
   CHECK(again.model.input_shape == c.model.input_shape);
   CHECK(app::to_yaml(again) == app::to_yaml(c));
   CHECK(app::layer_text(c.model.sequential[0]) == "conv2d{out: 4, kernel: 3, stride: 2, padding: 1}");
+}
+
+TEST_CASE("issue 37's layers (avg_pool2d, global_avg_pool2d, layer_norm) round-trip with their defaults resolved") {
+  const auto c = parse(
+      "model:\n  input: [3, 9, 7]\n  sequential:\n    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+      "    - layer_norm\n    - avg_pool2d: {kernel: 2}\n    - layer_norm: {eps: 0.001}\n    - global_avg_pool2d\n"
+      "    - linear: {out: 3}\n");
+  REQUIRE(c.model.sequential.size() == 6);
+  CHECK(c.model.sequential[1].eps == 1e-5);  // PyTorch's default
+  CHECK(c.model.sequential[2].stride == 2);  // avg_pool2d: stride = kernel
+  CHECK(c.model.sequential[3].eps == 0.001);
+  const auto again = app::parse_config(app::to_yaml(c), "resolved.yaml");
+  CHECK(again.model.sequential == c.model.sequential);
+  CHECK(app::to_yaml(again) == app::to_yaml(c));
+  CHECK(app::layer_text(c.model.sequential[3]) == "layer_norm{eps: 0.001}");
+  CHECK(app::layer_text(c.model.sequential[2]) == "avg_pool2d{kernel: 2, stride: 2}");
+  // Shapes: [4,9,7] -> layer_norm keeps it -> [4,4,3] -> [4] -> [3]; the layer norms hold w/b of their input's shape.
+  const auto spec = app::sequential_training(c).model;
+  const auto params = sequential_initial_parameters(spec.input_shape, spec.layers, 1);
+  REQUIRE(params.size() == 8);
+  CHECK(params[2].shape == Shape{4, 9, 7});
+  CHECK(params[2].values == std::vector<float>(4 * 9 * 7, 1.f));  // nn.LayerNorm's start: weight 1, bias 0
+  CHECK(params[3].values == std::vector<float>(4 * 9 * 7, 0.f));
+  CHECK(params[4].shape == Shape{4, 4, 3});
+  CHECK(params[6].shape == Shape{3, 4});
 }
 
 namespace {

@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::global_avg_pool2d_backward) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::layer_norm_backward) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -33,6 +33,7 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<Pool2dAttrs>(): return Pool2dAttrs{3, 1, 9, 8};
     case attrs_index<ReshapeAttrs>(): return ReshapeAttrs{{6, 1, 4}};
     case attrs_index<RmspropUpdateAttrs>(): return RmspropUpdateAttrs{0.9, 1e-6, 0.01, 0.5, true};
+    case attrs_index<LayerNormAttrs>(): return LayerNormAttrs{1e-3};
     default: return NoAttrs{};
   }
 }
