@@ -6,7 +6,8 @@ stepgraph, export them, and check that PyTorch (safetensors) and onnxruntime
 For each activation (and one model with dropout, which shifts nn.Sequential's
 indices), and for model.sequential networks (issue 37: a CNN, a residual CNN
 with the residual: short form and a projection, a CNN with avg_pool2d,
-global average pooling and layer_norm, a pre-norm residual MLP), on a synthetic float32
+global average pooling and layer_norm, a pre-norm residual MLP, branches
+joined by concat), on a synthetic float32
 dataset:
   stepgraph train (backend auto: the GPU) -> checkpoint
   stepgraph export --format safetensors / onnx
@@ -81,6 +82,9 @@ GRAPHS = {
               " projection: {conv2d: {out: 8, kernel: 1, stride: 2}}, name: down}}, flatten, {linear: {out: 5}}]",
     "pooled": "[{conv2d: {out: 6, kernel: 3, padding: 1}}, layer_norm, relu, {avg_pool2d: {kernel: 2}},"
               " {conv2d: {out: 8, kernel: 3, padding: 1}}, silu, global_avg_pool2d, {layer_norm: {eps: 0.001}}, {linear: {out: 5}}]",
+    "branched": "[{conv2d: {out: 4, kernel: 3, padding: 1}}, {relu: {name: stem}}, {conv2d: {out: 4, kernel: 3, padding: 1, name: a}},"
+                " {conv2d: {out: 2, kernel: 1, inputs: [stem], name: b}}, {concat: {inputs: [a, b, stem]}}, relu, flatten,"
+                " {linear: {out: 5}}]",
     "resmlp": "[flatten, {linear: {out: 32}}, {residual: {layers: [layer_norm, {linear: {out: 32}}, silu, {linear: {out: 32}}]}},"
               " layer_norm, {linear: {out: 5}}]",
 }

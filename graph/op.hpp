@@ -81,6 +81,9 @@ enum class OpKind : std::uint8_t {
   // ---- normalisation (issue 37)
   layer_norm,             // (X [N,...], gamma [...], beta [...]) -> (X - mean) / sqrt(var + eps) * gamma + beta per example
   layer_norm_backward,    // (dY, X, gamma) -> (dX, dgamma, dbeta): the statistics recomputed from X
+  // ---- merging branches (issue 37)
+  concat,                 // (X0 [N,C0,...], X1 [N,C1,...], ...) -> [N, C0+C1+..., ...]: joined along dimension 1
+  slice_channels,         // X [N,C,...] -> [N,count,...]: channels begin..begin+count (concat's gradient)
 };
 
 std::string_view op_name(OpKind op);
@@ -210,9 +213,16 @@ struct LayerNormAttrs {
   bool operator==(const LayerNormAttrs&) const = default;
 };
 
+// A block of channels (dimension 1): slice_channels' [begin, begin + count).
+struct SliceAttrs {
+  std::int64_t begin = 0;
+  std::int64_t count = 1;
+  bool operator==(const SliceAttrs&) const = default;
+};
+
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
-                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs>;
+                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs, SliceAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -223,7 +233,7 @@ constexpr std::size_t attrs_index() {
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
 // "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
-// "reshape", "rmsprop_update", "layer_norm".
+// "reshape", "rmsprop_update", "layer_norm", "slice".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 

@@ -60,9 +60,11 @@ std::vector<std::vector<std::int64_t>> layer_inputs(const std::vector<LayerSpec>
         result[i].push_back(static_cast<std::int64_t>(it->second));
       }
     }
-    const bool merge = l.kind == LayerKind::add;
+    const bool merge = l.kind == LayerKind::add || l.kind == LayerKind::concat;
     if (merge && result[i].size() < 2)
-      throw layer_error(layers, i, fmt::format("adds two or more inputs (inputs: [a, b]); it has {}", result[i].size()));
+      throw layer_error(layers, i,
+                        fmt::format("{} two or more inputs (inputs: [a, b]); it has {}",
+                                    l.kind == LayerKind::add ? "adds" : "joins", result[i].size()));
     if (!merge && result[i].size() != 1)
       throw layer_error(layers, i, fmt::format("reads one input; it lists {}", result[i].size()));
     for (std::int64_t j : result[i])

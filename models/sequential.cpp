@@ -23,6 +23,7 @@ std::string layer_name(const LayerSpec& layer) {
     case LayerKind::avg_pool2d: return "avg_pool2d";
     case LayerKind::global_avg_pool2d: return "global_avg_pool2d";
     case LayerKind::layer_norm: return "layer_norm";
+    case LayerKind::concat: return "concat";
   }
   return "?";
 }
@@ -105,13 +106,17 @@ Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
       if (!(l.p >= 0.0 && l.p < 1.0)) throw fail(fmt::format("p must be in [0, 1) (got {})", l.p));
       if (l.kind == LayerKind::dropout2d) spatial();
       return in;
-    case LayerKind::add: return in;  // (its inputs' shapes agree: merged_input_shape)
+    case LayerKind::add:     // (its inputs' shapes agree: merged_input_shape)
+    case LayerKind::concat:  // (merged_input_shape joined them)
+      return in;
   }
   throw fail("unknown layer kind");
 }
 
 // The per-example shape layer `index` reads: its (first) input's; for an add
-// every input's, which must agree. `shapes[j]`: after layer j; -1: the input.
+// every input's, which must agree; for a concat the inputs' joined along
+// their first dimension (the rest must agree). `shapes[j]`: after layer j;
+// -1: the input.
 Shape merged_input_shape(const std::vector<std::int64_t>& input_shape, const std::vector<Shape>& shapes,
                          const std::vector<LayerSpec>& layers, const std::vector<std::int64_t>& reads,
                          std::size_t index) {
@@ -123,16 +128,28 @@ Shape merged_input_shape(const std::vector<std::int64_t>& input_shape, const std
                                                     : fmt::format(" '{}'", layers[static_cast<std::size_t>(j)].name));
   };
   const Shape first = shape_of(reads.front());
-  for (std::size_t k = 1; k < reads.size(); ++k)
-    if (shape_of(reads[k]) != first) {
+  const bool concat = layers[index].kind == LayerKind::concat;
+  Shape joined = first;  // concat: the first dimension summed
+  // Shapes that must agree: every dimension for add, all but the first for concat.
+  const auto comparable = [&](Shape s) {
+    if (concat && !s.empty()) s[0] = 0;
+    return s;
+  };
+  for (std::size_t k = 1; k < reads.size(); ++k) {
+    if (concat && !joined.empty()) joined[0] += shape_of(reads[k]).front();
+    if (comparable(shape_of(reads[k])) != comparable(first)) {
       const LayerSpec& l = layers[index];
       const std::string problem =
-          fmt::format("adds {} ({}) and {} ({}): the shapes must agree", shape_string(first), source(reads.front()),
-                      shape_string(shape_of(reads[k])), source(reads[k]));
+          concat ? fmt::format("joins {} ({}) and {} ({}): all but the first dimension must agree",
+                               shape_string(first), source(reads.front()), shape_string(shape_of(reads[k])),
+                               source(reads[k]))
+                 : fmt::format("adds {} ({}) and {} ({}): the shapes must agree", shape_string(first),
+                               source(reads.front()), shape_string(shape_of(reads[k])), source(reads[k]));
       throw SequentialShapeError(static_cast<std::int64_t>(index),
                                  fmt::format("layer {} ({}): {}", index, layer_name(l), problem), problem);
     }
-  return first;
+  }
+  return concat ? joined : first;
 }
 
 // Builds the layers on x ([batch, features] from the gather); returns the last one's output.
@@ -214,6 +231,12 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
           h = g.append_node(op, {h, g.value_named(names::step)}, attrs, Role::activation).front();
         }
         break;
+      case LayerKind::concat: {  // the inputs joined along dimension 1 in their listed order
+        std::vector<ValueId> parts;
+        for (std::int64_t r : reads[i]) parts.push_back(value_of(r));
+        h = g.append_node(OpKind::concat, parts, NoAttrs{}, Role::activation).front();
+        break;
+      }
       case LayerKind::add:  // a residual connection: the inputs summed in their listed order
         for (std::size_t r = 1; r < reads[i].size(); ++r)
           h = g.append_node(OpKind::add, {h, value_of(reads[i][r])}, NoAttrs{}, Role::activation).front();

@@ -38,6 +38,7 @@ enum class LayerKind : std::uint8_t {
   avg_pool2d,         // PyTorch's AvgPool2d(kernel, stride)
   global_avg_pool2d,  // AdaptiveAvgPool2d(1) + flatten: [C, H, W] -> [C]
   layer_norm,         // LayerNorm(the per-example shape, eps), affine: weight 1 and bias 0 at the start
+  concat,             // torch.cat(inputs, dim=1): channels of images, features of vectors
 };
 
 struct LayerSpec {
@@ -51,7 +52,9 @@ struct LayerSpec {
   double eps = 1e-5;         // layer_norm (PyTorch's default)
   // A model graph (issue 37, models/layer_graph.hpp): the name later layers'
   // `inputs` use, and the layers this one reads (empty: the one before it).
-  // add: the sum of two or more inputs of one shape (a residual connection).
+  // add: the sum of two or more inputs of one shape (a residual connection);
+  // concat: two or more inputs joined along their first per-example
+  // dimension (channels or features), the others agreeing.
   std::string name = {};
   std::vector<std::string> inputs = {};
 };

@@ -24,6 +24,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds
       {"dropout2d", {"p"}},
       {"relu", {}}, {"gelu", {}}, {"gelu_tanh", {}}, {"silu", {}}, {"tanh", {}}, {"sigmoid", {}}, {"identity", {}},
       {"add", {}},
+      {"concat", {}},
       {"residual", {"layers", "projection"}},
   };
   return kinds;

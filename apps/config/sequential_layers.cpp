@@ -17,6 +17,7 @@ LayerSpec spec_of(const LayerConfig& l) {
   s.inputs = l.inputs;
   if (l.kind == "linear") s.kind = LayerKind::linear;
   else if (l.kind == "add") s.kind = LayerKind::add;
+  else if (l.kind == "concat") s.kind = LayerKind::concat;
   else if (l.kind == "conv2d") s.kind = LayerKind::conv2d;
   else if (l.kind == "max_pool2d") s.kind = LayerKind::max_pool2d;
   else if (l.kind == "avg_pool2d") s.kind = LayerKind::avg_pool2d;

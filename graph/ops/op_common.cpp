@@ -201,4 +201,11 @@ json write_attrs(const LayerNormAttrs& a) { return {{"eps", a.eps}}; }
 void read_attrs(const json& j, LayerNormAttrs& a) { a.eps = j.at("eps").get<double>(); }
 std::string attrs_text(const LayerNormAttrs& a) { return fmt::format(" {{eps={}}}", a.eps); }
 
+json write_attrs(const SliceAttrs& a) { return {{"begin", a.begin}, {"count", a.count}}; }
+void read_attrs(const json& j, SliceAttrs& a) {
+  a.begin = j.at("begin").get<std::int64_t>();
+  a.count = j.at("count").get<std::int64_t>();
+}
+std::string attrs_text(const SliceAttrs& a) { return fmt::format(" {{begin={}}}", a.begin); }
+
 }  // namespace sg::ops

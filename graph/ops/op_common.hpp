@@ -50,6 +50,7 @@ SG_ATTR_CODEC(Pool2dAttrs)
 SG_ATTR_CODEC(ReshapeAttrs)
 SG_ATTR_CODEC(RmspropUpdateAttrs)
 SG_ATTR_CODEC(LayerNormAttrs)
+SG_ATTR_CODEC(SliceAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -127,5 +128,8 @@ const OpDef& global_avg_pool2d_backward_def();
 // issue 37: normalisation
 const OpDef& layer_norm_def();
 const OpDef& layer_norm_backward_def();
+// issue 37: merging branches
+const OpDef& concat_def();
+const OpDef& slice_channels_def();
 
 }  // namespace sg::ops

@@ -57,6 +57,10 @@ std::string torch_module_code(const ExportedGraph& m) {
       value = fmt::format("torch.flatten({}, 1)", h);
     } else if (l.kind == "dropout" || l.kind == "dropout2d") {
       value = fmt::format("{}  # {}(p={}): off at inference", h, l.kind, l.p);
+    } else if (l.kind == "concat") {
+      std::vector<std::string> parts;
+      for (std::size_t k = 0; k < l.inputs.size(); ++k) parts.push_back(operand(l, k));
+      value = fmt::format("torch.cat([{}], 1)", fmt::join(parts, ", "));
     } else if (l.kind == "add") {
       std::vector<std::string> terms;
       for (std::size_t k = 0; k < l.inputs.size(); ++k) terms.push_back(operand(l, k));

@@ -29,6 +29,21 @@ inline const char* kResidualCnn =
     "    - flatten\n"
     "    - linear: {out: 3}\n";
 
+// Branches joined by concat (issue 37): 1x8x8 -> conv 4 -> relu (stem) ->
+// a 3x3 conv 4 (a) and a 1x1 conv 2 (b) of the stem -> concat [a, b, stem]
+// (10 channels) -> relu -> max_pool2d 2 -> flatten -> linear 3.
+inline const char* kBranchedCnn =
+    "model:\n  input: [1, 8, 8]\n  sequential:\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+    "    - relu: {name: stem}\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1, name: a}\n"
+    "    - conv2d: {out: 2, kernel: 1, inputs: [stem], name: b}\n"
+    "    - concat: {inputs: [a, b, stem]}\n"
+    "    - relu\n"
+    "    - max_pool2d: {kernel: 2}\n"
+    "    - flatten\n"
+    "    - linear: {out: 3}\n";
+
 // A pre-norm residual MLP (issue 37's layer_norm): 20 -> linear 16 ->
 // residual block (layer_norm, linear 16, relu, linear 16) -> layer_norm -> linear 5.
 inline const char* kNormedResidualMlp =

@@ -14,6 +14,7 @@
 #include "apps/config/train_config.hpp"
 #include "graph/autodiff.hpp"
 #include "models/layer_graph.hpp"
+#include "runtime/export/exported_graph.hpp"
 #include "runtime/plan/schedule.hpp"
 #include "tests/app/residual_models.hpp"
 #include "tests/runtime/finite_differences.hpp"
@@ -28,6 +29,7 @@ using namespace sg;
 
 namespace {
 
+using test::kBranchedCnn;
 using test::kNormedResidualMlp;
 using test::kPooledResidualCnn;
 using test::kResidualCnn;
@@ -53,6 +55,14 @@ TEST_CASE("bad model graphs give one clear error naming the file, line, layer an
                       "    - add: {inputs: [a, b]}\n    - flatten\n    - linear: {out: 3}\n"),
       {"graph.yaml:6:", "model.sequential[2].add", "adds [4,8,8] (layer 0 'a') and [2,8,8] (layer 1 'b')",
        "the shapes must agree"});
+  // A concat of 4x8x8 and 2x4x4 (channels may differ, the rest may not), and of one input.
+  has(error_of(head + "    - conv2d: {out: 4, kernel: 3, padding: 1, name: a}\n"
+                      "    - max_pool2d: {kernel: 2, inputs: [input], name: b}\n"
+                      "    - concat: {inputs: [a, b]}\n    - flatten\n    - linear: {out: 3}\n"),
+      {"graph.yaml:6:", "model.sequential[2].concat", "joins [4,8,8] (layer 0 'a') and [1,4,4] (layer 1 'b')",
+       "all but the first dimension must agree"});
+  has(error_of(head + "    - flatten: {name: f}\n    - concat: {inputs: [f]}\n    - linear: {out: 3}\n"),
+      {"graph.yaml:5:", "model.sequential[1].concat", "joins two or more inputs"});
   // A layer reading a later one (what a cycle would need).
   has(error_of(head + "    - flatten: {inputs: [z]}\n    - linear: {out: 3, name: z}\n"),
       {"graph.yaml:4:", "model.sequential[0].flatten", "input 'z' is layer 1, after this one", "no cycles"});
@@ -138,11 +148,12 @@ TEST_CASE("gradients through a residual add match central differences (f64)") {
 
 // (The pooled CNN's global mean leaves 6 features: too few to memorise
 // random labels. It learns real patches in test_predict_sequential.)
-TEST_CASE("residual MLPs (one with layer_norm) and a residual CNN learn on the CPU backend") {
+TEST_CASE("residual MLPs (one with layer_norm), a residual CNN and a CNN joining branches learn on the CPU backend") {
   std::mt19937_64 rng(37);
   for (const auto& [yaml, features, classes] : {std::tuple{kResidualMlp, std::int64_t{20}, std::int64_t{5}},
                                                 std::tuple{kNormedResidualMlp, std::int64_t{20}, std::int64_t{5}},
-                                                std::tuple{kResidualCnn, std::int64_t{36}, std::int64_t{3}}}) {
+                                                std::tuple{kResidualCnn, std::int64_t{36}, std::int64_t{3}},
+                                                std::tuple{kBranchedCnn, std::int64_t{64}, std::int64_t{3}}}) {
     const auto c = parse(yaml);
     const Dataset data = test::random_dataset(64, features, classes, rng);  // memorised: random labels
     TrainerSpec spec = app::trainer_spec(c, data.train.images.count, data.test.images.count, ProgramTarget::cpu);
@@ -159,9 +170,36 @@ TEST_CASE("residual MLPs (one with layer_norm) and a residual CNN learn on the C
   }
 }
 
+TEST_CASE("the printed PyTorch module runs concat, the poolings and LayerNorm as their torch calls") {
+  exporting::ExportedGraph m;
+  m.input_shape = {1, 8, 8};
+  const auto layer = [&](std::string kind, std::vector<int> inputs) {
+    exporting::GraphLayer l;
+    l.kind = std::move(kind);
+    l.inputs = std::move(inputs);
+    m.layers.push_back(l);
+    return static_cast<int>(m.layers.size()) - 1;
+  };
+  const int stem = layer("relu", {-1});
+  m.layers[static_cast<std::size_t>(layer("avg_pool2d", {stem}))].kernel = 2;
+  m.layers.back().stride = 2;
+  const int norm = layer("layer_norm", {1});
+  m.layers.back().weight_shape = {1, 4, 4};
+  m.layers.back().eps = 0.001;
+  layer("concat", {norm, 1, norm});
+  layer("global_avg_pool2d", {3});
+  const std::string code = exporting::torch_module_code(m);
+  INFO(code);
+  for (const char* line : {"h0 = F.relu(x)", "h1 = F.avg_pool2d(h0, kernel_size=2, stride=2)",
+                           "self.layer2 = nn.LayerNorm([1, 4, 4], eps=0.001)", "h2 = self.layer2(h1)",
+                           "h3 = torch.cat([h2, h1, h2], 1)", "h4 = torch.flatten(F.adaptive_avg_pool2d(h3, 1), 1)",
+                           "return h4"})
+    CHECK(code.find(line) != std::string::npos);
+}
+
 #ifdef STEPGRAPH_HAVE_CUDA
 TEST_CASE("the CUDA lowerings cover a residual network's training and eval graphs (no GPU needed)") {
-  for (const char* yaml : {kResidualMlp, kResidualCnn, kPooledResidualCnn, kNormedResidualMlp}) {
+  for (const char* yaml : {kResidualMlp, kResidualCnn, kPooledResidualCnn, kNormedResidualMlp, kBranchedCnn}) {
   const auto program = app::trainer_spec(parse(yaml), 640, 320, ProgramTarget::cuda).program;
   for (const bool core_only : {false, true}) {
     BackendOptions options;

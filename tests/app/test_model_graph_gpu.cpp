@@ -1,6 +1,7 @@
 // Issue 37's model graph on the GPU: residual networks (models/layer_graph.hpp),
 // one of them with avg_pool2d and global average pooling, one with
-// layer_norm inside and after its residual block, run by the CUDA
+// layer_norm inside and after its residual block, one joining branches
+// with concat, run by the CUDA
 // backend follow the CPU backend, with no fast path that assumes a chain
 // taking them.
 #include <doctest/doctest.h>
@@ -18,7 +19,8 @@ TEST_CASE("residual networks on CUDA follow the CPU backend: one step's state, t
   for (const auto& [yaml, features, classes] : {std::tuple{test::kResidualMlp, std::int64_t{20}, std::int64_t{5}},
                                                 std::tuple{test::kResidualCnn, std::int64_t{36}, std::int64_t{3}},
                                                 std::tuple{test::kPooledResidualCnn, std::int64_t{64}, std::int64_t{3}},
-                                                std::tuple{test::kNormedResidualMlp, std::int64_t{20}, std::int64_t{5}}}) {
+                                                std::tuple{test::kNormedResidualMlp, std::int64_t{20}, std::int64_t{5}},
+                                                std::tuple{test::kBranchedCnn, std::int64_t{64}, std::int64_t{3}}}) {
     CAPTURE(yaml);
     const Dataset data = test::random_dataset(160, features, classes, rng);
     std::string note;

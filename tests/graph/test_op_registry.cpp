@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::layer_norm_backward) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::slice_channels) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -34,6 +34,7 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<ReshapeAttrs>(): return ReshapeAttrs{{6, 1, 4}};
     case attrs_index<RmspropUpdateAttrs>(): return RmspropUpdateAttrs{0.9, 1e-6, 0.01, 0.5, true};
     case attrs_index<LayerNormAttrs>(): return LayerNormAttrs{1e-3};
+    case attrs_index<SliceAttrs>(): return SliceAttrs{3, 5};
     default: return NoAttrs{};
   }
 }
