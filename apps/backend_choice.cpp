@@ -77,6 +77,8 @@ SequentialTraining sequential_training(const TrainConfig& c, DType feature_dtype
   t.model.loss = m.mlp.loss;
   t.model.label_smoothing = m.mlp.label_smoothing;
   t.model.dropout_seed = m.mlp.dropout_seed;
+  t.model.augment_translate = c.data.augment_translate;
+  t.model.augment_flip = c.data.augment_flip;
   t.optimizer = m.optimizer;
   t.fusion = m.fusion;
   t.eval_batch = m.eval_batch;

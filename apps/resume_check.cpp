@@ -102,6 +102,8 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
   differs("data.mean", saved.data.mean, config.data.mean);
   differs("data.std", saved.data.std, config.data.std);
   differs("data.format", saved.data.format, config.data.format);
+  differs("data.augment.translate", saved.data.augment_translate, config.data.augment_translate);
+  differs("data.augment.flip", saved.data.augment_flip, config.data.augment_flip);
   // The same file named another way (absolute / relative, through a link) is the same data.
   for (const auto& [key, there, here] : {std::tuple{"data.train_x", saved.data.train_x, config.data.train_x},
                                          std::tuple{"data.train_y", saved.data.train_y, config.data.train_y}})

@@ -84,6 +84,8 @@ enum class OpKind : std::uint8_t {
   // ---- merging branches (issue 37)
   concat,                 // (X0 [N,C0,...], X1 [N,C1,...], ...) -> [N, C0+C1+..., ...]: joined along dimension 1
   slice_channels,         // X [N,C,...] -> [N,count,...]: channels begin..begin+count (concat's gradient)
+  // ---- training-batch augmentation (issue 37)
+  augment_images,         // (X [N,C,H,W], step i32[1]) -> X flipped / translated per example, Philox(seed, step, example)
 };
 
 std::string_view op_name(OpKind op);
@@ -220,9 +222,24 @@ struct SliceAttrs {
   bool operator==(const SliceAttrs&) const = default;
 };
 
+// Random translation and horizontal flip of each training image: example i
+// of the batch (global index example_offset + i: data-parallel ranks draw
+// as one process with their global batch) at step s is moved by (dy, dx),
+// each in [-translate, translate], and mirrored first when `flip` and its
+// draw say so; pixels moved in from outside the image are `fill` (the value
+// a raw 0 has after the input scaling). Draws: ops/cpu/augment_reference.hpp.
+struct AugmentAttrs {
+  std::int64_t translate = 0;
+  bool flip = false;
+  double fill = 0.0;
+  std::uint64_t seed = 0;
+  std::int64_t example_offset = 0;
+  bool operator==(const AugmentAttrs&) const = default;
+};
+
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
-                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs, SliceAttrs>;
+                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs, SliceAttrs, AugmentAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -233,7 +250,7 @@ constexpr std::size_t attrs_index() {
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
 // "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
-// "reshape", "rmsprop_update", "layer_norm", "slice".
+// "reshape", "rmsprop_update", "layer_norm", "slice", "augment".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 

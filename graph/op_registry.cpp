@@ -43,6 +43,8 @@ const std::vector<const OpDef*>& table() {
         &ops::layer_norm_def(), &ops::layer_norm_backward_def(),
         // issue 37: merging branches
         &ops::concat_def(), &ops::slice_channels_def(),
+        // issue 37: training-batch augmentation
+        &ops::augment_images_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

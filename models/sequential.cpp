@@ -161,6 +161,13 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
     Shape nchw{spec.batch};
     nchw.insert(nchw.end(), spec.input_shape.begin(), spec.input_shape.end());
     input = g.append_node(OpKind::reshape, {input}, ReshapeAttrs{nchw}, Role::activation).front();
+    if (training && (spec.augment_translate > 0 || spec.augment_flip)) {
+      // A raw 0 pixel after the fetch's scaling fills what moves in; each
+      // rank draws for its examples' global indices.
+      const AugmentAttrs a{spec.augment_translate, spec.augment_flip, spec.input_shift, spec.dropout_seed,
+                           spec.batch_rank * spec.batch};
+      input = g.append_node(OpKind::augment_images, {input, g.value_named(names::step)}, a, Role::activation).front();
+    }
   }
   std::vector<ValueId> outputs;  // outputs[i]: layer i's
   const auto value_of = [&](std::int64_t j) { return j < 0 ? input : outputs[static_cast<std::size_t>(j)]; };

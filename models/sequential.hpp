@@ -83,6 +83,11 @@ struct SequentialSpec {
   MlpLoss loss = MlpLoss::softmax_xent;
   double label_smoothing = 0.0;
   std::uint64_t dropout_seed = 0;
+  // Training images ([C, H, W] inputs) translated by up to this many pixels
+  // each way and/or flipped, per example and step (issue 37; the training
+  // graph only, keyed on dropout_seed; graph/ops/augment_images.cpp).
+  std::int64_t augment_translate = 0;
+  bool augment_flip = false;
   // Data parallel, as in MlpSpec: rank `batch_rank`'s `batch` rows of every
   // global batch of batch_ranks * batch rows.
   std::int64_t batch_rank = 0;

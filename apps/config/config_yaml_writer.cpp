@@ -103,6 +103,10 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "test_y" << YAML::Value << c.data.test_y;
   e << YAML::Key << "label_column" << YAML::Value << c.data.label_column;
   e << YAML::Key << "test_fraction" << YAML::Value << num(c.data.test_fraction);
+  e << YAML::Key << "augment" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "translate" << YAML::Value << c.data.augment_translate;
+  e << YAML::Key << "flip" << YAML::Value << c.data.augment_flip;
+  e << YAML::EndMap;
   e << YAML::Key << "split_seed" << YAML::Value << c.data.split_seed << YAML::EndMap;
   e << YAML::Key << "optim" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "name" << YAML::Value << c.optim.name;

@@ -170,6 +170,9 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(data, "data", "train_limit", c.data.train_limit);
   r.read(data, "data", "test_limit", c.data.test_limit);
   r.read(data, "data", "eval_batch_size", c.data.eval_batch_size);
+  const auto augment = data && data.IsMap() ? data["augment"] : YAML::Node();
+  r.read(augment, "data.augment", "translate", c.data.augment_translate);
+  r.read(augment, "data.augment", "flip", c.data.augment_flip);
   r.read(data, "data", "format", c.data.format);
   r.read(data, "data", "train_x", c.data.train_x);
   r.read(data, "data", "train_y", c.data.train_y);

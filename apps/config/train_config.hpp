@@ -86,6 +86,9 @@ struct DataConfig {
   std::string label_column;        // csv: the label (or comma-separated target) column(s)
   double test_fraction = 0.0;      // without test files: this fraction of the training rows (0 < f < 1)
   std::uint64_t split_seed = 0;    // which rows test_fraction picks
+  // Training batches of images augmented inside the step (issue 37; never at eval).
+  std::int64_t augment_translate = 0;  // data.augment.translate: up to this many pixels each way, zero-filled
+  bool augment_flip = false;           // data.augment.flip: mirror left-right with probability 1/2
 };
 
 struct LrScheduleConfig {

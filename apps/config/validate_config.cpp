@@ -130,6 +130,16 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   require(std::isfinite(c.data.test_fraction) && c.data.test_fraction >= 0 && c.data.test_fraction < 1,
           "data.test_fraction", fmt::format("must be in (0, 1), or 0 for test files (got {})", c.data.test_fraction));
   check_format_keys(require, c.data);
+  if (c.data.augment_translate != 0 || c.data.augment_flip) {
+    const auto& shape = m.input_shape;
+    const std::string key = c.data.augment_translate != 0 ? "data.augment.translate" : "data.augment.flip";
+    require(m.is_sequential() && shape.size() == 3, key,
+            "augments images: it needs model.sequential with model.input [C, H, W]");
+    require(c.data.augment_translate >= 0 && c.data.augment_translate < std::min(shape[1], shape[2]),
+            "data.augment.translate",
+            fmt::format("must be in [0, {}) for {} images (got {})", std::min(shape[1], shape[2]),
+                        shape_string(shape), c.data.augment_translate));
+  }
 
   one_of(c.optim.name, {"sgd", "adam", "adamw", "rmsprop"}, "optim.name");
   require(c.optim.lr > 0, "optim.lr", fmt::format("must be > 0 (got {})", c.optim.lr));

@@ -208,4 +208,19 @@ void read_attrs(const json& j, SliceAttrs& a) {
 }
 std::string attrs_text(const SliceAttrs& a) { return fmt::format(" {{begin={}}}", a.begin); }
 
+json write_attrs(const AugmentAttrs& a) {
+  return {{"translate", a.translate}, {"flip", a.flip}, {"fill", a.fill}, {"seed", a.seed},
+          {"example_offset", a.example_offset}};
+}
+void read_attrs(const json& j, AugmentAttrs& a) {
+  a.translate = j.at("translate").get<std::int64_t>();
+  a.flip = j.at("flip").get<bool>();
+  a.fill = j.at("fill").get<double>();
+  a.seed = j.at("seed").get<std::uint64_t>();
+  a.example_offset = j.at("example_offset").get<std::int64_t>();
+}
+std::string attrs_text(const AugmentAttrs& a) {
+  return fmt::format(" {{translate={},flip={}}}", a.translate, a.flip ? "true" : "false");
+}
+
 }  // namespace sg::ops

@@ -51,6 +51,7 @@ SG_ATTR_CODEC(ReshapeAttrs)
 SG_ATTR_CODEC(RmspropUpdateAttrs)
 SG_ATTR_CODEC(LayerNormAttrs)
 SG_ATTR_CODEC(SliceAttrs)
+SG_ATTR_CODEC(AugmentAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -131,5 +132,7 @@ const OpDef& layer_norm_backward_def();
 // issue 37: merging branches
 const OpDef& concat_def();
 const OpDef& slice_channels_def();
+// issue 37: training-batch augmentation
+const OpDef& augment_images_def();
 
 }  // namespace sg::ops

@@ -2,6 +2,7 @@
 // Residual networks written as a user would (issue 37's model graph), shared
 // by the CPU-side and the GPU tests of the model graph.
 #include <string>
+#include <vector>
 
 #include "apps/config/train_config.hpp"
 
@@ -69,11 +70,13 @@ inline const char* kPooledResidualCnn =
     "    - global_avg_pool2d\n"
     "    - linear: {out: 3}\n";
 
-// The model section plus small-run settings on `backend` (cpu, cuda), as file "graph.yaml".
-inline app::TrainConfig parse_model(const std::string& model_yaml, const std::string& backend = "cpu") {
+// The model section plus small-run settings on `backend` (cpu, cuda), as file
+// "graph.yaml"; `overrides` as --set gives them (data.augment.translate=1).
+inline app::TrainConfig parse_model(const std::string& model_yaml, const std::string& backend = "cpu",
+                                    const std::vector<std::string>& overrides = {}) {
   return app::parse_config(model_yaml + "data:\n  batch_size: 16\noptim:\n  lr: 0.05\n  momentum: 0.9\nrun:\n  steps: 10\n"
                                         "precision:\n  weights: fp32\nbackend:\n  kind: " + backend + "\n",
-                           "graph.yaml");
+                           "graph.yaml", overrides);
 }
 
 }  // namespace sg::test

@@ -3,7 +3,8 @@
 // layer_norm inside and after its residual block, one joining branches
 // with concat, run by the CUDA
 // backend follow the CPU backend, with no fast path that assumes a chain
-// taking them.
+// taking them; with data.augment on, the GPU's augmented batches follow the
+// CPU's.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -37,4 +38,19 @@ TEST_CASE("residual networks on CUDA follow the CPU backend: one step's state, t
     test::check_states_close(*gpu, *cpu, 1e-2);
     test::check_losses_follow(*gpu, *cpu, 19, 2e-2);
   }
+}
+
+TEST_CASE("a residual CNN trained with augmentation on CUDA draws the CPU backend's images: the same first step") {
+  std::mt19937_64 rng(38);
+  const Dataset data = test::random_dataset(160, 64, 3, rng);
+  const std::vector<std::string> augment = {"data.augment.translate=2", "data.augment.flip=true"};
+  std::string note;
+  const auto gpu = app::make_trainer(test::parse_model(test::kPooledResidualCnn, "cuda", augment), data, note);
+  const auto cpu = app::make_trainer(test::parse_model(test::kPooledResidualCnn, "cpu", augment), data, note);
+  INFO(gpu->description());
+  REQUIRE(gpu->description().find("cuda") != std::string::npos);
+  gpu->train(1);
+  cpu->train(1);
+  test::check_states_close(*gpu, *cpu, 1e-2);
+  test::check_losses_follow(*gpu, *cpu, 19, 2e-2);
 }
