@@ -23,9 +23,10 @@ double tolerance(DType dtype) { return dtype == DType::f32 ? 2e-5 : dtype == DTy
 
 }  // namespace
 
-TEST_CASE("layer_norm and layer_norm_backward follow the CPU reference on rows of 2 to 5000 values") {
+TEST_CASE("layer_norm and layer_norm_backward follow the CPU reference on rows of 3 to 5000 values") {
   auto rng = sg::test::fresh_rng();
-  const std::vector<Shape> shapes = {{1, 2}, {7, 5}, {64, 32}, {3, 257}, {200, 64}, {16, 8, 7, 7}, {5, 5000}};
+  // (Not rows of 2: their dx is 0 up to eps, all rounding noise to compare.)
+  const std::vector<Shape> shapes = {{1, 3}, {7, 5}, {64, 32}, {3, 257}, {200, 64}, {16, 8, 7, 7}, {5, 5000}};
   for (const Shape& shape : shapes)
     for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
       CAPTURE(sg::test::last_seed());
