@@ -20,17 +20,20 @@ void add_export_options(CLI::App& cmd, ExportRequest& r) {
 
 namespace {
 
-// A model.sequential network (issue 37): safetensors named as the printed module's state_dict.
+// A model.sequential network (issue 37): safetensors named as the printed module's state_dict;
+// ONNX: the same network's eval graph (runtime/export/onnx_writer.hpp).
 int export_graph(const ExportRequest& r, const SavedModel& saved) {
-  if (r.format == "onnx")
-    throw ConfigError(fmt::format("{}: model.sequential: --format onnx writes model.layers MLPs only so far (issue 37); "
-                                  "--format safetensors writes this model",
-                                  r.checkpoint));
   const exporting::ExportedGraph model = exported_graph(saved);
   const std::string code = exporting::torch_module_code(model);  // before writing: a layer it cannot express throws
-  const std::string bytes = exporting::safetensors_bytes(model);
+  const std::string bytes = r.format == "onnx" ? exporting::onnx_bytes(model) : exporting::safetensors_bytes(model);
   io::write_file_atomically(r.out, bytes);
   spdlog::info("wrote {} ({}, {} bytes) from {}", r.out, r.format, bytes.size(), r.checkpoint);
+  if (r.format == "onnx") {
+    spdlog::info("ONNX input 'input' [N, {}] (rows as predict reads them; the scaling is inside the graph), {}",
+                 saved.inputs(),
+                 model.regression ? "output 'outputs'" : "outputs 'logits' and 'probabilities'");
+    return 0;
+  }
   spdlog::info("it is the state_dict of this module (also in the file's __metadata__['stepgraph.torch_module']); "
                "inputs [N, {}] scaled as {}:\n{}",
                fmt::join(model.input_shape, ", "),
@@ -45,7 +48,7 @@ int run_export(const ExportRequest& r) {
   if (r.format != "safetensors" && r.format != "onnx")
     throw ConfigError(fmt::format("--format '{}' is not one of safetensors, onnx", r.format));
   // Without ONNX in this build, onnx_bytes throws the one-line reason: before reading anything.
-  if (r.format == "onnx" && !exporting::onnx_export_available()) exporting::onnx_bytes({});
+  if (r.format == "onnx" && !exporting::onnx_export_available()) exporting::onnx_bytes(exporting::ExportedMlp{});
   io::check_writable_file(r.out, "-o");
   const SavedModel saved = load_saved_model(r.checkpoint);
   if (saved.sequential) return export_graph(r, saved);

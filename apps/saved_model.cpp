@@ -97,8 +97,7 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
 
 exporting::ExportedMlp exported_mlp(const SavedModel& model) {
   if (model.sequential)
-    throw ConfigError(fmt::format("{}: model.sequential: this exporter writes model.layers MLPs only so far (issue "
-                                  "37); --format safetensors writes this model",
+    throw ConfigError(fmt::format("{}: model.sequential: not a model.layers MLP (exported_graph describes it)",
                                   model.config.source));
   exporting::ExportedMlp e;
   e.layers = model.layers;
@@ -122,6 +121,7 @@ exporting::ExportedGraph exported_graph(const SavedModel& model) {
   exporting::ExportedGraph g;
   g.input_shape = spec.input_shape;
   g.regression = model.regression();
+  g.outputs = model.outputs();
   g.input_scale = spec.input_scale;
   g.input_shift = spec.input_shift;
   std::size_t next_param = 0;  // params: w1, b1, w2, b2, ... in layer order (load_sequential_params)

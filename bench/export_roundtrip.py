@@ -16,8 +16,8 @@ dataset:
            the StepgraphNet class whose code it holds (a model.sequential
            network), load_state_dict(safetensors.torch.load_file(...)),
            eval(), on x * input_scale + input_shift (also from the metadata)
-  onnxruntime: the ONNX file on the raw x (its graph does the scaling; MLPs
-           only so far)
+  onnxruntime: the ONNX file on the raw x (its graph does the scaling and,
+           for an image model, the reshape to [N, C, H, W])
 Prints one PASS/FAIL line per comparison: relative error by norm
 (||a - b|| / ||b||) within 1e-3 against stepgraph predict on the GPU (f16
 activations), and against predict on the CPU backend (f32).
@@ -130,8 +130,6 @@ def prepare(stepgraph, work, only):
         except RuntimeError as e:
             ok = report(False, f"{name} train/export", str(e)) and ok
             continue
-        if name in GRAPHS:
-            continue  # ONNX of model.sequential networks: not yet (issue 37)
         try:
             sh(stepgraph, "export", "--checkpoint", ck, "--format", "onnx", "-o", f"{work}/{name}.onnx")
         except RuntimeError as e:
@@ -155,7 +153,7 @@ def check(stepgraph, work, only):
     except ImportError as e:
         ort = None
         report(False, "setup", f"onnxruntime missing ({e}); the ONNX checks are not run")
-    ok = ort is not None or only == "graphs"  # the graphs have no ONNX check yet
+    ok = ort is not None
     x = np.load(f"{work}/x.npy")
     for name in selected([case_name(a, d) for a, d in CASES] + list(GRAPHS), only):
         ck, st = f"{work}/{name}.sgck", f"{work}/{name}.safetensors"
@@ -186,7 +184,7 @@ def check(stepgraph, work, only):
             e = rel(torch_logits, preds[backend])
             ok = report(e < TOL, f"{name} safetensors -> PyTorch vs stepgraph predict ({backend})",
                         f"relative error {e:.2e} (limit {TOL:g}); {code.splitlines()[-1] if name in GRAPHS else code}") and ok
-        if ort is None or name in GRAPHS:
+        if ort is None:
             continue
         onnx_file = f"{work}/{name}.onnx"
         if not os.path.exists(onnx_file):

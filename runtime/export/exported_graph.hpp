@@ -28,6 +28,7 @@ struct GraphLayer {
 struct ExportedGraph {
   std::vector<std::int64_t> input_shape;  // per example: [C, H, W] or [features]
   std::vector<GraphLayer> layers;
+  std::int64_t outputs = 0;  // the last layer's per-example outputs (classes or targets)
   bool regression = false;
   double input_scale = 1.0;  // the model sees x * input_scale + input_shift
   double input_shift = 0.0;

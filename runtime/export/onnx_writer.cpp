@@ -1,6 +1,8 @@
 #include "runtime/export/onnx_writer.hpp"
 
+#include <functional>
 #include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -15,11 +17,16 @@ namespace sg::exporting {
 
 bool onnx_export_available() { return false; }
 
-std::string onnx_bytes(const ExportedMlp&) {
+namespace {
+[[noreturn]] void no_onnx() {
   throw std::runtime_error(
       "this build of stepgraph has no ONNX support (it was built without libonnx-dev and protobuf; install them "
       "with scripts/install_deps.sh and rebuild), so --format onnx is not available: use --format safetensors");
 }
+}  // namespace
+
+std::string onnx_bytes(const ExportedMlp&) { no_onnx(); }
+std::string onnx_bytes(const ExportedGraph&) { no_onnx(); }
 
 #else
 
@@ -43,6 +50,20 @@ class GraphBuilder {
     a->set_name(name);
     a->set_type(onnx::AttributeProto::INT);
     a->set_i(v);
+  }
+  void ints_attr(const std::string& name, const std::vector<std::int64_t>& v) {
+    auto* a = last_->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (auto x : v) a->add_ints(x);
+  }
+  std::string int64s(const std::string& name, const std::vector<std::int64_t>& values) {
+    auto* t = g_.add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<std::int64_t>(values.size()));
+    t->set_raw_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(std::int64_t)));
+    return name;
   }
   std::string constant(const std::string& name, std::vector<std::int64_t> dims, const std::vector<float>& values) {
     auto* t = g_.add_initializer();
@@ -82,6 +103,27 @@ class GraphBuilder {
   int count_ = 0;
 };
 
+// The checked, serialised model.
+std::string checked_bytes(const onnx::ModelProto& model) {
+  try {
+    onnx::checker::check_model(model);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("onnx export: the ONNX checker rejects the model: {}", e.what()));
+  }
+  std::string bytes;
+  if (!model.SerializeToString(&bytes)) throw std::runtime_error("onnx export: protobuf serialisation failed");
+  return bytes;
+}
+
+void start_model(onnx::ModelProto& model, const std::string& doc) {
+  model.set_ir_version(onnx::IR_VERSION);
+  model.set_producer_name("stepgraph");
+  model.set_doc_string(doc);
+  auto* opset = model.add_opset_import();
+  opset->set_domain("");
+  opset->set_version(kOnnxOpset);
+}
+
 void add_io(google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, const std::string& name,
             std::int64_t width) {
   auto* v = list->Add();
@@ -92,6 +134,73 @@ void add_io(google::protobuf::RepeatedPtrField<onnx::ValueInfoProto>* list, cons
   t->mutable_shape()->add_dim()->set_dim_value(width);
 }
 
+// Layer `i` of a model.sequential network as ONNX nodes writing `out`;
+// `in(k)` names its k-th input. Parameters are initializers named as the
+// safetensors export names them (layer<i>.weight / .bias).
+std::string graph_layer_node(GraphBuilder& b, const GraphLayer& l, std::size_t i,
+                             const std::function<std::string(std::size_t)>& in, const std::string& out) {
+  const std::string x = in(0);
+  const auto weight = [&] { return b.constant(graph_parameter_name(i, "weight"), l.weight_shape, l.weight); };
+  const auto bias = [&] { return b.constant(graph_parameter_name(i, "bias"), l.bias_shape, l.bias); };
+  const auto window = [&] {
+    b.ints_attr("kernel_shape", {l.kernel, l.kernel});
+    b.ints_attr("strides", {l.stride, l.stride});
+  };
+  if (l.kind == "conv2d") {
+    b.node("Conv", {x, weight(), bias()}, out);
+    window();
+    b.ints_attr("pads", {l.padding, l.padding, l.padding, l.padding});
+    return out;
+  }
+  if (l.kind == "linear") {
+    b.node("Gemm", {x, weight(), bias()}, out);
+    b.int_attr("transB", 1);
+    return out;
+  }
+  if (l.kind == "max_pool2d" || l.kind == "avg_pool2d") {  // no padding, floored sizes: ONNX's defaults
+    b.node(l.kind == "max_pool2d" ? "MaxPool" : "AveragePool", {x}, out);
+    window();
+    return out;
+  }
+  if (l.kind == "global_avg_pool2d" || l.kind == "flatten") {
+    const std::string from = l.kind == "flatten" ? x : b.node("GlobalAveragePool", {x}, out + "_pooled");
+    b.node("Flatten", {from}, out);
+    b.int_attr("axis", 1);
+    return out;
+  }
+  if (l.kind == "dropout" || l.kind == "dropout2d" || l.kind == "identity") return b.node("Identity", {x}, out);
+  if (l.kind == "add") {
+    std::string sum = x;
+    for (std::size_t k = 1; k < l.inputs.size(); ++k)
+      sum = b.node("Add", {sum, in(k)}, k + 1 == l.inputs.size() ? out : fmt::format("{}_{}", out, k));
+    return sum;
+  }
+  if (l.kind == "concat") {
+    std::vector<std::string> parts;
+    for (std::size_t k = 0; k < l.inputs.size(); ++k) parts.push_back(in(k));
+    b.node("Concat", parts, out);
+    b.int_attr("axis", 1);
+    return out;
+  }
+  if (l.kind == "layer_norm") {  // opset 13 has no LayerNormalization (17 does): its formula, biased variance
+    std::vector<std::int64_t> axes;
+    for (std::size_t a = 1; a <= l.weight_shape.size(); ++a) axes.push_back(static_cast<std::int64_t>(a));
+    const auto mean_of = [&](const std::string& v, const std::string& name) {
+      b.node("ReduceMean", {v}, name);
+      b.ints_attr("axes", axes);
+      b.int_attr("keepdims", 1);
+      return name;
+    };
+    const auto centred = b.node("Sub", {x, mean_of(x, out + "_mean")}, out + "_centred");
+    const auto var = mean_of(b.node("Mul", {centred, centred}, out + "_squares"), out + "_var");
+    const auto std = b.node("Sqrt", {b.node("Add", {var, b.scalar(out + "_eps", static_cast<float>(l.eps))}, out + "_vareps")},
+                            out + "_std");
+    const auto normed = b.node("Div", {centred, std}, out + "_normed");
+    return b.node("Add", {b.node("Mul", {normed, weight()}, out + "_scaled"), bias()}, out);
+  }
+  return b.activation(l.kind, x, out);  // throws for a kind it does not know
+}
+
 }  // namespace
 
 bool onnx_export_available() { return true; }
@@ -100,12 +209,7 @@ std::string onnx_bytes(const ExportedMlp& m) {
   if (m.layers.empty()) throw std::runtime_error("onnx export: the model has no layers");
   torch_activation(m.activation);  // an unknown activation fails here, before any work
   onnx::ModelProto model;
-  model.set_ir_version(onnx::IR_VERSION);
-  model.set_producer_name("stepgraph");
-  model.set_doc_string(fmt::format("stepgraph MLP {}; input scaled as {}", torch_sequential_text(m), input_scaling_text(m)));
-  auto* opset = model.add_opset_import();
-  opset->set_domain("");
-  opset->set_version(kOnnxOpset);
+  start_model(model, fmt::format("stepgraph MLP {}; input scaled as {}", torch_sequential_text(m), input_scaling_text(m)));
   onnx::GraphProto& g = *model.mutable_graph();
   g.set_name("stepgraph_mlp");
   GraphBuilder b(g);
@@ -129,14 +233,43 @@ std::string onnx_bytes(const ExportedMlp& m) {
     b.int_attr("axis", 1);
     add_io(g.mutable_output(), "probabilities", m.layers.back().out);
   }
-  try {
-    onnx::checker::check_model(model);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("onnx export: the ONNX checker rejects the model: {}", e.what()));
+  return checked_bytes(model);
+}
+
+std::string onnx_bytes(const ExportedGraph& m) {
+  if (m.layers.empty()) throw std::runtime_error("onnx export: the model has no layers");
+  std::int64_t features = 1;
+  for (auto d : m.input_shape) features *= d;
+  onnx::ModelProto model;
+  start_model(model, fmt::format("stepgraph model.sequential network (the module in its safetensors export); input "
+                                 "[N, {}] rows scaled as {}",
+                                 features, input_scaling_text(m.input_scale, m.input_shift)));
+  onnx::GraphProto& g = *model.mutable_graph();
+  g.set_name("stepgraph_graph");
+  GraphBuilder b(g);
+  add_io(g.mutable_input(), "input", features);
+  std::string x = b.node("Mul", {"input", b.scalar("input_scale", static_cast<float>(m.input_scale))}, "input_scaled");
+  x = b.node("Add", {x, b.scalar("input_shift", static_cast<float>(m.input_shift))}, "x_rows");
+  if (m.input_shape.size() > 1) {
+    std::vector<std::int64_t> shape{-1};
+    shape.insert(shape.end(), m.input_shape.begin(), m.input_shape.end());
+    x = b.node("Reshape", {x, b.int64s("input_shape", shape)}, "x");
   }
-  std::string bytes;
-  if (!model.SerializeToString(&bytes)) throw std::runtime_error("onnx export: protobuf serialisation failed");
-  return bytes;
+  std::vector<std::string> h;  // h[i]: layer i's output
+  for (std::size_t i = 0; i < m.layers.size(); ++i) {
+    const GraphLayer& l = m.layers[i];
+    const auto in = [&](std::size_t k) { return l.inputs.at(k) < 0 ? x : h[static_cast<std::size_t>(l.inputs[k])]; };
+    const bool last = i + 1 == m.layers.size();
+    const std::string out = last ? (m.regression ? "outputs" : "logits") : fmt::format("h{}", i);
+    h.push_back(graph_layer_node(b, l, i, in, out));
+  }
+  add_io(g.mutable_output(), h.back(), m.outputs);
+  if (!m.regression) {
+    b.node("Softmax", {h.back()}, "probabilities");
+    b.int_attr("axis", 1);
+    add_io(g.mutable_output(), "probabilities", m.outputs);
+  }
+  return checked_bytes(model);
 }
 
 #endif
