@@ -60,11 +60,7 @@ std::vector<OutputSpec> infer_slice(const Inputs& in, const OpAttrs& attrs) {
 }
 
 // X [N, C, ...] as N rows of C blocks of `inner` values.
-std::int64_t inner_of(std::span<const std::int64_t> s) {
-  std::int64_t inner = 1;
-  for (std::size_t i = 2; i < s.size(); ++i) inner *= s[i];
-  return inner;
-}
+std::int64_t inner_of(std::span<const std::int64_t> s) { return elements_from(s, 2); }
 
 template <typename T>
 void concat_cpu(const CpuCall<T>& c) {

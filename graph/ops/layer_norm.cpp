@@ -57,11 +57,7 @@ void gradient(const GradientContext& c) {
 
 // [N, ...] as N rows of the rest.
 std::int64_t rows_of(std::span<const std::int64_t> s) { return s[0]; }
-std::int64_t width_of(std::span<const std::int64_t> s) {
-  std::int64_t width = 1;
-  for (std::size_t i = 1; i < s.size(); ++i) width *= s[i];
-  return width;
-}
+std::int64_t width_of(std::span<const std::int64_t> s) { return elements_from(s, 1); }
 
 template <typename T>
 void forward_cpu(const CpuCall<T>& c) {

@@ -55,6 +55,12 @@ std::vector<OutputSpec> infer_unary_same(OpKind op, const Inputs& in) {
   return {{in[0]->shape, in[0]->dtype}};
 }
 
+std::int64_t elements_from(std::span<const std::int64_t> shape, std::size_t first) {
+  std::int64_t n = 1;
+  for (std::size_t i = first; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
 // ---- attribute codecs
 
 json write_attrs(const NoAttrs&) { return json::object(); }

@@ -2,6 +2,7 @@
 // Shared by the op files under graph/ops/: shape-rule checks (errors name the
 // op and the shapes), the JSON/text codecs of each attribute kind, and the
 // accessors of every op's registry entry (listed in op_registry.cpp).
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ std::vector<OutputSpec> infer_unary_same(OpKind op, const Inputs& in);
 // (X [M,N], b [N]) -> one output like X: bias_add's rule (bias_add.cpp),
 // shared with bias_add_relu.
 std::vector<OutputSpec> infer_bias_add(OpKind op, const Inputs& in);
+// The product of shape[first..] (1 when first >= rank): the values of one
+// row (first = 1) or of one channel (first = 2) of an [N, C, ...] value.
+std::int64_t elements_from(std::span<const std::int64_t> shape, std::size_t first);
 
 // JSON and text of each attribute kind. attrs_text lists only what the
 // output types do not already show, so dump lines stay short.

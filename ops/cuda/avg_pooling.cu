@@ -4,32 +4,19 @@
 // CPU reference's (oy, ox) order. The plane mean is one warp per plane,
 // lanes striding over it and a butterfly sum at the end.
 #include <algorithm>
-#include <climits>
 
 #include "ops/cuda/avg_pooling.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/pool_sizes.cuh"
+#include "ops/cuda/pool_window.cuh"
 #include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
 
-// Sizes in the kernels' index type I: 32-bit where every index fits
-// (64-bit division costs several times more), 64-bit otherwise.
-template <typename I>
-struct MeanPoolSizes {
-  I planes, h, w, kernel, stride, oh, ow;
-  explicit MeanPoolSizes(const PoolGeometry& g)
-      : planes(I(g.planes)), h(I(g.h)), w(I(g.w)), kernel(I(g.kernel)), stride(I(g.stride)), oh(I(g.oh())),
-        ow(I(g.ow())) {}
-};
-
-bool fits_int32(std::int64_t elements) {
-  return elements + std::int64_t(blocks_for(elements)) * kThreads < std::int64_t(INT32_MAX);
-}
-
 template <typename T, typename I>
-__global__ void avg_pool2d_forward_kernel(const T* x, MeanPoolSizes<I> g, T* y) {
+__global__ void avg_pool2d_forward_kernel(const T* x, PoolSizes<I> g, T* y) {
   const I stride = I(gridDim.x) * I(blockDim.x);
   const float area = float(g.kernel * g.kernel);
   for (I o = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); o < g.planes * g.oh * g.ow; o += stride) {
@@ -43,19 +30,17 @@ __global__ void avg_pool2d_forward_kernel(const T* x, MeanPoolSizes<I> g, T* y) 
 }
 
 template <typename T, typename I>
-__global__ void avg_pool2d_backward_kernel(const T* dy, MeanPoolSizes<I> g, T* dx) {
+__global__ void avg_pool2d_backward_kernel(const T* dy, PoolSizes<I> g, T* dx) {
   const I stride = I(gridDim.x) * I(blockDim.x);
   const float area = float(g.kernel * g.kernel);
   for (I e = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); e < g.planes * g.h * g.w; e += stride) {
     const I plane = e / (g.h * g.w), y = (e / g.w) % g.h, x = e % g.w;
-    // Windows oy with oy*s <= y < oy*s + k: from ceil((y - k + 1) / s) to y / s.
-    const I oy_first = y >= g.kernel ? (y - g.kernel) / g.stride + 1 : 0;
-    const I ox_first = x >= g.kernel ? (x - g.kernel) / g.stride + 1 : 0;
-    const I oy_last = min(y / g.stride, g.oh - 1), ox_last = min(x / g.stride, g.ow - 1);
+    const WindowRange<I> rows = windows_containing(y, g.kernel, g.stride, g.oh);
+    const WindowRange<I> cols = windows_containing(x, g.kernel, g.stride, g.ow);
     const T* grads = dy + plane * g.oh * g.ow;
     float acc = 0.f;
-    for (I oy = oy_first; oy <= oy_last; ++oy)
-      for (I ox = ox_first; ox <= ox_last; ++ox) acc += to_float(grads[oy * g.ow + ox]) / area;
+    for (I oy = rows.lo; oy <= rows.hi; ++oy)
+      for (I ox = cols.lo; ox <= cols.hi; ++ox) acc += to_float(grads[oy * g.ow + ox]) / area;
     dx[e] = from_float<T>(acc);
   }
 }
@@ -86,9 +71,9 @@ template <typename T>
 void launch_avg_pool2d_forward(const T* x, const PoolGeometry& g, T* y, cudaStream_t stream) {
   const std::int64_t work = g.planes * g.oh() * g.ow();
   if (fits_int32(g.planes * g.h * g.w))
-    avg_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, MeanPoolSizes<std::int32_t>(g), y);
+    avg_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, PoolSizes<std::int32_t>(g), y);
   else
-    avg_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, MeanPoolSizes<std::int64_t>(g), y);
+    avg_pool2d_forward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(x, PoolSizes<std::int64_t>(g), y);
   SG_LAUNCH_CHECK("avg_pool2d_forward_kernel");
 }
 
@@ -96,9 +81,9 @@ template <typename T>
 void launch_avg_pool2d_backward(const T* dy, const PoolGeometry& g, T* dx, cudaStream_t stream) {
   const std::int64_t work = g.planes * g.h * g.w;
   if (fits_int32(work))
-    avg_pool2d_backward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(dy, MeanPoolSizes<std::int32_t>(g), dx);
+    avg_pool2d_backward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(dy, PoolSizes<std::int32_t>(g), dx);
   else
-    avg_pool2d_backward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(dy, MeanPoolSizes<std::int64_t>(g), dx);
+    avg_pool2d_backward_kernel<<<blocks_for(work), kThreads, 0, stream>>>(dy, PoolSizes<std::int64_t>(g), dx);
   SG_LAUNCH_CHECK("avg_pool2d_backward_kernel");
 }
 

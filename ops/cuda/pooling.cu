@@ -8,6 +8,7 @@
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/pool_sizes.cuh"
 #include "ops/cuda/pool_window.cuh"
 #include "ops/cuda/pooling.hpp"
 #include "ops/philox.hpp"
@@ -28,17 +29,6 @@ __device__ __forceinline__ float dropped_value(T x, float factor, bool active) {
   if (!active) return to_float(x);
   return factor == 0.f ? 0.f : to_float(from_float<T>(to_float(x) * factor));
 }
-
-// A pooling problem's sizes in the kernels' index type I: 32-bit where every
-// index fits (integer division and modulo in 64 bits cost several times
-// more, and these kernels are mostly index arithmetic), 64-bit otherwise.
-template <typename I>
-struct PoolSizes {
-  I planes, h, w, kernel, stride, oh, ow;
-  explicit PoolSizes(const PoolGeometry& g)
-      : planes(I(g.planes)), h(I(g.h)), w(I(g.w)), kernel(I(g.kernel)), stride(I(g.stride)), oh(I(g.oh())),
-        ow(I(g.ow())) {}
-};
 
 template <typename T, typename I>
 __global__ void max_pool2d_forward_kernel(const T* x, const std::int32_t* step_counter, PoolSizes<I> g,
@@ -110,12 +100,6 @@ __global__ void max_pool2d_backward_kernel(PoolBackwardTensors<T> t, const std::
     if (t.relu_after_grad) t.relu_after_grad[i] = relu_after;
     if (dropout.active) t.dx[i] = from_float<T>(dropped_value(relu_after, plane_factor(dropout, step, plane), true));
   }
-}
-
-// Whether every index of the problem (with a grid stride's overshoot) fits 32 bits.
-bool fits_int32(const PoolGeometry& g) {
-  const std::int64_t elements = g.planes * g.h * g.w;
-  return elements + std::int64_t(blocks_for(elements)) * kThreads < std::int64_t(INT32_MAX);
 }
 
 }  // namespace
