@@ -86,6 +86,11 @@ enum class OpKind : std::uint8_t {
   slice_channels,         // X [N,C,...] -> [N,count,...]: channels begin..begin+count (concat's gradient)
   // ---- training-batch augmentation (issue 37)
   augment_images,         // (X [N,C,H,W], step i32[1]) -> X flipped / translated per example, Philox(seed, step, example)
+  // ---- batch normalisation (issue 37); X [N,C] or [N,C,H,W], per-channel statistics over N (and H, W)
+  batch_norm,             // (X, gamma [C], beta [C]) -> X normalised by the batch's statistics, scaled, shifted
+  batch_norm_backward,    // (dY, X, gamma) -> (dX, dgamma, dbeta): the batch statistics recomputed from X
+  batch_norm_stats_update,  // (X, running_mean [C], running_var [C]) -> nothing; the running statistics in place
+  batch_norm_inference,   // (X, gamma, beta, running_mean, running_var) -> X normalised by the running statistics
 };
 
 std::string_view op_name(OpKind op);
@@ -237,9 +242,19 @@ struct AugmentAttrs {
   bool operator==(const AugmentAttrs&) const = default;
 };
 
+// PyTorch's BatchNorm1d/2d(eps, momentum): running = (1 - momentum) running
+// + momentum * batch statistic (the variance unbiased there, biased in the
+// normalisation).
+struct BatchNormAttrs {
+  double eps = 1e-5;
+  double momentum = 0.1;
+  bool operator==(const BatchNormAttrs&) const = default;
+};
+
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
-                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs, SliceAttrs, AugmentAttrs>;
+                             Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs, SliceAttrs, AugmentAttrs,
+                             BatchNormAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -250,7 +265,7 @@ constexpr std::size_t attrs_index() {
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
 // "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
-// "reshape", "rmsprop_update", "layer_norm", "slice", "augment".
+// "reshape", "rmsprop_update", "layer_norm", "slice", "augment", "batch_norm".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 

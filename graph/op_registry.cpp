@@ -45,6 +45,9 @@ const std::vector<const OpDef*>& table() {
         &ops::concat_def(), &ops::slice_channels_def(),
         // issue 37: training-batch augmentation
         &ops::augment_images_def(),
+        // issue 37: batch normalisation
+        &ops::batch_norm_def(), &ops::batch_norm_backward_def(), &ops::batch_norm_stats_update_def(),
+        &ops::batch_norm_inference_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

@@ -229,4 +229,11 @@ std::string attrs_text(const AugmentAttrs& a) {
   return fmt::format(" {{translate={},flip={}}}", a.translate, a.flip ? "true" : "false");
 }
 
+json write_attrs(const BatchNormAttrs& a) { return {{"eps", a.eps}, {"momentum", a.momentum}}; }
+void read_attrs(const json& j, BatchNormAttrs& a) {
+  a.eps = j.at("eps").get<double>();
+  a.momentum = j.at("momentum").get<double>();
+}
+std::string attrs_text(const BatchNormAttrs& a) { return fmt::format(" {{eps={},momentum={}}}", a.eps, a.momentum); }
+
 }  // namespace sg::ops

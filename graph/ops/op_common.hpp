@@ -56,6 +56,7 @@ SG_ATTR_CODEC(RmspropUpdateAttrs)
 SG_ATTR_CODEC(LayerNormAttrs)
 SG_ATTR_CODEC(SliceAttrs)
 SG_ATTR_CODEC(AugmentAttrs)
+SG_ATTR_CODEC(BatchNormAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.
@@ -138,5 +139,10 @@ const OpDef& concat_def();
 const OpDef& slice_channels_def();
 // issue 37: training-batch augmentation
 const OpDef& augment_images_def();
+// issue 37: batch normalisation
+const OpDef& batch_norm_def();
+const OpDef& batch_norm_backward_def();
+const OpDef& batch_norm_stats_update_def();
+const OpDef& batch_norm_inference_def();
 
 }  // namespace sg::ops

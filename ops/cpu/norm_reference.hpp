@@ -1,5 +1,5 @@
 #pragma once
-// CPU reference of layer normalisation (issue 37), PyTorch's LayerNorm over
+// CPU reference of layer and batch normalisation (issue 37). LayerNorm over
 // every value of an example: x [rows, d] -> y = (x - mean) * rstd * gamma +
 // beta with mean and the biased variance of the row, rstd = 1 / sqrt(var +
 // eps). The backward recomputes mean and rstd from x (nothing is saved by
@@ -57,6 +57,101 @@ void layer_norm_backward(const T* dy, const T* x, const T* gamma, std::int64_t r
       dgamma[j] += dyr[j] * xhat;
       dbeta[j] += dyr[j];
     }
+  }
+}
+
+// ---- batch normalisation (PyTorch's BatchNorm1d/2d): x [n, channels, plane]
+// (plane = H*W, or 1 for [n, channels]); channel c's statistics over its
+// n * plane values (the biased variance normalises; the running variance
+// takes the unbiased one, as PyTorch).
+
+// Mean and 1/std of channel c over every example and position, two passes.
+template <typename T>
+RowMoments<T> channel_moments(const T* x, std::int64_t n, std::int64_t channels, std::int64_t plane, std::int64_t c,
+                              double eps, T* biased_var = nullptr) {
+  T sum = T(0);
+  for (std::int64_t b = 0; b < n; ++b)
+    for (std::int64_t k = 0; k < plane; ++k) sum += x[(b * channels + c) * plane + k];
+  const T count = static_cast<T>(n * plane);
+  const T mean = sum / count;
+  T squares = T(0);
+  for (std::int64_t b = 0; b < n; ++b)
+    for (std::int64_t k = 0; k < plane; ++k) {
+      const T d = x[(b * channels + c) * plane + k] - mean;
+      squares += d * d;
+    }
+  const T var = squares / count;
+  if (biased_var) *biased_var = var;
+  return {mean, T(1) / std::sqrt(var + static_cast<T>(eps))};
+}
+
+// Training mode: each channel normalised by its batch statistics.
+template <typename T>
+void batch_norm(const T* x, const T* gamma, const T* beta, std::int64_t n, std::int64_t channels, std::int64_t plane,
+                double eps, T* y) {
+  for (std::int64_t c = 0; c < channels; ++c) {
+    const auto m = channel_moments(x, n, channels, plane, c, eps);
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t k = 0; k < plane; ++k) {
+        const std::int64_t at = (b * channels + c) * plane + k;
+        y[at] = (x[at] - m.mean) * m.rstd * gamma[c] + beta[c];
+      }
+  }
+}
+
+// The training-mode backward, the statistics recomputed from x:
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma over
+// the channel's values; dgamma = sum dy * xhat, dbeta = sum dy.
+template <typename T>
+void batch_norm_backward(const T* dy, const T* x, const T* gamma, std::int64_t n, std::int64_t channels,
+                         std::int64_t plane, double eps, T* dx, T* dgamma, T* dbeta) {
+  const T count = static_cast<T>(n * plane);
+  for (std::int64_t c = 0; c < channels; ++c) {
+    const auto m = channel_moments(x, n, channels, plane, c, eps);
+    T dy_sum = T(0), dyx_sum = T(0);
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t k = 0; k < plane; ++k) {
+        const std::int64_t at = (b * channels + c) * plane + k;
+        dy_sum += dy[at];
+        dyx_sum += dy[at] * (x[at] - m.mean) * m.rstd;
+      }
+    dgamma[c] = dyx_sum;
+    dbeta[c] = dy_sum;
+    const T g_mean = gamma[c] * dy_sum / count, gx_mean = gamma[c] * dyx_sum / count;
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t k = 0; k < plane; ++k) {
+        const std::int64_t at = (b * channels + c) * plane + k;
+        const T xhat = (x[at] - m.mean) * m.rstd;
+        dx[at] = m.rstd * (dy[at] * gamma[c] - g_mean - xhat * gx_mean);
+      }
+  }
+}
+
+// running = (1 - momentum) running + momentum * batch statistic, the
+// variance unbiased (count / (count - 1)), as PyTorch's training forward.
+template <typename T>
+void batch_norm_stats_update(const T* x, std::int64_t n, std::int64_t channels, std::int64_t plane, double momentum,
+                             T* running_mean, T* running_var) {
+  const T count = static_cast<T>(n * plane), mo = static_cast<T>(momentum);
+  for (std::int64_t c = 0; c < channels; ++c) {
+    T var = T(0);
+    const auto m = channel_moments(x, n, channels, plane, c, 1.0, &var);
+    running_mean[c] = (T(1) - mo) * running_mean[c] + mo * m.mean;
+    running_var[c] = (T(1) - mo) * running_var[c] + mo * var * count / (count - T(1));
+  }
+}
+
+// Eval mode: the running statistics.
+template <typename T>
+void batch_norm_inference(const T* x, const T* gamma, const T* beta, const T* running_mean, const T* running_var,
+                          std::int64_t n, std::int64_t channels, std::int64_t plane, double eps, T* y) {
+  for (std::int64_t c = 0; c < channels; ++c) {
+    const T rstd = T(1) / std::sqrt(running_var[c] + static_cast<T>(eps));
+    for (std::int64_t b = 0; b < n; ++b)
+      for (std::int64_t k = 0; k < plane; ++k) {
+        const std::int64_t at = (b * channels + c) * plane + k;
+        y[at] = (x[at] - running_mean[c]) * rstd * gamma[c] + beta[c];
+      }
   }
 }
 

@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::augment_images) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::batch_norm_inference) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -36,6 +36,7 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<LayerNormAttrs>(): return LayerNormAttrs{1e-3};
     case attrs_index<SliceAttrs>(): return SliceAttrs{3, 5};
     case attrs_index<AugmentAttrs>(): return AugmentAttrs{2, true, -0.42, 0xfedcba9876543210ull, 64};
+    case attrs_index<BatchNormAttrs>(): return BatchNormAttrs{1e-3, 0.25};
     default: return NoAttrs{};
   }
 }
