@@ -37,6 +37,7 @@ std::unique_ptr<CudaLowering> make_avg_pool2d_lowering();
 std::unique_ptr<CudaLowering> make_layer_norm_lowering();
 std::unique_ptr<CudaLowering> make_concat_lowering();
 std::unique_ptr<CudaLowering> make_augment_lowering();
+std::unique_ptr<CudaLowering> make_batch_norm_lowering();
 std::unique_ptr<CudaLowering> make_channel_sum_lowering();
 std::unique_ptr<CudaLowering> make_view_lowering();
 std::unique_ptr<CudaLowering> make_cast_params_lowering();
@@ -89,6 +90,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_layer_norm_lowering());  // layer_norm and its backward (issue 37)
   l.push_back(make_concat_lowering());      // concat and slice_channels, its gradient (issue 37)
   l.push_back(make_augment_lowering());     // training-batch augmentation (issue 37)
+  l.push_back(make_batch_norm_lowering());  // batch normalisation's four ops (issue 37)
   slot(FastPathSlot::cnn_bias_update);
   l.push_back(make_channel_sum_lowering());
   slot(FastPathSlot::cnn_weight_update);

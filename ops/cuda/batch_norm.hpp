@@ -1,0 +1,39 @@
+#pragma once
+// Batch normalisation on the GPU (issue 37), the CPU reference's contract
+// (ops/cpu/norm_reference.hpp): x [n, channels, plane] (plane = H*W, or 1),
+// per-channel statistics over n * plane values, gamma / beta / running
+// statistics [channels]. One block per channel (grid-stride over channels):
+// the mean, then the biased variance of the deviations (two passes, as the
+// reference), each a fixed-order block sum (the same bits every run, no
+// atomics). Per-channel values have x's type except the running statistics,
+// which are f32 (as the graph keeps them).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sg::cuda {
+
+struct BatchNormShape {
+  std::int64_t n = 0, channels = 0, plane = 1;
+  float eps = 1e-5f;
+  float momentum = 0.1f;
+};
+
+// Training: y normalised by the batch's statistics.
+template <typename T>
+void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const BatchNormShape& s, T* y,
+                               cudaStream_t stream);
+// (dy, x, gamma) -> dx, dgamma, dbeta, the statistics recomputed; each output null when nothing reads it.
+template <typename T>
+void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const BatchNormShape& s, T* dx, T* dgamma,
+                                T* dbeta, cudaStream_t stream);
+// running_mean / running_var (f32) moved by momentum towards the batch's mean and unbiased variance.
+template <typename T>
+void launch_batch_norm_stats_update(const T* x, const BatchNormShape& s, float* running_mean, float* running_var,
+                                    cudaStream_t stream);
+// Eval: y normalised by the running statistics (element-wise).
+template <typename T>
+void launch_batch_norm_inference(const T* x, const T* gamma, const T* beta, const float* running_mean,
+                                 const float* running_var, const BatchNormShape& s, T* y, cudaStream_t stream);
+
+}  // namespace sg::cuda
