@@ -193,9 +193,9 @@ std::string graph_layer_node(GraphBuilder& b, const GraphLayer& l, std::size_t i
     };
     const auto centred = b.node("Sub", {x, mean_of(x, out + "_mean")}, out + "_centred");
     const auto var = mean_of(b.node("Mul", {centred, centred}, out + "_squares"), out + "_var");
-    const auto std = b.node("Sqrt", {b.node("Add", {var, b.scalar(out + "_eps", static_cast<float>(l.eps))}, out + "_vareps")},
-                            out + "_std");
-    const auto normed = b.node("Div", {centred, std}, out + "_normed");
+    const auto var_eps = b.node("Add", {var, b.scalar(out + "_eps", static_cast<float>(l.eps))}, out + "_vareps");
+    const auto deviation = b.node("Sqrt", {var_eps}, out + "_std");
+    const auto normed = b.node("Div", {centred, deviation}, out + "_normed");
     return b.node("Add", {b.node("Mul", {normed, weight()}, out + "_scaled"), bias()}, out);
   }
   return b.activation(l.kind, x, out);  // throws for a kind it does not know
