@@ -69,13 +69,7 @@ std::vector<OutputSpec> infer_inference(const Inputs& in, const OpAttrs& attrs) 
   return {{in[0]->shape, in[0]->dtype}};
 }
 
-void gradient(const GradientContext& c) {
-  if (!c.needs_grad(0) && !c.needs_grad(1) && !c.needs_grad(2)) return;
-  const auto grads =
-      c.emit(OpKind::batch_norm_backward, {*c.output_grad(0), c.input(0), c.input(1)}, c.node().attrs, c.input(0));
-  for (int slot = 0; slot < 3; ++slot)
-    if (c.needs_grad(slot)) c.contribute(slot, grads[static_cast<std::size_t>(slot)]);
-}
+void gradient(const GradientContext& c) { normalisation_gradient(c, OpKind::batch_norm_backward); }
 
 std::vector<int> stats_in_place(const OpAttrs&, int) { return {1, 2}; }
 

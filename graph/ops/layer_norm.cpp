@@ -47,13 +47,7 @@ std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs& attrs) {
   return {{x.shape, x.dtype}, {gamma.shape, gamma.dtype}, {gamma.shape, gamma.dtype}};
 }
 
-void gradient(const GradientContext& c) {
-  if (!c.needs_grad(0) && !c.needs_grad(1) && !c.needs_grad(2)) return;
-  const auto grads =
-      c.emit(OpKind::layer_norm_backward, {*c.output_grad(0), c.input(0), c.input(1)}, c.node().attrs, c.input(0));
-  for (int slot = 0; slot < 3; ++slot)
-    if (c.needs_grad(slot)) c.contribute(slot, grads[static_cast<std::size_t>(slot)]);
-}
+void gradient(const GradientContext& c) { normalisation_gradient(c, OpKind::layer_norm_backward); }
 
 // [N, ...] as N rows of the rest.
 std::int64_t rows_of(std::span<const std::int64_t> s) { return s[0]; }

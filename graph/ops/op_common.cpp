@@ -55,6 +55,13 @@ std::vector<OutputSpec> infer_unary_same(OpKind op, const Inputs& in) {
   return {{in[0]->shape, in[0]->dtype}};
 }
 
+void normalisation_gradient(const GradientContext& c, OpKind backward) {
+  if (!c.needs_grad(0) && !c.needs_grad(1) && !c.needs_grad(2)) return;
+  const auto grads = c.emit(backward, {*c.output_grad(0), c.input(0), c.input(1)}, c.node().attrs, c.input(0));
+  for (int slot = 0; slot < 3; ++slot)
+    if (c.needs_grad(slot)) c.contribute(slot, grads[static_cast<std::size_t>(slot)]);
+}
+
 std::int64_t elements_from(std::span<const std::int64_t> shape, std::size_t first) {
   std::int64_t n = 1;
   for (std::size_t i = first; i < shape.size(); ++i) n *= shape[i];

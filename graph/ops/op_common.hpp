@@ -29,6 +29,10 @@ std::vector<OutputSpec> infer_unary_same(OpKind op, const Inputs& in);
 // (X [M,N], b [N]) -> one output like X: bias_add's rule (bias_add.cpp),
 // shared with bias_add_relu.
 std::vector<OutputSpec> infer_bias_add(OpKind op, const Inputs& in);
+// The gradient rule of a normalisation (X, gamma, beta) -> Y: one `backward`
+// node (dY, X, gamma) with the node's attributes, whose outputs (dX,
+// dgamma, dbeta) go to the inputs that need them (layer_norm, batch_norm).
+void normalisation_gradient(const GradientContext& c, OpKind backward);
 // The product of shape[first..] (1 when first >= rank): the values of one
 // row (first = 1) or of one channel (first = 2) of an [N, C, ...] value.
 std::int64_t elements_from(std::span<const std::int64_t> shape, std::size_t first);

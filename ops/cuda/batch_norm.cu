@@ -1,26 +1,13 @@
 // Batch normalisation kernels (see batch_norm.hpp).
 #include "ops/cuda/batch_norm.hpp"
+#include "ops/cuda/block_sum.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
-#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
 
 constexpr int kChannelThreads = 256;
-
-// The sum of every thread's v over the block, in every thread; `shared`
-// holds one float per warp; ends with a barrier so the next call may reuse it.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
-  v = warp_sum(v);
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < kChannelThreads / 32; ++w) total += shared[w];
-  __syncthreads();
-  return total;
-}
 
 // Index of value i (of n * plane) of channel c.
 __device__ __forceinline__ std::int64_t at(const BatchNormShape& s, std::int64_t c, std::int64_t i) {
@@ -36,13 +23,13 @@ __device__ Moments channel_moments(const T* x, const BatchNormShape& s, std::int
   const std::int64_t count = s.n * s.plane;
   float sum = 0.f;
   for (std::int64_t i = threadIdx.x; i < count; i += kChannelThreads) sum += to_float(x[at(s, c, i)]);
-  const float mean = block_sum(sum, shared) / float(count);
+  const float mean = block_sum<kChannelThreads>(sum, shared) / float(count);
   float squares = 0.f;
   for (std::int64_t i = threadIdx.x; i < count; i += kChannelThreads) {
     const float d = to_float(x[at(s, c, i)]) - mean;
     squares += d * d;
   }
-  const float var = block_sum(squares, shared) / float(count);
+  const float var = block_sum<kChannelThreads>(squares, shared) / float(count);
   return {mean, var, 1.f / sqrtf(var + s.eps)};
 }
 
@@ -74,8 +61,8 @@ __global__ void __launch_bounds__(kChannelThreads)
       dy_sum += grad;
       dyx_sum += grad * ((to_float(x[k]) - m.mean) * m.rstd);
     }
-    dy_sum = block_sum(dy_sum, shared);
-    dyx_sum = block_sum(dyx_sum, shared);
+    dy_sum = block_sum<kChannelThreads>(dy_sum, shared);
+    dyx_sum = block_sum<kChannelThreads>(dyx_sum, shared);
     if (threadIdx.x == 0) {
       if (dgamma) dgamma[c] = from_float<T>(dyx_sum);
       if (dbeta) dbeta[c] = from_float<T>(dy_sum);

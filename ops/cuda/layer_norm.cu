@@ -1,40 +1,26 @@
 // Layer normalisation kernels (see layer_norm.hpp).
+#include "ops/cuda/block_sum.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/layer_norm.hpp"
-#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
 
-// The sum of every thread's v over the block (kRowThreads threads), in every
-// thread; `shared` holds one float per warp. Ends with a barrier, so the
-// next call may reuse `shared`.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
-  v = warp_sum(v);
-  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < kRowThreads / 32; ++w) total += shared[w];
-  __syncthreads();
-  return total;
-}
-
 // Mean and 1/std of row r of x [rows, d]: two passes, as the reference.
 template <typename T>
 __device__ float2 row_moments(const T* row, std::int64_t d, float eps, float* shared) {
   float sum = 0.f;
   for (std::int64_t j = threadIdx.x; j < d; j += kRowThreads) sum += to_float(row[j]);
-  const float mean = block_sum(sum, shared) / float(d);
+  const float mean = block_sum<kRowThreads>(sum, shared) / float(d);
   float squares = 0.f;
   for (std::int64_t j = threadIdx.x; j < d; j += kRowThreads) {
     const float dev = to_float(row[j]) - mean;
     squares += dev * dev;
   }
-  const float var = block_sum(squares, shared) / float(d);
+  const float var = block_sum<kRowThreads>(squares, shared) / float(d);
   return {mean, 1.f / sqrtf(var + eps)};
 }
 
@@ -66,7 +52,8 @@ __global__ void __launch_bounds__(kRowThreads)
       g_sum += g;
       gx_sum += g * (to_float(row[j]) - m.x) * m.y;
     }
-    const float g_mean = block_sum(g_sum, shared) / float(d), gx_mean = block_sum(gx_sum, shared) / float(d);
+    const float g_mean = block_sum<kRowThreads>(g_sum, shared) / float(d);
+    const float gx_mean = block_sum<kRowThreads>(gx_sum, shared) / float(d);
     if (dx)
       for (std::int64_t j = threadIdx.x; j < d; j += kRowThreads) {
         const float xhat = (to_float(row[j]) - m.x) * m.y;

@@ -16,12 +16,6 @@ using namespace sg;
 using sg::test::Fill;
 using sg::test::TwinRun;
 
-namespace {
-
-double tolerance(DType dtype) { return dtype == DType::f32 ? 2e-5 : dtype == DType::f16 ? 4e-3 : 3e-2; }
-
-}  // namespace
-
 TEST_CASE("batch_norm's four ops follow the CPU reference on [N, C] and [N, C, H, W] values") {
   auto rng = sg::test::fresh_rng();
   const std::vector<Shape> shapes = {{2, 3}, {64, 40}, {3, 5, 4, 4}, {32, 16, 14, 14}, {128, 4, 28, 28}};
@@ -50,7 +44,7 @@ TEST_CASE("batch_norm's four ops follow the CPU reference on [N, C] and [N, C, H
       CHECK(run.lowerings() == std::vector<std::string>(4, "batch_norm"));
       for (ValueId v : {inferred, y, grads[0], grads[1], grads[2], mean, var}) {
         CAPTURE(run.graph().value(v).name);
-        CHECK(run.error(v) <= tolerance(dtype));
+        CHECK(run.error(v) <= sg::test::sum_order_tolerance(dtype));
       }
       const auto first = run.gpu(grads[1]);
       run.rerun();

@@ -17,12 +17,6 @@ using sg::test::Fill;
 using sg::test::pick;
 using sg::test::TwinRun;
 
-namespace {
-
-double tolerance(DType dtype) { return dtype == DType::f32 ? 2e-5 : dtype == DType::f16 ? 4e-3 : 3e-2; }
-
-}  // namespace
-
 TEST_CASE("layer_norm and layer_norm_backward follow the CPU reference on rows of 3 to 5000 values") {
   auto rng = sg::test::fresh_rng();
   // (Not rows of 2: their dx is 0 up to eps, all rounding noise to compare.)
@@ -44,10 +38,10 @@ TEST_CASE("layer_norm and layer_norm_backward follow the CPU reference on rows o
       for (ValueId v : grads) g.mark_output(v);
       TwinRun run(std::move(g), rng, Fill{false, -2.0, 2.0});
       CHECK(run.lowerings() == std::vector<std::string>{"layer_norm", "layer_norm"});
-      CHECK(run.error(y) <= tolerance(dtype));
+      CHECK(run.error(y) <= sg::test::sum_order_tolerance(dtype));
       for (ValueId v : grads) {
         CAPTURE(run.graph().value(v).name);
-        CHECK(run.error(v) <= tolerance(dtype));
+        CHECK(run.error(v) <= sg::test::sum_order_tolerance(dtype));
       }
       // The same bits on a second run (fixed reduction orders, no atomics).
       const auto first = run.gpu(grads[1]);
