@@ -6,6 +6,7 @@
 
 #include "apps/config/train_config.hpp"
 #include "apps/saved_model.hpp"
+#include "runtime/export/batch_norm_folding.hpp"
 #include "runtime/export/onnx_writer.hpp"
 #include "runtime/export/safetensors_writer.hpp"
 #include "runtime/io/atomic_file.hpp"
@@ -16,6 +17,9 @@ void add_export_options(CLI::App& cmd, ExportRequest& r) {
   cmd.add_option("--checkpoint", r.checkpoint, "checkpoint written by stepgraph train (run.checkpoint)")->required();
   cmd.add_option("-f,--format", r.format, "safetensors | onnx")->capture_default_str();
   cmd.add_option("-o,--out", r.out, "file to write")->required();
+  cmd.add_flag("--fold-batch-norm", r.fold_batch_norm,
+               "fold each batch_norm that follows a conv2d or linear layer into that layer's weights and bias "
+               "(inference only; the module and the ONNX graph then have no such batch_norm)");
 }
 
 namespace {
@@ -23,7 +27,10 @@ namespace {
 // A model.sequential network (issue 37): safetensors named as the printed module's state_dict;
 // ONNX: the same network's eval graph (runtime/export/onnx_writer.hpp).
 int export_graph(const ExportRequest& r, const SavedModel& saved) {
-  const exporting::ExportedGraph model = exported_graph(saved);
+  exporting::ExportedGraph model = exported_graph(saved);
+  if (r.fold_batch_norm)
+    spdlog::info("folded {} batch_norm layers into the conv2d / linear layers before them",
+                 exporting::fold_batch_norms(model));
   const std::string code = exporting::torch_module_code(model);  // before writing: a layer it cannot express throws
   const std::string bytes = r.format == "onnx" ? exporting::onnx_bytes(model) : exporting::safetensors_bytes(model);
   io::write_file_atomically(r.out, bytes);
@@ -52,6 +59,8 @@ int run_export(const ExportRequest& r) {
   io::check_writable_file(r.out, "-o");
   const SavedModel saved = load_saved_model(r.checkpoint);
   if (saved.sequential) return export_graph(r, saved);
+  if (r.fold_batch_norm)
+    throw ConfigError(fmt::format("{}: --fold-batch-norm: a model.layers MLP has no batch_norm layers", r.checkpoint));
   const exporting::ExportedMlp model = exported_mlp(saved);
   const std::string bytes = r.format == "onnx" ? exporting::onnx_bytes(model) : exporting::safetensors_bytes(model);
   io::write_file_atomically(r.out, bytes);

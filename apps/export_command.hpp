@@ -12,6 +12,9 @@ struct ExportRequest {
   std::string checkpoint;
   std::string format = "safetensors";  // safetensors | onnx
   std::string out;
+  // model.sequential: each batch_norm after a conv2d or linear layer folded
+  // into it (runtime/export/batch_norm_folding.hpp), in either format.
+  bool fold_batch_norm = false;
 };
 
 void add_export_options(CLI::App& cmd, ExportRequest& request);

@@ -65,6 +65,8 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
                                       b.bytes));
       }
     }
+  for (const auto& b : ckpt.tensors)
+    if (b.name == kStepEntry) m.steps = step_from_blobs(ckpt.tensors);
   if (m.config.model.is_sequential()) {
     m.sequential = sequential_training(m.config, features).model;
     load_sequential_params(path, ckpt, m);
@@ -124,7 +126,8 @@ exporting::ExportedGraph exported_graph(const SavedModel& model) {
   g.outputs = model.outputs();
   g.input_scale = spec.input_scale;
   g.input_shift = spec.input_shift;
-  std::size_t next_param = 0;  // params: w1, b1, w2, b2, ... in layer order (load_sequential_params)
+  std::size_t next_param = 0;  // params in layer order (load_sequential_params): w1, b1, w2, b2, ...
+  const auto next_values = [&]() { return floats_from_blob(model.params.at(next_param++)); };
   for (std::size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& l = spec.layers[i];
     exporting::GraphLayer e;
@@ -138,13 +141,21 @@ exporting::ExportedGraph exported_graph(const SavedModel& model) {
     e.padding = l.padding;
     e.p = l.p;
     e.eps = l.eps;
-    if (l.kind == LayerKind::conv2d || l.kind == LayerKind::linear || l.kind == LayerKind::layer_norm) {
+    e.momentum = l.momentum;
+    if (l.kind == LayerKind::conv2d || l.kind == LayerKind::linear || l.kind == LayerKind::layer_norm ||
+        l.kind == LayerKind::batch_norm) {
       const io::TensorBlob& w = model.params.at(next_param++);
       const io::TensorBlob& b = model.params.at(next_param++);
       e.weight_shape = w.shape;
       e.bias_shape = b.shape;
       e.weight = floats_from_blob(w);
       e.bias = floats_from_blob(b);
+    }
+    if (l.kind == LayerKind::batch_norm) {  // then running_mean<k>, running_var<k>
+      e.running_mean = next_values();
+      e.running_var = next_values();
+      e.num_batches_tracked = model.steps;
+      e.spatial = in.size() == 3;
     }
     g.layers.push_back(std::move(e));
   }

@@ -36,7 +36,8 @@ struct SavedModel {
   std::vector<exporting::DenseLayer> layers;  // model.layers' dense layers
   // model.sequential: the layers, input scaling and feature dtype as trained (batch/rows unset).
   std::optional<SequentialSpec> sequential;
-  std::vector<io::TensorBlob> params;  // w1, b1, ... as stored
+  std::vector<io::TensorBlob> params;  // w1, b1, ... (and batch_norm's running_mean<k>, running_var<k>) as stored
+  std::int64_t steps = 0;              // training steps taken (batch_norm's num_batches_tracked)
   bool regression() const { return (sequential ? sequential->target_width : mlp.target_width) > 0; }
   std::int64_t inputs() const { return sequential ? element_count(sequential->input_shape) : mlp.layers.front(); }
   std::int64_t outputs() const { return sequential ? config.model.classes : mlp.layers.back(); }

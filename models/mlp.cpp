@@ -13,6 +13,8 @@ namespace sg {
 
 std::string names::weight(std::size_t layer) { return fmt::format("w{}", layer); }
 std::string names::bias(std::size_t layer) { return fmt::format("b{}", layer); }
+std::string names::running_mean(std::size_t layer) { return fmt::format("running_mean{}", layer); }
+std::string names::running_var(std::size_t layer) { return fmt::format("running_var{}", layer); }
 
 namespace {
 constexpr std::array kActivationNames = {

@@ -70,6 +70,8 @@ inline constexpr const char* loss = "loss";
 inline constexpr const char* correct = "correct";
 std::string weight(std::size_t layer);  // "w1" (1-based)
 std::string bias(std::size_t layer);    // "b1"
+std::string running_mean(std::size_t layer);  // "running_mean1": a batch_norm layer's (models/sequential.hpp)
+std::string running_var(std::size_t layer);   // "running_var1"
 }  // namespace names
 
 // Throws GraphError when the spec is unusable (fewer than 2 sizes, batch

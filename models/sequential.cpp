@@ -24,6 +24,7 @@ std::string layer_name(const LayerSpec& layer) {
     case LayerKind::global_avg_pool2d: return "global_avg_pool2d";
     case LayerKind::layer_norm: return "layer_norm";
     case LayerKind::concat: return "concat";
+    case LayerKind::batch_norm: return "batch_norm";
   }
   return "?";
 }
@@ -45,7 +46,8 @@ bool needs_cnn_lowerings(const std::vector<std::int64_t>& input_shape, const std
 namespace {
 
 bool has_parameters(const LayerSpec& l) {
-  return l.kind == LayerKind::linear || l.kind == LayerKind::conv2d || l.kind == LayerKind::layer_norm;
+  return l.kind == LayerKind::linear || l.kind == LayerKind::conv2d || l.kind == LayerKind::layer_norm ||
+         l.kind == LayerKind::batch_norm;
 }
 
 // Spatial output size of a window of `kernel` moved by `stride` over `size`
@@ -100,6 +102,14 @@ Shape layer_output(const Shape& in, const LayerSpec& l, std::int64_t index) {
     case LayerKind::activation: return in;
     case LayerKind::layer_norm:
       if (!(l.eps > 0.0)) throw fail(fmt::format("eps must be > 0 (got {})", l.eps));
+      return in;
+    case LayerKind::batch_norm:  // BatchNorm1d over [features], BatchNorm2d over [C, H, W]
+      if (in.size() != 1 && in.size() != 3)
+        throw fail(fmt::format("needs a [features] or [channels, height, width] input but gets {} per example",
+                               shape_string(in)));
+      if (!(l.eps > 0.0)) throw fail(fmt::format("eps must be > 0 (got {})", l.eps));
+      if (!(l.momentum >= 0.0 && l.momentum <= 1.0))
+        throw fail(fmt::format("momentum must be in [0, 1] (got {})", l.momentum));
       return in;
     case LayerKind::dropout:
     case LayerKind::dropout2d:
@@ -215,6 +225,30 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
                            model_pieces::as_compute(g, b, spec.compute_dtype)},
                           LayerNormAttrs{l.eps}, Role::activation)
                 .front();
+        break;
+      }
+      case LayerKind::batch_norm: {  // per channel: the first per-example dimension
+        const Shape channels{in[0]};
+        const ValueId gamma = model_pieces::as_compute(g, g.param(names::weight(k), channels, spec.weight_dtype),
+                                                       spec.compute_dtype);
+        const ValueId beta = model_pieces::as_compute(g, g.param(names::bias(k), channels, spec.weight_dtype),
+                                                      spec.compute_dtype);
+        const BatchNormAttrs attrs{l.eps, l.momentum};
+        if (training) {
+          // The running statistics (f32 state) move towards this batch's in
+          // place; nothing in this graph reads them.
+          g.append_node(OpKind::batch_norm_stats_update,
+                        {h, g.state(names::running_mean(k), channels, DType::f32),
+                         g.state(names::running_var(k), channels, DType::f32)},
+                        attrs, Role::activation);
+          h = g.append_node(OpKind::batch_norm, {h, gamma, beta}, attrs, Role::activation).front();
+        } else {  // eval and predict read them as parameters of the same names
+          h = g.append_node(OpKind::batch_norm_inference,
+                            {h, gamma, beta, g.param(names::running_mean(k), channels, DType::f32),
+                             g.param(names::running_var(k), channels, DType::f32)},
+                            attrs, Role::activation)
+                  .front();
+        }
         break;
       }
       case LayerKind::global_avg_pool2d:  // [N, C, 1, 1] as PyTorch's, then flattened to [N, C]
@@ -365,6 +399,13 @@ std::vector<ParameterInit> sequential_initial_parameters(const std::vector<std::
       const auto n = static_cast<std::size_t>(element_count(in));
       out.push_back({names::weight(k), in, std::vector<float>(n, 1.f)});
       out.push_back({names::bias(k), in, std::vector<float>(n, 0.f)});
+    } else if (l.kind == LayerKind::batch_norm) {  // nn.BatchNorm's start (no draws)
+      ++k;
+      const auto n = static_cast<std::size_t>(in[0]);
+      out.push_back({names::weight(k), {in[0]}, std::vector<float>(n, 1.f)});
+      out.push_back({names::bias(k), {in[0]}, std::vector<float>(n, 0.f)});
+      out.push_back({names::running_mean(k), {in[0]}, std::vector<float>(n, 0.f)});
+      out.push_back({names::running_var(k), {in[0]}, std::vector<float>(n, 1.f)});
     } else if (has_parameters(l)) {
       ++k;
       const Shape w_shape = l.kind == LayerKind::linear ? Shape{l.out, in[0]} : Shape{l.out, in[0], l.kernel, l.kernel};

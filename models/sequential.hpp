@@ -9,9 +9,13 @@
 // the same network, so the CUDA fast paths see the same structure.
 //
 // Parameter names: w<k> / b<k> for the k-th layer with parameters (linear,
-// conv2d or layer_norm's weight and bias, 1-based in list order), the MLP's names: a Sequential MLP is the
+// conv2d, layer_norm or batch_norm's weight and bias, 1-based in list order), the MLP's names: a Sequential MLP is the
 // MLP (same graph, same checkpoint entries, same export), and a CNN's
-// checkpoint lists its parameters in PyTorch's state-dict order.
+// checkpoint lists its parameters in PyTorch's state-dict order. A
+// batch_norm layer's running statistics are f32 state values of the training
+// graph, running_mean<k> / running_var<k>, which its graph updates in place
+// and the eval and predict graphs read as parameters of those names (so the
+// trainers share them by name, and checkpoints hold them).
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -39,6 +43,7 @@ enum class LayerKind : std::uint8_t {
   global_avg_pool2d,  // AdaptiveAvgPool2d(1) + flatten: [C, H, W] -> [C]
   layer_norm,         // LayerNorm(the per-example shape, eps), affine: weight 1 and bias 0 at the start
   concat,             // torch.cat(inputs, dim=1): channels of images, features of vectors
+  batch_norm,         // BatchNorm1d ([features]) / BatchNorm2d ([C, H, W]): batch statistics in training, running ones at eval
 };
 
 struct LayerSpec {
@@ -49,7 +54,8 @@ struct LayerSpec {
   std::int64_t padding = 0;  // conv2d
   MlpActivation activation = MlpActivation::relu;  // kind activation
   double p = 0.0;            // dropout, dropout2d: in [0, 1)
-  double eps = 1e-5;         // layer_norm (PyTorch's default)
+  double eps = 1e-5;         // layer_norm, batch_norm (PyTorch's default)
+  double momentum = 0.1;     // batch_norm: the running statistics' step towards the batch's (PyTorch's)
   // A model graph (issue 37, models/layer_graph.hpp): the name later layers'
   // `inputs` use, and the layers this one reads (empty: the one before it).
   // add: the sum of two or more inputs of one shape (a residual connection);
@@ -124,7 +130,7 @@ Graph build_sequential_predict(const SequentialSpec& spec);
 TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const OptimizerSpec& sgd,
                                                      const FusionOptions& fusion = {});
 
-// Initial w<k>, b<k>: PyTorch's defaults from the project's counter-based RNG
+// Initial w<k>, b<k> (and a batch_norm's running_mean<k> 0, running_var<k> 1): PyTorch's defaults from the project's counter-based RNG
 // (models/param_init.hpp). nn.Linear and nn.Conv2d both draw weight and bias
 // from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)),
 // fan_in = in features, or C*KH*KW for a convolution. Parameter indices as

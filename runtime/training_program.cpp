@@ -85,19 +85,24 @@ void check_training_program(const TrainingProgram& p, std::int64_t train_rows, s
   check_bindings("eval", p.eval, p.eval_data, test_rows, true);
   if (test_rows % p.eval_data.batch != 0)
     fail("eval", fmt::format("batch {} does not divide the {} test rows", p.eval_data.batch, test_rows));
+  // What the eval graph reads as a parameter is a parameter of the training
+  // graph or one of its state values (batch norm's running statistics).
+  const auto shared = [&](const std::optional<ValueId>& t) {
+    return t && *t != p.train_data.step &&
+           (p.train.value(*t).role == Role::param || p.train.value(*t).role == Role::state);
+  };
   for (ValueId id : p.eval.values_with_role(Role::param)) {
     const Value& v = p.eval.value(id);
     const auto t = p.train.find_value(v.name);
-    if (!t || p.train.value(*t).role != Role::param || p.train.value(*t).shape != v.shape ||
-        p.train.value(*t).dtype != v.dtype)
-      fail("eval", fmt::format("parameter '{}' {} is not a parameter of the training graph", v.name,
+    if (!shared(t) || p.train.value(*t).shape != v.shape || p.train.value(*t).dtype != v.dtype)
+      fail("eval", fmt::format("parameter '{}' {} is not a parameter or state value of the training graph", v.name,
                                shape_string(v.shape)));
   }
   std::set<std::string> initialised;
   for (const auto& init : p.init) {
     const auto id = p.train.find_value(init.name);
-    if (!id || p.train.value(*id).role != Role::param)
-      fail("training", fmt::format("initial values for '{}', which is not a parameter", init.name));
+    if (!shared(id))
+      fail("training", fmt::format("initial values for '{}', which is not a parameter or state value", init.name));
     const Value& v = p.train.value(*id);
     if (v.shape != init.shape || element_count(v.shape) != static_cast<std::int64_t>(init.values.size()))
       fail("training", fmt::format("initial values for '{}' are {} ({} values) but the parameter is {}", init.name,
@@ -107,6 +112,16 @@ void check_training_program(const TrainingProgram& p, std::int64_t train_rows, s
   for (ValueId id : p.train.values_with_role(Role::param))
     if (!initialised.count(p.train.value(id).name))
       fail("training", fmt::format("parameter '{}' has no initial values", p.train.value(id).name));
+}
+
+std::set<std::string> shared_state_names(const TrainingProgram& p) {
+  std::set<std::string> names;
+  const auto add_if_state = [&](const std::string& name) {
+    if (const auto id = p.train.find_value(name); id && p.train.value(*id).role == Role::state) names.insert(name);
+  };
+  for (ValueId id : p.eval.values_with_role(Role::param)) add_if_state(p.eval.value(id).name);
+  for (const auto& init : p.init) add_if_state(init.name);
+  return names;
 }
 
 }  // namespace sg

@@ -7,6 +7,7 @@
 // through DataBindings, and parameters and optimizer state by graph role.
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,9 +40,14 @@ struct ParameterInit {
 struct TrainingProgram {
   Graph train;               // one fused training step: updates params and state in place
   DataBindings train_data;   // over the training split's rows
-  Graph eval;                // loss and correct count of one batch; shares parameter names with `train`
+  // Loss and correct count of one batch. Its parameters are `train`'s
+  // parameters or state values of the same name (batch norm's running
+  // statistics, which the training step updates and evaluation reads).
+  Graph eval;
   DataBindings eval_data;    // over the test split's rows; `correct` set; batch divides those rows
-  std::vector<ParameterInit> init;  // every parameter of `train` (other values start at zero)
+  // Every parameter of `train`, and state values that do not start at zero
+  // (a running variance starts at one); other values start at zero.
+  std::vector<ParameterInit> init;
   double learning_rate = 0.01;      // initial lr of the optimizer updates (run state, not IR)
 };
 
@@ -53,5 +59,10 @@ struct TrainingProgram {
 // parameter or state value other than the step counter named like the
 // checkpoint's step entry (kStepEntry, runtime/tensor_blob.hpp).
 void check_training_program(const TrainingProgram& program, std::int64_t train_rows, std::int64_t test_rows);
+
+// The training graph's state values that the eval graph reads (as parameters
+// of the same name) or `init` gives values: a backend keeps them with the
+// parameters rather than with the training step's own state.
+std::set<std::string> shared_state_names(const TrainingProgram& program);
 
 }  // namespace sg

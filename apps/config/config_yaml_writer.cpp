@@ -28,7 +28,8 @@ std::string layer_text(const LayerConfig& l) {
   }
   if (l.kind == "conv2d") keys.push_back(fmt::format("padding: {}", l.padding));
   if (l.kind == "dropout" || l.kind == "dropout2d") keys.push_back(fmt::format("p: {}", num(l.p)));
-  if (l.kind == "layer_norm") keys.push_back(fmt::format("eps: {}", num(l.eps)));
+  if (l.kind == "layer_norm" || l.kind == "batch_norm") keys.push_back(fmt::format("eps: {}", num(l.eps)));
+  if (l.kind == "batch_norm") keys.push_back(fmt::format("momentum: {}", num(l.momentum)));
   if (l.kind == "residual") {
     std::vector<std::string> body;
     for (const LayerConfig& b : l.body) body.push_back(layer_text(b));
@@ -53,7 +54,8 @@ static void emit_layer(YAML::Emitter& e, const LayerConfig& layer) {
   }
   if (layer.kind == "conv2d") e << YAML::Key << "padding" << YAML::Value << layer.padding;
   if (layer.kind == "dropout" || layer.kind == "dropout2d") e << YAML::Key << "p" << YAML::Value << num(layer.p);
-  if (layer.kind == "layer_norm") e << YAML::Key << "eps" << YAML::Value << num(layer.eps);
+  if (layer.kind == "layer_norm" || layer.kind == "batch_norm") e << YAML::Key << "eps" << YAML::Value << num(layer.eps);
+  if (layer.kind == "batch_norm") e << YAML::Key << "momentum" << YAML::Value << num(layer.momentum);
   if (block) {
     e << YAML::Key << "layers" << YAML::Value << YAML::BeginSeq;
     for (const LayerConfig& b : layer.body) emit_layer(e, b);

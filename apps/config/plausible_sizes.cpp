@@ -88,6 +88,7 @@ void check_sequential(const ConfigReader& r, const YAML::Node& root, const Model
                            : l.kind == LayerKind::conv2d
                                ? in_channels * static_cast<double>(l.out) * static_cast<double>(l.kernel * l.kernel)
                            : l.kind == LayerKind::layer_norm ? in
+                           : l.kind == LayerKind::batch_norm ? in_channels
                                                              : 0.0;
     const std::string& at = layers.paths[i];
     const YAML::Node node = entry_of(list, layers.entries[i], list);

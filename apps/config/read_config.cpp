@@ -19,6 +19,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds
       {"avg_pool2d", {"kernel", "stride"}},
       {"global_avg_pool2d", {}},
       {"layer_norm", {"eps"}},
+      {"batch_norm", {"eps", "momentum"}},
       {"flatten", {}},
       {"dropout", {"p"}},
       {"dropout2d", {"p"}},
@@ -124,6 +125,7 @@ LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std:
     r.read(options, path, "padding", layer.padding);
     r.read(options, path, "p", layer.p);
     r.read(options, path, "eps", layer.eps);
+    r.read(options, path, "momentum", layer.momentum);
   }
   if (layer.kind == "residual") read_residual(r, options, item, path, layer);
   const auto has = [&](const char* key) { return options && options.IsMap() && options[key]; };
@@ -139,6 +141,8 @@ LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std:
   if (layer.padding < 0) r.fail(options["padding"], path + ".padding", "must be >= 0");
   if (has("p") && !(layer.p >= 0.0 && layer.p < 1.0)) r.fail(options["p"], path + ".p", "must be in [0, 1)");
   if (has("eps") && !(layer.eps > 0.0)) r.fail(options["eps"], path + ".eps", "must be > 0");
+  if (has("momentum") && !(layer.momentum >= 0.0 && layer.momentum <= 1.0))
+    r.fail(options["momentum"], path + ".momentum", "must be in [0, 1]");
   return layer;
 }
 

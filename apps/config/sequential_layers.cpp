@@ -13,6 +13,7 @@ LayerSpec spec_of(const LayerConfig& l) {
   s.padding = l.padding;
   s.p = l.p;
   s.eps = l.eps;
+  s.momentum = l.momentum;
   s.name = l.name;
   s.inputs = l.inputs;
   if (l.kind == "linear") s.kind = LayerKind::linear;
@@ -23,6 +24,7 @@ LayerSpec spec_of(const LayerConfig& l) {
   else if (l.kind == "avg_pool2d") s.kind = LayerKind::avg_pool2d;
   else if (l.kind == "global_avg_pool2d") s.kind = LayerKind::global_avg_pool2d;
   else if (l.kind == "layer_norm") s.kind = LayerKind::layer_norm;
+  else if (l.kind == "batch_norm") s.kind = LayerKind::batch_norm;
   else if (l.kind == "flatten") s.kind = LayerKind::flatten;
   else if (l.kind == "dropout") s.kind = LayerKind::dropout;
   else if (l.kind == "dropout2d") s.kind = LayerKind::dropout2d;

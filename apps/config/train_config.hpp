@@ -20,14 +20,15 @@ struct ConfigError : std::runtime_error {
 // kind as the only key, its options as a mapping; `- relu` or `- relu: {}`
 // for a layer without options). Defaults resolved on loading.
 struct LayerConfig {
-  std::string kind;          // linear conv2d max_pool2d avg_pool2d global_avg_pool2d layer_norm flatten dropout
-                             // dropout2d add residual, or an activation name
+  std::string kind;          // linear conv2d max_pool2d avg_pool2d global_avg_pool2d layer_norm batch_norm flatten
+                             // dropout dropout2d add concat residual, or an activation name
   std::int64_t out = 0;      // linear: features; conv2d: channels (required)
   std::int64_t kernel = 0;   // conv2d, max_pool2d, avg_pool2d (required)
   std::int64_t stride = 0;   // conv2d: default 1; max_pool2d, avg_pool2d: default kernel
   std::int64_t padding = 0;  // conv2d
   double p = 0.5;            // dropout, dropout2d (PyTorch's default)
-  double eps = 1e-5;         // layer_norm (PyTorch's default)
+  double eps = 1e-5;         // layer_norm, batch_norm (PyTorch's default)
+  double momentum = 0.1;     // batch_norm (PyTorch's default)
   // Any layer (issue 37's model graph): its name, and the layers it reads
   // (empty: the one before; "input": the model's input). add: two or more.
   std::string name = {};

@@ -66,21 +66,23 @@ void layer_norm_backward(const T* dy, const T* x, const T* gamma, std::int64_t r
 // takes the unbiased one, as PyTorch).
 
 // Mean and 1/std of channel c over every example and position, two passes.
+// The sums run in double: a channel holds up to ~100k values, and the oracle
+// should not carry a sequential f32 sum's error into the comparisons.
 template <typename T>
 RowMoments<T> channel_moments(const T* x, std::int64_t n, std::int64_t channels, std::int64_t plane, std::int64_t c,
                               double eps, T* biased_var = nullptr) {
-  T sum = T(0);
+  double sum = 0.0;
   for (std::int64_t b = 0; b < n; ++b)
-    for (std::int64_t k = 0; k < plane; ++k) sum += x[(b * channels + c) * plane + k];
-  const T count = static_cast<T>(n * plane);
-  const T mean = sum / count;
-  T squares = T(0);
+    for (std::int64_t k = 0; k < plane; ++k) sum += static_cast<double>(x[(b * channels + c) * plane + k]);
+  const double count = static_cast<double>(n * plane);
+  const T mean = static_cast<T>(sum / count);
+  double squares = 0.0;
   for (std::int64_t b = 0; b < n; ++b)
     for (std::int64_t k = 0; k < plane; ++k) {
-      const T d = x[(b * channels + c) * plane + k] - mean;
+      const double d = static_cast<double>(x[(b * channels + c) * plane + k]) - static_cast<double>(mean);
       squares += d * d;
     }
-  const T var = squares / count;
+  const T var = static_cast<T>(squares / count);
   if (biased_var) *biased_var = var;
   return {mean, T(1) / std::sqrt(var + static_cast<T>(eps))};
 }
@@ -108,13 +110,14 @@ void batch_norm_backward(const T* dy, const T* x, const T* gamma, std::int64_t n
   const T count = static_cast<T>(n * plane);
   for (std::int64_t c = 0; c < channels; ++c) {
     const auto m = channel_moments(x, n, channels, plane, c, eps);
-    T dy_sum = T(0), dyx_sum = T(0);
+    double dy_total = 0.0, dyx_total = 0.0;  // (in double, as channel_moments)
     for (std::int64_t b = 0; b < n; ++b)
       for (std::int64_t k = 0; k < plane; ++k) {
         const std::int64_t at = (b * channels + c) * plane + k;
-        dy_sum += dy[at];
-        dyx_sum += dy[at] * (x[at] - m.mean) * m.rstd;
+        dy_total += static_cast<double>(dy[at]);
+        dyx_total += static_cast<double>(dy[at] * (x[at] - m.mean) * m.rstd);
       }
+    const T dy_sum = static_cast<T>(dy_total), dyx_sum = static_cast<T>(dyx_total);
     dgamma[c] = dyx_sum;
     dbeta[c] = dy_sum;
     const T g_mean = gamma[c] * dy_sum / count, gx_mean = gamma[c] * dyx_sum / count;

@@ -2,7 +2,7 @@
 // Batch normalisation on the GPU (issue 37), the CPU reference's contract
 // (ops/cpu/norm_reference.hpp): x [n, channels, plane] (plane = H*W, or 1),
 // per-channel statistics over n * plane values, gamma / beta / running
-// statistics [channels]. One block per channel (grid-stride over channels):
+// statistics [channels]. A cluster of blocks per channel (DSMEM sums):
 // the mean, then the biased variance of the deviations (two passes, as the
 // reference), each a fixed-order block sum (the same bits every run, no
 // atomics). Per-channel values have x's type except the running statistics,
@@ -19,10 +19,12 @@ struct BatchNormShape {
   float momentum = 0.1f;
 };
 
-// Training: y normalised by the batch's statistics.
+// Training: y normalised by the batch's statistics; with running_mean and
+// running_var (not null) the running statistics' update of
+// launch_batch_norm_stats_update in the same launch (the moments once).
 template <typename T>
 void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const BatchNormShape& s, T* y,
-                               cudaStream_t stream);
+                               cudaStream_t stream, float* running_mean = nullptr, float* running_var = nullptr);
 // (dy, x, gamma) -> dx, dgamma, dbeta, the statistics recomputed; each output null when nothing reads it.
 template <typename T>
 void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const BatchNormShape& s, T* dx, T* dgamma,

@@ -212,7 +212,8 @@ void CudaProgram::bind_values() {
   arena_ = DeviceBuffer(plan_.arena_bytes);
   for (const Value& v : graph_.values()) {
     void* ptr = nullptr;
-    if (v.role == Role::param) ptr = params_.get_or_create(v).data();
+    if (v.role == Role::param || (v.role == Role::state && options_.shared_state.count(v.name) != 0))
+      ptr = params_.get_or_create(v).data();
     else if (is_graph_owned(v.role)) ptr = own_.get_or_create(v).data();
     else if (int slot = buffer_of_value_[static_cast<std::size_t>(v.id)]; slot >= 0)
       ptr = arena_.as<char>() + plan_.slots[static_cast<std::size_t>(slot)].offset;

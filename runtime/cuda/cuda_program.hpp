@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,12 +33,16 @@ struct ProgramOptions {
   BackendOptions backend;
   double learning_rate = 0.0;  // initial value of every sgd_update's lr (set_learning_rate changes it)
   const NcclCommunicator* communicator = nullptr;  // data parallel (issue 25): what all_reduce_mean launches use
+  // State values kept with the parameters (DeviceValues shared by name), for
+  // another program reads them: the running statistics the eval program uses.
+  std::set<std::string> shared_state;
 };
 
 class CudaProgram {
  public:
-  // `params` holds parameter buffers shared with other programs; every other
-  // graph-owned value gets a buffer of this program's own.
+  // `params` holds parameter buffers (and options.shared_state's) shared with
+  // other programs; every other graph-owned value gets a buffer of this
+  // program's own.
   CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& lt, ProgramOptions options, cudaStream_t stream);
   ~CudaProgram();
   CudaProgram(const CudaProgram&) = delete;

@@ -137,6 +137,7 @@ struct CudaTrainer::Impl {
     options.backend = s.backend;
     if (!s.cuda_graph) options.backend.steps_per_launch = 1;  // stream launches: one step per record
     options.learning_rate = s.program.learning_rate;
+    options.shared_state = shared_state_names(s.program);
 #ifdef STEPGRAPH_HAVE_NCCL
     if (s.data_parallel.world_size > 0) {
       const auto timeout = std::chrono::milliseconds(static_cast<long long>(s.data_parallel.timeout_s * 1000));

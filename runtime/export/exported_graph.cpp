@@ -47,6 +47,10 @@ std::string torch_module_code(const ExportedGraph& m) {
       init += fmt::format("        self.layer{} = nn.LayerNorm([{}], eps={})\n", i, fmt::join(l.weight_shape, ", "),
                           l.eps);
       value = fmt::format("self.layer{}({})", i, h);
+    } else if (l.kind == "batch_norm") {
+      init += fmt::format("        self.layer{} = nn.BatchNorm{}d({}, eps={}, momentum={})\n", i, l.spatial ? 2 : 1,
+                          l.in, l.eps, l.momentum);
+      value = fmt::format("self.layer{}({})", i, h);
     } else if (l.kind == "max_pool2d") {
       value = fmt::format("F.max_pool2d({}, kernel_size={}, stride={})", h, l.kernel, l.stride);
     } else if (l.kind == "avg_pool2d") {

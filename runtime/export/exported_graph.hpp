@@ -2,7 +2,8 @@
 // A trained model.sequential network (issue 37: CNNs, residual graphs) as the
 // exporters see it: its layers in run order, each with the earlier layers it
 // reads, its sizes and its parameters in PyTorch's layouts (nn.Conv2d
-// [out, in, k, k], nn.Linear [out, in], nn.LayerNorm the normalised shape), and the input scaling it was trained
+// [out, in, k, k], nn.Linear [out, in], nn.LayerNorm the normalised shape,
+// nn.BatchNorm1d/2d [C] with its buffers), and the input scaling it was trained
 // with. Filled from a checkpoint by apps/saved_model.
 #include <cstdint>
 #include <string>
@@ -12,17 +13,23 @@ namespace sg::exporting {
 
 struct GraphLayer {
   // conv2d, linear, max_pool2d, avg_pool2d, global_avg_pool2d, layer_norm,
-  // flatten, dropout, dropout2d, add, or an activation (relu, gelu,
+  // batch_norm, flatten, dropout, dropout2d, add, or an activation (relu, gelu,
   // gelu_tanh, silu, tanh, sigmoid, identity).
   std::string kind;
   std::vector<int> inputs;  // earlier layers' indices; -1: the model's input
   std::int64_t in = 0, out = 0;  // conv2d: channels; linear: features
   std::int64_t kernel = 0, stride = 1, padding = 0;
   double p = 0.0;  // dropout, dropout2d (off at inference)
-  double eps = 1e-5;  // layer_norm
-  std::vector<std::int64_t> weight_shape;  // layer_norm: the per-example shape it normalises
-  std::vector<std::int64_t> bias_shape;    // [out]; layer_norm: weight_shape
-  std::vector<float> weight, bias;  // conv2d, linear, layer_norm
+  double eps = 1e-5;  // layer_norm, batch_norm
+  double momentum = 0.1;  // batch_norm
+  std::vector<std::int64_t> weight_shape;  // layer_norm: the per-example shape it normalises; batch_norm: [C]
+  std::vector<std::int64_t> bias_shape;    // [out]; layer_norm: weight_shape; batch_norm: [C]
+  std::vector<float> weight, bias;  // conv2d, linear, layer_norm, batch_norm
+  // batch_norm's buffers: the running statistics ([C]) and the training
+  // steps that updated them (PyTorch's num_batches_tracked).
+  std::vector<float> running_mean, running_var;
+  std::int64_t num_batches_tracked = 0;
+  bool spatial = false;  // batch_norm: over [C, H, W] (BatchNorm2d), else [features] (BatchNorm1d)
 };
 
 struct ExportedGraph {

@@ -51,6 +51,12 @@ class GraphBuilder {
     a->set_type(onnx::AttributeProto::INT);
     a->set_i(v);
   }
+  void float_attr(const std::string& name, float v) {
+    auto* a = last_->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(v);
+  }
   void ints_attr(const std::string& name, const std::vector<std::int64_t>& v) {
     auto* a = last_->add_attribute();
     a->set_name(name);
@@ -180,6 +186,14 @@ std::string graph_layer_node(GraphBuilder& b, const GraphLayer& l, std::size_t i
     for (std::size_t k = 0; k < l.inputs.size(); ++k) parts.push_back(in(k));
     b.node("Concat", parts, out);
     b.int_attr("axis", 1);
+    return out;
+  }
+  if (l.kind == "batch_norm") {  // inference: the running statistics, as nn.BatchNorm in eval()
+    const auto mean = b.constant(graph_parameter_name(i, "running_mean"), l.bias_shape, l.running_mean);
+    const auto var = b.constant(graph_parameter_name(i, "running_var"), l.bias_shape, l.running_var);
+    b.node("BatchNormalization", {x, weight(), bias(), mean, var}, out);
+    b.float_attr("epsilon", static_cast<float>(l.eps));
+    b.float_attr("momentum", static_cast<float>(1.0 - l.momentum));  // ONNX's weights the running value
     return out;
   }
   if (l.kind == "layer_norm") {  // opset 13 has no LayerNormalization (17 does): its formula, biased variance

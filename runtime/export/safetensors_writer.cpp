@@ -17,6 +17,11 @@ class SafetensorsFile {
     data_.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
     header_[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data_.size()}}};
   }
+  void add_scalar(const std::string& name, std::int64_t value) {  // I64, shape [] (a little-endian host)
+    const auto begin = data_.size();
+    data_.append(reinterpret_cast<const char*>(&value), sizeof value);
+    header_[name] = {{"dtype", "I64"}, {"shape", nlohmann::json::array()}, {"data_offsets", {begin, data_.size()}}};
+  }
   std::string bytes() const {
     std::string text = header_.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
@@ -62,6 +67,11 @@ std::string safetensors_bytes(const ExportedGraph& model) {
     if (l.weight.empty()) continue;
     f.add(graph_parameter_name(i, "weight"), l.weight_shape, l.weight);
     f.add(graph_parameter_name(i, "bias"), l.bias_shape, l.bias);
+    if (l.kind == "batch_norm") {  // nn.BatchNorm's buffers, in its state_dict order
+      f.add(graph_parameter_name(i, "running_mean"), l.bias_shape, l.running_mean);
+      f.add(graph_parameter_name(i, "running_var"), l.bias_shape, l.running_var);
+      f.add_scalar(graph_parameter_name(i, "num_batches_tracked"), l.num_batches_tracked);
+    }
   }
   return f.bytes();
 }

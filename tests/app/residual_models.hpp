@@ -70,6 +70,23 @@ inline const char* kPooledResidualCnn =
     "    - global_avg_pool2d\n"
     "    - linear: {out: 3}\n";
 
+// Batch normalisation (issue 37) in a residual CNN and before its classifier:
+// 1x8x8 -> conv 4 -> batch_norm (2d) -> relu -> residual block (conv,
+// batch_norm, relu, conv, batch_norm {momentum 0.2}) -> relu -> max_pool2d 2
+// -> flatten (64) -> batch_norm (1d, eps 1e-3) -> linear 3.
+inline const char* kBatchNormCnn =
+    "model:\n  input: [1, 8, 8]\n  sequential:\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+    "    - batch_norm\n"
+    "    - relu\n"
+    "    - residual: {layers: [{conv2d: {out: 4, kernel: 3, padding: 1}}, batch_norm, relu, "
+    "{conv2d: {out: 4, kernel: 3, padding: 1}}, {batch_norm: {momentum: 0.2}}]}\n"
+    "    - relu\n"
+    "    - max_pool2d: {kernel: 2}\n"
+    "    - flatten\n"
+    "    - batch_norm: {eps: 0.001}\n"
+    "    - linear: {out: 3}\n";
+
 // The model section plus small-run settings on `backend` (cpu, cuda), as file
 // "graph.yaml"; `overrides` as --set gives them (data.augment.translate=1).
 inline app::TrainConfig parse_model(const std::string& model_yaml, const std::string& backend = "cpu",

@@ -10,7 +10,9 @@
 // the ONNX checker with the expected inputs, outputs and ops (onnxruntime
 // running it: export_roundtrip.py again). A CNN with avg_pool2d and global
 // average pooling (issue 37's poolings) learns bars wherever they lie, and
-// goes through predict and both exports the same way.
+// goes through predict and both exports the same way; one with batch_norm
+// predicts with its running statistics and exports them as nn.BatchNorm's
+// buffers (and ONNX BatchNormalization).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -268,5 +270,77 @@ TEST_CASE("predict and export of a CNN with avg_pool2d and global average poolin
   for (const char* line : {"h2 = F.avg_pool2d(h1, kernel_size=2, stride=2)",
                            "h5 = torch.flatten(F.adaptive_avg_pool2d(h4, 1), 1)", "self.layer6 = nn.Linear(8, 3)"})
     CHECK(st.find(line) != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("predict and export of a CNN with batch_norm: the running statistics as nn.BatchNorm's buffers") {
+  const auto dir = test::fresh_dir("predict-batch-norm");
+  const auto summary = train_on(make_patches, dir,
+                                "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+                                "    - batch_norm\n"
+                                "    - relu\n"
+                                "    - max_pool2d: {kernel: 2}\n"
+                                "    - flatten\n"
+                                "    - batch_norm: {eps: 0.001, momentum: 0.2}\n"
+                                "    - linear: {out: 3}\n",
+                                6);
+  CHECK(summary.final_eval.accuracy > 0.9);
+  const auto saved = app::load_saved_model(dir / "model.sgck");
+  CHECK(saved.params.size() == 12);  // conv w, b; batch_norm w, b, running_mean, running_var (twice); linear w, b
+  CHECK(saved.steps == 6 * 240 / 16);
+  // Predict normalises by the running statistics, as the run's evaluation did.
+  check_predict_follows_evaluation(make_patches, dir, summary);
+  check_onnx_export(dir, {"Conv", "BatchNormalization", "MaxPool", "Flatten", "Gemm"});
+  app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
+  REQUIRE(app::run_export(e) == 0);
+  const std::string st = io::read_file(dir / "model.safetensors");
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(st[static_cast<std::size_t>(i)]);
+  const auto header = nlohmann::json::parse(st.substr(8, header_len));
+  const std::string code = header["__metadata__"]["stepgraph.torch_module"];
+  INFO(code);
+  for (const char* line : {"self.layer1 = nn.BatchNorm2d(4, eps=1e-05, momentum=0.1)", "h1 = self.layer1(h0)",
+                           "self.layer5 = nn.BatchNorm1d(36, eps=0.001, momentum=0.2)"})
+    CHECK(code.find(line) != std::string::npos);
+  const auto tensor = [&](const std::string& name) {
+    REQUIRE(header.contains(name));
+    const std::size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
+    return st.substr(8 + header_len + begin, end - begin);
+  };
+  const auto floats = [&](const std::string& name) {
+    const std::string bytes = tensor(name);
+    std::vector<float> v(bytes.size() / sizeof(float));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    return v;
+  };
+  CHECK(header["layer5.running_var"]["shape"] == nlohmann::json(std::vector<std::int64_t>{36}));
+  CHECK(floats("layer1.running_mean") == floats_from_blob(saved.params[4]));
+  CHECK(floats("layer5.running_var") == floats_from_blob(saved.params[9]));
+  CHECK(header["layer5.num_batches_tracked"]["dtype"] == "I64");
+  CHECK(header["layer5.num_batches_tracked"]["shape"] == nlohmann::json::array());
+  std::int64_t tracked = 0;
+  const std::string bytes = tensor("layer5.num_batches_tracked");
+  REQUIRE(bytes.size() == sizeof tracked);
+  std::memcpy(&tracked, bytes.data(), sizeof tracked);
+  CHECK(tracked == saved.steps);
+
+  // Folded: the batch_norm after the conv joins it; the one after flatten stays.
+  app::ExportRequest folded{(dir / "model.sgck").string(), "safetensors", (dir / "folded.safetensors").string(), true};
+  REQUIRE(app::run_export(folded) == 0);
+  const std::string folded_st = io::read_file(dir / "folded.safetensors");
+  CHECK(folded_st.find("nn.BatchNorm2d") == std::string::npos);
+  CHECK(folded_st.find("h1 = h0") != std::string::npos);
+  CHECK(folded_st.find("self.layer5 = nn.BatchNorm1d(36, eps=0.001, momentum=0.2)") != std::string::npos);
+  CHECK(folded_st.find("layer1.running_mean") == std::string::npos);
+#ifdef STEPGRAPH_HAVE_ONNX
+  folded.format = "onnx";
+  folded.out = (dir / "folded.onnx").string();
+  REQUIRE(app::run_export(folded) == 0);
+  onnx::ModelProto model;
+  REQUIRE(model.ParseFromString(io::read_file(dir / "folded.onnx")));
+  CHECK_NOTHROW(onnx::checker::check_model(model));
+  const auto& nodes = model.graph().node();
+  CHECK(std::count_if(nodes.begin(), nodes.end(), [](const auto& n) { return n.op_type() == "BatchNormalization"; }) == 1);
+#endif
   fs::remove_all(dir);
 }

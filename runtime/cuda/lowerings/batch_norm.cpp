@@ -1,7 +1,8 @@
 // Lowering: the batch normalisation nodes (issue 37) by our per-channel
 // kernels (ops/cuda/batch_norm.hpp), one launch each: the training
 // normalisation, its backward (a gradient nothing reads is not written), the
-// running-statistics update (f32 state, in place) and inference. gamma and
+// running-statistics update (f32 state, in place; with the training
+// normalisation of the same X in one launch where both are free) and inference. gamma and
 // beta have X's type (the model casts fp32 master parameters first).
 #include "ops/cuda/batch_norm.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
@@ -33,10 +34,23 @@ class BatchNormLowering final : public CudaLowering {
     if (!is_floating(t)) return std::nullopt;
     for (std::size_t slot = 0; slot < n.inputs.size(); ++slot)
       if (g.value(n.inputs[slot]).dtype != (running_statistic(n.op, slot) ? DType::f32 : t)) return std::nullopt;
-    return single_unit(unit);
+    Match m = single_unit(unit);
+    // The running statistics' update takes the training normalisation of the
+    // same X along (a model builds them side by side): one launch, the
+    // moments once.
+    if (n.op == OpKind::batch_norm_stats_update)
+      for (NodeId reader : g.consumers(n.inputs[0]))
+        if (const CoverUnit* u = free_lone_unit(cover, reader);
+            u && g.node(reader).op == OpKind::batch_norm && g.node(reader).inputs[0] == n.inputs[0] &&
+            g.value(g.node(reader).inputs[1]).dtype == t && g.value(g.node(reader).inputs[2]).dtype == t) {
+          m.units.push_back(u->id);
+          break;
+        }
+    return m;
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
+    if (l.nodes.size() == 2) return "train + running statistics";
     const OpKind op = g.node(l.nodes.front()).op;
     return op == OpKind::batch_norm            ? "train"
            : op == OpKind::batch_norm_backward ? "backward"
@@ -46,6 +60,7 @@ class BatchNormLowering final : public CudaLowering {
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
+    if (l.nodes.size() == 2) return record_train_and_statistics(l, c);
     const Node& n = g.node(l.nodes.front());
     const OpKind op = n.op;
     const Shape& x_shape = g.value(n.inputs[op == OpKind::batch_norm_backward ? 1 : 0]).shape;
@@ -95,6 +110,35 @@ class BatchNormLowering final : public CudaLowering {
     });
     return std::make_unique<BoundLaunch>(std::move(run), fmt::format("{} channels of {} values", s.channels,
                                                                       s.n * s.plane));
+  }
+
+ private:
+  // batch_norm_stats_update and batch_norm of one X: the forward kernel with the running statistics.
+  static std::unique_ptr<RecordedLaunch> record_train_and_statistics(const Launch& l, const BindContext& c) {
+    const sg::Graph& g = c.graph();
+    const Node* stats = &g.node(l.nodes[0]);
+    const Node* train = &g.node(l.nodes[1]);
+    if (stats->op != OpKind::batch_norm_stats_update) std::swap(stats, train);
+    const Shape& x_shape = g.value(train->inputs[0]).shape;
+    BatchNormShape s;
+    s.n = x_shape[0];
+    s.channels = x_shape[1];
+    for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
+    s.eps = static_cast<float>(train->attr<BatchNormAttrs>().eps);
+    s.momentum = static_cast<float>(stats->attr<BatchNormAttrs>().momentum);
+    auto* running_mean = static_cast<float*>(c.ptr(stats->inputs[1]));
+    auto* running_var = static_cast<float*>(c.ptr(stats->inputs[2]));
+    std::function<void(cudaStream_t)> run;
+    with_float_type(g.value(train->inputs[0]).dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const auto* x = static_cast<const T*>(c.ptr(train->inputs[0]));
+      const auto* gamma = static_cast<const T*>(c.ptr(train->inputs[1]));
+      const auto* beta = static_cast<const T*>(c.ptr(train->inputs[2]));
+      auto* y = static_cast<T*>(c.ptr(train->outputs[0]));
+      run = [=](cudaStream_t st) { launch_batch_norm_forward(x, gamma, beta, s, y, st, running_mean, running_var); };
+    });
+    return std::make_unique<BoundLaunch>(std::move(run), fmt::format("{} channels of {} values, running statistics",
+                                                                      s.channels, s.n * s.plane));
   }
 };
 
