@@ -344,7 +344,9 @@ class TrainingLoop {
   }
 
   void save_checkpoint(const std::filesystem::path& path) {
-    if (!writes_outputs_) return;  // one copy of the weights: rank 0's (every rank holds the same)
+    // One copy of the weights: rank 0's (every rank holds the same weights; batch_norm's
+    // running statistics come from each rank's own batches: these are rank 0's).
+    if (!writes_outputs_) return;
     const io::Checkpoint ckpt = checkpoint_now();
     io::save_checkpoint(path, ckpt);
     spdlog::info("checkpoint at step {} written to {}", ckpt.step, path.string());

@@ -106,16 +106,40 @@ std::vector<double> predict(const fs::path& dir, const std::string& output) {
   return v;
 }
 
+// A safetensors file: its bytes, header length and JSON header.
+struct SafetensorsFile {
+  std::string bytes;
+  std::uint64_t header_len = 0;
+  nlohmann::json header;
+  // Tensor `name`'s bytes.
+  std::string data(const std::string& name) const {
+    REQUIRE(header.contains(name));
+    const std::size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
+    return bytes.substr(8 + header_len + begin, end - begin);
+  }
+  std::vector<float> floats(const std::string& name) const {
+    const std::string raw = data(name);
+    std::vector<float> v(raw.size() / sizeof(float));
+    std::memcpy(v.data(), raw.data(), raw.size());
+    return v;
+  }
+};
+SafetensorsFile read_safetensors(const fs::path& path) {
+  SafetensorsFile f{io::read_file(path), 0, {}};
+  for (int i = 7; i >= 0; --i)
+    f.header_len = (f.header_len << 8) | static_cast<unsigned char>(f.bytes[static_cast<std::size_t>(i)]);
+  REQUIRE(8 + f.header_len <= f.bytes.size());
+  f.header = nlohmann::json::parse(f.bytes.substr(8, f.header_len));
+  return f;
+}
+
 // The expanded layers: 0 conv, 1 relu (the block's input), 2 conv, 3 relu,
 // 4 conv (the body), 5 add, 6 relu, 7 max-pool, 8 flatten, 9 linear.
 void check_safetensors_export(const fs::path& dir, const app::SavedModel& saved) {
   app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
   REQUIRE(app::run_export(e) == 0);
-  const std::string st = io::read_file(dir / "model.safetensors");
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(st[static_cast<std::size_t>(i)]);
-  REQUIRE(8 + header_len <= st.size());
-  const auto header = nlohmann::json::parse(st.substr(8, header_len));
+  const SafetensorsFile st = read_safetensors(dir / "model.safetensors");
+  const auto& header = st.header;
   const std::string code = header["__metadata__"]["stepgraph.torch_module"];
   INFO(code);
   for (const char* line : {"class StepgraphNet(nn.Module):", "self.layer0 = nn.Conv2d(1, 4, kernel_size=3, stride=1, padding=1)",
@@ -133,10 +157,7 @@ void check_safetensors_export(const fs::path& dir, const app::SavedModel& saved)
     CAPTURE(name);
     REQUIRE(header.contains(name));
     CHECK(header[name]["shape"] == nlohmann::json(shape));
-    const std::size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
-    std::vector<float> values((end - begin) / sizeof(float));
-    std::memcpy(values.data(), st.data() + 8 + header_len + begin, end - begin);
-    CHECK(values == floats_from_blob(saved.params[t]));
+    CHECK(st.floats(name) == floats_from_blob(saved.params[t]));
   }
   // The printed code is Python (where a python3 is there to say so).
   test::write_file(dir / "module.py", code);
@@ -293,33 +314,20 @@ TEST_CASE("predict and export of a CNN with batch_norm: the running statistics a
   check_onnx_export(dir, {"Conv", "BatchNormalization", "MaxPool", "Flatten", "Gemm"});
   app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
   REQUIRE(app::run_export(e) == 0);
-  const std::string st = io::read_file(dir / "model.safetensors");
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(st[static_cast<std::size_t>(i)]);
-  const auto header = nlohmann::json::parse(st.substr(8, header_len));
+  const SafetensorsFile st = read_safetensors(dir / "model.safetensors");
+  const auto& header = st.header;
   const std::string code = header["__metadata__"]["stepgraph.torch_module"];
   INFO(code);
   for (const char* line : {"self.layer1 = nn.BatchNorm2d(4, eps=1e-05, momentum=0.1)", "h1 = self.layer1(h0)",
                            "self.layer5 = nn.BatchNorm1d(36, eps=0.001, momentum=0.2)"})
     CHECK(code.find(line) != std::string::npos);
-  const auto tensor = [&](const std::string& name) {
-    REQUIRE(header.contains(name));
-    const std::size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
-    return st.substr(8 + header_len + begin, end - begin);
-  };
-  const auto floats = [&](const std::string& name) {
-    const std::string bytes = tensor(name);
-    std::vector<float> v(bytes.size() / sizeof(float));
-    std::memcpy(v.data(), bytes.data(), bytes.size());
-    return v;
-  };
   CHECK(header["layer5.running_var"]["shape"] == nlohmann::json(std::vector<std::int64_t>{36}));
-  CHECK(floats("layer1.running_mean") == floats_from_blob(saved.params[4]));
-  CHECK(floats("layer5.running_var") == floats_from_blob(saved.params[9]));
+  CHECK(st.floats("layer1.running_mean") == floats_from_blob(saved.params[4]));
+  CHECK(st.floats("layer5.running_var") == floats_from_blob(saved.params[9]));
   CHECK(header["layer5.num_batches_tracked"]["dtype"] == "I64");
   CHECK(header["layer5.num_batches_tracked"]["shape"] == nlohmann::json::array());
   std::int64_t tracked = 0;
-  const std::string bytes = tensor("layer5.num_batches_tracked");
+  const std::string bytes = st.data("layer5.num_batches_tracked");
   REQUIRE(bytes.size() == sizeof tracked);
   std::memcpy(&tracked, bytes.data(), sizeof tracked);
   CHECK(tracked == saved.steps);
