@@ -11,7 +11,8 @@ stepgraph.input_shift).
   before every step), fp16 (precision.compute bf16: bf16) autocast with fp32
   master weights; then test loss and accuracy in eval mode. No dropout or
   augmentation (refused).
---mode speed: us/step of eager (fused optimizers), cuda_graph (the eager step,
+--mode speed (its --out file: `stepgraph bench --config CONFIG --torch-json FILE`
+  prints both sides in one table): us/step of eager (fused optimizers), cuda_graph (the eager step,
   batch fetch by a device-side counter, hand-captured with torch.cuda.CUDAGraph)
   and compile_in_graph (the same with the model torch.compile(mode=
   "max-autotune-no-cudagraphs")d inside the captured graph): --warmup steps,
@@ -397,6 +398,10 @@ def speed(s, code, data, device, a):
         clocks += [r[k] for k in ("sm_clock_mhz_before", "sm_clock_mhz_after") if r.get(k, math.nan) == r.get(k)]
         if "error" in r:
             result["errors"][kind] = r["error"]
+        # What `stepgraph bench --config ... --torch-json` merges (width 0: a config's model).
+        result.setdefault("records", []).append(
+            {"mode": f"torch_{kind}", "width": 0, "batch": s["batch"], "us_per_step": r.get("us_per_step"),
+             "error": r.get("error")})
         print(f"{kind}: {r.get('us_per_step', math.nan):.1f} us/step {r.get('error', '')}", file=sys.stderr, flush=True)
     result.update(sm_clock_mhz=statistics.median(clocks) if clocks else None, sm_clocks_mhz=clocks,
                   device=torch.cuda.get_device_name(), torch=torch.__version__)

@@ -9,8 +9,9 @@
 // the same network, so the CUDA fast paths see the same structure.
 //
 // Parameter names: w<k> / b<k> for the k-th layer with parameters (linear,
-// conv2d, layer_norm or batch_norm's weight and bias, 1-based in list order), the MLP's names: a Sequential MLP is the
-// MLP (same graph, same checkpoint entries, same export), and a CNN's
+// conv2d, layer_norm or batch_norm's weight and bias, 1-based in list
+// order), the MLP's names: a Sequential MLP is the MLP (same graph, same
+// checkpoint entries, same export), and a CNN's
 // checkpoint lists its parameters in PyTorch's state-dict order. A
 // batch_norm layer's running statistics are f32 state values of the training
 // graph, running_mean<k> / running_var<k>, which its graph updates in place
@@ -43,7 +44,8 @@ enum class LayerKind : std::uint8_t {
   global_avg_pool2d,  // AdaptiveAvgPool2d(1) + flatten: [C, H, W] -> [C]
   layer_norm,         // LayerNorm(the per-example shape, eps), affine: weight 1 and bias 0 at the start
   concat,             // torch.cat(inputs, dim=1): channels of images, features of vectors
-  batch_norm,         // BatchNorm1d ([features]) / BatchNorm2d ([C, H, W]): batch statistics in training, running ones at eval
+  batch_norm,         // BatchNorm1d ([features]) / BatchNorm2d ([C, H, W]): batch statistics in
+                      // training, running ones at eval
 };
 
 struct LayerSpec {
@@ -130,7 +132,8 @@ Graph build_sequential_predict(const SequentialSpec& spec);
 TrainingGraphStages build_sequential_training_stages(const SequentialSpec& spec, const OptimizerSpec& sgd,
                                                      const FusionOptions& fusion = {});
 
-// Initial w<k>, b<k> (and a batch_norm's running_mean<k> 0, running_var<k> 1): PyTorch's defaults from the project's counter-based RNG
+// Initial w<k>, b<k> (and a batch_norm's running_mean<k> 0, running_var<k>
+// 1): PyTorch's defaults from the project's counter-based RNG
 // (models/param_init.hpp). nn.Linear and nn.Conv2d both draw weight and bias
 // from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)),
 // fan_in = in features, or C*KH*KW for a convolution. Parameter indices as

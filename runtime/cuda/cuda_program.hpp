@@ -33,8 +33,9 @@ struct ProgramOptions {
   BackendOptions backend;
   double learning_rate = 0.0;  // initial value of every sgd_update's lr (set_learning_rate changes it)
   const NcclCommunicator* communicator = nullptr;  // data parallel (issue 25): what all_reduce_mean launches use
-  // State values kept with the parameters (DeviceValues shared by name), for
-  // another program reads them: the running statistics the eval program uses.
+  // State values kept with the parameters (DeviceValues shared by name)
+  // because another program reads them: the running statistics the eval
+  // program uses.
   std::set<std::string> shared_state;
 };
 

@@ -193,7 +193,7 @@ std::string graph_layer_node(GraphBuilder& b, const GraphLayer& l, std::size_t i
     const auto var = b.constant(graph_parameter_name(i, "running_var"), l.bias_shape, l.running_var);
     b.node("BatchNormalization", {x, weight(), bias(), mean, var}, out);
     b.float_attr("epsilon", static_cast<float>(l.eps));
-    b.float_attr("momentum", static_cast<float>(1.0 - l.momentum));  // ONNX's weights the running value
+    b.float_attr("momentum", static_cast<float>(1.0 - l.momentum));  // ONNX's momentum weights the running value
     return out;
   }
   if (l.kind == "layer_norm") {  // opset 13 has no LayerNormalization (17 does): its formula, biased variance
