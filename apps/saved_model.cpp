@@ -145,11 +145,13 @@ exporting::ExportedGraph exported_graph(const SavedModel& model) {
     if (l.kind == LayerKind::conv2d || l.kind == LayerKind::linear || l.kind == LayerKind::layer_norm ||
         l.kind == LayerKind::batch_norm) {
       const io::TensorBlob& w = model.params.at(next_param++);
-      const io::TensorBlob& b = model.params.at(next_param++);
       e.weight_shape = w.shape;
-      e.bias_shape = b.shape;
       e.weight = floats_from_blob(w);
-      e.bias = floats_from_blob(b);
+      if (l.bias) {  // (a layer_norm or batch_norm always has one)
+        const io::TensorBlob& b = model.params.at(next_param++);
+        e.bias_shape = b.shape;
+        e.bias = floats_from_blob(b);
+      }
     }
     if (l.kind == LayerKind::batch_norm) {  // then running_mean<k>, running_var<k>
       e.running_mean = next_values();

@@ -194,20 +194,21 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
     }
     switch (l.kind) {
       case LayerKind::linear: {
-        const ValueId w = g.param(names::weight(k), {l.out, in[0]}, spec.weight_dtype);
-        const ValueId b = g.param(names::bias(k), {l.out}, spec.weight_dtype);
-        h = g.linear(h, model_pieces::as_compute(g, w, spec.compute_dtype),
-                     model_pieces::as_compute(g, b, spec.compute_dtype));
+        const ValueId w = model_pieces::as_compute(g, g.param(names::weight(k), {l.out, in[0]}, spec.weight_dtype),
+                                                   spec.compute_dtype);
+        h = l.bias ? g.linear(h, w,
+                              model_pieces::as_compute(g, g.param(names::bias(k), {l.out}, spec.weight_dtype),
+                                                       spec.compute_dtype))
+                   : g.matmul(h, w, false, true);
         break;
       }
       case LayerKind::conv2d: {
         const ValueId w = g.param(names::weight(k), {l.out, in[0], l.kernel, l.kernel}, spec.weight_dtype);
-        const ValueId b = g.param(names::bias(k), {l.out}, spec.weight_dtype);
-        const Conv2dAttrs attrs{layer_stride(l), l.padding, 0, 0};
-        h = g.append_node(OpKind::conv2d,
-                          {h, model_pieces::as_compute(g, w, spec.compute_dtype),
-                           model_pieces::as_compute(g, b, spec.compute_dtype)},
-                          attrs, Role::activation)
+        std::vector<ValueId> operands{h, model_pieces::as_compute(g, w, spec.compute_dtype)};
+        if (l.bias)
+          operands.push_back(
+              model_pieces::as_compute(g, g.param(names::bias(k), {l.out}, spec.weight_dtype), spec.compute_dtype));
+        h = g.append_node(OpKind::conv2d, operands, Conv2dAttrs{layer_stride(l), l.padding, 0, 0}, Role::activation)
                 .front();
         break;
       }
@@ -412,7 +413,7 @@ std::vector<ParameterInit> sequential_initial_parameters(const std::vector<std::
       const std::int64_t fan_in = element_count(w_shape) / l.out;
       const auto index = static_cast<std::uint64_t>(2 * (k - 1));
       out.push_back({names::weight(k), w_shape, linear_init(element_count(w_shape), fan_in, param_key(seed, index))});
-      out.push_back({names::bias(k), {l.out}, linear_init(l.out, fan_in, param_key(seed, index + 1))});
+      if (l.bias) out.push_back({names::bias(k), {l.out}, linear_init(l.out, fan_in, param_key(seed, index + 1))});
     }
   }
   return out;

@@ -54,6 +54,7 @@ struct LayerSpec {
   std::int64_t kernel = 0;   // conv2d, max_pool2d, avg_pool2d: square kernel
   std::int64_t stride = 0;   // conv2d: 0 = 1; max/avg_pool2d: 0 = kernel (PyTorch's defaults)
   std::int64_t padding = 0;  // conv2d
+  bool bias = true;          // linear, conv2d: false: no b<k> (PyTorch's bias=False)
   MlpActivation activation = MlpActivation::relu;  // kind activation
   double p = 0.0;            // dropout, dropout2d: in [0, 1)
   double eps = 1e-5;         // layer_norm, batch_norm (PyTorch's default)

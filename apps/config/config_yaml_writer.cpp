@@ -27,6 +27,7 @@ std::string layer_text(const LayerConfig& l) {
     keys.push_back(fmt::format("stride: {}", l.stride));
   }
   if (l.kind == "conv2d") keys.push_back(fmt::format("padding: {}", l.padding));
+  if ((l.kind == "linear" || l.kind == "conv2d") && !l.bias) keys.push_back("bias: false");
   if (l.kind == "dropout" || l.kind == "dropout2d") keys.push_back(fmt::format("p: {}", num(l.p)));
   if (l.kind == "layer_norm" || l.kind == "batch_norm") keys.push_back(fmt::format("eps: {}", num(l.eps)));
   if (l.kind == "batch_norm") keys.push_back(fmt::format("momentum: {}", num(l.momentum)));
@@ -53,6 +54,7 @@ static void emit_layer(YAML::Emitter& e, const LayerConfig& layer) {
     e << YAML::Key << "stride" << YAML::Value << layer.stride;
   }
   if (layer.kind == "conv2d") e << YAML::Key << "padding" << YAML::Value << layer.padding;
+  if ((layer.kind == "linear" || layer.kind == "conv2d") && !layer.bias) e << YAML::Key << "bias" << YAML::Value << false;
   if (layer.kind == "dropout" || layer.kind == "dropout2d") e << YAML::Key << "p" << YAML::Value << num(layer.p);
   if (layer.kind == "layer_norm" || layer.kind == "batch_norm") e << YAML::Key << "eps" << YAML::Value << num(layer.eps);
   if (layer.kind == "batch_norm") e << YAML::Key << "momentum" << YAML::Value << num(layer.momentum);

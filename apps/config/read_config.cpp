@@ -13,8 +13,8 @@ namespace {
 // The option keys each model.sequential layer kind takes ("" kinds: none).
 const std::vector<std::pair<std::string, std::vector<std::string>>>& layer_kinds() {
   static const std::vector<std::pair<std::string, std::vector<std::string>>> kinds = {
-      {"linear", {"out"}},
-      {"conv2d", {"out", "kernel", "stride", "padding"}},
+      {"linear", {"out", "bias"}},
+      {"conv2d", {"out", "kernel", "stride", "padding", "bias"}},
       {"max_pool2d", {"kernel", "stride"}},
       {"avg_pool2d", {"kernel", "stride"}},
       {"global_avg_pool2d", {}},
@@ -123,6 +123,7 @@ LayerConfig read_layer(const ConfigReader& r, const YAML::Node& item, const std:
     r.read(options, path, "kernel", layer.kernel);
     r.read(options, path, "stride", layer.stride);
     r.read(options, path, "padding", layer.padding);
+    r.read(options, path, "bias", layer.bias);
     r.read(options, path, "p", layer.p);
     r.read(options, path, "eps", layer.eps);
     r.read(options, path, "momentum", layer.momentum);

@@ -11,6 +11,7 @@ LayerSpec spec_of(const LayerConfig& l) {
   s.kernel = l.kernel;
   s.stride = l.stride;
   s.padding = l.padding;
+  s.bias = l.bias;
   s.p = l.p;
   s.eps = l.eps;
   s.momentum = l.momentum;

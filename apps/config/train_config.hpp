@@ -26,6 +26,7 @@ struct LayerConfig {
   std::int64_t kernel = 0;   // conv2d, max_pool2d, avg_pool2d (required)
   std::int64_t stride = 0;   // conv2d: default 1; max_pool2d, avg_pool2d: default kernel
   std::int64_t padding = 0;  // conv2d
+  bool bias = true;          // linear, conv2d: false leaves the bias out (PyTorch's bias=False, e.g. before batch_norm)
   double p = 0.5;            // dropout, dropout2d (PyTorch's default)
   double eps = 1e-5;         // layer_norm, batch_norm (PyTorch's default)
   double momentum = 0.1;     // batch_norm (PyTorch's default)

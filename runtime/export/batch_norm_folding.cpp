@@ -22,8 +22,12 @@ int fold_batch_norms(ExportedGraph& m) {
     if (bn.kind != "batch_norm" || bn.inputs.size() != 1 || bn.inputs[0] < 0) continue;
     GraphLayer& layer = m.layers[static_cast<std::size_t>(bn.inputs[0])];
     if ((layer.kind != "conv2d" && layer.kind != "linear") || readers(m, bn.inputs[0]) != 1) continue;
-    const std::size_t channels = layer.bias.size();
+    const auto channels = static_cast<std::size_t>(layer.out);
     if (bn.weight.size() != channels || channels == 0) continue;
+    if (layer.bias.empty()) {  // bias=False: the fold gives it one
+      layer.bias.assign(channels, 0.f);
+      layer.bias_shape = {layer.out};
+    }
     const std::size_t per_channel = layer.weight.size() / channels;
     for (std::size_t o = 0; o < channels; ++o) {
       const double scale = double(bn.weight[o]) / std::sqrt(double(bn.running_var[o]) + bn.eps);

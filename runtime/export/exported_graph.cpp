@@ -37,11 +37,11 @@ std::string torch_module_code(const ExportedGraph& m) {
     const std::string h = operand(l, 0);
     std::string value;
     if (l.kind == "conv2d") {
-      init += fmt::format("        self.layer{} = nn.Conv2d({}, {}, kernel_size={}, stride={}, padding={})\n", i, l.in,
-                          l.out, l.kernel, l.stride, l.padding);
+      init += fmt::format("        self.layer{} = nn.Conv2d({}, {}, kernel_size={}, stride={}, padding={}{})\n", i, l.in,
+                          l.out, l.kernel, l.stride, l.padding, l.bias.empty() ? ", bias=False" : "");
       value = fmt::format("self.layer{}({})", i, h);
     } else if (l.kind == "linear") {
-      init += fmt::format("        self.layer{} = nn.Linear({}, {})\n", i, l.in, l.out);
+      init += fmt::format("        self.layer{} = nn.Linear({}, {}{})\n", i, l.in, l.out, l.bias.empty() ? ", bias=False" : "");
       value = fmt::format("self.layer{}({})", i, h);
     } else if (l.kind == "layer_norm") {
       init += fmt::format("        self.layer{} = nn.LayerNorm([{}], eps={})\n", i, fmt::join(l.weight_shape, ", "),

@@ -24,7 +24,7 @@ struct GraphLayer {
   double momentum = 0.1;  // batch_norm
   std::vector<std::int64_t> weight_shape;  // layer_norm: the per-example shape it normalises; batch_norm: [C]
   std::vector<std::int64_t> bias_shape;    // [out]; layer_norm: weight_shape; batch_norm: [C]
-  std::vector<float> weight, bias;  // conv2d, linear, layer_norm, batch_norm
+  std::vector<float> weight, bias;  // conv2d, linear (bias empty: bias=False), layer_norm, batch_norm
   // batch_norm's buffers: the running statistics ([C]) and the training
   // steps that updated them (PyTorch's num_batches_tracked).
   std::vector<float> running_mean, running_var;

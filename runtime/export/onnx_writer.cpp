@@ -153,13 +153,15 @@ std::string graph_layer_node(GraphBuilder& b, const GraphLayer& l, std::size_t i
     b.ints_attr("strides", {l.stride, l.stride});
   };
   if (l.kind == "conv2d") {
-    b.node("Conv", {x, weight(), bias()}, out);
+    b.node("Conv", l.bias.empty() ? std::vector<std::string>{x, weight()} : std::vector<std::string>{x, weight(), bias()},
+           out);
     window();
     b.ints_attr("pads", {l.padding, l.padding, l.padding, l.padding});
     return out;
   }
   if (l.kind == "linear") {
-    b.node("Gemm", {x, weight(), bias()}, out);
+    b.node("Gemm", l.bias.empty() ? std::vector<std::string>{x, weight()} : std::vector<std::string>{x, weight(), bias()},
+           out);
     b.int_attr("transB", 1);
     return out;
   }

@@ -66,7 +66,7 @@ std::string safetensors_bytes(const ExportedGraph& model) {
     const GraphLayer& l = model.layers[i];
     if (l.weight.empty()) continue;
     f.add(graph_parameter_name(i, "weight"), l.weight_shape, l.weight);
-    f.add(graph_parameter_name(i, "bias"), l.bias_shape, l.bias);
+    if (!l.bias.empty()) f.add(graph_parameter_name(i, "bias"), l.bias_shape, l.bias);
     if (l.kind == "batch_norm") {  // nn.BatchNorm's buffers, in its state_dict order
       f.add(graph_parameter_name(i, "running_mean"), l.bias_shape, l.running_mean);
       f.add(graph_parameter_name(i, "running_var"), l.bias_shape, l.running_var);

@@ -87,6 +87,20 @@ inline const char* kBatchNormCnn =
     "    - batch_norm: {eps: 0.001}\n"
     "    - linear: {out: 3}\n";
 
+// Layers without a bias (PyTorch's bias=False) before batch_norm: 1x8x8 ->
+// conv 4 (no bias) -> batch_norm -> relu -> flatten (256) -> linear 8 (no
+// bias) -> batch_norm -> relu -> linear 3.
+inline const char* kBiasFreeCnn =
+    "model:\n  input: [1, 8, 8]\n  sequential:\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1, bias: false}\n"
+    "    - batch_norm\n"
+    "    - relu\n"
+    "    - flatten\n"
+    "    - linear: {out: 8, bias: false}\n"
+    "    - batch_norm\n"
+    "    - relu\n"
+    "    - linear: {out: 3}\n";
+
 // The model section plus small-run settings on `backend` (cpu, cuda), as file
 // "graph.yaml"; `overrides` as --set gives them (data.augment.translate=1).
 inline app::TrainConfig parse_model(const std::string& model_yaml, const std::string& backend = "cpu",

@@ -127,6 +127,22 @@ TEST_CASE("batch_norm's config: eps and momentum, one clear error for bad ones, 
   const auto again = app::parse_config(app::to_yaml(ok), "resolved.yaml");
   CHECK(again.model.sequential == ok.model.sequential);
 
+  // Layers without a bias: no b<k>, the key in the resolved config only when false.
+  const auto free = test::parse_model(test::kBiasFreeCnn);
+  CHECK_FALSE(free.model.sequential[0].bias);
+  CHECK(free.model.sequential.back().bias);
+  CHECK(app::layer_text(free.model.sequential[0]) == "conv2d{out: 4, kernel: 3, stride: 1, padding: 1, bias: false}");
+  CHECK(app::layer_text(free.model.sequential[4]) == "linear{out: 8, bias: false}");
+  CHECK(app::layer_text(free.model.sequential[7]) == "linear{out: 3}");
+  CHECK(app::parse_config(app::to_yaml(free), "resolved.yaml").model.sequential == free.model.sequential);
+  const auto program = app::trainer_spec(free, 64, 32, ProgramTarget::cpu).program;
+  std::vector<std::string> names;
+  for (const auto& p : program.init) names.push_back(p.name);
+  CHECK(names == std::vector<std::string>{"w1", "w2", "b2", "running_mean2", "running_var2", "w3", "w4", "b4",
+                                          "running_mean4", "running_var4", "w5", "b5"});
+  CHECK_FALSE(program.train.find_value("b1"));
+  CHECK_FALSE(program.eval.find_value("b3"));
+
   const auto error_of = [](const std::string& layer) {
     return test::error_of([&] {
       test::parse_model("model:\n  input: [1, 8, 8]\n  sequential:\n    - conv2d: {out: 4, kernel: 3}\n    - " + layer +
@@ -140,6 +156,7 @@ TEST_CASE("batch_norm's config: eps and momentum, one clear error for bad ones, 
   has(error_of("batch_norm: {momentum: 1.5}"), {"graph.yaml:5:", "model.sequential[1].batch_norm.momentum", "must be in [0, 1]"});
   has(error_of("batch_norm: {eps: 0}"), {"graph.yaml:5:", "model.sequential[1].batch_norm.eps", "must be > 0"});
   has(error_of("batch_norm: {out: 4}"), {"model.sequential[1].batch_norm.out", "unknown option (known here: eps, momentum, name, inputs)"});
+  has(error_of("relu: {bias: false}"), {"model.sequential[1].relu.bias", "unknown option"});
 }
 
 TEST_CASE("folding batch_norm into the conv2d / linear layer before it computes what the two layers did") {
@@ -182,6 +199,14 @@ TEST_CASE("folding batch_norm into the conv2d / linear layer before it computes 
     for (std::size_t k = 0; k < 3; ++k) folded += double(m.layers[0].weight[o * 3 + k]) * x[k];
     CHECK(folded == doctest::Approx(two_layers(o)).epsilon(1e-6));
   }
+  // A layer without a bias gains one.
+  exporting::ExportedGraph bias_free = m;
+  bias_free.layers = {linear, bn};
+  bias_free.layers[0].bias.clear();
+  REQUIRE(exporting::fold_batch_norms(bias_free) == 1);
+  REQUIRE(bias_free.layers[0].bias.size() == 2);
+  CHECK(bias_free.layers[0].bias_shape == std::vector<std::int64_t>{2});
+  CHECK(bias_free.layers[0].bias[1] == doctest::Approx((0.0 - bn.running_mean[1]) / std::sqrt(0.25 + 1e-3) * 0.5 + 0.75));
   // A layer whose output another layer also reads keeps its batch_norm.
   exporting::ExportedGraph shared = m;
   shared.layers = {linear, bn, relu};

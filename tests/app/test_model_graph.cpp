@@ -30,6 +30,7 @@ using namespace sg;
 namespace {
 
 using test::kBatchNormCnn;
+using test::kBiasFreeCnn;
 using test::kBranchedCnn;
 using test::kNormedResidualMlp;
 using test::kPooledResidualCnn;
@@ -156,7 +157,8 @@ TEST_CASE("residual MLPs (one with layer_norm), residual CNNs (one with batch_no
                                                 std::tuple{kNormedResidualMlp, std::int64_t{20}, std::int64_t{5}},
                                                 std::tuple{kResidualCnn, std::int64_t{36}, std::int64_t{3}},
                                                 std::tuple{kBranchedCnn, std::int64_t{64}, std::int64_t{3}},
-                                                std::tuple{kBatchNormCnn, std::int64_t{64}, std::int64_t{3}}}) {
+                                                std::tuple{kBatchNormCnn, std::int64_t{64}, std::int64_t{3}},
+                                                std::tuple{kBiasFreeCnn, std::int64_t{64}, std::int64_t{3}}}) {
     const auto c = parse(yaml);
     const Dataset data = test::random_dataset(64, features, classes, rng);  // memorised: random labels
     TrainerSpec spec = app::trainer_spec(c, data.train.images.count, data.test.images.count, ProgramTarget::cpu);
@@ -203,7 +205,7 @@ TEST_CASE("the printed PyTorch module runs concat, the poolings and LayerNorm as
 #ifdef STEPGRAPH_HAVE_CUDA
 TEST_CASE("the CUDA lowerings cover a residual network's training and eval graphs (no GPU needed)") {
   for (const char* yaml :
-       {kResidualMlp, kResidualCnn, kPooledResidualCnn, kNormedResidualMlp, kBranchedCnn, kBatchNormCnn}) {
+       {kResidualMlp, kResidualCnn, kPooledResidualCnn, kNormedResidualMlp, kBranchedCnn, kBatchNormCnn, kBiasFreeCnn}) {
   const auto program = app::trainer_spec(parse(yaml), 640, 320, ProgramTarget::cuda).program;
   for (const bool core_only : {false, true}) {
     BackendOptions options;

@@ -11,8 +11,9 @@
 // running it: export_roundtrip.py again). A CNN with avg_pool2d and global
 // average pooling (issue 37's poolings) learns bars wherever they lie, and
 // goes through predict and both exports the same way; one with batch_norm
-// predicts with its running statistics and exports them as nn.BatchNorm's
-// buffers (and ONNX BatchNormalization).
+// (after a conv without bias) predicts with its running statistics and
+// exports them as nn.BatchNorm's buffers (and ONNX BatchNormalization), or
+// folded into the conv.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -297,7 +298,7 @@ TEST_CASE("predict and export of a CNN with avg_pool2d and global average poolin
 TEST_CASE("predict and export of a CNN with batch_norm: the running statistics as nn.BatchNorm's buffers") {
   const auto dir = test::fresh_dir("predict-batch-norm");
   const auto summary = train_on(make_patches, dir,
-                                "    - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+                                "    - conv2d: {out: 4, kernel: 3, padding: 1, bias: false}\n"
                                 "    - batch_norm\n"
                                 "    - relu\n"
                                 "    - max_pool2d: {kernel: 2}\n"
@@ -307,7 +308,7 @@ TEST_CASE("predict and export of a CNN with batch_norm: the running statistics a
                                 6);
   CHECK(summary.final_eval.accuracy > 0.9);
   const auto saved = app::load_saved_model(dir / "model.sgck");
-  CHECK(saved.params.size() == 12);  // conv w, b; batch_norm w, b, running_mean, running_var (twice); linear w, b
+  CHECK(saved.params.size() == 11);  // conv w (no bias); batch_norm w, b, running_mean, running_var (twice); linear w, b
   CHECK(saved.steps == 6 * 240 / 16);
   // Predict normalises by the running statistics, as the run's evaluation did.
   check_predict_follows_evaluation(make_patches, dir, summary);
@@ -318,12 +319,14 @@ TEST_CASE("predict and export of a CNN with batch_norm: the running statistics a
   const auto& header = st.header;
   const std::string code = header["__metadata__"]["stepgraph.torch_module"];
   INFO(code);
-  for (const char* line : {"self.layer1 = nn.BatchNorm2d(4, eps=1e-05, momentum=0.1)", "h1 = self.layer1(h0)",
+  for (const char* line : {"self.layer0 = nn.Conv2d(1, 4, kernel_size=3, stride=1, padding=1, bias=False)",
+                           "self.layer1 = nn.BatchNorm2d(4, eps=1e-05, momentum=0.1)", "h1 = self.layer1(h0)",
                            "self.layer5 = nn.BatchNorm1d(36, eps=0.001, momentum=0.2)"})
     CHECK(code.find(line) != std::string::npos);
+  CHECK_FALSE(header.contains("layer0.bias"));
   CHECK(header["layer5.running_var"]["shape"] == nlohmann::json(std::vector<std::int64_t>{36}));
-  CHECK(st.floats("layer1.running_mean") == floats_from_blob(saved.params[4]));
-  CHECK(st.floats("layer5.running_var") == floats_from_blob(saved.params[9]));
+  CHECK(st.floats("layer1.running_mean") == floats_from_blob(saved.params[3]));
+  CHECK(st.floats("layer5.running_var") == floats_from_blob(saved.params[8]));
   CHECK(header["layer5.num_batches_tracked"]["dtype"] == "I64");
   CHECK(header["layer5.num_batches_tracked"]["shape"] == nlohmann::json::array());
   std::int64_t tracked = 0;
@@ -332,11 +335,13 @@ TEST_CASE("predict and export of a CNN with batch_norm: the running statistics a
   std::memcpy(&tracked, bytes.data(), sizeof tracked);
   CHECK(tracked == saved.steps);
 
-  // Folded: the batch_norm after the conv joins it; the one after flatten stays.
+  // Folded: the batch_norm after the conv joins it (the conv gains a bias); the one after flatten stays.
   app::ExportRequest folded{(dir / "model.sgck").string(), "safetensors", (dir / "folded.safetensors").string(), true};
   REQUIRE(app::run_export(folded) == 0);
   const std::string folded_st = io::read_file(dir / "folded.safetensors");
   CHECK(folded_st.find("nn.BatchNorm2d") == std::string::npos);
+  CHECK(folded_st.find("self.layer0 = nn.Conv2d(1, 4, kernel_size=3, stride=1, padding=1)") != std::string::npos);
+  CHECK(read_safetensors(dir / "folded.safetensors").header.contains("layer0.bias"));
   CHECK(folded_st.find("h1 = h0") != std::string::npos);
   CHECK(folded_st.find("self.layer5 = nn.BatchNorm1d(36, eps=0.001, momentum=0.2)") != std::string::npos);
   CHECK(folded_st.find("layer1.running_mean") == std::string::npos);

@@ -104,7 +104,7 @@ TEST_CASE("bad model.sequential lists give one clear error naming the file, line
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: 8}\n    - conv3d: {out: 2}\n"),
       {"test.yaml:5:", "model.sequential[1]", "unknown layer 'conv3d'", "max_pool2d"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {outs: 8}\n"),
-      {"test.yaml:4:", "model.sequential[0].linear.outs", "unknown option (known here: out, name, inputs)"});
+      {"test.yaml:4:", "model.sequential[0].linear.outs", "unknown option (known here: out, bias, name, inputs)"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {}\n"),
       {"test.yaml:4:", "model.sequential[0].linear.out", "is required for linear"});
   has(error_of("model:\n  input: [16]\n  sequential:\n    - linear: {out: ten}\n"),
