@@ -194,20 +194,22 @@ ValueId add_layers(Graph& g, const SequentialSpec& spec, ValueId x, bool trainin
     }
     switch (l.kind) {
       case LayerKind::linear: {
-        const ValueId w = model_pieces::as_compute(g, g.param(names::weight(k), {l.out, in[0]}, spec.weight_dtype),
-                                                   spec.compute_dtype);
-        h = l.bias ? g.linear(h, w,
-                              model_pieces::as_compute(g, g.param(names::bias(k), {l.out}, spec.weight_dtype),
-                                                       spec.compute_dtype))
-                   : g.matmul(h, w, false, true);
+        // Parameters first, then their casts: build_mlp_*'s order, so a Sequential MLP is its graph.
+        const ValueId w = g.param(names::weight(k), {l.out, in[0]}, spec.weight_dtype);
+        if (!l.bias) {
+          h = g.matmul(h, model_pieces::as_compute(g, w, spec.compute_dtype), false, true);
+          break;
+        }
+        const ValueId b = g.param(names::bias(k), {l.out}, spec.weight_dtype);
+        h = g.linear(h, model_pieces::as_compute(g, w, spec.compute_dtype),
+                     model_pieces::as_compute(g, b, spec.compute_dtype));
         break;
       }
       case LayerKind::conv2d: {
         const ValueId w = g.param(names::weight(k), {l.out, in[0], l.kernel, l.kernel}, spec.weight_dtype);
+        const ValueId b = l.bias ? g.param(names::bias(k), {l.out}, spec.weight_dtype) : -1;
         std::vector<ValueId> operands{h, model_pieces::as_compute(g, w, spec.compute_dtype)};
-        if (l.bias)
-          operands.push_back(
-              model_pieces::as_compute(g, g.param(names::bias(k), {l.out}, spec.weight_dtype), spec.compute_dtype));
+        if (l.bias) operands.push_back(model_pieces::as_compute(g, b, spec.compute_dtype));
         h = g.append_node(OpKind::conv2d, operands, Conv2dAttrs{layer_stride(l), l.padding, 0, 0}, Role::activation)
                 .front();
         break;
