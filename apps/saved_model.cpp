@@ -65,8 +65,7 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
                                       b.bytes));
       }
     }
-  for (const auto& b : ckpt.tensors)
-    if (b.name == kStepEntry) m.steps = step_from_blobs(ckpt.tensors);
+  if (find_tensor(ckpt, kStepEntry)) m.steps = step_from_blobs(ckpt.tensors);
   if (m.config.model.is_sequential()) {
     m.sequential = sequential_training(m.config, features).model;
     load_sequential_params(path, ckpt, m);

@@ -118,6 +118,7 @@ struct SafetensorsFile {
     const std::size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
     return bytes.substr(8 + header_len + begin, end - begin);
   }
+  std::string module_code() const { return header["__metadata__"]["stepgraph.torch_module"]; }
   std::vector<float> floats(const std::string& name) const {
     const std::string raw = data(name);
     std::vector<float> v(raw.size() / sizeof(float));
@@ -134,14 +135,19 @@ SafetensorsFile read_safetensors(const fs::path& path) {
   return f;
 }
 
+// `stepgraph export` of dir/model.sgck as dir/<file> (safetensors; `fold`: --fold-batch-norm), read back.
+SafetensorsFile export_safetensors(const fs::path& dir, const std::string& file, bool fold = false) {
+  const app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / file).string(), fold};
+  REQUIRE(app::run_export(e) == 0);
+  return read_safetensors(dir / file);
+}
+
 // The expanded layers: 0 conv, 1 relu (the block's input), 2 conv, 3 relu,
 // 4 conv (the body), 5 add, 6 relu, 7 max-pool, 8 flatten, 9 linear.
 void check_safetensors_export(const fs::path& dir, const app::SavedModel& saved) {
-  app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
-  REQUIRE(app::run_export(e) == 0);
-  const SafetensorsFile st = read_safetensors(dir / "model.safetensors");
+  const SafetensorsFile st = export_safetensors(dir, "model.safetensors");
   const auto& header = st.header;
-  const std::string code = header["__metadata__"]["stepgraph.torch_module"];
+  const std::string code = st.module_code();
   INFO(code);
   for (const char* line : {"class StepgraphNet(nn.Module):", "self.layer0 = nn.Conv2d(1, 4, kernel_size=3, stride=1, padding=1)",
                            "self.layer9 = nn.Linear(36, 3)", "h0 = self.layer0(x)", "h2 = self.layer2(h1)",
@@ -214,33 +220,36 @@ void check_predict_follows_evaluation(Images images, const fs::path& dir, const 
   CHECK(hits == static_cast<int>(std::lround(summary.final_eval.accuracy * 60)));
 }
 
-// The ONNX export of dir/model.sgck where this build has ONNX: the checker
-// passes, input "input" [N, 36], outputs logits and probabilities, and the
-// graph holds `ops`. Without ONNX: the one-line refusal, and no file.
-void check_onnx_export(const fs::path& dir, const std::vector<std::string>& ops) {
-  app::ExportRequest e{(dir / "model.sgck").string(), "onnx", (dir / "model.onnx").string()};
+// The ONNX export of dir/model.sgck (`fold`: with --fold-batch-norm, as
+// folded.onnx) where this build has ONNX: the checker passes, input "input"
+// [N, 36], outputs logits and probabilities, and the graph holds `ops`;
+// returns its nodes' op types. Without ONNX: the one-line refusal, and no file.
+std::vector<std::string> check_onnx_export(const fs::path& dir, const std::vector<std::string>& ops, bool fold = false) {
+  const fs::path file = dir / (fold ? "folded.onnx" : "model.onnx");
+  const app::ExportRequest e{(dir / "model.sgck").string(), "onnx", file.string(), fold};
   if (!exporting::onnx_export_available()) {
     CHECK(test::error_of([&] { app::run_export(e); }).find("no ONNX support") != std::string::npos);
-    CHECK_FALSE(fs::exists(dir / "model.onnx"));
-    return;
+    CHECK_FALSE(fs::exists(file));
+    return {};
   }
   REQUIRE(app::run_export(e) == 0);
+  std::vector<std::string> have;
 #ifdef STEPGRAPH_HAVE_ONNX
   onnx::ModelProto model;
-  REQUIRE(model.ParseFromString(io::read_file(dir / "model.onnx")));
+  REQUIRE(model.ParseFromString(io::read_file(file)));
   CHECK_NOTHROW(onnx::checker::check_model(model));
   CHECK(model.graph().input(0).name() == "input");
   CHECK(model.graph().input(0).type().tensor_type().shape().dim(1).dim_value() == 36);
   REQUIRE(model.graph().output_size() == 2);
   CHECK(model.graph().output(0).name() == "logits");
   CHECK(model.graph().output(1).name() == "probabilities");
-  std::vector<std::string> have;
   for (const auto& n : model.graph().node()) have.push_back(n.op_type());
   for (const auto& op : ops) {
     CAPTURE(op);
     CHECK(std::find(have.begin(), have.end(), op) != have.end());
   }
 #endif
+  return have;
 }
 
 }  // namespace
@@ -286,9 +295,7 @@ TEST_CASE("predict and export of a CNN with avg_pool2d and global average poolin
   CHECK(summary.final_eval.accuracy > 0.8);
   check_predict_follows_evaluation(make_bars, dir, summary);
   check_onnx_export(dir, {"Conv", "AveragePool", "GlobalAveragePool", "Flatten", "Gemm"});
-  app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
-  REQUIRE(app::run_export(e) == 0);
-  const std::string st = io::read_file(dir / "model.safetensors");
+  const std::string st = export_safetensors(dir, "model.safetensors").bytes;
   for (const char* line : {"h2 = F.avg_pool2d(h1, kernel_size=2, stride=2)",
                            "h5 = torch.flatten(F.adaptive_avg_pool2d(h4, 1), 1)", "self.layer6 = nn.Linear(8, 3)"})
     CHECK(st.find(line) != std::string::npos);
@@ -313,11 +320,9 @@ TEST_CASE("predict and export of a CNN with batch_norm: the running statistics a
   // Predict normalises by the running statistics, as the run's evaluation did.
   check_predict_follows_evaluation(make_patches, dir, summary);
   check_onnx_export(dir, {"Conv", "BatchNormalization", "MaxPool", "Flatten", "Gemm"});
-  app::ExportRequest e{(dir / "model.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
-  REQUIRE(app::run_export(e) == 0);
-  const SafetensorsFile st = read_safetensors(dir / "model.safetensors");
+  const SafetensorsFile st = export_safetensors(dir, "model.safetensors");
   const auto& header = st.header;
-  const std::string code = header["__metadata__"]["stepgraph.torch_module"];
+  const std::string code = st.module_code();
   INFO(code);
   for (const char* line : {"self.layer0 = nn.Conv2d(1, 4, kernel_size=3, stride=1, padding=1, bias=False)",
                            "self.layer1 = nn.BatchNorm2d(4, eps=1e-05, momentum=0.1)", "h1 = self.layer1(h0)",
@@ -336,24 +341,15 @@ TEST_CASE("predict and export of a CNN with batch_norm: the running statistics a
   CHECK(tracked == saved.steps);
 
   // Folded: the batch_norm after the conv joins it (the conv gains a bias); the one after flatten stays.
-  app::ExportRequest folded{(dir / "model.sgck").string(), "safetensors", (dir / "folded.safetensors").string(), true};
-  REQUIRE(app::run_export(folded) == 0);
-  const std::string folded_st = io::read_file(dir / "folded.safetensors");
+  const SafetensorsFile folded = export_safetensors(dir, "folded.safetensors", /*fold=*/true);
+  const std::string& folded_st = folded.bytes;
   CHECK(folded_st.find("nn.BatchNorm2d") == std::string::npos);
   CHECK(folded_st.find("self.layer0 = nn.Conv2d(1, 4, kernel_size=3, stride=1, padding=1)") != std::string::npos);
-  CHECK(read_safetensors(dir / "folded.safetensors").header.contains("layer0.bias"));
+  CHECK(folded.header.contains("layer0.bias"));
   CHECK(folded_st.find("h1 = h0") != std::string::npos);
   CHECK(folded_st.find("self.layer5 = nn.BatchNorm1d(36, eps=0.001, momentum=0.2)") != std::string::npos);
   CHECK(folded_st.find("layer1.running_mean") == std::string::npos);
-#ifdef STEPGRAPH_HAVE_ONNX
-  folded.format = "onnx";
-  folded.out = (dir / "folded.onnx").string();
-  REQUIRE(app::run_export(folded) == 0);
-  onnx::ModelProto model;
-  REQUIRE(model.ParseFromString(io::read_file(dir / "folded.onnx")));
-  CHECK_NOTHROW(onnx::checker::check_model(model));
-  const auto& nodes = model.graph().node();
-  CHECK(std::count_if(nodes.begin(), nodes.end(), [](const auto& n) { return n.op_type() == "BatchNormalization"; }) == 1);
-#endif
+  const auto ops = check_onnx_export(dir, {"Conv", "BatchNormalization", "MaxPool", "Flatten", "Gemm"}, /*fold=*/true);
+  if (exporting::onnx_export_available()) CHECK(std::count(ops.begin(), ops.end(), "BatchNormalization") == 1);
   fs::remove_all(dir);
 }

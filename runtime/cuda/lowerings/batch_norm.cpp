@@ -21,6 +21,17 @@ bool running_statistic(OpKind op, std::size_t slot) {
   return (op == OpKind::batch_norm_stats_update && slot >= 1) || (op == OpKind::batch_norm_inference && slot >= 3);
 }
 
+// The kernels' view of X [N, C, ...] (`x_shape`): eps from `norm`, momentum from `stats`.
+BatchNormShape shape_of(const Shape& x_shape, const Node& norm, const Node& stats) {
+  BatchNormShape s;
+  s.n = x_shape[0];
+  s.channels = x_shape[1];
+  for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
+  s.eps = static_cast<float>(norm.attr<BatchNormAttrs>().eps);
+  s.momentum = static_cast<float>(stats.attr<BatchNormAttrs>().momentum);
+  return s;
+}
+
 class BatchNormLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "batch_norm"; }
@@ -63,14 +74,7 @@ class BatchNormLowering final : public CudaLowering {
     if (l.nodes.size() == 2) return record_train_and_statistics(l, c);
     const Node& n = g.node(l.nodes.front());
     const OpKind op = n.op;
-    const Shape& x_shape = g.value(n.inputs[op == OpKind::batch_norm_backward ? 1 : 0]).shape;
-    const auto& a = n.attr<BatchNormAttrs>();
-    BatchNormShape s;
-    s.n = x_shape[0];
-    s.channels = x_shape[1];
-    for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
-    s.eps = static_cast<float>(a.eps);
-    s.momentum = static_cast<float>(a.momentum);
+    const BatchNormShape s = shape_of(g.value(n.inputs[op == OpKind::batch_norm_backward ? 1 : 0]).shape, n, n);
     auto out_ptr = [&](ValueId v) { return launch_writes(l, v) ? c.ptr(v) : nullptr; };
     std::vector<const void*> in;
     for (ValueId v : n.inputs) in.push_back(c.ptr(v));
@@ -119,13 +123,7 @@ class BatchNormLowering final : public CudaLowering {
     const Node* stats = &g.node(l.nodes[0]);
     const Node* train = &g.node(l.nodes[1]);
     if (stats->op != OpKind::batch_norm_stats_update) std::swap(stats, train);
-    const Shape& x_shape = g.value(train->inputs[0]).shape;
-    BatchNormShape s;
-    s.n = x_shape[0];
-    s.channels = x_shape[1];
-    for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
-    s.eps = static_cast<float>(train->attr<BatchNormAttrs>().eps);
-    s.momentum = static_cast<float>(stats->attr<BatchNormAttrs>().momentum);
+    const BatchNormShape s = shape_of(g.value(train->inputs[0]).shape, *train, *stats);
     auto* running_mean = static_cast<float*>(c.ptr(stats->inputs[1]));
     auto* running_var = static_cast<float*>(c.ptr(stats->inputs[2]));
     std::function<void(cudaStream_t)> run;
