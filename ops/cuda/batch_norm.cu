@@ -3,88 +3,135 @@
 
 #include <cooperative_groups.h>
 
-#include "ops/cuda/block_sum.cuh"
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/warp_reduce.cuh"
 
 namespace sg::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
 
-// A cluster of kChannelBlocks blocks per channel: a channel of a small CNN's
-// batch holds ~100k values, which one SM alone streams at ~200 GB/s; eight
-// share them and add their partial sums through distributed shared memory in
-// rank order (the same bits every run, no atomics).
+// A cluster of up to kMaxChannelBlocks blocks per channel, one per ~12k of
+// its values: a channel of a small CNN's batch holds ~100k values, which one
+// SM alone streams at ~200 GB/s, so eight share them and add their partial
+// sums through distributed shared memory in rank order (the same bits every
+// run, no atomics); a 7x7 plane's channel (~6k values) takes one block, where
+// eight spent their time in cluster barriers.
 constexpr int kChannelThreads = 512;
-constexpr int kChannelBlocks = 8;
+constexpr int kMaxChannelBlocks = 8;  // the portable cluster size
+constexpr std::int64_t kValuesPerBlock = 12 * 1024;
+constexpr int kMaxSums = 4;
 
-// Calls f(k) for the index k of every value of channel c this block (cluster
-// rank `rank`) takes, each thread a fixed set. Planes of 32 or more values:
-// each warp takes whole examples' planes, its lanes consecutive values
-// (coalesced, no division); smaller planes ([N, C], 1x1 to 5x5): a flat loop
-// over the channel's n * plane values with 32-bit division.
-template <typename F>
-__device__ __forceinline__ void for_each_value(const BatchNormShape& s, std::int64_t c, int rank, F&& f) {
-  constexpr int warps = kChannelThreads / 32;
-  if (s.plane >= 32) {
-    const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
-    const auto plane = static_cast<unsigned>(s.plane);
-    for (std::int64_t e = std::int64_t(rank) * warps + warp; e < s.n; e += warps * kChannelBlocks) {
-      const std::int64_t base = (e * s.channels + c) * s.plane;
+// N consecutive values of one plane, loaded and stored as one access (up to
+// 16 bytes): one thread keeps 4 x 16 bytes in flight where scalar loads of
+// 2 bytes left a small CNN's channels latency-bound.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// Calls f(k) for the first index k of every pack of channel c this block
+// (cluster rank `rank`) takes, each thread a fixed set: pack j of the channel
+// is example j / P's values (j % P) * N.. of its plane (P = plane / N packs
+// per plane). The host checks that n * P fits 32 bits.
+template <int N, typename F>
+__device__ __forceinline__ void for_each_pack(const BatchNormShape& s, std::int64_t c, int rank, F&& f) {
+  const auto per_plane = static_cast<unsigned>(s.plane / N);
+  const auto count = static_cast<unsigned>(s.n) * per_plane;
+  const unsigned step = kChannelThreads * cg::this_cluster().num_blocks();
 #pragma unroll 4
-      for (unsigned p = lane; p < plane; p += 32) f(base + p);
-    }
-  } else {
-    const auto count = static_cast<unsigned>(s.n * s.plane), plane = static_cast<unsigned>(s.plane);
-#pragma unroll 4
-    for (unsigned i = unsigned(rank) * kChannelThreads + threadIdx.x; i < count; i += kChannelThreads * kChannelBlocks)
-      f((std::int64_t(i / plane) * s.channels + c) * s.plane + i % plane);
-  }
+  for (unsigned j = unsigned(rank) * kChannelThreads + threadIdx.x; j < count; j += step)
+    f((std::int64_t(j / per_plane) * s.channels + c) * s.plane + std::int64_t(j % per_plane) * N);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load(const T* p, std::int64_t k) {
+  return *reinterpret_cast<const Pack<T, N>*>(p + k);
 }
 
 // Per-block scratch of the cluster sums.
 struct ChannelScratch {
-  float warps[kChannelThreads / 32];
-  float block;  // this block's sum, read by the cluster's other blocks
+  float warps[kMaxSums][kChannelThreads / 32];
+  float block[kMaxSums];  // this block's sums, read by the cluster's other blocks
 };
 
-// The sum of v over the cluster's threads, in every thread: block sums, then
-// the blocks' in rank order.
-__device__ __forceinline__ float cluster_sum(float v, ChannelScratch& scratch) {
+// The sums of v[0..M) over the cluster's threads, in every thread: warp
+// butterflies, the warps' sums in warp order, then the blocks' in rank order.
+template <int M>
+__device__ __forceinline__ void cluster_sums(float (&v)[M], ChannelScratch& scratch) {
   cg::cluster_group cluster = cg::this_cluster();
-  const float mine = block_sum<kChannelThreads>(v, scratch.warps);
-  if (threadIdx.x == 0) scratch.block = mine;
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x % 32);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float w = warp_sum(v[m]);
+    if (lane == 0) scratch.warps[m][warp] = w;
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    float total = 0.f;
+    for (int w = 0; w < kChannelThreads / 32; ++w) total += scratch.warps[threadIdx.x][w];
+    scratch.block[threadIdx.x] = total;
+  }
   cluster.sync();
-  float total = 0.f;
-  for (unsigned r = 0; r < kChannelBlocks; ++r) total += *cluster.map_shared_rank(&scratch.block, r);
-  cluster.sync();  // no block writes its sum again before every block read it
-  return total;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float total = 0.f;
+    for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += cluster.map_shared_rank(scratch.block, r)[m];
+    v[m] = total;
+  }
+  cluster.sync();  // no block writes its sums again before every block read them
 }
 
 struct Moments {
   float mean, var, rstd;
 };
 
-template <typename T>
-__device__ Moments channel_moments(const T* x, const BatchNormShape& s, std::int64_t c, int rank,
-                                   ChannelScratch& scratch) {
-  const float count = float(s.n * s.plane);
-  float sum = 0.f;
-  for_each_value(s, c, rank, [&](std::int64_t k) { sum += to_float(x[k]); });
-  const float mean = cluster_sum(sum, scratch) / count;
-  float squares = 0.f;
-  for_each_value(s, c, rank, [&](std::int64_t k) {
-    const float d = to_float(x[k]) - mean;
-    squares += d * d;
-  });
-  const float var = cluster_sum(squares, scratch) / count;
-  return {mean, var, 1.f / sqrtf(var + s.eps)};
+// The moments from sums of the deviations from `shift` (a value of the
+// channel, so the mean of the deviations is of the order of the spread and
+// the one-pass variance keeps its precision): shifted_sum = sum(x - shift),
+// shifted_squares = sum((x - shift)^2).
+__device__ __forceinline__ Moments moments_from(float shift, float shifted_sum, float shifted_squares, float count,
+                                                float eps) {
+  const float d = shifted_sum / count;
+  const float var = fmaxf(shifted_squares / count - d * d, 0.f);
+  return {shift + d, var, 1.f / sqrtf(var + eps)};
 }
 
-// Block b of the grid: channel b / kChannelBlocks, cluster rank b % kChannelBlocks.
-__device__ __forceinline__ std::int64_t channel_of_block() { return blockIdx.x / kChannelBlocks; }
+// Block b of the grid: channel b / (cluster size), its rank in the cluster b % (cluster size).
+__device__ __forceinline__ std::int64_t channel_of_block() { return blockIdx.x / cg::this_cluster().num_blocks(); }
 __device__ __forceinline__ int rank_in_channel() { return int(cg::this_cluster().block_rank()); }
+
+// The channel's first value: the shift of its sums.
+template <typename T>
+__device__ __forceinline__ float channel_shift(const T* x, const BatchNormShape& s, std::int64_t c) {
+  return to_float(x[c * s.plane]);
+}
+
+template <typename T, int N>
+__device__ Moments channel_moments(const T* x, const BatchNormShape& s, std::int64_t c, int rank,
+                                   ChannelScratch& scratch) {
+  const float shift = channel_shift(x, s, c);
+  float sums[2] = {0.f, 0.f};
+  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
+    const Pack<T, N> p = load<T, N>(x, k);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float d = to_float(p.v[i]) - shift;
+      sums[0] += d;
+      sums[1] += d * d;
+    }
+  });
+  cluster_sums(sums, scratch);
+  return moments_from(shift, sums[0], sums[1], float(s.n * s.plane), s.eps);
+}
 
 // running = (1 - momentum) running + momentum * the batch's, the variance unbiased (PyTorch's).
 __device__ __forceinline__ void update_running(const Moments& m, const BatchNormShape& s, std::int64_t c,
@@ -94,35 +141,81 @@ __device__ __forceinline__ void update_running(const Moments& m, const BatchNorm
   running_var[c] = (1.f - s.momentum) * running_var[c] + s.momentum * m.var * count / (count - 1.f);
 }
 
-template <typename T>
-__global__ void __cluster_dims__(kChannelBlocks, 1, 1) __launch_bounds__(kChannelThreads)
+template <typename T, int N>
+__global__ void __launch_bounds__(kChannelThreads)
     batch_norm_forward_kernel(const T* x, const T* gamma, const T* beta, BatchNormShape s, T* y, float* running_mean,
-                              float* running_var) {
+                              float* running_var, const T* residual, bool relu) {
   __shared__ ChannelScratch scratch;
   const std::int64_t c = channel_of_block();
   const int rank = rank_in_channel();
-  const Moments m = channel_moments(x, s, c, rank, scratch);
+  const Moments m = channel_moments<T, N>(x, s, c, rank, scratch);
   if (running_mean && rank == 0 && threadIdx.x == 0) update_running(m, s, c, running_mean, running_var);
-  const float g = to_float(gamma[c]), b = to_float(beta[c]);
-  for_each_value(s, c, rank, [&](std::int64_t k) { y[k] = from_float<T>((to_float(x[k]) - m.mean) * m.rstd * g + b); });
+  const float scale = m.rstd * to_float(gamma[c]), b = to_float(beta[c]);
+  const float floor = relu ? 0.f : -INFINITY;
+  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
+    const Pack<T, N> in = load<T, N>(x, k);
+    Pack<T, N> skip{}, out;
+    if (residual) skip = load<T, N>(residual, k);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float v = (to_float(in.v[i]) - m.mean) * scale + b;
+      // The add rounds as the graph stores it: the normalised value to T, then the sum.
+      if (residual) v = to_float(from_float<T>(v)) + to_float(skip.v[i]);
+      out.v[i] = from_float<T>(fmaxf(v, floor));
+    }
+    *reinterpret_cast<Pack<T, N>*>(y + k) = out;
+  });
 }
 
-template <typename T>
-__global__ void __cluster_dims__(kChannelBlocks, 1, 1) __launch_bounds__(kChannelThreads)
-    batch_norm_backward_kernel(const T* dy, const T* x, const T* gamma, BatchNormShape s, T* dx, T* dgamma, T* dbeta) {
+// The gradient of batch_norm's output from the launch's gradient inputs:
+// with dy_other, dy + dy_other rounded to T (an add of two branches'
+// gradients, as the graph stores it); with relu_out, that is the gradient of
+// a ReLU after the batch_norm whose output relu_out is: it passes where
+// relu_out > 0 (relu_backward's rule).
+template <typename T, int N>
+struct GradientIn {
+  const T *dy, *dy_other, *relu_out;
+
+  __device__ __forceinline__ Pack<T, N> operator()(std::int64_t k) const {
+    Pack<T, N> g = load<T, N>(dy, k), other{}, r{};
+    if (dy_other) other = load<T, N>(dy_other, k);
+    if (relu_out) r = load<T, N>(relu_out, k);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (dy_other) g.v[i] = from_float<T>(to_float(g.v[i]) + to_float(other.v[i]));
+      if (relu_out && !(to_float(r.v[i]) > 0.f)) g.v[i] = from_float<T>(0.f);
+    }
+    return g;
+  }
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(kChannelThreads)
+    batch_norm_backward_kernel(GradientIn<T, N> gradient, const T* x, const T* gamma, BatchNormShape s, T* dx,
+                               T* dgamma, T* dbeta) {
   __shared__ ChannelScratch scratch;
   const std::int64_t c = channel_of_block();
   const int rank = rank_in_channel();
   const float count = float(s.n * s.plane);
-  const Moments m = channel_moments(x, s, c, rank, scratch);
-  float dy_sum = 0.f, dyx_sum = 0.f;
-  for_each_value(s, c, rank, [&](std::int64_t k) {
-    const float grad = to_float(dy[k]);
-    dy_sum += grad;
-    dyx_sum += grad * ((to_float(x[k]) - m.mean) * m.rstd);
+  const float shift = channel_shift(x, s, c);
+  // One pass: the moments' shifted sums with sum(dy) and sum(dy * (x - shift)).
+  float sums[4] = {0.f, 0.f, 0.f, 0.f};
+  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
+    const Pack<T, N> xp = load<T, N>(x, k), gp = gradient(k);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float d = to_float(xp.v[i]) - shift, grad = to_float(gp.v[i]);
+      sums[0] += d;
+      sums[1] += d * d;
+      sums[2] += grad;
+      sums[3] += grad * d;
+    }
   });
-  dy_sum = cluster_sum(dy_sum, scratch);
-  dyx_sum = cluster_sum(dyx_sum, scratch);
+  cluster_sums(sums, scratch);
+  const Moments m = moments_from(shift, sums[0], sums[1], count, s.eps);
+  const float dy_sum = sums[2];
+  // sum(dy * xhat) = rstd * (sum(dy * (x - shift)) - (mean - shift) * sum(dy)).
+  const float dyx_sum = m.rstd * (sums[3] - (sums[0] / count) * dy_sum);
   if (rank == 0 && threadIdx.x == 0) {
     if (dgamma) dgamma[c] = from_float<T>(dyx_sum);
     if (dbeta) dbeta[c] = from_float<T>(dy_sum);
@@ -130,19 +223,25 @@ __global__ void __cluster_dims__(kChannelBlocks, 1, 1) __launch_bounds__(kChanne
   if (!dx) return;
   const float g = to_float(gamma[c]);
   const float g_mean = g * dy_sum / count, gx_mean = g * dyx_sum / count;
-  for_each_value(s, c, rank, [&](std::int64_t k) {
-    const float xhat = (to_float(x[k]) - m.mean) * m.rstd;
-    dx[k] = from_float<T>(m.rstd * (to_float(dy[k]) * g - g_mean - xhat * gx_mean));
+  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
+    const Pack<T, N> xp = load<T, N>(x, k), gp = gradient(k);
+    Pack<T, N> out;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float xhat = (to_float(xp.v[i]) - m.mean) * m.rstd;
+      out.v[i] = from_float<T>(m.rstd * (to_float(gp.v[i]) * g - g_mean - xhat * gx_mean));
+    }
+    *reinterpret_cast<Pack<T, N>*>(dx + k) = out;
   });
 }
 
-template <typename T>
-__global__ void __cluster_dims__(kChannelBlocks, 1, 1) __launch_bounds__(kChannelThreads)
+template <typename T, int N>
+__global__ void __launch_bounds__(kChannelThreads)
     batch_norm_stats_kernel(const T* x, BatchNormShape s, float* running_mean, float* running_var) {
   __shared__ ChannelScratch scratch;
   const std::int64_t c = channel_of_block();
   const int rank = rank_in_channel();
-  const Moments m = channel_moments(x, s, c, rank, scratch);
+  const Moments m = channel_moments<T, N>(x, s, c, rank, scratch);
   if (rank == 0 && threadIdx.x == 0) update_running(m, s, c, running_mean, running_var);
 }
 
@@ -158,31 +257,91 @@ __global__ void batch_norm_inference_kernel(const T* x, const T* gamma, const T*
   }
 }
 
-// A cluster per channel (the grid's x limit, 2^31 - 1 blocks, is far off).
-unsigned channel_blocks(std::int64_t channels) { return static_cast<unsigned>(channels * kChannelBlocks); }
+// Launches kernel(args...) with a cluster of blocks per channel (the grid's x
+// limit, 2^31 - 1 blocks, is far off); cudaLaunchKernelEx takes the cluster
+// size at launch, and stream capture records it like any launch.
+template <typename... Params, typename... Args>
+void launch_per_channel(void (*kernel)(Params...), const BatchNormShape& s, cudaStream_t stream, Args... args) {
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<std::int64_t>((s.n * s.plane + kValuesPerBlock - 1) / kValuesPerBlock, 1, kMaxChannelBlocks));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(s.channels) * blocks);
+  config.blockDim = dim3(kChannelThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = blocks;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  SG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
+// The widest pack (16, 8, 4 bytes or one value) that divides the plane and
+// that every tensor's address allows; planes of a pack's values start on
+// pack boundaries then (each plane's offset is a multiple of the plane).
+template <typename T>
+int pack_values(const BatchNormShape& s, std::initializer_list<const void*> tensors) {
+  for (int bytes : {16, 8, 4}) {
+    const int n = bytes / int(sizeof(T));
+    if (n < 2 || s.plane % n != 0) continue;
+    bool aligned = true;
+    for (const void* p : tensors) aligned = aligned && (!p || reinterpret_cast<std::uintptr_t>(p) % bytes == 0);
+    if (aligned) return n;
+  }
+  return 1;
+}
+
+void check_channel_size(const BatchNormShape& s) {
+  if (s.n * s.plane > std::int64_t(0xffffffffLL))
+    throw std::invalid_argument("batch_norm: " + std::to_string(s.n * s.plane) +
+                                " values per channel (the kernels index a channel's values with 32 bits)");
+}
+
+// Calls f(std::integral_constant<int, N>{}) for the pack width n.
+template <typename T, typename F>
+void with_pack(int n, F&& f) {
+  constexpr int wide = 16 / int(sizeof(T));
+  if (n == wide) f(std::integral_constant<int, wide>{});
+  else if (n == wide / 2) f(std::integral_constant<int, wide / 2>{});
+  else if (wide >= 8 && n == wide / 4) f(std::integral_constant<int, (wide >= 8 ? wide / 4 : 1)>{});
+  else f(std::integral_constant<int, 1>{});
+}
 
 }  // namespace
 
 template <typename T>
 void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const BatchNormShape& s, T* y,
-                               cudaStream_t stream, float* running_mean, float* running_var) {
-  batch_norm_forward_kernel<<<channel_blocks(s.channels), kChannelThreads, 0, stream>>>(x, gamma, beta, s, y,
-                                                                                        running_mean, running_var);
+                               cudaStream_t stream, float* running_mean, float* running_var, const T* residual,
+                               bool relu) {
+  check_channel_size(s);
+  with_pack<T>(pack_values<T>(s, {x, y, residual}), [&](auto n) {
+    launch_per_channel(batch_norm_forward_kernel<T, decltype(n)::value>, s, stream, x, gamma, beta, s, y, running_mean,
+                       running_var, residual, relu);
+  });
   SG_LAUNCH_CHECK("batch_norm_forward_kernel");
 }
 
 template <typename T>
 void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const BatchNormShape& s, T* dx, T* dgamma,
-                                T* dbeta, cudaStream_t stream) {
-  batch_norm_backward_kernel<<<channel_blocks(s.channels), kChannelThreads, 0, stream>>>(dy, x, gamma, s, dx, dgamma,
-                                                                                         dbeta);
+                                T* dbeta, cudaStream_t stream, const T* relu_out, const T* dy_other) {
+  check_channel_size(s);
+  with_pack<T>(pack_values<T>(s, {dy, x, dx, relu_out, dy_other}), [&](auto n) {
+    constexpr int N = decltype(n)::value;
+    launch_per_channel(batch_norm_backward_kernel<T, N>, s, stream, GradientIn<T, N>{dy, dy_other, relu_out}, x, gamma,
+                       s, dx, dgamma, dbeta);
+  });
   SG_LAUNCH_CHECK("batch_norm_backward_kernel");
 }
 
 template <typename T>
 void launch_batch_norm_stats_update(const T* x, const BatchNormShape& s, float* running_mean, float* running_var,
                                     cudaStream_t stream) {
-  batch_norm_stats_kernel<<<channel_blocks(s.channels), kChannelThreads, 0, stream>>>(x, s, running_mean, running_var);
+  check_channel_size(s);
+  with_pack<T>(pack_values<T>(s, {x}), [&](auto n) {
+    launch_per_channel(batch_norm_stats_kernel<T, decltype(n)::value>, s, stream, x, s, running_mean, running_var);
+  });
   SG_LAUNCH_CHECK("batch_norm_stats_kernel");
 }
 
@@ -196,9 +355,9 @@ void launch_batch_norm_inference(const T* x, const T* gamma, const T* beta, cons
 
 #define SG_INSTANTIATE_BATCH_NORM(T)                                                                               \
   template void launch_batch_norm_forward<T>(const T*, const T*, const T*, const BatchNormShape&, T*, cudaStream_t,  \
-                                             float*, float*);                                                     \
+                                             float*, float*, const T*, bool);                                     \
   template void launch_batch_norm_backward<T>(const T*, const T*, const T*, const BatchNormShape&, T*, T*, T*,     \
-                                              cudaStream_t);                                                       \
+                                              cudaStream_t, const T*, const T*);                                   \
   template void launch_batch_norm_stats_update<T>(const T*, const BatchNormShape&, float*, float*, cudaStream_t);  \
   template void launch_batch_norm_inference<T>(const T*, const T*, const T*, const float*, const float*,           \
                                                const BatchNormShape&, T*, cudaStream_t);

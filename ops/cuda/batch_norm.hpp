@@ -2,11 +2,13 @@
 // Batch normalisation on the GPU (issue 37), the CPU reference's contract
 // (ops/cpu/norm_reference.hpp): x [n, channels, plane] (plane = H*W, or 1),
 // per-channel statistics over n * plane values, gamma / beta / running
-// statistics [channels]. A cluster of blocks per channel (DSMEM sums):
-// the mean, then the biased variance of the deviations (two passes, as the
-// reference), each a fixed-order block sum (the same bits every run, no
-// atomics). Per-channel values have x's type except the running statistics,
-// which are f32 (as the graph keeps them).
+// statistics [channels]. A cluster of blocks per channel (DSMEM sums), one
+// pass for the statistics: the sums of the deviations from one of the
+// channel's values and of their squares (a shift that keeps the one-pass
+// variance's precision), each a fixed-order sum (the same bits every run, no
+// atomics); values moved in packs of up to 16 bytes. Per-channel values have
+// x's type except the running statistics, which are f32 (as the graph keeps
+// them).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,13 +24,23 @@ struct BatchNormShape {
 // Training: y normalised by the batch's statistics; with running_mean and
 // running_var (not null) the running statistics' update of
 // launch_batch_norm_stats_update in the same launch (the moments once).
+// With `residual` (x's shape), y = that + residual (a residual block's add,
+// the normalised value rounded to T first, as the graph stores it); with
+// `relu`, y = max(that, 0): the add and the ReLU after a batch_norm in its launch.
 template <typename T>
 void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const BatchNormShape& s, T* y,
-                               cudaStream_t stream, float* running_mean = nullptr, float* running_var = nullptr);
-// (dy, x, gamma) -> dx, dgamma, dbeta, the statistics recomputed; each output null when nothing reads it.
+                               cudaStream_t stream, float* running_mean = nullptr, float* running_var = nullptr,
+                               const T* residual = nullptr, bool relu = false);
+// (dy, x, gamma) -> dx, dgamma, dbeta, the statistics recomputed; each output
+// null when nothing reads it. With dy_other, the gradient is dy + dy_other
+// (rounded to T: two branches' gradients added, as in a residual block);
+// with relu_out, that is the gradient of a ReLU after the batch_norm and
+// relu_out that ReLU's output: the ReLU's backward (the gradient where
+// relu_out > 0) in the same launch.
 template <typename T>
 void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const BatchNormShape& s, T* dx, T* dgamma,
-                                T* dbeta, cudaStream_t stream);
+                                T* dbeta, cudaStream_t stream, const T* relu_out = nullptr,
+                                const T* dy_other = nullptr);
 // running_mean / running_var (f32) moved by momentum towards the batch's mean and unbiased variance.
 template <typename T>
 void launch_batch_norm_stats_update(const T* x, const BatchNormShape& s, float* running_mean, float* running_var,

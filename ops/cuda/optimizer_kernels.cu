@@ -7,6 +7,7 @@
 #include "ops/cuda/last_block_done.cuh"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/optimizer_kernels.hpp"
+#include "ops/cuda/sgd_step.cuh"
 
 namespace sg::cuda {
 namespace {
@@ -15,11 +16,9 @@ template <typename W, typename G>
 __global__ void sgd_nesterov_kernel(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars) {
   const UpdateScalars s = *scalars;
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
-    const float wi = to_float(w[i]);
-    const float grad = to_float(g[i]) + s.weight_decay * wi;
-    const float v = s.momentum * to_float(velocity[i]) + grad;
+    float v = to_float(velocity[i]);
+    w[i] = from_float<W>(sgd_nesterov_step(to_float(w[i]), to_float(g[i]), v, s));
     velocity[i] = from_float<W>(v);
-    w[i] = from_float<W>(wi - s.lr * (grad + s.momentum * v));
   }
 }
 

@@ -12,8 +12,11 @@
 namespace sg::cuda {
 namespace {
 
+// Four elements per thread: a small network's ~400k parameters make ~400
+// blocks, enough to keep every SM streaming (chunks of 4096 left a third of
+// them idle and each thread's loads in series).
 constexpr int kSgdThreads = 256;
-constexpr std::int64_t kSgdChunk = 4096;
+constexpr std::int64_t kSgdChunk = 1024;
 
 struct SgdEntry {
   void* w;
@@ -22,6 +25,7 @@ struct SgdEntry {
   std::int64_t n;
   const UpdateScalars* scalars;
   std::int64_t first_block;
+  bool nesterov;
 };
 
 template <typename W, typename G>
@@ -37,9 +41,11 @@ __global__ void __launch_bounds__(kSgdThreads)
   const UpdateScalars s = *entry.scalars;
   const std::int64_t begin = (std::int64_t(blockIdx.x) - entry.first_block) * kSgdChunk;
   const std::int64_t end = begin + kSgdChunk < entry.n ? begin + kSgdChunk : entry.n;
+#pragma unroll 4
   for (std::int64_t i = begin + threadIdx.x; i < end; i += kSgdThreads) {
     float v = velocity ? to_float(velocity[i]) : 0.f;
-    w[i] = from_float<W>(sgd_step(to_float(w[i]), to_float(g[i]), velocity ? &v : nullptr, s));
+    w[i] = from_float<W>(entry.nesterov ? sgd_nesterov_step(to_float(w[i]), to_float(g[i]), v, s)
+                                        : sgd_step(to_float(w[i]), to_float(g[i]), velocity ? &v : nullptr, s));
     if (velocity) velocity[i] = from_float<W>(v);
   }
 }
@@ -53,7 +59,7 @@ SgdMultiTensor<W, G>::SgdMultiTensor(const std::vector<SgdTensor<W, G>>& tensors
   std::vector<SgdEntry> entries;
   std::int64_t block = 0;
   for (const auto& t : tensors) {
-    entries.push_back({t.w, t.g, t.velocity, t.n, t.scalars, block});
+    entries.push_back({t.w, t.g, t.velocity, t.n, t.scalars, block, t.nesterov});
     block += std::max<std::int64_t>(1, (t.n + kSgdChunk - 1) / kSgdChunk);
   }
   blocks_ = static_cast<int>(block);

@@ -1,5 +1,5 @@
 #pragma once
-// SGD (PyTorch's, dampening 0: ops/cuda/sgd_step.cuh) over several tensors in
+// SGD (PyTorch's, dampening 0, plain or Nesterov: ops/cuda/sgd_step.cuh) over several tensors in
 // ONE launch: each block owns a chunk of one tensor and makes one pass over
 // it (read w, the gradient and the velocity; write w and the velocity). Each
 // tensor reads its own UpdateScalars (its sgd_update node's learning rate,
@@ -27,6 +27,7 @@ struct SgdTensor {
   W* velocity;
   std::int64_t n;
   const UpdateScalars* scalars;
+  bool nesterov = false;  // PyTorch's SGD(nesterov=True): needs the velocity
 };
 
 template <typename W, typename G>

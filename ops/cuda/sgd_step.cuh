@@ -21,6 +21,14 @@ __device__ __forceinline__ float sgd_step(float w, float g, float* v, const Upda
   return __fmaf_rn(-s.lr, grad, w);
 }
 
+// PyTorch's SGD(nesterov=True) on one element: g' = g + wd*w, v = momentum*v + g',
+// w -= lr * (g' + momentum*v), each step an explicit fused multiply-add (as above).
+__device__ __forceinline__ float sgd_nesterov_step(float w, float g, float& v, const UpdateScalars& s) {
+  const float grad = __fmaf_rn(s.weight_decay, w, g);
+  v = __fmaf_rn(s.momentum, v, grad);
+  return __fmaf_rn(-s.lr, __fmaf_rn(s.momentum, v, grad), w);
+}
+
 // The same step with the velocity in a register (updated in place; read only
 // with `momentum`): the same operations as above, so the same bits.
 __device__ __forceinline__ float sgd_step(float w, float g, bool momentum, float& v, const UpdateScalars& s) {

@@ -8,12 +8,15 @@
 // roundings of each type (dgamma and dbeta, sums that cancel: against their
 // terms' magnitudes); the same bits again on a second run. The running
 // statistics' update before the training normalisation of the same X (as a
-// model builds them) runs as one launch, with the same results.
+// model builds them) runs as one launch, with the same results; so do a
+// residual add and the ReLU after a batch_norm, and the add of two gradients
+// and the relu_backward before its backward.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <optional>
 
 #include "tests/kernels/twin_run.hpp"
 #include "tests/runtime/test_support.hpp"
@@ -124,4 +127,88 @@ TEST_CASE("the running statistics' update and the training normalisation of one 
         CHECK(run.error(v) <= sg::test::sum_order_tolerance(dtype));
       }
     }
+}
+
+TEST_CASE("batch_norm with a residual add and the ReLU after it, and its backward with the relu_backward and the add of two gradients before it, as one launch each") {
+  // Odd planes too: 7x7 moves single values, 14x14 f16 packs of 4, 28x28 packs of 8.
+  auto rng = sg::test::fresh_rng();
+  for (const bool residual : {false, true})
+    for (const Shape& shape : std::vector<Shape>{{64, 40}, {16, 8, 7, 7}, {32, 16, 14, 14}, {64, 4, 28, 28}})
+      for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+        CAPTURE(sg::test::last_seed());
+        CAPTURE(fmt::format("{} x {} residual {}", dtype_name(dtype), fmt::join(shape, "x"), residual));
+        const Shape channels{shape[1]};
+        Graph g;
+        const ValueId x = g.input("x", shape, dtype);
+        const ValueId gamma = g.input("gamma", channels, dtype);
+        const ValueId mean = g.state("running_mean", channels, DType::f32);
+        const ValueId var = g.state("running_var", channels, DType::f32);
+        const BatchNormAttrs attrs{1e-5, 0.1};
+        g.append_node(OpKind::batch_norm_stats_update, {x, mean, var}, attrs);
+        ValueId y = g.append_node(OpKind::batch_norm, {x, gamma, g.input("beta", channels, dtype)}, attrs).front();
+        if (residual) y = g.append_node(OpKind::add, {y, g.input("skip", shape, dtype)}, NoAttrs{}).front();
+        const ValueId r = g.relu(y);
+        const ValueId dr = g.input("dr", shape, dtype);
+        std::optional<ValueId> dr_other;
+        ValueId grad = dr;
+        if (residual) {
+          dr_other = g.input("dr_other", shape, dtype);
+          grad = g.append_node(OpKind::add, {dr, *dr_other}, NoAttrs{}).front();
+        }
+        const auto grads = g.append_node(OpKind::batch_norm_backward, {g.relu_backward(grad, r), x, gamma}, attrs);
+        g.mark_output(r);
+        for (ValueId v : grads) g.mark_output(v);
+        // beta in U(0.5, 1.5) puts a third or so of the normalised values below 0 (fewer with the skip added).
+        TwinRun run(std::move(g), rng, Fill{false, residual ? -1.0 : 0.5, 1.5});
+        CHECK(run.lowerings() == std::vector<std::string>(2, "batch_norm"));
+        for (ValueId v : {r, grads[0], mean, var}) {
+          CAPTURE(run.graph().value(v).name);
+          CHECK(run.error(v) <= sg::test::sum_order_tolerance(dtype));
+        }
+        std::vector<float> masked = run.cpu(dr);
+        if (dr_other) {
+          const auto other = run.cpu(*dr_other);
+          for (std::size_t i = 0; i < masked.size(); ++i) masked[i] += other[i];
+        }
+        const auto relu_out = run.cpu(r);
+        std::size_t zeros = 0;
+        for (std::size_t i = 0; i < masked.size(); ++i)
+          if (!(relu_out[i] > 0)) masked[i] = 0, ++zeros;
+        CHECK(zeros > 0);
+        CHECK(zeros < masked.size());
+        const auto sums = term_magnitudes(run.cpu(x), masked, shape);
+        for (int k : {1, 2}) {
+          const auto gpu = run.gpu(grads[static_cast<std::size_t>(k)]), cpu = run.cpu(grads[static_cast<std::size_t>(k)]);
+          for (std::size_t c = 0; c < gpu.size(); ++c) {
+            const double bound = k == 1 ? sums.dgamma[c] : sums.dbeta[c];
+            CHECK(std::abs(double(gpu[c]) - cpu[c]) <= sg::test::sum_order_tolerance(dtype) * bound);
+          }
+        }
+      }
+}
+
+TEST_CASE("batch_norm's one-pass statistics keep their precision when the mean is far from 0") {
+  // Values in U(10, 11): a variance 1200 times below the squared mean, where
+  // a sum of squares without the shift would lose most of f32's digits.
+  auto rng = sg::test::fresh_rng();
+  for (const Shape& shape : std::vector<Shape>{{256, 24}, {64, 4, 28, 28}}) {
+    CAPTURE(sg::test::last_seed());
+    const Shape channels{shape[1]};
+    Graph g;
+    const ValueId x = g.input("x", shape, DType::f32);
+    const ValueId gamma = g.input("gamma", channels, DType::f32);
+    const ValueId mean = g.state("running_mean", channels, DType::f32);
+    const ValueId var = g.state("running_var", channels, DType::f32);
+    const BatchNormAttrs attrs{1e-5, 0.1};
+    g.append_node(OpKind::batch_norm_stats_update, {x, mean, var}, attrs);
+    const ValueId y = g.append_node(OpKind::batch_norm, {x, gamma, g.input("beta", channels, DType::f32)}, attrs).front();
+    const auto grads = g.append_node(OpKind::batch_norm_backward, {g.input("dy", shape, DType::f32), x, gamma}, attrs);
+    g.mark_output(y);
+    g.mark_output(grads[0]);
+    TwinRun run(std::move(g), rng, Fill{false, 10.0, 11.0});
+    for (ValueId v : {y, grads[0], mean, var}) {
+      CAPTURE(run.graph().value(v).name);
+      CHECK(run.error(v) <= 1e-4);
+    }
+  }
 }

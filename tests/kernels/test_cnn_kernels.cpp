@@ -49,11 +49,15 @@ struct PoolCase {
   }
 };
 
-PoolCase random_pool_case(std::mt19937_64& rng) {
+// With `tiled`, windows that tile the plane (kernel == stride, no rows or
+// columns left over: the backward's one-thread-per-window kernel).
+PoolCase random_pool_case(std::mt19937_64& rng, bool tiled = false) {
   PoolCase c;
   c.pool.kernel = pick(rng, 1, 4);
-  c.pool.stride = pick(rng, 1, 4);
+  c.pool.stride = tiled ? c.pool.kernel : pick(rng, 1, 4);
   c.x = {pick(rng, 1, 5), pick(rng, 1, 9), c.pool.kernel + pick(rng, 0, 14), c.pool.kernel + pick(rng, 0, 14)};
+  if (tiled)
+    for (std::size_t d : {2, 3}) c.x[d] = c.x[d] / c.pool.kernel * c.pool.kernel;
   c.dropout = {std::vector<double>{0.0, 0.25, 0.5, 0.9}[rng() % 4], rng(), pick(rng, 0, 5)};
   c.step = static_cast<std::int32_t>(pick(rng, 0, 5000));
   return c;
@@ -104,7 +108,8 @@ TEST_CASE("max_pool2d forward, alone and with its relu and dropout2d folded in, 
 TEST_CASE("max_pool2d_backward, alone and with relu_backward and dropout2d_backward folded in, matches the CPU") {
   // Every chain: [relu_backward ->] max_pool2d_backward [-> relu_backward]
   // [-> dropout2d_backward], each with only its result read after the launch
-  // and once with every intermediate read too. Bit for bit.
+  // and once with every intermediate read too, a third of the cases with
+  // windows that tile the plane. Bit for bit.
   struct Chain {
     bool relu_before, relu_after, dropout, intermediates;
   };
@@ -114,9 +119,9 @@ TEST_CASE("max_pool2d_backward, alone and with relu_backward and dropout2d_backw
   chains.push_back({true, false, true, true});
   chains.push_back({false, true, false, true});
   auto rng = sg::test::fresh_rng();
-  for (int trial = 0; trial < 8; ++trial)
+  for (int trial = 0; trial < 12; ++trial)
     for (const DType dtype : kDtypes) {
-      const PoolCase c = random_pool_case(rng);
+      const PoolCase c = random_pool_case(rng, /*tiled=*/trial % 3 == 0);
       CAPTURE(sg::test::last_seed());
       CAPTURE(dtype_name(dtype));
       CAPTURE(fmt::format("x {} kernel {} stride {} p {} step {}", fmt::join(c.x, "x"), c.pool.kernel, c.pool.stride,
@@ -275,18 +280,19 @@ TEST_CASE("a conv bias's channel_sum [+ cast] + sgd_update run as one launch and
     }
 }
 
-TEST_CASE("the conv weights' [cast +] sgd_update run as one multi-tensor launch and match the CPU reference") {
-  SG_SKIP_IF_CORE_ONLY("fused_update's conv_weight_sgd");
+TEST_CASE("every parameter's [cast +] sgd_update (plain, momentum, Nesterov) runs in one multi-tensor launch and matches the CPU reference") {
   auto rng = sg::test::fresh_rng();
   const std::vector<std::pair<DType, DType>> types = {
       {DType::f32, DType::f32}, {DType::f16, DType::f32}, {DType::bf16, DType::f32}, {DType::f16, DType::f16}};
   for (const auto& [grad_type, weight_type] : types)
-    for (const double momentum : {0.0, 0.5}) {
+    for (const auto& [momentum, nesterov] : std::vector<std::pair<double, bool>>{{0.0, false}, {0.5, false}, {0.5, true}}) {
       CAPTURE(sg::test::last_seed());
-      CAPTURE(fmt::format("grad {} weight {} momentum {}", dtype_name(grad_type), dtype_name(weight_type), momentum));
+      CAPTURE(fmt::format("grad {} weight {} momentum {} nesterov {}", dtype_name(grad_type), dtype_name(weight_type),
+                          momentum, nesterov));
       Graph g;
-      // Two conv weights of odd sizes (one larger than a block's chunk).
-      const std::vector<Shape> shapes = {{pick(rng, 1, 30), pick(rng, 1, 9), 5, 5}, {64, 33, 3, 3}};
+      // Two conv weights of odd sizes (one larger than a block's chunk), a linear weight, a bias.
+      const std::vector<Shape> shapes = {
+          {pick(rng, 1, 30), pick(rng, 1, 9), 5, 5}, {64, 33, 3, 3}, {pick(rng, 1, 40), 17}, {pick(rng, 1, 70)}};
       std::vector<ValueId> weights, velocities;
       for (std::size_t k = 0; k < shapes.size(); ++k) {
         const ValueId grad_in = g.input(fmt::format("grad_in{}", k), shapes[k], grad_type);
@@ -295,7 +301,9 @@ TEST_CASE("the conv weights' [cast +] sgd_update run as one multi-tensor launch 
         if (momentum > 0) velocity = g.state(fmt::format("vel_w{}", k), shapes[k], weight_type);
         ValueId grad = grad_in;
         if (grad_type != weight_type) grad = g.append_node(OpKind::cast, {grad_in}, CastAttrs{weight_type}).front();
-        g.sgd_update(w, grad, momentum, 1e-3, velocity);
+        std::vector<ValueId> in{w, grad};
+        if (velocity) in.push_back(*velocity);
+        g.append_node(OpKind::sgd_update, in, SgdUpdateAttrs{momentum, 1e-3, nesterov});
         weights.push_back(w);
         if (velocity) velocities.push_back(*velocity);
       }
@@ -303,7 +311,7 @@ TEST_CASE("the conv weights' [cast +] sgd_update run as one multi-tensor launch 
       const ValueId step = g.state("step", {1}, DType::i32);
       g.advance_step(step);
       TwinRun run(std::move(g), rng, Fill{}, 41, 0.01);
-      CHECK(run.lowerings() == std::vector<std::string>{"conv_weight_sgd"});
+      CHECK(run.lowerings() == std::vector<std::string>{"sgd_multi_tensor"});
       CHECK(run.gpu_i32(step) == 42);
       CHECK(run.cpu_i32(step) == 42);
       const double tolerance = weight_type == DType::f16 ? 2e-3 : 1e-6;

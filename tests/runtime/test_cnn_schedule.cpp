@@ -156,7 +156,7 @@ TEST_CASE("the CNN's pooling chains, channel sums and conv weight updates take i
     // gradients, with the step advance riding on it.
     int weight_launches = 0;
     for (const Launch& l : s.launches) {
-      if (name_of(l) != "conv_weight_sgd") continue;
+      if (name_of(l) != "sgd_multi_tensor") continue;
       ++weight_launches;
       CHECK(l.lowering->describe(g, l) == "2 tensors");
       CHECK(updates(l, g.value_named("w1")));
@@ -231,12 +231,12 @@ TEST_CASE("conv-shaped Adam updates run in update_multi_tensor, the conv bias su
     CHECK(l.writes.size() == 1);
     CHECK(g.value(l.writes.at(0)).dtype == DType::f32);
   }
-  for (const Launch& l : lowered->schedule.launches) CHECK(name_of(l) != "conv_weight_sgd");
+  for (const Launch& l : lowered->schedule.launches) CHECK(name_of(l) != "sgd_multi_tensor");
 }
 
 TEST_CASE("the reference MLP's schedules take none of the CNN lowerings") {
   const std::vector<std::string> cnn = {"max_pool2d", "max_pool2d_backward", "dropout2d", "channel_sum_sgd",
-                                        "channel_sum", "conv_weight_sgd"};
+                                        "channel_sum"};
   for (const double momentum : {0.0, 0.9}) {
     const Graph g = reference_fused(momentum, DType::f32);
     for (const BackendOptions& o : {BackendOptions{}, two_pass()})

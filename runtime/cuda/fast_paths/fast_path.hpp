@@ -28,7 +28,6 @@ enum class FastPathSlot {
   weight_update,      // a weight gradient fused with its update, before cuBLASLt takes the matmul
   bias_update,        // bias gradients fused with their update rule's step, after the core bias_grad_sgd
   cnn_bias_update,    // conv bias channel sums fused with SGD, before the plain channel_sum
-  cnn_weight_update,  // the conv weights' SGD updates in one launch, after it
   convolution,        // our convolutions where they beat cuDNN, before cuDNN
 };
 

@@ -1,9 +1,12 @@
 // Lowering: the batch normalisation nodes (issue 37) by our per-channel
-// kernels (ops/cuda/batch_norm.hpp), one launch each: the training
-// normalisation, its backward (a gradient nothing reads is not written), the
-// running-statistics update (f32 state, in place; with the training
-// normalisation of the same X in one launch where both are free) and inference. gamma and
-// beta have X's type (the model casts fp32 master parameters first).
+// kernels (ops/cuda/batch_norm.hpp): the training normalisation with the
+// running-statistics update of the same X (f32 state, in place), the
+// residual add that alone reads its output and the ReLU that alone reads
+// either, in one launch where they are free; the backward with the
+// relu_backward that alone feeds it and the add of two gradients that alone
+// feeds that (a gradient nothing reads is not written); either statistics
+// node alone; inference. gamma and beta have X's type (the model casts fp32
+// master parameters first).
 #include "ops/cuda/batch_norm.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -32,6 +35,27 @@ BatchNormShape shape_of(const Shape& x_shape, const Node& norm, const Node& stat
   return s;
 }
 
+// The nodes of one launch: `norm` (any of the four ops), the stats update
+// riding with a training batch_norm, a residual add of its output and the
+// ReLU after either (forward), or the relu_backward before the backward and
+// the add of two gradients before that (backward); -1 where absent.
+struct BatchNormNodes {
+  NodeId norm = -1, stats = -1, add = -1, relu = -1;
+  ValueId residual = -1;  // forward: the add's other input
+};
+
+bool is_graph_output(const sg::Graph& g, ValueId v) {
+  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
+}
+
+// The unit of v's only reader when it is a free lone `op` node and v no graph output.
+const CoverUnit* sole_reader(const Cover& cover, ValueId v, OpKind op) {
+  const sg::Graph& g = cover.graph();
+  const auto& readers = g.consumers(v);
+  if (readers.size() != 1 || g.node(readers[0]).op != op || is_graph_output(g, v)) return nullptr;
+  return free_lone_unit(cover, readers[0]);
+}
+
 class BatchNormLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "batch_norm"; }
@@ -40,103 +64,157 @@ class BatchNormLowering final : public CudaLowering {
     if (unit.fusion_group >= 0 || unit.nodes.size() != 1) return std::nullopt;
     const sg::Graph& g = cover.graph();
     const Node& n = g.node(unit.nodes.front());
-    if (!batch_norm_op(n.op)) return std::nullopt;
-    const DType t = g.value(n.inputs[0]).dtype;
-    if (!is_floating(t)) return std::nullopt;
-    for (std::size_t slot = 0; slot < n.inputs.size(); ++slot)
-      if (g.value(n.inputs[slot]).dtype != (running_statistic(n.op, slot) ? DType::f32 : t)) return std::nullopt;
+    if (!batch_norm_op(n.op) || !types_fit(g, n)) return std::nullopt;
     Match m = single_unit(unit);
+    BatchNormNodes nodes{n.id, -1, -1};
     // The running statistics' update takes the training normalisation of the
     // same X along (a model builds them side by side): one launch, the
     // moments once.
-    if (n.op == OpKind::batch_norm_stats_update)
+    if (n.op == OpKind::batch_norm_stats_update) {
+      nodes = {-1, n.id, -1};
       for (NodeId reader : g.consumers(n.inputs[0]))
         if (const CoverUnit* u = free_lone_unit(cover, reader);
             u && g.node(reader).op == OpKind::batch_norm && g.node(reader).inputs[0] == n.inputs[0] &&
-            g.value(g.node(reader).inputs[1]).dtype == t && g.value(g.node(reader).inputs[2]).dtype == t) {
+            types_fit(g, g.node(reader))) {
           m.units.push_back(u->id);
+          nodes.norm = reader;
           break;
         }
+    }
+    if (nodes.norm >= 0 && g.node(nodes.norm).op == OpKind::batch_norm) {
+      const NodeId position = nodes.stats >= 0 ? nodes.stats : nodes.norm;  // where the launch runs
+      ValueId out = g.node(nodes.norm).outputs[0];
+      if (const CoverUnit* add = sole_reader(cover, out, OpKind::add)) {
+        const Node& a = g.node(add->nodes.front());
+        const ValueId other = a.inputs[0] == out ? a.inputs[1] : a.inputs[0];
+        const Value& r = g.value(other);
+        if (other != out && r.shape == g.value(out).shape && r.dtype == g.value(out).dtype && r.producer < position) {
+          m.units.push_back(add->id);
+          nodes.add = a.id;
+          nodes.residual = other;
+          out = a.outputs[0];
+        }
+      }
+      if (const CoverUnit* relu = sole_reader(cover, out, OpKind::relu)) {
+        m.units.push_back(relu->id);
+        nodes.relu = relu->nodes.front();
+      }
+    } else if (n.op == OpKind::batch_norm_backward) {
+      const ValueId dy = n.inputs[0];
+      const NodeId producer = g.value(dy).producer;
+      const auto same_as_dy = [&](ValueId v) {
+        return g.value(v).shape == g.value(dy).shape && g.value(v).dtype == g.value(dy).dtype;
+      };
+      if (producer >= 0 && g.node(producer).op == OpKind::relu_backward && g.consumers(dy).size() == 1 &&
+          !is_graph_output(g, dy) && same_as_dy(g.node(producer).inputs[0]) && same_as_dy(g.node(producer).inputs[1]))
+        if (const CoverUnit* relu = free_lone_unit(cover, producer)) {
+          m.units.push_back(relu->id);
+          nodes.relu = producer;
+          // The add of two branches' gradients that alone feeds the relu_backward (a residual block's input).
+          const ValueId sum = g.node(producer).inputs[0];
+          const NodeId adder = g.value(sum).producer;
+          if (adder >= 0 && g.node(adder).op == OpKind::add && g.consumers(sum).size() == 1 && !is_graph_output(g, sum) &&
+              same_as_dy(g.node(adder).inputs[0]) && same_as_dy(g.node(adder).inputs[1]))
+            if (const CoverUnit* add = free_lone_unit(cover, adder)) {
+              m.units.push_back(add->id);
+              nodes.add = adder;
+            }
+        }
+    }
+    if (nodes.norm < 0) nodes.norm = nodes.stats;  // the stats update alone
+    m.detail = nodes;
     return m;
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
-    if (l.nodes.size() == 2) return "train + running statistics";
-    const OpKind op = g.node(l.nodes.front()).op;
-    return op == OpKind::batch_norm            ? "train"
-           : op == OpKind::batch_norm_backward ? "backward"
-           : op == OpKind::batch_norm_stats_update ? "running statistics"
-                                                   : "inference";
+    const auto& nodes = detail_of<BatchNormNodes>(l);
+    const OpKind op = g.node(nodes.norm).op;
+    std::string text = op == OpKind::batch_norm               ? "train"
+                       : op == OpKind::batch_norm_backward     ? "backward"
+                       : op == OpKind::batch_norm_stats_update ? "running statistics"
+                                                               : "inference";
+    if (op == OpKind::batch_norm && nodes.stats >= 0) text += " + running statistics";
+    if (op == OpKind::batch_norm_backward) {
+      if (nodes.add >= 0) text += " + add";  // the order they run in
+      if (nodes.relu >= 0) text += " + relu_backward";
+      return text;
+    }
+    if (nodes.add >= 0) text += " + add";
+    if (nodes.relu >= 0) text += " + relu";
+    return text;
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
-    if (l.nodes.size() == 2) return record_train_and_statistics(l, c);
-    const Node& n = g.node(l.nodes.front());
+    const auto& nodes = detail_of<BatchNormNodes>(l);
+    const Node& n = g.node(nodes.norm);
     const OpKind op = n.op;
-    const BatchNormShape s = shape_of(g.value(n.inputs[op == OpKind::batch_norm_backward ? 1 : 0]).shape, n, n);
-    auto out_ptr = [&](ValueId v) { return launch_writes(l, v) ? c.ptr(v) : nullptr; };
-    std::vector<const void*> in;
-    for (ValueId v : n.inputs) in.push_back(c.ptr(v));
-    std::vector<void*> out;
-    for (ValueId v : n.outputs) out.push_back(op == OpKind::batch_norm_backward ? out_ptr(v) : c.ptr(v));
-    // The stats update writes its inputs 1 and 2 in place.
-    float* running_mean = op == OpKind::batch_norm_stats_update ? static_cast<float*>(c.ptr(n.inputs[1])) : nullptr;
-    float* running_var = op == OpKind::batch_norm_stats_update ? static_cast<float*>(c.ptr(n.inputs[2])) : nullptr;
+    const Node& stats = g.node(nodes.stats >= 0 ? nodes.stats : nodes.norm);
+    const bool backward = op == OpKind::batch_norm_backward;
+    const BatchNormShape s = shape_of(g.value(n.inputs[backward ? 1 : 0]).shape, n, stats);
+    const auto ptr = [&](ValueId v) { return c.ptr(v); };
+    const auto written = [&](ValueId v) { return launch_writes(l, v) ? c.ptr(v) : nullptr; };
+    const Node* relu = nodes.relu >= 0 ? &g.node(nodes.relu) : nullptr;
+    float* running_mean = nodes.stats >= 0 ? static_cast<float*>(ptr(stats.inputs[1])) : nullptr;
+    float* running_var = nodes.stats >= 0 ? static_cast<float*>(ptr(stats.inputs[2])) : nullptr;
     std::function<void(cudaStream_t)> run;
     with_float_type(g.value(n.inputs[0]).dtype, [&](auto tag) {
       using T = decltype(tag);
-      const auto* in0 = static_cast<const T*>(in[0]);
-      const auto* in1 = static_cast<const T*>(in[1]);
-      const auto* in2 = static_cast<const T*>(in[2]);
+      const auto in = [&](const Node& node, std::size_t i) { return static_cast<const T*>(ptr(node.inputs[i])); };
       switch (op) {
-        case OpKind::batch_norm: {
-          auto* y = static_cast<T*>(out[0]);
-          run = [=](cudaStream_t st) { launch_batch_norm_forward(in0, in1, in2, s, y, st); };
+        case OpKind::batch_norm: {  // [stats +] batch_norm [+ add] [+ relu]: y is the last one's output
+          const Node& last = relu ? *relu : g.node(nodes.add >= 0 ? nodes.add : nodes.norm);
+          auto* y = static_cast<T*>(ptr(last.outputs[0]));
+          const T *x = in(n, 0), *gamma = in(n, 1), *beta = in(n, 2);
+          const T* residual = nodes.residual >= 0 ? static_cast<const T*>(ptr(nodes.residual)) : nullptr;
+          const bool with_relu = relu != nullptr;
+          run = [=](cudaStream_t st) {
+            launch_batch_norm_forward(x, gamma, beta, s, y, st, running_mean, running_var, residual, with_relu);
+          };
           break;
         }
-        case OpKind::batch_norm_backward: {
-          auto *dx = static_cast<T*>(out[0]), *dgamma = static_cast<T*>(out[1]), *dbeta = static_cast<T*>(out[2]);
-          run = [=](cudaStream_t st) { launch_batch_norm_backward(in0, in1, in2, s, dx, dgamma, dbeta, st); };
+        case OpKind::batch_norm_backward: {  // [[add +] relu_backward +] batch_norm_backward
+          const Node* add = nodes.add >= 0 ? &g.node(nodes.add) : nullptr;
+          const T* dy = add ? in(*add, 0) : relu ? in(*relu, 0) : in(n, 0);
+          const T* dy_other = add ? in(*add, 1) : nullptr;
+          const T* relu_out = relu ? in(*relu, 1) : nullptr;
+          const T *x = in(n, 1), *gamma = in(n, 2);
+          auto* dx = static_cast<T*>(written(n.outputs[0]));
+          auto* dgamma = static_cast<T*>(written(n.outputs[1]));
+          auto* dbeta = static_cast<T*>(written(n.outputs[2]));
+          run = [=](cudaStream_t st) {
+            launch_batch_norm_backward(dy, x, gamma, s, dx, dgamma, dbeta, st, relu_out, dy_other);
+          };
           break;
         }
-        case OpKind::batch_norm_stats_update:
-          run = [=](cudaStream_t st) { launch_batch_norm_stats_update(in0, s, running_mean, running_var, st); };
+        case OpKind::batch_norm_stats_update: {
+          const T* x = in(n, 0);
+          run = [=](cudaStream_t st) { launch_batch_norm_stats_update(x, s, running_mean, running_var, st); };
           break;
+        }
         default: {
-          const auto* mean = static_cast<const float*>(in[3]);
-          const auto* var = static_cast<const float*>(in[4]);
-          auto* y = static_cast<T*>(out[0]);
-          run = [=](cudaStream_t st) { launch_batch_norm_inference(in0, in1, in2, mean, var, s, y, st); };
+          const T *x = in(n, 0), *gamma = in(n, 1), *beta = in(n, 2);
+          const auto* mean = static_cast<const float*>(ptr(n.inputs[3]));
+          const auto* var = static_cast<const float*>(ptr(n.inputs[4]));
+          auto* y = static_cast<T*>(ptr(n.outputs[0]));
+          run = [=](cudaStream_t st) { launch_batch_norm_inference(x, gamma, beta, mean, var, s, y, st); };
           break;
         }
       }
     });
-    return std::make_unique<BoundLaunch>(std::move(run), fmt::format("{} channels of {} values", s.channels,
-                                                                      s.n * s.plane));
+    return std::make_unique<BoundLaunch>(
+        std::move(run), fmt::format("{} channels of {} values{}", s.channels, s.n * s.plane,
+                                    running_mean ? ", running statistics" : ""));
   }
 
  private:
-  // batch_norm_stats_update and batch_norm of one X: the forward kernel with the running statistics.
-  static std::unique_ptr<RecordedLaunch> record_train_and_statistics(const Launch& l, const BindContext& c) {
-    const sg::Graph& g = c.graph();
-    const Node* stats = &g.node(l.nodes[0]);
-    const Node* train = &g.node(l.nodes[1]);
-    if (stats->op != OpKind::batch_norm_stats_update) std::swap(stats, train);
-    const BatchNormShape s = shape_of(g.value(train->inputs[0]).shape, *train, *stats);
-    auto* running_mean = static_cast<float*>(c.ptr(stats->inputs[1]));
-    auto* running_var = static_cast<float*>(c.ptr(stats->inputs[2]));
-    std::function<void(cudaStream_t)> run;
-    with_float_type(g.value(train->inputs[0]).dtype, [&](auto tag) {
-      using T = decltype(tag);
-      const auto* x = static_cast<const T*>(c.ptr(train->inputs[0]));
-      const auto* gamma = static_cast<const T*>(c.ptr(train->inputs[1]));
-      const auto* beta = static_cast<const T*>(c.ptr(train->inputs[2]));
-      auto* y = static_cast<T*>(c.ptr(train->outputs[0]));
-      run = [=](cudaStream_t st) { launch_batch_norm_forward(x, gamma, beta, s, y, st, running_mean, running_var); };
-    });
-    return std::make_unique<BoundLaunch>(std::move(run), fmt::format("{} channels of {} values, running statistics",
-                                                                      s.channels, s.n * s.plane));
+  // Every input has X's type but the running statistics (f32); X is floating.
+  static bool types_fit(const sg::Graph& g, const Node& n) {
+    const DType t = g.value(n.inputs[0]).dtype;
+    if (!is_floating(t)) return false;
+    for (std::size_t slot = 0; slot < n.inputs.size(); ++slot)
+      if (g.value(n.inputs[slot]).dtype != (running_statistic(n.op, slot) ? DType::f32 : t)) return false;
+    return true;
   }
 };
 

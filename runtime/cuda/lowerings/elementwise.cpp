@@ -37,7 +37,7 @@ class ElementwiseLowering final : public CudaLowering {
         break;
       }
       case OpKind::sgd_update: {
-        if (n.attr<SgdUpdateAttrs>().nesterov) return std::nullopt;  // sgd_nesterov's
+        if (n.attr<SgdUpdateAttrs>().nesterov) return std::nullopt;  // sgd_multi_tensor's
         const DType w = g.value(n.inputs[0]).dtype, grad = g.value(n.inputs[1]).dtype;
         takes = (w == grad && is_floating(w)) || (w == DType::f32 && is_half_width_float(grad));
         break;

@@ -23,7 +23,7 @@ std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
 std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering();
 std::unique_ptr<CudaLowering> make_grad_clip_scale_lowering();
 std::unique_ptr<CudaLowering> make_scale_grad_lowering();
-std::unique_ptr<CudaLowering> make_sgd_nesterov_lowering();
+std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering();
 std::unique_ptr<CudaLowering> make_batch_fetch_lowering();
 std::unique_ptr<CudaLowering> make_table_fetch_lowering();
 std::unique_ptr<CudaLowering> make_elementwise_lowering();
@@ -70,11 +70,10 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   // core, since the fusion pass forms the group for every SGD graph.
   l.push_back(make_bias_grad_sgd_lowering());
   slot(FastPathSlot::bias_update);
-  // The update stage (issue 35): every update-rule node left (Adam, AdamW, RMSprop) in one launch; clipping, Nesterov.
+  // The update stage (issue 35): every update-rule node left (Adam, AdamW, RMSprop) in one launch; clipping.
   l.push_back(make_update_multi_tensor_lowering());
   l.push_back(make_grad_clip_scale_lowering());
   l.push_back(make_scale_grad_lowering());
-  l.push_back(make_sgd_nesterov_lowering());
   l.push_back(make_batch_fetch_lowering());
   l.push_back(make_table_fetch_lowering());  // float features/targets, features-only fetches (issue 23)
   l.push_back(make_regression_loss_lowering());
@@ -93,7 +92,8 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_batch_norm_lowering());  // batch normalisation's four ops (issue 37)
   slot(FastPathSlot::cnn_bias_update);
   l.push_back(make_channel_sum_lowering());
-  slot(FastPathSlot::cnn_weight_update);
+  // Every SGD update the fused ones above left (any parameter, Nesterov too) in one launch.
+  l.push_back(make_sgd_multi_tensor_lowering());
   // Reshape/flatten as views; fp32 master weights' casts left: one launch for all.
   l.push_back(make_view_lowering());
   l.push_back(make_cast_params_lowering());

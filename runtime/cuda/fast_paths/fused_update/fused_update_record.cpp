@@ -3,9 +3,9 @@
 // gradient with SGD (small_m_wgrad_sgd), a weight gradient's tile straight
 // into its update rule's step (wgrad_update: Adam, AdamW, RMSprop..., with the
 // one-pass backward's options), bias column sums into the rule's step
-// (bias_grad_update; with SGD they are a fusion group the core's bias_grad_sgd runs),
-// conv bias channel sums with SGD (channel_sum_sgd) and the conv weights' SGD
-// updates in one launch (conv_weight_sgd).
+// (bias_grad_update; with SGD they are a fusion group the core's bias_grad_sgd runs)
+// and conv bias channel sums with SGD (channel_sum_sgd). The SGD updates left
+// run in the core's one multi-tensor launch (sgd_multi_tensor).
 #include "runtime/cuda/fast_paths/fast_path.hpp"
 #include "runtime/cuda/fast_paths/why_not_support.hpp"
 #include "runtime/cuda/lowerings/update_rule_table.hpp"
@@ -16,7 +16,6 @@ std::unique_ptr<CudaLowering> make_small_m_wgrad_sgd_lowering(const BackendOptio
 std::unique_ptr<CudaLowering> make_wgrad_update_lowering(const BackendOptions&);
 std::unique_ptr<CudaLowering> make_bias_grad_update_lowering();
 std::unique_ptr<CudaLowering> make_channel_sum_sgd_lowering();
-std::unique_ptr<CudaLowering> make_conv_weight_sgd_lowering();
 
 namespace {
 
@@ -27,7 +26,6 @@ std::vector<SlottedLowering> fused_update_lowerings(const BackendOptions& o) {
   if (o.one_pass_backward && !o.accumulate_f16) l.push_back({FastPathSlot::weight_update, make_wgrad_update_lowering(o)});
   l.push_back({FastPathSlot::bias_update, make_bias_grad_update_lowering()});
   l.push_back({FastPathSlot::cnn_bias_update, make_channel_sum_sgd_lowering()});
-  l.push_back({FastPathSlot::cnn_weight_update, make_conv_weight_sgd_lowering()});
   return l;
 }
 
@@ -45,7 +43,7 @@ std::string fused_update_why_not(const sg::Graph& g, const BackendOptions& /*o*/
 
 FastPath fused_update_fast_path() {
   return {"fused_update",
-          "gradients fused with their update (SGD, or any update rule: Adam, AdamW, RMSprop) (classifier weights, Adam biases, conv channel sums and weights)",
+          "gradients fused with their update (SGD, or any update rule: Adam, AdamW, RMSprop) (classifier weights, Adam biases, conv channel sums)",
           {},
           fused_update_lowerings,
           fused_update_why_not};

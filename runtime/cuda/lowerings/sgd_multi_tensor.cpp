@@ -1,13 +1,13 @@
-// Lowering: the SGD updates of convolution weights (rank-4 parameters) with
-// the f16/bf16 -> f32 cast of their gradient where the weight is an fp32
-// master, all in ONE multi-tensor launch (ops/cuda/sgd_multi_tensor.hpp). A
-// conv weight's gradient comes from a conv2d_backward_filter launch of its
-// own (cuDNN), so the update cannot ride in the gradient's epilogue as
-// wgrad_sgd does for a linear layer. The optimizer pass places each update
-// right after its gradient, so one launch per weight is matched first; each
-// may ride on a later one of these (Match::may_ride), and the scheduler's
-// rider pass moves them all into the last, where every gradient exists.
-// Linear layers' updates (rank 2) stay with their own lowerings.
+// Lowering: every SGD update left (plain, momentum or Nesterov; any
+// parameter: conv and linear weights, biases, normalisation scales), with the
+// f16/bf16 -> f32 cast of its gradient where the weight is an fp32 master,
+// all in ONE multi-tensor launch (ops/cuda/sgd_multi_tensor.hpp). It comes
+// after the fused updates (a gradient's producer with its update:
+// bias_grad_sgd, fused_update's channel sums and weight gradients), so it
+// takes what they leave. The optimizer pass places each update right after
+// its gradient, so one launch per update is matched first; each may ride on a
+// later one of these (Match::may_ride), and the scheduler's rider pass moves
+// them all into the last, where every gradient exists.
 #include "ops/cuda/sgd_multi_tensor.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -17,17 +17,17 @@ namespace sg::cuda {
 namespace {
 
 // One update of the launch: the sgd_update node and the cast folded into it (-1: none).
-struct ConvWeightUpdate {
+struct SgdUpdate {
   NodeId sgd = -1, cast = -1;
 };
 
 // The updates among a launch's nodes (its own and its riders').
-std::vector<ConvWeightUpdate> updates_of(const sg::Graph& g, const std::vector<NodeId>& nodes) {
-  std::vector<ConvWeightUpdate> out;
+std::vector<SgdUpdate> updates_of(const sg::Graph& g, const std::vector<NodeId>& nodes) {
+  std::vector<SgdUpdate> out;
   for (NodeId id : nodes) {
     const Node& n = g.node(id);
     if (n.op != OpKind::sgd_update) continue;
-    ConvWeightUpdate u{id, -1};
+    SgdUpdate u{id, -1};
     const NodeId producer = g.value(n.inputs[1]).producer;
     if (producer >= 0 && std::find(nodes.begin(), nodes.end(), producer) != nodes.end()) u.cast = producer;
     out.push_back(u);
@@ -36,26 +36,26 @@ std::vector<ConvWeightUpdate> updates_of(const sg::Graph& g, const std::vector<N
 }
 
 // (weight, gradient as read) element types of an update.
-std::pair<DType, DType> types_of(const sg::Graph& g, const ConvWeightUpdate& u) {
+std::pair<DType, DType> types_of(const sg::Graph& g, const SgdUpdate& u) {
   const Node& sgd = g.node(u.sgd);
   const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
   return {g.value(sgd.inputs[0]).dtype, g.value(grad).dtype};
 }
 
-class ConvWeightSgdLowering final : public CudaLowering {
+class SgdMultiTensorLowering final : public CudaLowering {
  public:
-  std::string_view name() const override { return "conv_weight_sgd"; }
+  std::string_view name() const override { return "sgd_multi_tensor"; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     if (unit.fusion_group >= 0) return std::nullopt;
     const sg::Graph& g = cover.graph();
     const Node& sgd = g.node(unit.nodes.front());
-    if (sgd.op != OpKind::sgd_update || sgd.attr<SgdUpdateAttrs>().nesterov) return std::nullopt;
+    if (sgd.op != OpKind::sgd_update) return std::nullopt;
+    if (sgd.attr<SgdUpdateAttrs>().nesterov && sgd.inputs.size() != 3) return std::nullopt;  // Nesterov needs v
     const Value& w = g.value(sgd.inputs[0]);
-    if (w.shape.size() != 4) return std::nullopt;
     if (sgd.inputs.size() == 3 && g.value(sgd.inputs[2]).dtype != w.dtype) return std::nullopt;
     Match m = single_unit(unit);
-    ConvWeightUpdate u{sgd.id, -1};
+    SgdUpdate u{sgd.id, -1};
     // A cast to the weight's dtype whose only reader is this update folds in
     // (the kernel reads the gradient as it comes and updates in f32).
     const ValueId grad = sgd.inputs[1];
@@ -82,7 +82,7 @@ class ConvWeightSgdLowering final : public CudaLowering {
     if (mine.empty() || theirs.empty()) return false;
     const auto types = types_of(g, mine.front());
     return std::all_of(theirs.begin(), theirs.end(),
-                       [&](const ConvWeightUpdate& u) { return types_of(g, u) == types; });
+                       [&](const SgdUpdate& u) { return types_of(g, u) == types; });
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
@@ -101,12 +101,13 @@ class ConvWeightSgdLowering final : public CudaLowering {
       using W = decltype(wt);
       using G = decltype(gt);
       std::vector<SgdTensor<W, G>> tensors;
-      for (const ConvWeightUpdate& u : updates) {
+      for (const SgdUpdate& u : updates) {
         const Node& sgd = g.node(u.sgd);
         const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
         tensors.push_back({static_cast<W*>(c.ptr(sgd.inputs[0])), static_cast<const G*>(c.ptr(grad)),
                            sgd.inputs.size() == 3 ? static_cast<W*>(c.ptr(sgd.inputs[2])) : nullptr,
-                           element_count(g.value(sgd.inputs[0]).shape), c.update_scalars(sgd.id)});
+                           element_count(g.value(sgd.inputs[0]).shape), c.update_scalars(sgd.id),
+                           sgd.attr<SgdUpdateAttrs>().nesterov});
       }
       auto kernel = std::make_shared<SgdMultiTensor<W, G>>(tensors);
       run = [=](cudaStream_t s) { kernel->launch(s, advance); };
@@ -117,6 +118,6 @@ class ConvWeightSgdLowering final : public CudaLowering {
 
 }  // namespace
 
-std::unique_ptr<CudaLowering> make_conv_weight_sgd_lowering() { return std::make_unique<ConvWeightSgdLowering>(); }
+std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering() { return std::make_unique<SgdMultiTensorLowering>(); }
 
 }  // namespace sg::cuda
