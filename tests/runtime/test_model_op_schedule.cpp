@@ -1,10 +1,13 @@
 // The CUDA cover of issue 37's ops (no GPU needed): each of avg_pool2d,
 // global_avg_pool2d, layer_norm, concat, augment_images and the four batch
-// normalisation ops, with their gradients, is taken by its own lowering, one
-// launch per node, and a running-statistics update writes its state in
-// place (Launch::updates).
+// normalisation ops, with their gradients, is taken by its own lowering, and
+// a running-statistics update writes its state in place (Launch::updates);
+// batch_norm's launch takes the residual add / ReLU after it and the
+// relu_backward / gradient add before its backward only where nothing else
+// reads what they pass on.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "graph/autodiff.hpp"
@@ -81,4 +84,84 @@ TEST_CASE("the CUDA lowerings take issue 37's ops and their gradients, one launc
       CHECK(updates(launch, mean));
       CHECK(updates(launch, var));
     }
+}
+
+namespace {
+
+// The ops of the launch that runs node n, sorted.
+std::vector<OpKind> ops_with(const Graph& g, const Schedule& s, NodeId n) {
+  for (const Launch& l : s.launches)
+    if (std::find(l.nodes.begin(), l.nodes.end(), n) != l.nodes.end()) {
+      std::vector<OpKind> ops;
+      for (NodeId m : l.nodes) ops.push_back(g.node(m).op);
+      std::sort(ops.begin(), ops.end());
+      return ops;
+    }
+  return {};
+}
+
+std::vector<OpKind> sorted_ops(std::vector<OpKind> ops) {
+  std::sort(ops.begin(), ops.end());
+  return ops;
+}
+
+}  // namespace
+
+TEST_CASE("batch_norm's launch takes the residual add and ReLU after it only where they read nothing later") {
+  const BatchNormAttrs bn{1e-5, 0.1};
+  for (const int variant : {0, 1, 2}) {  // 0: fused; 1: the skip comes after the batch_norm; 2: its output read twice
+    CAPTURE(variant);
+    Graph g;
+    const auto x = g.input("x", {8, 4, 6, 6}, DType::f16);
+    const auto mean = g.state("running_mean", {4}, DType::f32);
+    const auto var = g.state("running_var", {4}, DType::f32);
+    g.append_node(OpKind::batch_norm_stats_update, {x, mean, var}, bn);
+    const auto y = g.append_node(OpKind::batch_norm, {x, g.param("gamma", {4}, DType::f16), g.param("beta", {4}, DType::f16)},
+                                 bn)
+                       .front();
+    const auto skip = variant == 1 ? g.relu(g.input("late", {8, 4, 6, 6}, DType::f16)) : g.input("skip", {8, 4, 6, 6}, DType::f16);
+    const auto out = g.relu(g.append_node(OpKind::add, {y, skip}, NoAttrs{}).front());
+    g.mark_output(out);
+    if (variant == 2) g.mark_output(g.relu(y));
+    const Lowered l = lower(g, BackendOptions{});
+    const NodeId norm = g.value(y).producer;
+    const auto launched = ops_with(g, l.schedule, norm);
+    if (variant == 0) {
+      CHECK(launched == sorted_ops({OpKind::batch_norm_stats_update, OpKind::batch_norm, OpKind::add, OpKind::relu}));
+      for (const Launch& launch : l.schedule.launches)
+        if (name_of(launch) == "batch_norm") {
+          CHECK(launch.lowering->describe(g, launch) == "train + running statistics + add + relu");
+          CHECK(writes(launch, out));
+          CHECK(!writes(launch, y));  // the normalised values never reach memory
+          CHECK(reads(launch, skip));
+        }
+    } else {
+      CHECK(launched == sorted_ops({OpKind::batch_norm_stats_update, OpKind::batch_norm}));
+    }
+  }
+}
+
+TEST_CASE("batch_norm_backward's launch takes the relu_backward and the add of two gradients that alone feed it") {
+  const BatchNormAttrs bn{1e-5, 0.1};
+  for (const bool sum_read_elsewhere : {false, true}) {
+    CAPTURE(sum_read_elsewhere);
+    Graph g;
+    const Shape shape{8, 4, 6, 6};
+    const auto sum = g.append_node(OpKind::add, {g.input("g1", shape, DType::f16), g.input("g2", shape, DType::f16)},
+                                   NoAttrs{})
+                         .front();
+    const auto dy = g.relu_backward(sum, g.input("relu_out", shape, DType::f16));
+    const auto grads = g.append_node(OpKind::batch_norm_backward,
+                                     {dy, g.input("x", shape, DType::f16), g.param("gamma", {4}, DType::f16)}, bn);
+    for (ValueId v : grads) g.mark_output(v);
+    if (sum_read_elsewhere) g.mark_output(sum);
+    const Lowered l = lower(g, BackendOptions{});
+    const auto launched = ops_with(g, l.schedule, g.value(grads[0]).producer);
+    if (!sum_read_elsewhere) {
+      CHECK(launched == sorted_ops({OpKind::add, OpKind::relu_backward, OpKind::batch_norm_backward}));
+    } else {
+      CHECK(launched == sorted_ops({OpKind::relu_backward, OpKind::batch_norm_backward}));
+      CHECK(ops_with(g, l.schedule, g.value(sum).producer) == std::vector<OpKind>{OpKind::add});
+    }
+  }
 }
