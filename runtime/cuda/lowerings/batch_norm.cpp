@@ -44,18 +44,6 @@ struct BatchNormNodes {
   ValueId residual = -1;  // forward: the add's other input
 };
 
-bool is_graph_output(const sg::Graph& g, ValueId v) {
-  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
-}
-
-// The unit of v's only reader when it is a free lone `op` node and v no graph output.
-const CoverUnit* sole_reader(const Cover& cover, ValueId v, OpKind op) {
-  const sg::Graph& g = cover.graph();
-  const auto& readers = g.consumers(v);
-  if (readers.size() != 1 || g.node(readers[0]).op != op || is_graph_output(g, v)) return nullptr;
-  return free_lone_unit(cover, readers[0]);
-}
-
 class BatchNormLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "batch_norm"; }
@@ -84,7 +72,7 @@ class BatchNormLowering final : public CudaLowering {
     if (nodes.norm >= 0 && g.node(nodes.norm).op == OpKind::batch_norm) {
       const NodeId position = nodes.stats >= 0 ? nodes.stats : nodes.norm;  // where the launch runs
       ValueId out = g.node(nodes.norm).outputs[0];
-      if (const CoverUnit* add = sole_reader(cover, out, OpKind::add)) {
+      if (const CoverUnit* add = free_sole_reader(cover, out, OpKind::add)) {
         const Node& a = g.node(add->nodes.front());
         const ValueId other = a.inputs[0] == out ? a.inputs[1] : a.inputs[0];
         const Value& r = g.value(other);
@@ -95,7 +83,7 @@ class BatchNormLowering final : public CudaLowering {
           out = a.outputs[0];
         }
       }
-      if (const CoverUnit* relu = sole_reader(cover, out, OpKind::relu)) {
+      if (const CoverUnit* relu = free_sole_reader(cover, out, OpKind::relu)) {
         m.units.push_back(relu->id);
         nodes.relu = relu->nodes.front();
       }
@@ -105,15 +93,15 @@ class BatchNormLowering final : public CudaLowering {
       const auto same_as_dy = [&](ValueId v) {
         return g.value(v).shape == g.value(dy).shape && g.value(v).dtype == g.value(dy).dtype;
       };
-      if (producer >= 0 && g.node(producer).op == OpKind::relu_backward && g.consumers(dy).size() == 1 &&
-          !is_graph_output(g, dy) && same_as_dy(g.node(producer).inputs[0]) && same_as_dy(g.node(producer).inputs[1]))
+      if (producer >= 0 && g.node(producer).op == OpKind::relu_backward && sole_reader(g, dy) == n.id &&
+          same_as_dy(g.node(producer).inputs[0]) && same_as_dy(g.node(producer).inputs[1]))
         if (const CoverUnit* relu = free_lone_unit(cover, producer)) {
           m.units.push_back(relu->id);
           nodes.relu = producer;
           // The add of two branches' gradients that alone feeds the relu_backward (a residual block's input).
           const ValueId sum = g.node(producer).inputs[0];
           const NodeId adder = g.value(sum).producer;
-          if (adder >= 0 && g.node(adder).op == OpKind::add && g.consumers(sum).size() == 1 && !is_graph_output(g, sum) &&
+          if (adder >= 0 && g.node(adder).op == OpKind::add && sole_reader(g, sum) == producer &&
               same_as_dy(g.node(adder).inputs[0]) && same_as_dy(g.node(adder).inputs[1]))
             if (const CoverUnit* add = free_lone_unit(cover, adder)) {
               m.units.push_back(add->id);

@@ -30,7 +30,7 @@ class ChannelSumLowering final : public CudaLowering {
     ChannelSumNodes nodes{n.id, -1};
     const ValueId sum = n.outputs[0];
     const auto readers = g.consumers(sum);
-    const bool output = std::find(g.outputs().begin(), g.outputs().end(), sum) != g.outputs().end();
+    const bool output = is_graph_output(g, sum);
     if (readers.size() == 1 && !output && is_half_width_float(x))
       if (const CoverUnit* cast = free_lone_unit(cover, readers[0]);
           cast && g.node(readers[0]).op == OpKind::cast && g.value(g.node(readers[0]).outputs[0]).dtype == DType::f32) {

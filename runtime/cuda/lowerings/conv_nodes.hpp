@@ -3,7 +3,6 @@
 // which nodes a convolution launch takes (a conv2d with the relu right after
 // it, or a lone conv2d_backward_data / conv2d_backward_filter), its sizes
 // from the node's operands, and its line in the schedule dump.
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -49,11 +48,7 @@ inline ConvSizes conv_sizes(const sg::Graph& g, const Node& n) {
 // The lone relu reading the forward's output, when it is that output's only
 // reader and the output is not a graph output (then it is never written).
 inline const CoverUnit* free_relu_after(const Cover& cover, const Node& conv) {
-  const sg::Graph& g = cover.graph();
-  const auto readers = g.consumers(conv.outputs[0]);
-  if (readers.size() != 1 || g.node(readers[0]).op != OpKind::relu) return nullptr;
-  if (std::find(g.outputs().begin(), g.outputs().end(), conv.outputs[0]) != g.outputs().end()) return nullptr;
-  return free_lone_unit(cover, readers[0]);
+  return free_sole_reader(cover, conv.outputs[0], OpKind::relu);
 }
 
 // The match of a convolution unit whose operands all have one floating

@@ -62,8 +62,7 @@ class SgdMultiTensorLowering final : public CudaLowering {
     const NodeId producer = g.value(grad).producer;
     if (const CoverUnit* cast = free_lone_unit(cover, producer);
         cast && g.node(producer).op == OpKind::cast && g.value(grad).dtype == w.dtype &&
-        g.consumers(grad).size() == 1 &&
-        std::find(g.outputs().begin(), g.outputs().end(), grad) == g.outputs().end()) {
+        sole_reader(g, grad) == sgd.id) {
       u.cast = producer;
       m.units.push_back(cast->id);
     }

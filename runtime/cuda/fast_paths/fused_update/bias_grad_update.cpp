@@ -5,6 +5,7 @@
 // the clip scale exists only after every gradient, so those biases go
 // through update_multi_tensor.
 #include "ops/cuda/fast_paths/fused_update/bias_grad_update.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
 #include "runtime/cuda/lowerings/update_rule_table.hpp"
@@ -15,13 +16,6 @@ namespace {
 struct BiasUpdateNodes {
   NodeId reduce = -1, cast = -1, update = -1;
 };
-
-// The one reader of `v` when it is not a graph output, else -1.
-NodeId sole_reader(const sg::Graph& g, ValueId v) {
-  const auto readers = g.consumers(v);
-  if (readers.size() != 1 || std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end()) return -1;
-  return readers[0];
-}
 
 class BiasGradUpdateLowering final : public CudaLowering {
  public:

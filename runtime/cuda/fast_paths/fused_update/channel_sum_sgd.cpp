@@ -4,8 +4,6 @@
 // bias_grad_sgd does for a linear layer's reduce_rows. The fusion pass makes
 // no group of these, so it gathers the lone channel_sum [-> cast] ->
 // sgd_update nodes itself, when the sum and the cast have no other reader.
-#include <algorithm>
-
 #include "ops/cuda/channel_sum.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -22,10 +20,6 @@ NodeId only_free_reader(const Cover& cover, ValueId v) {
   const auto readers = cover.graph().consumers(v);
   if (readers.size() != 1 || !free_lone_unit(cover, readers[0])) return -1;
   return readers[0];
-}
-
-bool is_graph_output(const sg::Graph& g, ValueId v) {
-  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
 }
 
 class ChannelSumSgdLowering final : public CudaLowering {

@@ -9,6 +9,7 @@
 // updates). Not with clipping: the clip scale exists only after every
 // gradient (the update then reads it, and update_multi_tensor takes it).
 #include "ops/cuda/fast_paths/fused_update/wgrad_update.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
 #include "ops/cuda/fast_paths/measured_costs.hpp"
@@ -23,22 +24,6 @@ namespace {
 struct WgradUpdateNodes {
   NodeId matmul = -1, cast = -1, update = -1;
 };
-
-bool is_graph_output(const sg::Graph& g, ValueId v) {
-  return std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
-}
-
-// The one node reading `v` (not a graph output), else -1.
-NodeId sole_reader(const sg::Graph& g, ValueId v) {
-  const auto readers = g.consumers(v);
-  return readers.size() == 1 && !is_graph_output(g, v) ? readers[0] : -1;
-}
-
-// The free unit holding exactly `node` and nothing else.
-const CoverUnit* free_lone_unit(const Cover& cover, NodeId node) {
-  const CoverUnit& u = cover.unit_of(node);
-  return !cover.taken(u.id) && u.fusion_group < 0 && u.nodes.size() == 1 ? &u : nullptr;
-}
 
 class WgradUpdateLowering final : public CudaLowering {
  public:
