@@ -57,6 +57,31 @@ __device__ __forceinline__ Pack<T, N> load(const T* p, std::int64_t k) {
   return *reinterpret_cast<const Pack<T, N>*>(p + k);
 }
 
+// Packs a thread keeps in registers from the sums to the output pass when a
+// channel's values fit the cluster's threads so (64 bytes per tensor, 16
+// packs at most): then x (and dy) are read once, all of a thread's loads in
+// flight together, where the streaming kernels read them twice, each pass
+// waiting out the loads' latency again (a 7x7 plane's channel: ~12 us for ~6k values).
+template <typename T, int N>
+__host__ __device__ constexpr int resident_packs() {
+  return 64 / (N * int(sizeof(T))) < 16 ? 64 / (N * int(sizeof(T))) : 16;
+}
+
+// for_each_pack's packs with their slot r < R in the thread's registers (the
+// same packs in the same order, so the sums keep their bits).
+template <int N, int R, typename F>
+__device__ __forceinline__ void for_each_resident(const BatchNormShape& s, std::int64_t c, int rank, F&& f) {
+  const auto per_plane = static_cast<unsigned>(s.plane / N);
+  const auto count = static_cast<unsigned>(s.n) * per_plane;
+  const unsigned step = kChannelThreads * cg::this_cluster().num_blocks();
+  const unsigned first = unsigned(rank) * kChannelThreads + threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const unsigned j = first + unsigned(r) * step;
+    if (j < count) f(r, (std::int64_t(j / per_plane) * s.channels + c) * s.plane + std::int64_t(j % per_plane) * N);
+  }
+}
+
 // Per-block scratch of the cluster sums.
 struct ChannelScratch {
   float warps[kMaxSums][kChannelThreads / 32];
@@ -141,30 +166,63 @@ __device__ __forceinline__ void update_running(const Moments& m, const BatchNorm
   running_var[c] = (1.f - s.momentum) * running_var[c] + s.momentum * m.var * count / (count - 1.f);
 }
 
+// One packed output of the forward: the normalised value [+ the residual,
+// rounded as the graph stores the add] [then ReLU].
 template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> normalised(const Pack<T, N>& in, const Pack<T, N>& skip, bool residual,
+                                                 float mean, float scale, float b, float floor) {
+  Pack<T, N> out;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float v = (to_float(in.v[i]) - mean) * scale + b;
+    // The add rounds as the graph stores it: the normalised value to T, then the sum.
+    if (residual) v = to_float(from_float<T>(v)) + to_float(skip.v[i]);
+    out.v[i] = from_float<T>(fmaxf(v, floor));
+  }
+  return out;
+}
+
+// kResident: the channel's values stay in registers (resident_packs) from
+// the sums to the output; else two passes over x.
+template <typename T, int N, bool kResident>
 __global__ void __launch_bounds__(kChannelThreads)
     batch_norm_forward_kernel(const T* x, const T* gamma, const T* beta, BatchNormShape s, T* y, float* running_mean,
                               float* running_var, const T* residual, bool relu) {
   __shared__ ChannelScratch scratch;
+  constexpr int R = resident_packs<T, N>();
   const std::int64_t c = channel_of_block();
   const int rank = rank_in_channel();
-  const Moments m = channel_moments<T, N>(x, s, c, rank, scratch);
+  Pack<T, N> held[kResident ? R : 1];
+  Moments m;
+  if constexpr (kResident) {
+    const float shift = channel_shift(x, s, c);
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t k) { held[r] = load<T, N>(x, k); });
+    float sums[2] = {0.f, 0.f};
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const float d = to_float(held[r].v[i]) - shift;
+        sums[0] += d;
+        sums[1] += d * d;
+      }
+    });
+    cluster_sums(sums, scratch);
+    m = moments_from(shift, sums[0], sums[1], float(s.n * s.plane), s.eps);
+  } else {
+    m = channel_moments<T, N>(x, s, c, rank, scratch);
+  }
   if (running_mean && rank == 0 && threadIdx.x == 0) update_running(m, s, c, running_mean, running_var);
   const float scale = m.rstd * to_float(gamma[c]), b = to_float(beta[c]);
   const float floor = relu ? 0.f : -INFINITY;
-  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
-    const Pack<T, N> in = load<T, N>(x, k);
-    Pack<T, N> skip{}, out;
+  auto output = [&](const Pack<T, N>& in, std::int64_t k) {
+    Pack<T, N> skip{};
     if (residual) skip = load<T, N>(residual, k);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float v = (to_float(in.v[i]) - m.mean) * scale + b;
-      // The add rounds as the graph stores it: the normalised value to T, then the sum.
-      if (residual) v = to_float(from_float<T>(v)) + to_float(skip.v[i]);
-      out.v[i] = from_float<T>(fmaxf(v, floor));
-    }
-    *reinterpret_cast<Pack<T, N>*>(y + k) = out;
-  });
+    *reinterpret_cast<Pack<T, N>*>(y + k) = normalised(in, skip, residual != nullptr, m.mean, scale, b, floor);
+  };
+  if constexpr (kResident)
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t k) { output(held[r], k); });
+  else
+    for_each_pack<N>(s, c, rank, [&](std::int64_t k) { output(load<T, N>(x, k), k); });
 }
 
 // The gradient of batch_norm's output from the launch's gradient inputs:
@@ -189,19 +247,19 @@ struct GradientIn {
   }
 };
 
-template <typename T, int N>
+template <typename T, int N, bool kResident>
 __global__ void __launch_bounds__(kChannelThreads)
     batch_norm_backward_kernel(GradientIn<T, N> gradient, const T* x, const T* gamma, BatchNormShape s, T* dx,
                                T* dgamma, T* dbeta) {
   __shared__ ChannelScratch scratch;
+  constexpr int R = resident_packs<T, N>();
   const std::int64_t c = channel_of_block();
   const int rank = rank_in_channel();
   const float count = float(s.n * s.plane);
   const float shift = channel_shift(x, s, c);
   // One pass: the moments' shifted sums with sum(dy) and sum(dy * (x - shift)).
   float sums[4] = {0.f, 0.f, 0.f, 0.f};
-  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
-    const Pack<T, N> xp = load<T, N>(x, k), gp = gradient(k);
+  auto add = [&](const Pack<T, N>& xp, const Pack<T, N>& gp) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const float d = to_float(xp.v[i]) - shift, grad = to_float(gp.v[i]);
@@ -210,7 +268,17 @@ __global__ void __launch_bounds__(kChannelThreads)
       sums[2] += grad;
       sums[3] += grad * d;
     }
-  });
+  };
+  Pack<T, N> held_x[kResident ? R : 1], held_g[kResident ? R : 1];
+  if constexpr (kResident) {
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t k) {
+      held_x[r] = load<T, N>(x, k);
+      held_g[r] = gradient(k);
+    });
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t) { add(held_x[r], held_g[r]); });
+  } else {
+    for_each_pack<N>(s, c, rank, [&](std::int64_t k) { add(load<T, N>(x, k), gradient(k)); });
+  }
   cluster_sums(sums, scratch);
   const Moments m = moments_from(shift, sums[0], sums[1], count, s.eps);
   const float dy_sum = sums[2];
@@ -223,8 +291,7 @@ __global__ void __launch_bounds__(kChannelThreads)
   if (!dx) return;
   const float g = to_float(gamma[c]);
   const float g_mean = g * dy_sum / count, gx_mean = g * dyx_sum / count;
-  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
-    const Pack<T, N> xp = load<T, N>(x, k), gp = gradient(k);
+  auto output = [&](const Pack<T, N>& xp, const Pack<T, N>& gp, std::int64_t k) {
     Pack<T, N> out;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -232,7 +299,11 @@ __global__ void __launch_bounds__(kChannelThreads)
       out.v[i] = from_float<T>(m.rstd * (to_float(gp.v[i]) * g - g_mean - xhat * gx_mean));
     }
     *reinterpret_cast<Pack<T, N>*>(dx + k) = out;
-  });
+  };
+  if constexpr (kResident)
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t k) { output(held_x[r], held_g[r], k); });
+  else
+    for_each_pack<N>(s, c, rank, [&](std::int64_t k) { output(load<T, N>(x, k), gradient(k), k); });
 }
 
 template <typename T, int N>
@@ -257,20 +328,35 @@ __global__ void batch_norm_inference_kernel(const T* x, const T* gamma, const T*
   }
 }
 
-// Launches kernel(args...) with a cluster of blocks per channel (the grid's x
-// limit, 2^31 - 1 blocks, is far off); cudaLaunchKernelEx takes the cluster
-// size at launch, and stream capture records it like any launch.
-template <typename... Params, typename... Args>
-void launch_per_channel(void (*kernel)(Params...), const BatchNormShape& s, cudaStream_t stream, Args... args) {
-  const auto blocks = static_cast<unsigned>(
+// Blocks per channel for the streaming kernels: one per ~12k values, 1 to 8.
+int streaming_blocks(const BatchNormShape& s) {
+  return static_cast<int>(
       std::clamp<std::int64_t>((s.n * s.plane + kValuesPerBlock - 1) / kValuesPerBlock, 1, kMaxChannelBlocks));
+}
+
+// Blocks per channel for the resident kernels (the streaming kernels' count,
+// more where the packs need them), or 0 when a channel's packs exceed what
+// a cluster's threads hold.
+template <typename T, int N>
+int resident_blocks(const BatchNormShape& s) {
+  const std::int64_t packs = s.n * (s.plane / N), per_block = std::int64_t(kChannelThreads) * resident_packs<T, N>();
+  const std::int64_t needed = (packs + per_block - 1) / per_block;
+  return needed > kMaxChannelBlocks ? 0 : std::max<int>(streaming_blocks(s), static_cast<int>(needed));
+}
+
+// Launches kernel(args...) with a cluster of `blocks` blocks per channel (the
+// grid's x limit, 2^31 - 1 blocks, is far off); cudaLaunchKernelEx takes the
+// cluster size at launch, and stream capture records it like any launch.
+template <typename... Params, typename... Args>
+void launch_per_channel(void (*kernel)(Params...), int blocks, const BatchNormShape& s, cudaStream_t stream,
+                        Args... args) {
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(s.channels) * blocks);
+  config.gridDim = dim3(static_cast<unsigned>(s.channels) * static_cast<unsigned>(blocks));
   config.blockDim = dim3(kChannelThreads);
   config.stream = stream;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = blocks;
+  cluster.val.clusterDim.x = static_cast<unsigned>(blocks);
   cluster.val.clusterDim.y = 1;
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
@@ -317,8 +403,13 @@ void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const 
                                bool relu) {
   check_channel_size(s);
   with_pack<T>(pack_values<T>(s, {x, y, residual}), [&](auto n) {
-    launch_per_channel(batch_norm_forward_kernel<T, decltype(n)::value>, s, stream, x, gamma, beta, s, y, running_mean,
-                       running_var, residual, relu);
+    constexpr int N = decltype(n)::value;
+    if (const int blocks = resident_blocks<T, N>(s))
+      launch_per_channel(batch_norm_forward_kernel<T, N, true>, blocks, s, stream, x, gamma, beta, s, y, running_mean,
+                         running_var, residual, relu);
+    else
+      launch_per_channel(batch_norm_forward_kernel<T, N, false>, streaming_blocks(s), s, stream, x, gamma, beta, s, y,
+                         running_mean, running_var, residual, relu);
   });
   SG_LAUNCH_CHECK("batch_norm_forward_kernel");
 }
@@ -329,8 +420,13 @@ void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const B
   check_channel_size(s);
   with_pack<T>(pack_values<T>(s, {dy, x, dx, relu_out, dy_other}), [&](auto n) {
     constexpr int N = decltype(n)::value;
-    launch_per_channel(batch_norm_backward_kernel<T, N>, s, stream, GradientIn<T, N>{dy, dy_other, relu_out}, x, gamma,
-                       s, dx, dgamma, dbeta);
+    const GradientIn<T, N> gradient{dy, dy_other, relu_out};
+    if (const int blocks = resident_blocks<T, N>(s))
+      launch_per_channel(batch_norm_backward_kernel<T, N, true>, blocks, s, stream, gradient, x, gamma, s, dx, dgamma,
+                         dbeta);
+    else
+      launch_per_channel(batch_norm_backward_kernel<T, N, false>, streaming_blocks(s), s, stream, gradient, x, gamma, s,
+                         dx, dgamma, dbeta);
   });
   SG_LAUNCH_CHECK("batch_norm_backward_kernel");
 }
@@ -340,7 +436,8 @@ void launch_batch_norm_stats_update(const T* x, const BatchNormShape& s, float* 
                                     cudaStream_t stream) {
   check_channel_size(s);
   with_pack<T>(pack_values<T>(s, {x}), [&](auto n) {
-    launch_per_channel(batch_norm_stats_kernel<T, decltype(n)::value>, s, stream, x, s, running_mean, running_var);
+    launch_per_channel(batch_norm_stats_kernel<T, decltype(n)::value>, streaming_blocks(s), s, stream, x, s,
+                       running_mean, running_var);
   });
   SG_LAUNCH_CHECK("batch_norm_stats_kernel");
 }

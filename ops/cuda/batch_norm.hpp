@@ -6,7 +6,9 @@
 // pass for the statistics: the sums of the deviations from one of the
 // channel's values and of their squares (a shift that keeps the one-pass
 // variance's precision), each a fixed-order sum (the same bits every run, no
-// atomics); values moved in packs of up to 16 bytes. Per-channel values have
+// atomics); values moved in packs of up to 16 bytes and, where a channel's
+// values fit the cluster's threads' registers (64 bytes per thread and
+// tensor), read once: kept from the sums to the output. Per-channel values have
 // x's type except the running statistics, which are f32 (as the graph keeps
 // them).
 #include <cuda_runtime.h>

@@ -5,11 +5,15 @@
 // fused with the bias's SGD update (as launch_bias_grad_sgd does for
 // reduce_rows): no gradient buffer.
 //
-// A channel's n*plane elements are cut into slices of kChannelSliceElements,
-// one block each (36864 elements of a 64 x 24 x 24 channel: 9 blocks), so a
-// few channels still fill the GPU; each block writes its slice's partial and
-// the last of a channel's blocks to finish adds the partials in slice order
-// (whatever order the blocks ran in) and finishes the channel.
+// A channel's n*plane elements are cut into slices of at most about
+// kChannelSliceElements, one block each, so a few channels still fill the
+// GPU: whole planes of consecutive images (a 64 x 24 x 24 channel: 7 planes
+// of 576 a slice, 10 blocks), or, for a plane larger than a slice, equal
+// segments of one plane (multiples of 8 elements). A block reads whole
+// planes (or segments) in vector packs, no index division per element. Each
+// block writes its slice's partial and the last of a channel's blocks to
+// finish adds the partials in a fixed order (whatever order the blocks ran
+// in) and finishes the channel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -46,6 +50,9 @@ class ChannelSum {
  private:
   std::int64_t n_, channels_, plane_;
   int slices_ = 1;
+  int images_per_slice_ = 1;  // whole planes a slice (1 when planes are cut into segments)
+  int segments_ = 1;          // slices a plane (1: whole planes)
+  int segment_ = 0;           // elements a segment (the plane when whole)
   DeviceBuffer partials_;  // [channels, slices]
   DeviceBuffer finished_;  // [channels] slices done this launch (reset by the last)
 };

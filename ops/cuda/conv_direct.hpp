@@ -16,6 +16,8 @@ namespace sg::cuda::conv_direct {
 // Fills the direct fields of `plan` (plan.direct = true) when the pass takes
 // the direct path on a GPU of `multiprocessors`; false when it does not.
 bool plan(ImplicitGemmPlan& plan, int multiprocessors);
+// plan()'s weight-gradient part (conv_direct_wgrad.cu).
+bool plan_wgrad(ImplicitGemmPlan& plan, int multiprocessors);
 // The forward (kFlip false) or, with the transposed flipped filter, the
 // backward data pass at stride 1 (kFlip true) of a direct plan.
 template <bool kFlip, typename T>

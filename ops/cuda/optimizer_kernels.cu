@@ -1,26 +1,15 @@
-// Nesterov SGD and the clip_grad_norm_ factor. The formulas are PyTorch's and
-// those of ops/cpu/reference_ops.hpp; everything that may change between graph
-// replays (lr, step, clip scale) is read from device memory.
+// The clip_grad_norm_ factor and the gradient scaling it drives. The
+// formulas are PyTorch's and those of ops/cpu/reference_ops.hpp; the clip
+// scale, which changes between graph replays, is read from device memory.
 #include <algorithm>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/last_block_done.cuh"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/optimizer_kernels.hpp"
-#include "ops/cuda/sgd_step.cuh"
 
 namespace sg::cuda {
 namespace {
-
-template <typename W, typename G>
-__global__ void sgd_nesterov_kernel(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars) {
-  const UpdateScalars s = *scalars;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
-    float v = to_float(velocity[i]);
-    w[i] = from_float<W>(sgd_nesterov_step(to_float(w[i]), to_float(g[i]), v, s));
-    velocity[i] = from_float<W>(v);
-  }
-}
 
 struct ClipEntry {
   const void* data;
@@ -86,12 +75,6 @@ __global__ void scale_grad_kernel(const T* x, const float* scale, std::int64_t n
 
 }  // namespace
 
-template <typename W, typename G>
-void launch_sgd_nesterov(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars, cudaStream_t stream) {
-  sgd_nesterov_kernel<<<blocks_for(n), kThreads, 0, stream>>>(w, g, velocity, n, scalars);
-  SG_LAUNCH_CHECK("sgd_nesterov_kernel");
-}
-
 ClipScale::ClipScale(const std::vector<ClipInput>& inputs, float max_norm)
     : count_(static_cast<int>(inputs.size())), max_norm_(max_norm) {
   if (inputs.empty()) throw CudaError("ClipScale: no gradients");
@@ -121,14 +104,6 @@ void launch_scale_grad(const T* x, const float* scale, std::int64_t n, T* y, cud
   SG_LAUNCH_CHECK("scale_grad_kernel");
 }
 
-#define SG_NESTEROV_TYPES(W, G) \
-  template void launch_sgd_nesterov<W, G>(W*, const G*, W*, std::int64_t, const UpdateScalars*, cudaStream_t);
-SG_NESTEROV_TYPES(float, float)
-SG_NESTEROV_TYPES(__half, __half)
-SG_NESTEROV_TYPES(float, __half)
-SG_NESTEROV_TYPES(__nv_bfloat16, __nv_bfloat16)
-SG_NESTEROV_TYPES(float, __nv_bfloat16)
-#undef SG_NESTEROV_TYPES
 template void launch_scale_grad<float>(const float*, const float*, std::int64_t, float*, cudaStream_t);
 template void launch_scale_grad<__half>(const __half*, const float*, std::int64_t, __half*, cudaStream_t);
 template void launch_scale_grad<__nv_bfloat16>(const __nv_bfloat16*, const float*, std::int64_t, __nv_bfloat16*, cudaStream_t);

@@ -1,13 +1,12 @@
 #pragma once
-// Kernels of the optimizers and gradient clipping beyond plain SGD (issue 21)
-// that are not update rules: Nesterov SGD and clip_grad_norm_ (the global L2
-// norm of all gradients reduced on the device, no host sync). The update rules
-// (Adam, RMSprop) and their kernels are in update_rules/ and
+// Gradient clipping (issue 21): clip_grad_norm_'s factor (the global L2 norm
+// of all gradients reduced on the device, no host sync) and the scaling it
+// drives. The update rules are elsewhere: SGD (plain, momentum, Nesterov) in
+// sgd_multi_tensor.hpp and sgd.cu, Adam and RMSprop in update_rules/ and
 // fast_paths/fused_update/. Each implements its twin in
 // ops/cpu/reference_ops.hpp; all are asynchronous on `stream`, capturable into
-// a CUDA graph, and read the learning rate (UpdateScalars::lr) and the clip
-// scale from device memory, so a graph is never re-captured. Element types:
-// W (parameter) and G (gradient) are float, __half or __nv_bfloat16.
+// a CUDA graph, and read the clip scale from device memory, so a graph is
+// never re-captured. Element types: float, __half or __nv_bfloat16.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -19,10 +18,6 @@
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
-
-// PyTorch's SGD(nesterov=True) on n elements (velocity in W's type).
-template <typename W, typename G>
-void launch_sgd_nesterov(W* w, const G* g, W* velocity, std::int64_t n, const UpdateScalars* scalars, cudaStream_t stream);
 
 // One gradient of a clip-norm launch: n elements of float, __half or bf16.
 struct ClipInput {

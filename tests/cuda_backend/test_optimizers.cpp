@@ -12,6 +12,7 @@
 #include "ops/cuda/fast_paths/fused_update/bias_grad_update.hpp"
 #include "ops/cuda/fast_paths/fused_update/wgrad_update.hpp"
 #include "ops/cuda/optimizer_kernels.hpp"
+#include "ops/cuda/sgd_multi_tensor.hpp"
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
@@ -252,7 +253,7 @@ TEST_CASE("the clip scale over several gradients equals clip_grad_norm_'s factor
   }
 }
 
-TEST_CASE("Nesterov SGD's kernel equals the CPU reference") {
+TEST_CASE("Nesterov SGD (the multi-tensor SGD launch, one tensor) equals the CPU reference") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const std::size_t n = 1 + rng() % 10000;
@@ -260,7 +261,9 @@ TEST_CASE("Nesterov SGD's kernel equals the CPU reference") {
   const auto g = uniform(n, rng);
   DeviceArray<float> w_d(std::vector<float>(w.begin(), w.end())), v_d(std::vector<float>(vel.begin(), vel.end())), g_d(g);
   auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(0.1f, 0.9f, 0.01f)});
-  cuda::launch_sgd_nesterov(w_d.get(), g_d.get(), v_d.get(), std::int64_t(n), scalars.as<cuda::UpdateScalars>(), nullptr);
+  const cuda::SgdMultiTensor<float, float> sgd(
+      {{w_d.get(), g_d.get(), v_d.get(), std::int64_t(n), scalars.as<cuda::UpdateScalars>(), true}});
+  sgd.launch(nullptr);
   ref::sgd_nesterov_update(w.data(), as_double(g).data(), vel.data(), std::int64_t(n), 0.1, 0.9, 0.01);
   CHECK(sg::test::relative_error(w_d.download(), w) < 1e-6);
   CHECK(sg::test::relative_error(v_d.download(), vel) < 1e-6);
