@@ -10,6 +10,7 @@
 
 #include "ops/cuda/conv_direct.hpp"
 #include "ops/cuda/conv_direct_common.cuh"
+
 namespace sg::cuda::conv_direct {
 namespace {
 
