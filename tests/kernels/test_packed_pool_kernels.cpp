@@ -30,6 +30,7 @@ using namespace sg;
 using sg::test::Fill;
 using sg::test::pick;
 using sg::test::TwinRun;
+using sg::test::with_type;
 
 namespace {
 
@@ -196,17 +197,6 @@ bool all_written(const std::string& bytes, DType dtype) {
   for (float v : values)
     if (!std::isfinite(v)) return false;
   return true;
-}
-
-// f(T{}) with T the element type of dtype.
-template <typename F>
-void with_type(DType dtype, F&& f) {
-  if (dtype == DType::f32)
-    f(float{});
-  else if (dtype == DType::f16)
-    f(__half{});
-  else
-    f(__nv_bfloat16{});
 }
 
 // The offsets (bytes) the misaligned launches use: 1, 2 and 4 elements (no

@@ -5,6 +5,9 @@
 // the GPU stores it, from the same inputs; outputs are poisoned first (an
 // unwritten element reads NaN, and NaN never passes relative_error). Shared
 // by the CNN kernels' tests.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +25,18 @@ namespace sg::test {
 // few roundings of the type.
 inline double sum_order_tolerance(DType dtype) {
   return dtype == DType::f32 ? 2e-5 : dtype == DType::f16 ? 4e-3 : 3e-2;
+}
+
+// f(T{}) with T the element type of dtype (f32, f16 or bf16): the tests that
+// call a kernel directly on typed device buffers.
+template <typename F>
+void with_type(DType dtype, F&& f) {
+  if (dtype == DType::f32)
+    f(float{});
+  else if (dtype == DType::f16)
+    f(__half{});
+  else
+    f(__nv_bfloat16{});
 }
 
 // How floating inputs are drawn: U(lo, hi), or small integers (pooling
