@@ -210,106 +210,113 @@ std::vector<Offsets> misalignments(DType dtype) {
   return {{e, e}, {2 * e, 2 * e}, {4 * e, 4 * e}, {0, e}, {e, 0}};
 }
 
+// A step counter on the device holding `value`.
+OffsetTensor step_counter(std::int32_t value) {
+  OffsetTensor step(sizeof value, 0);
+  step.upload(std::string(reinterpret_cast<const char*>(&value), sizeof value));
+  return step;
+}
+
+// launch(offsets) -> the launch's outputs (bytes): the aligned launch writes
+// every element, and each misaligned one gives its bits.
+template <typename Launch>
+void check_offsets_match_aligned(Launch&& launch, DType dtype) {
+  const auto aligned = launch(Offsets{0, 0});
+  for (const std::string& t : aligned) CHECK(all_written(t, dtype));
+  for (const Offsets at : misalignments(dtype)) {
+    CAPTURE(fmt::format("offsets {} {}", at.plane, at.out));
+    CHECK(launch(at) == aligned);
+  }
+}
+
+// f(geometry, dtype, dropout on) over the tiling windows' cases of the
+// misaligned launches: 2x2 and 3x3 windows, a random plane count.
+template <typename F>
+void for_each_offset_case(std::mt19937_64& rng, F&& f) {
+  for (const Window win : {Window{2, 28, 28}, Window{2, 16, 16}, Window{3, 12, 12}, Window{3, 6, 6}})
+    for (const DType dtype : kDtypes)
+      for (const bool dropout_on : {false, true}) {
+        const cuda::PoolGeometry g{pick(rng, 1, 40), win.h, win.w, win.kernel, win.kernel};
+        CAPTURE(sg::test::last_seed());
+        CAPTURE(fmt::format("{} planes {} {}x{} kernel {} dropout {}", dtype_name(dtype), g.planes, g.h, g.w, g.kernel,
+                            dropout_on));
+        f(g, dtype, dropout_on);
+      }
+}
+
 }  // namespace
 
 TEST_CASE("max_pool2d forward on tensors offset from their alignment gives the bits of the aligned launch") {
   auto rng = sg::test::fresh_rng();
   cuda::Stream stream;
-  for (const Window win : {Window{2, 28, 28}, Window{2, 16, 16}, Window{3, 12, 12}, Window{3, 6, 6}})
-    for (const DType dtype : kDtypes)
-      for (const bool dropout_on : {false, true}) {
-        const cuda::PoolGeometry g{pick(rng, 1, 40), win.h, win.w, win.kernel, win.kernel};
-        const std::int64_t in_count = g.planes * g.h * g.w, out_count = g.planes * g.oh() * g.ow();
-        const std::size_t e = dtype_size(dtype);
-        CAPTURE(sg::test::last_seed());
-        CAPTURE(fmt::format("{} planes {} {}x{} kernel {} dropout {}", dtype_name(dtype), g.planes, g.h, g.w, g.kernel,
-                            dropout_on));
-        cuda::PlaneDropout dropout;
-        if (dropout_on) dropout = {true, {rng(), 2, philox::dropout_threshold(0.5), 2.f}};
-        OffsetTensor step(sizeof(std::int32_t), 0);
-        const std::int32_t step_value = 17;
-        step.upload(std::string(reinterpret_cast<const char*>(&step_value), sizeof step_value));
-        const std::string x_bytes = random_bytes(rng, dtype, in_count, dropout_on);
-        // The outputs (dropped, pooled, activated) at the given offsets.
-        const auto launch = [&](Offsets at) {
-          OffsetTensor x(x_bytes.size(), at.plane), dropped(x_bytes.size(), at.plane);
-          OffsetTensor pooled(std::size_t(out_count) * e, at.out), activated(std::size_t(out_count) * e, at.out);
-          x.upload(x_bytes);
-          with_type(dtype, [&](auto tag) {
-            using T = decltype(tag);
-            const auto* step_ptr = static_cast<const std::int32_t*>(step.ptr());
-            cuda::launch_max_pool2d_forward(static_cast<const T*>(x.ptr()), step_ptr, g, dropout,
-                                            dropout_on ? static_cast<T*>(dropped.ptr()) : nullptr,
-                                            static_cast<T*>(pooled.ptr()), static_cast<T*>(activated.ptr()),
-                                            stream.get());
-          });
-          std::vector<std::string> out = {pooled.download(), activated.download()};
-          if (dropout_on) out.push_back(dropped.download());
-          return out;
-        };
-        const auto aligned = launch({0, 0});
-        for (const std::string& t : aligned) CHECK(all_written(t, dtype));
-        for (const Offsets at : misalignments(dtype)) {
-          CAPTURE(fmt::format("offsets {} {}", at.plane, at.out));
-          CHECK(launch(at) == aligned);
-        }
-      }
+  for_each_offset_case(rng, [&](const cuda::PoolGeometry& g, DType dtype, bool dropout_on) {
+    const std::int64_t in_count = g.planes * g.h * g.w, out_count = g.planes * g.oh() * g.ow();
+    const std::size_t e = dtype_size(dtype);
+    cuda::PlaneDropout dropout;
+    if (dropout_on) dropout = {true, {rng(), 2, philox::dropout_threshold(0.5), 2.f}};
+    const OffsetTensor step = step_counter(17);
+    const std::string x_bytes = random_bytes(rng, dtype, in_count, dropout_on);
+    // The outputs (dropped, pooled, activated) at the given offsets.
+    const auto launch = [&](Offsets at) {
+      OffsetTensor x(x_bytes.size(), at.plane), dropped(x_bytes.size(), at.plane);
+      OffsetTensor pooled(std::size_t(out_count) * e, at.out), activated(std::size_t(out_count) * e, at.out);
+      x.upload(x_bytes);
+      with_type(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        const auto* step_ptr = static_cast<const std::int32_t*>(step.ptr());
+        cuda::launch_max_pool2d_forward(static_cast<const T*>(x.ptr()), step_ptr, g, dropout,
+                                        dropout_on ? static_cast<T*>(dropped.ptr()) : nullptr,
+                                        static_cast<T*>(pooled.ptr()), static_cast<T*>(activated.ptr()), stream.get());
+      });
+      std::vector<std::string> out = {pooled.download(), activated.download()};
+      if (dropout_on) out.push_back(dropped.download());
+      return out;
+    };
+    check_offsets_match_aligned(launch, dtype);
+  });
 }
 
 TEST_CASE("max_pool2d_backward on tensors offset from their alignment gives the bits of the aligned launch") {
   auto rng = sg::test::fresh_rng();
   cuda::Stream stream;
-  for (const Window win : {Window{2, 28, 28}, Window{2, 16, 16}, Window{3, 12, 12}, Window{3, 6, 6}})
-    for (const DType dtype : kDtypes)
-      for (const bool dropout_on : {false, true}) {
-        const cuda::PoolGeometry g{pick(rng, 1, 40), win.h, win.w, win.kernel, win.kernel};
-        const std::int64_t in_count = g.planes * g.h * g.w, out_count = g.planes * g.oh() * g.ow();
-        const std::size_t in_bytes = std::size_t(in_count) * dtype_size(dtype);
-        const std::size_t out_bytes = std::size_t(out_count) * dtype_size(dtype);
-        CAPTURE(sg::test::last_seed());
-        CAPTURE(fmt::format("{} planes {} {}x{} kernel {} dropout {}", dtype_name(dtype), g.planes, g.h, g.w, g.kernel,
-                            dropout_on));
-        cuda::PlaneDropout dropout;
-        if (dropout_on) dropout = {true, {rng(), 5, philox::dropout_threshold(0.25), 4.f / 3.f}};
-        OffsetTensor step(sizeof(std::int32_t), 0);
-        const std::int32_t step_value = 3;
-        step.upload(std::string(reinterpret_cast<const char*>(&step_value), sizeof step_value));
-        const std::string dy = random_bytes(rng, dtype, out_count, false);
-        const std::string relu_before = random_bytes(rng, dtype, out_count, false);
-        const std::string x = random_bytes(rng, dtype, in_count, true);  // ties
-        const std::string relu_after = random_bytes(rng, dtype, in_count, false);
-        // The whole chain with every intermediate written; without dropout the
-        // relu_backward's output is the result.
-        const auto launch = [&](Offsets at) {
-          OffsetTensor dy_t(out_bytes, at.out), rb_t(out_bytes, at.out), rb_grad(out_bytes, at.out);
-          OffsetTensor x_t(in_bytes, at.plane), ra_t(in_bytes, at.plane), pool_grad(in_bytes, at.plane),
-              ra_grad(in_bytes, at.plane), dx(in_bytes, at.plane);
-          dy_t.upload(dy);
-          rb_t.upload(relu_before);
-          x_t.upload(x);
-          ra_t.upload(relu_after);
-          with_type(dtype, [&](auto tag) {
-            using T = decltype(tag);
-            cuda::PoolBackwardTensors<T> t;
-            t.dy = static_cast<const T*>(dy_t.ptr());
-            t.relu_before = static_cast<const T*>(rb_t.ptr());
-            t.x = static_cast<const T*>(x_t.ptr());
-            t.relu_after = static_cast<const T*>(ra_t.ptr());
-            t.relu_before_grad = static_cast<T*>(rb_grad.ptr());
-            t.pool_grad = static_cast<T*>(pool_grad.ptr());
-            t.relu_after_grad = static_cast<T*>(ra_grad.ptr());
-            t.dx = dropout_on ? static_cast<T*>(dx.ptr()) : t.relu_after_grad;
-            cuda::launch_max_pool2d_backward(t, static_cast<const std::int32_t*>(step.ptr()), g, dropout, stream.get());
-          });
-          std::vector<std::string> out = {rb_grad.download(), pool_grad.download(), ra_grad.download()};
-          if (dropout_on) out.push_back(dx.download());
-          return out;
-        };
-        const auto aligned = launch({0, 0});
-        for (const std::string& t : aligned) CHECK(all_written(t, dtype));
-        for (const Offsets at : misalignments(dtype)) {
-          CAPTURE(fmt::format("offsets {} {}", at.plane, at.out));
-          CHECK(launch(at) == aligned);
-        }
-      }
+  for_each_offset_case(rng, [&](const cuda::PoolGeometry& g, DType dtype, bool dropout_on) {
+    const std::int64_t in_count = g.planes * g.h * g.w, out_count = g.planes * g.oh() * g.ow();
+    const std::size_t in_bytes = std::size_t(in_count) * dtype_size(dtype);
+    const std::size_t out_bytes = std::size_t(out_count) * dtype_size(dtype);
+    cuda::PlaneDropout dropout;
+    if (dropout_on) dropout = {true, {rng(), 5, philox::dropout_threshold(0.25), 4.f / 3.f}};
+    const OffsetTensor step = step_counter(3);
+    const std::string dy = random_bytes(rng, dtype, out_count, false);
+    const std::string relu_before = random_bytes(rng, dtype, out_count, false);
+    const std::string x = random_bytes(rng, dtype, in_count, true);  // ties
+    const std::string relu_after = random_bytes(rng, dtype, in_count, false);
+    // The whole chain with every intermediate written; without dropout the
+    // relu_backward's output is the result.
+    const auto launch = [&](Offsets at) {
+      OffsetTensor dy_t(out_bytes, at.out), rb_t(out_bytes, at.out), rb_grad(out_bytes, at.out);
+      OffsetTensor x_t(in_bytes, at.plane), ra_t(in_bytes, at.plane), pool_grad(in_bytes, at.plane),
+          ra_grad(in_bytes, at.plane), dx(in_bytes, at.plane);
+      dy_t.upload(dy);
+      rb_t.upload(relu_before);
+      x_t.upload(x);
+      ra_t.upload(relu_after);
+      with_type(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        cuda::PoolBackwardTensors<T> t;
+        t.dy = static_cast<const T*>(dy_t.ptr());
+        t.relu_before = static_cast<const T*>(rb_t.ptr());
+        t.x = static_cast<const T*>(x_t.ptr());
+        t.relu_after = static_cast<const T*>(ra_t.ptr());
+        t.relu_before_grad = static_cast<T*>(rb_grad.ptr());
+        t.pool_grad = static_cast<T*>(pool_grad.ptr());
+        t.relu_after_grad = static_cast<T*>(ra_grad.ptr());
+        t.dx = dropout_on ? static_cast<T*>(dx.ptr()) : t.relu_after_grad;
+        cuda::launch_max_pool2d_backward(t, static_cast<const std::int32_t*>(step.ptr()), g, dropout, stream.get());
+      });
+      std::vector<std::string> out = {rb_grad.download(), pool_grad.download(), ra_grad.download()};
+      if (dropout_on) out.push_back(dx.download());
+      return out;
+    };
+    check_offsets_match_aligned(launch, dtype);
+  });
 }
