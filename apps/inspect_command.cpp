@@ -17,6 +17,7 @@
 #include "runtime/plan/schedule.hpp"
 #ifdef STEPGRAPH_HAVE_CUDA
 #include "ops/cuda/cublaslt_matmul.hpp"
+#include "runtime/cuda/activation_layout_choice.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/cuda/lowering.hpp"
@@ -41,7 +42,14 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage, const Ins
   }
   if (config.model.is_sequential()) {  // issue 22's model.sequential: the same stages from the Sequential builder
     const SequentialTraining training = sequential_training(config, features);
-    if (stage == "eval") return build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda).eval;
+    if ((stage == "eval" || stage == "fused") && request.world_size == 0) {
+      // The form the CUDA backend runs: channels-first or channels-last convolution layers.
+      TrainingProgram program = build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda);
+#ifdef STEPGRAPH_HAVE_CUDA
+      cuda::choose_activation_layout(program, backend_options_from_config(config), cuda_backend_usable());
+#endif
+      return stage == "eval" ? program.eval : program.train;
+    }
     SequentialSpec spec = sequential_for_target(training.model, ProgramTarget::cuda);
     spec.dataset_rows = train_rows;
     OptimizerSpec optimizer = training.optimizer;

@@ -91,6 +91,9 @@ enum class OpKind : std::uint8_t {
   batch_norm_backward,    // (dY, X, gamma) -> (dX, dgamma, dbeta): the batch statistics recomputed from X
   batch_norm_stats_update,  // (X, running_mean [C], running_var [C]) -> nothing; the running statistics in place
   batch_norm_inference,   // (X, gamma, beta, running_mean, running_var) -> X normalised by the running statistics
+  // ---- activation layouts (issues 36, 37): graph/channels_last_pass.hpp
+  to_channels_last,       // X [N,C,H,W] -> [N,H,W,C]
+  to_channels_first,      // X [N,H,W,C] -> [N,C,H,W]
 };
 
 std::string_view op_name(OpKind op);
@@ -186,11 +189,15 @@ struct ClipGradAttrs {
 // grad_h x grad_w is the spatial size of the gradient they produce (dX's H x W
 // for conv2d_backward_data, the kernel's KH x KW for conv2d_backward_filter):
 // the floor in the output size leaves it ambiguous from dY alone. 0 on conv2d.
+// channels_last: the activations (X, Y, dX, dY) are [N,H,W,C] instead, the
+// layout cuDNN's fastest engines read (graph/channels_last_pass.hpp writes
+// it); the weights stay [O,C,KH,KW], so parameters do not depend on it.
 struct Conv2dAttrs {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
   std::int64_t grad_h = 0;
   std::int64_t grad_w = 0;
+  bool channels_last = false;
   bool operator==(const Conv2dAttrs&) const = default;
 };
 // Square window pooling with no padding (output size floored), as
@@ -198,11 +205,13 @@ struct Conv2dAttrs {
 // avg_pool2d_backward, grad_h x grad_w is dX's spatial size (the floor leaves
 // it ambiguous from dY, as for the conv gradients); 0 on the other ops.
 // (max_pool2d_backward takes X itself, which decides its argmax.)
+// channels_last (max_pool2d and its backward only): X and Y are [N,H,W,C].
 struct Pool2dAttrs {
   std::int64_t kernel = 2;
   std::int64_t stride = 2;
   std::int64_t grad_h = 0;
   std::int64_t grad_w = 0;
+  bool channels_last = false;
   bool operator==(const Pool2dAttrs&) const = default;
 };
 // The output shape of a reshape (same element count as the input), and of

@@ -48,6 +48,8 @@ const std::vector<const OpDef*>& table() {
         // issue 37: batch normalisation
         &ops::batch_norm_def(), &ops::batch_norm_backward_def(), &ops::batch_norm_stats_update_def(),
         &ops::batch_norm_inference_def(),
+        // issues 36, 37: activation layouts
+        &ops::to_channels_last_def(), &ops::to_channels_first_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

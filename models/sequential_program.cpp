@@ -2,12 +2,37 @@
 
 #include <algorithm>
 
+#include "graph/channels_last_pass.hpp"
+#include "graph/training_graph.hpp"
+
 namespace sg {
 
 SequentialSpec sequential_for_target(SequentialSpec spec, ProgramTarget target) {
   if (target == ProgramTarget::cuda && !is_half_width_float(spec.compute_dtype)) spec.compute_dtype = DType::f16;
   return spec;
 }
+
+namespace {
+
+// The steps with channels-last convolution layers, or nothing when the
+// model has no convolution.
+std::optional<ChannelsLastVariant> channels_last_variant(const SequentialSpec& train, const OptimizerSpec& optimizer,
+                                                         const SequentialSpec& eval, const FusionOptions& fusion) {
+  auto forward = rewrite_channels_last(build_sequential_forward(train));
+  if (!forward) return std::nullopt;
+  ChannelsLastVariant v;
+  v.inner_exits = forward->inner_exits;
+  const ValueId loss = forward->graph.value_named(names::loss);
+  const ValueId step = forward->graph.value_named(names::step);
+  v.train = build_training_stages(std::move(forward->graph), loss, optimizer, fusion, step).fused;
+  v.train_data = mlp_data_bindings(v.train, train.batch);
+  v.eval = rewrite_channels_last(build_sequential_eval(eval))->graph;
+  fuse(v.eval, fusion);
+  v.eval_data = mlp_data_bindings(v.eval, eval.batch);
+  return v;
+}
+
+}  // namespace
 
 TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64_t train_rows, std::int64_t test_rows,
                                          ProgramTarget target) {
@@ -29,6 +54,12 @@ TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64
 
   p.init = sequential_initial_parameters(t.model.input_shape, t.model.layers, t.init_seed);
   p.learning_rate = t.optimizer.lr;
+  if (target == ProgramTarget::cuda) {
+    p.channels_last = channels_last_variant(train, optimizer, eval, t.fusion);
+    if (p.channels_last) {
+      p.channels_last->train_data.ranks = p.train_data.ranks;
+    }
+  }
   return p;
 }
 

@@ -46,6 +46,16 @@ std::vector<BackendOptionRow> make_table() {
       [](const BackendOptions& o) { return BackendOptionValue(std::string(conv_kernels_name(o.conv_kernels))); },
       [](BackendOptions& o, const BackendOptionValue& v) { o.conv_kernels = conv_kernels_from_name(std::get<std::string>(v)); },
       nullptr});
+  t.push_back(BackendOptionRow{
+      "activation_layout", "core",
+      "convolution layers' activations: auto (channels-last where the region ends at a flatten) | nchw | "
+      "channels_last",
+      {"auto", "nchw", "channels_last"},
+      [](const BackendOptions& o) { return BackendOptionValue(std::string(activation_layout_name(o.activation_layout))); },
+      [](BackendOptions& o, const BackendOptionValue& v) {
+        o.activation_layout = activation_layout_from_name(std::get<std::string>(v));
+      },
+      nullptr});
   // --- fast path whole_step
   t.push_back(SG_BOOL_ROW(whole_step, "whole_step", "one kernel (a small CNN: two) per step where the model fits it"));
   t.push_back(BackendOptionRow{

@@ -40,6 +40,21 @@ ConvKernels conv_kernels_from_name(std::string_view name) {
   throw std::invalid_argument("conv kernels '" + std::string(name) + "' is not one of auto, cudnn, implicit_gemm");
 }
 
+std::string_view activation_layout_name(ActivationLayout layout) {
+  switch (layout) {
+    case ActivationLayout::automatic: return "auto";
+    case ActivationLayout::nchw: return "nchw";
+    case ActivationLayout::channels_last: return "channels_last";
+  }
+  throw std::invalid_argument("activation_layout_name: not an ActivationLayout");
+}
+
+ActivationLayout activation_layout_from_name(std::string_view name) {
+  for (ActivationLayout l : {ActivationLayout::automatic, ActivationLayout::nchw, ActivationLayout::channels_last})
+    if (activation_layout_name(l) == name) return l;
+  throw std::invalid_argument("activation layout '" + std::string(name) + "' is not one of auto, nchw, channels_last");
+}
+
 std::string strip_splits_problem(std::int64_t splits) {
   if (splits == 0) return {};
   if (splits < 1 || splits > cuda::kMaxStripSplits || (splits & (splits - 1)) != 0)

@@ -25,6 +25,16 @@ enum class ConvKernels : std::uint8_t { automatic, cudnn, implicit_gemm };
 std::string_view conv_kernels_name(ConvKernels kernels);      // "auto", "cudnn", "implicit_gemm"
 ConvKernels conv_kernels_from_name(std::string_view name);    // throws std::invalid_argument
 
+// The layout of the convolution layers' activations (graph/channels_last_pass.hpp):
+// automatic: channels-last where every channels-last region of the network
+// ends at a flatten (no conversion inside it), no whole-step kernel takes
+// the channels-first step and cuDNN runs its multi-channel convolutions
+// (runtime/cuda/activation_layout_choice.hpp); nchw / channels_last: that
+// one wherever the model has convolutions.
+enum class ActivationLayout : std::uint8_t { automatic, nchw, channels_last };
+std::string_view activation_layout_name(ActivationLayout layout);      // "auto", "nchw", "channels_last"
+ActivationLayout activation_layout_from_name(std::string_view name);  // throws std::invalid_argument
+
 // Empty when the value is one the kernel takes, else why not (for config
 // errors and bench flags): strip_splits 0 or a power of two up to
 // cuda::kMaxStripSplits; resident_cluster 0 or one of cuda::kResidentClusterSizes.
@@ -44,6 +54,7 @@ struct BackendOptions {
   bool small_batch_forward = true;     // our small-batch forwards (batch fetch folded into the first)
   bool fold_input_update = true;       // the first layer's update inside the one-pass launch above it
   ConvKernels conv_kernels = ConvKernels::automatic;  // convolutions: ours, cuDNN, or each where it is faster
+  ActivationLayout activation_layout = ActivationLayout::automatic;  // NCHW or channels-last convolution layers
 
   // --- kernel knobs
   bool dependent_launch = true;        // programmatic dependent launch on Hopper

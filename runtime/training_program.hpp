@@ -37,6 +37,20 @@ struct ParameterInit {
   std::vector<float> values;
 };
 
+// The training and eval steps again with channels-last convolution layers
+// (graph/channels_last_pass.hpp): same parameters, state and value names,
+// other value ids and activation layouts. A backend runs one of the two.
+struct ChannelsLastVariant {
+  Graph train;
+  DataBindings train_data;
+  Graph eval;
+  DataBindings eval_data;
+  // Conversions back to channels-first for a reader other than a flatten, in
+  // the training forward (a batch_norm, a dropout2d, ...): each a transpose
+  // in the forward and one in the backward.
+  int inner_exits = 0;
+};
+
 struct TrainingProgram {
   Graph train;               // one fused training step: updates params and state in place
   DataBindings train_data;   // over the training split's rows
@@ -49,6 +63,10 @@ struct TrainingProgram {
   // (a running variance starts at one); other values start at zero.
   std::vector<ParameterInit> init;
   double learning_rate = 0.01;      // initial lr of the optimizer updates (run state, not IR)
+  // Set by the model builders for the CUDA target where the model has a
+  // convolution; the CUDA backend picks it by backend.activation_layout
+  // (runtime/cuda/activation_layout_choice.hpp).
+  std::optional<ChannelsLastVariant> channels_last;
 };
 
 // Throws std::invalid_argument naming the problem when the program does not

@@ -8,10 +8,13 @@
 // stays a single output, and X alone decides ties (Y cannot say WHICH of
 // equal elements was the maximum). X is alive anyway as the input of the
 // layer, whose own gradient reads it.
+// With channels_last both take and give [N,H,W,C] values; the CPU reference
+// is the NCHW one on the values reordered (ops/cpu/layout_reference.hpp).
 #include <fmt/format.h>
 
 #include "graph/ops/op_common.hpp"
 #include "ops/cpu/conv_reference.hpp"
+#include "ops/cpu/layout_reference.hpp"
 
 namespace sg::ops {
 namespace {
@@ -21,9 +24,13 @@ Shape pooled_shape(OpKind op, const Value& x, const Pool2dAttrs& a) {
   expect_floating(op, x);
   if (a.kernel < 1 || a.stride < 1)
     fail(op, fmt::format("kernel {} and stride {} must be >= 1", a.kernel, a.stride));
-  if (x.shape[2] < a.kernel || x.shape[3] < a.kernel)
+  const int hd = a.channels_last ? 1 : 2;  // the dimension of H (W follows it)
+  if (x.shape[hd] < a.kernel || x.shape[hd + 1] < a.kernel)
     fail(op, fmt::format("kernel {}x{} is larger than the input {}", a.kernel, a.kernel, describe(x)));
-  return {x.shape[0], x.shape[1], (x.shape[2] - a.kernel) / a.stride + 1, (x.shape[3] - a.kernel) / a.stride + 1};
+  Shape y = x.shape;
+  y[hd] = (x.shape[hd] - a.kernel) / a.stride + 1;
+  y[hd + 1] = (x.shape[hd + 1] - a.kernel) / a.stride + 1;
+  return y;
 }
 
 std::vector<OutputSpec> infer_forward(const Inputs& in, const OpAttrs& attrs) {
@@ -47,18 +54,35 @@ void gradient(const GradientContext& c) {
                       .front());
 }
 
+// N, C, H, W of an input x in the op's layout.
+struct Planes {
+  std::int64_t n, c, h, w;
+  std::int64_t oh(const Pool2dAttrs& a) const { return (h - a.kernel) / a.stride + 1; }
+  std::int64_t ow(const Pool2dAttrs& a) const { return (w - a.kernel) / a.stride + 1; }
+};
+Planes planes(std::span<const std::int64_t> s, const Pool2dAttrs& a) {
+  return a.channels_last ? Planes{s[0], s[3], s[1], s[2]} : Planes{s[0], s[1], s[2], s[3]};
+}
+
 template <typename T>
 void forward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const auto& s = c.in[0].shape;
-  ref::max_pool2d(c.in[0].real, s[0] * s[1], s[2], s[3], a.kernel, a.stride, c.out[0].real);
+  const Planes p = planes(c.in[0].shape, a);
+  const ref::ChannelsFirstView<T> x(c.in[0].real, a.channels_last, p.n, p.c, p.h * p.w);
+  ref::ChannelsFirstOutput<T> y(c.out[0].real, a.channels_last, p.n, p.c, p.oh(a) * p.ow(a));
+  ref::max_pool2d(x.data(), p.n * p.c, p.h, p.w, a.kernel, a.stride, y.data());
+  y.finish();
 }
 
 template <typename T>
 void backward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const auto& s = c.in[1].shape;
-  ref::max_pool2d_backward(c.in[0].real, c.in[1].real, s[0] * s[1], s[2], s[3], a.kernel, a.stride, c.out[0].real);
+  const Planes p = planes(c.in[1].shape, a);
+  const ref::ChannelsFirstView<T> dy(c.in[0].real, a.channels_last, p.n, p.c, p.oh(a) * p.ow(a));
+  const ref::ChannelsFirstView<T> x(c.in[1].real, a.channels_last, p.n, p.c, p.h * p.w);
+  ref::ChannelsFirstOutput<T> dx(c.out[0].real, a.channels_last, p.n, p.c, p.h * p.w);
+  ref::max_pool2d_backward(dy.data(), x.data(), p.n * p.c, p.h, p.w, a.kernel, a.stride, dx.data());
+  dx.finish();
 }
 
 }  // namespace

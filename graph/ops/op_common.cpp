@@ -180,30 +180,38 @@ void read_attrs(const json& j, ClipGradAttrs& a) { a.max_norm = j.at("max_norm")
 std::string attrs_text(const ClipGradAttrs& a) { return fmt::format(" {{max_norm={:.6g}}}", a.max_norm); }
 
 json write_attrs(const Conv2dAttrs& a) {
-  return {{"stride", a.stride}, {"padding", a.padding}, {"grad_h", a.grad_h}, {"grad_w", a.grad_w}};
+  return {{"stride", a.stride},   {"padding", a.padding},          {"grad_h", a.grad_h},
+          {"grad_w", a.grad_w},   {"channels_last", a.channels_last}};
 }
+// channels_last defaults to false: graphs dumped before it had none.
 void read_attrs(const json& j, Conv2dAttrs& a) {
   a.stride = j.at("stride").get<std::int64_t>();
   a.padding = j.at("padding").get<std::int64_t>();
   a.grad_h = j.at("grad_h").get<std::int64_t>();
   a.grad_w = j.at("grad_w").get<std::int64_t>();
+  a.channels_last = j.value("channels_last", false);
 }
 // grad_h/grad_w show in the output type of the backward ops already.
 std::string attrs_text(const Conv2dAttrs& a) {
-  return fmt::format(" {{stride={},padding={}}}", a.stride, a.padding);
+  return fmt::format(" {{stride={},padding={}{}}}", a.stride, a.padding, a.channels_last ? ",channels_last" : "");
 }
 
 json write_attrs(const Pool2dAttrs& a) {
-  return {{"kernel", a.kernel}, {"stride", a.stride}, {"grad_h", a.grad_h}, {"grad_w", a.grad_w}};
+  return {{"kernel", a.kernel}, {"stride", a.stride},           {"grad_h", a.grad_h},
+          {"grad_w", a.grad_w}, {"channels_last", a.channels_last}};
 }
-// grad_h / grad_w default to 0: graphs dumped before avg_pool2d had none.
+// grad_h / grad_w default to 0: graphs dumped before avg_pool2d had none;
+// channels_last to false.
 void read_attrs(const json& j, Pool2dAttrs& a) {
   a.kernel = j.at("kernel").get<std::int64_t>();
   a.stride = j.at("stride").get<std::int64_t>();
   a.grad_h = j.value("grad_h", std::int64_t{0});
   a.grad_w = j.value("grad_w", std::int64_t{0});
+  a.channels_last = j.value("channels_last", false);
 }
-std::string attrs_text(const Pool2dAttrs& a) { return fmt::format(" {{kernel={},stride={}}}", a.kernel, a.stride); }
+std::string attrs_text(const Pool2dAttrs& a) {
+  return fmt::format(" {{kernel={},stride={}{}}}", a.kernel, a.stride, a.channels_last ? ",channels_last" : "");
+}
 
 // The shape shows in the output type.
 json write_attrs(const ReshapeAttrs& a) { return {{"shape", a.shape}}; }

@@ -148,5 +148,8 @@ const OpDef& batch_norm_def();
 const OpDef& batch_norm_backward_def();
 const OpDef& batch_norm_stats_update_def();
 const OpDef& batch_norm_inference_def();
+// issues 36, 37: activation layouts
+const OpDef& to_channels_last_def();
+const OpDef& to_channels_first_def();
 
 }  // namespace sg::ops

@@ -42,12 +42,15 @@ cudnn::Descriptor convolution_descriptor(const ConvGeometry& g) {
   return conv;
 }
 
+// dims are always N, C, H, W (cuDNN's order); `channels_last` strides them
+// as [N,H,W,C] in memory.
 cudnn::Descriptor tensor(std::int64_t uid, cudnnDataType_t type, std::vector<std::int64_t> dims, const void* pointer,
-                         bool is_virtual = false) {
+                         bool is_virtual = false, bool channels_last = false) {
   cudnn::TensorSpec spec;
   spec.uid = uid;
   spec.type = type;
-  spec.strides = cudnn::packed_strides(dims);
+  spec.strides = channels_last ? std::vector<std::int64_t>{dims[1] * dims[2] * dims[3], 1, dims[3] * dims[1], dims[1]}
+                               : cudnn::packed_strides(dims);
   spec.dims = std::move(dims);
   spec.is_virtual = is_virtual;
   spec.alignment = is_virtual ? 16 : cudnn::pointer_alignment(pointer);
@@ -113,18 +116,19 @@ std::vector<cudnn::Plan> plans_for(const cudnn::Handle& handle, const ConvReques
   const ConvGeometry& g = r.geometry;
   const std::vector<std::int64_t> x_dims{g.n, g.c, g.h, g.w}, w_dims{g.k, g.c, g.r, g.s}, y_dims{g.n, g.k, g.p(), g.q()};
   GraphTensors gt;
-  gt.x = tensor(kX, r.io_type, x_dims, t.x);
+  const bool last = r.channels_last;
+  gt.x = tensor(kX, r.io_type, x_dims, t.x, false, last);
   gt.w = tensor(kW, r.io_type, w_dims, t.w);
-  gt.y = tensor(kY, r.io_type, y_dims, t.y);
+  gt.y = tensor(kY, r.io_type, y_dims, t.y, false, last);
   const cudnn::Descriptor conv = convolution_descriptor(g);
   std::vector<cudnn::Descriptor> ops;
   switch (r.direction) {
     case ConvDirection::forward:
-      if (fused) gt.conv_out = tensor(kConvOut, CUDNN_DATA_FLOAT, y_dims, nullptr, true);
+      if (fused) gt.conv_out = tensor(kConvOut, CUDNN_DATA_FLOAT, y_dims, nullptr, true, last);
       ops.push_back(convolution_op(kForwardOp, gt.x, gt.w, fused ? gt.conv_out : gt.y, conv));
       if (fused) {
         gt.bias = tensor(kBias, r.io_type, {1, g.k, 1, 1}, t.bias);
-        if (r.relu) gt.bias_out = tensor(kBiasOut, CUDNN_DATA_FLOAT, y_dims, nullptr, true);
+        if (r.relu) gt.bias_out = tensor(kBiasOut, CUDNN_DATA_FLOAT, y_dims, nullptr, true, last);
         ops.push_back(pointwise_op(CUDNN_POINTWISE_ADD, gt.conv_out, &gt.bias, r.relu ? gt.bias_out : gt.y));
         if (r.relu) ops.push_back(pointwise_op(CUDNN_POINTWISE_RELU_FWD, gt.bias_out, nullptr, gt.y));
       }
@@ -157,8 +161,8 @@ std::vector<cudnn::Plan> plans_for(const cudnn::Handle& handle, const ConvReques
 // What identifies a convolution problem for the engine choice.
 std::string cache_key(const ConvRequest& r) {
   const ConvGeometry& g = r.geometry;
-  return fmt::format("{}:{}x{}x{}x{}:{}x{}x{}:s{}p{}:t{}:b{}r{}", static_cast<int>(r.direction), g.n, g.c, g.h, g.w, g.k,
-                     g.r, g.s, g.stride, g.padding, static_cast<int>(r.io_type), r.bias, r.relu);
+  return fmt::format("{}:{}x{}x{}x{}:{}x{}x{}:s{}p{}:t{}:b{}r{}:l{}", static_cast<int>(r.direction), g.n, g.c, g.h, g.w,
+                     g.k, g.r, g.s, g.stride, g.padding, static_cast<int>(r.io_type), r.bias, r.relu, r.channels_last);
 }
 
 // The engines autotune chose in this process, by problem.
@@ -270,17 +274,19 @@ void CudnnConv::run(const ConvTensors& t, void* workspace, cudaStream_t stream) 
   cudnn::execute(handle_, plan_, uids, pointers, workspace, stream);
   if (request_.direction != ConvDirection::forward || !request_.bias || fused_epilogue_) return;
   const ConvGeometry& g = request_.geometry;
-  const std::int64_t hw = g.p() * g.q();
+  // A channels-last y is [rows, k]: channel i % k, as NCHW with planes of one.
+  const std::int64_t hw = request_.channels_last ? 1 : g.p() * g.q();
+  const std::int64_t n = request_.channels_last ? g.n * g.p() * g.q() : g.n;
   switch (request_.io_type) {
     case CUDNN_DATA_HALF:
-      launch_channel_bias(static_cast<__half*>(t.y), static_cast<const __half*>(t.bias), g.n, g.k, hw, request_.relu, stream);
+      launch_channel_bias(static_cast<__half*>(t.y), static_cast<const __half*>(t.bias), n, g.k, hw, request_.relu, stream);
       break;
     case CUDNN_DATA_BFLOAT16:
-      launch_channel_bias(static_cast<__nv_bfloat16*>(t.y), static_cast<const __nv_bfloat16*>(t.bias), g.n, g.k, hw,
+      launch_channel_bias(static_cast<__nv_bfloat16*>(t.y), static_cast<const __nv_bfloat16*>(t.bias), n, g.k, hw,
                           request_.relu, stream);
       break;
     default:
-      launch_channel_bias(static_cast<float*>(t.y), static_cast<const float*>(t.bias), g.n, g.k, hw, request_.relu, stream);
+      launch_channel_bias(static_cast<float*>(t.y), static_cast<const float*>(t.bias), n, g.k, hw, request_.relu, stream);
   }
 }
 
@@ -290,7 +296,7 @@ std::string CudnnConv::label() const {
     const std::string what = request_.relu ? "bias+relu" : "bias";
     epilogue = fused_epilogue_ ? ", fused " + what : ", then our " + what + " kernel";
   }
-  return fmt::format("cuDNN engine {}{}{} ({})", plan_.engine, plan_.runtime_compiled ? " (runtime-compiled)" : "",
+  return fmt::format("cuDNN engine {}{}{}{} ({})", plan_.engine, request_.channels_last ? ", channels-last" : "", plan_.runtime_compiled ? " (runtime-compiled)" : "",
                      epilogue,
                      timed_ ? fmt::format("fastest of {} timed", candidates_)
                             : "the heuristics' first that runs; backend.autotune times them all");

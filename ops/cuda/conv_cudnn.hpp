@@ -40,6 +40,9 @@ struct ConvRequest {
   cudnnDataType_t io_type = CUDNN_DATA_HALF;  // x, w, y and bias
   bool bias = false;  // forward only
   bool relu = false;  // forward only, after the bias
+  // x and y (and dx, dy) are [N,H,W,C] rather than NCHW; the filters stay
+  // [K,C,R,S]. cuDNN takes both layouts through the tensors' strides.
+  bool channels_last = false;
 };
 
 class CudnnConv {
@@ -69,5 +72,6 @@ class CudnnConv {
 template <typename T>
 void launch_channel_bias(T* y, const T* bias, std::int64_t n, std::int64_t c, std::int64_t hw, bool relu,
                          cudaStream_t stream);
+// (A channels-last y [rows, c] is n = rows, hw = 1.)
 
 }  // namespace sg::cuda

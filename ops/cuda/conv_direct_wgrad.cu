@@ -28,6 +28,7 @@ struct WgradDims {
   int staged;         // dY channels staged, a multiple of 4
   int sdy_stride;     // floats from one staged pixel to the next (sdy_stride())
   int staged_pixels;  // the most local pixels a row split stages (split 0's)
+  bool dy_last;       // dY is [n, oh, ow, o] (ConvShape::dy_channels_last)
 };
 
 // How many output rows of `oh` row split z owns: blocks of `slices`
@@ -47,7 +48,8 @@ __host__ __device__ inline int sdy_stride(int staged) { return staged / 4 % 2 ==
 
 // dY of one image (dyi), channels [o_first, o_first + staged) of this row
 // split's rows into sdy: each thread loads one pixel of 4 channels (a warp's
-// 2-byte loads run along a row: coalesced) and stores them as one float4.
+// 2-byte loads run along a row: coalesced; channels-last, the 4 channels are
+// adjacent) and stores them as one float4.
 template <typename T>
 __device__ __forceinline__ void stage_dy_rows(const T* dyi, const WgradDims& wd, int o_first, int local_pixels,
                                               float* sdy) {
@@ -65,11 +67,12 @@ __device__ __forceinline__ void stage_dy_rows(const T* dyi, const WgradDims& wd,
       const int quad = e / local_pixels, lp = e - quad * local_pixels, lr = lp / d.ow, ox = lp - lr * d.ow;
       const int oy = (blockIdx.z + (lr / wd.slices) * wd.row_splits) * wd.slices + lr % wd.slices;
       const int o = o_first + 4 * quad;
-      const T* src = dyi + o * pixels + oy * d.ow + ox;
+      const int next = wd.dy_last ? 1 : pixels;  // from one channel to the next
+      const T* src = wd.dy_last ? dyi + (oy * d.ow + ox) * d.co + o : dyi + o * pixels + oy * d.ow + ox;
       v[u].x = o < d.co ? to_float(src[0]) : 0.f;
-      v[u].y = o + 1 < d.co ? to_float(src[pixels]) : 0.f;
-      v[u].z = o + 2 < d.co ? to_float(src[2 * pixels]) : 0.f;
-      v[u].w = o + 3 < d.co ? to_float(src[3 * pixels]) : 0.f;
+      v[u].y = o + 1 < d.co ? to_float(src[next]) : 0.f;
+      v[u].z = o + 2 < d.co ? to_float(src[2 * next]) : 0.f;
+      v[u].w = o + 3 < d.co ? to_float(src[3 * next]) : 0.f;
       at[u] = lp * wd.sdy_stride + 4 * quad;
     }
 #pragma unroll
@@ -239,7 +242,8 @@ void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, 
                      plan.row_splits,
                      plan.staged_channels,
                      sdy_stride(plan.staged_channels),
-                     split_rows(d.oh, plan.slices, plan.row_splits, 0) * d.ow};
+                     split_rows(d.oh, plan.slices, plan.row_splits, 0) * d.ow,
+                     s.dy_channels_last};
   if (plan.group == 8) run_direct_wgrad_g<8>(plan, wd, dy, x, workspace, stream);
   else if (plan.group == 4) run_direct_wgrad_g<4>(plan, wd, dy, x, workspace, stream);
   else run_direct_wgrad_g<2>(plan, wd, dy, x, workspace, stream);

@@ -110,7 +110,9 @@ struct BackwardFilterPass {
   __device__ std::int64_t rows() const { return d.o; }
   __device__ std::int64_t cols() const { return d.c * d.kh * d.kw; }
   __device__ std::int64_t depth() const { return d.n * d.oh * d.ow; }
+  bool dy_last;  // dY [n, oh, ow, o]
   __device__ float a(std::int64_t o, std::int64_t k) const {
+    if (dy_last) return to_float(dy[k * d.o + o]);  // k = image * oh * ow + pixel
     const std::int64_t b = k / (d.oh * d.ow), pixel = k % (d.oh * d.ow);
     return to_float(dy[(b * d.o + o) * d.oh * d.ow + pixel]);
   }
@@ -300,7 +302,7 @@ template <typename T>
 void launch_conv_backward_filter(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, float* workspace,
                                  cudaStream_t stream) {
   if (plan.direct) return conv_direct::launch_wgrad(plan, dy, x, dw, workspace, stream);
-  run_gemm(plan, BackwardFilterPass<T>{dims_of(plan.shape), dy, x, dw}, workspace, stream);
+  run_gemm(plan, BackwardFilterPass<T>{dims_of(plan.shape), dy, x, dw, plan.shape.dy_channels_last}, workspace, stream);
 }
 
 #define SG_INSTANTIATE_CONV(T)                                                                                       \

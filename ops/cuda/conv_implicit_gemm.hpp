@@ -31,10 +31,14 @@
 namespace sg::cuda {
 
 // X [n,c,h,w], W [o,c,kh,kw], Y [n,o,oh,ow]; zero padding on H and W alike.
+// dy_channels_last (the weight gradient only): dY is [n,oh,ow,o], a
+// channels-last network's first layer, whose one-channel X is the same
+// bytes in either layout (graph/channels_last_pass.hpp).
 struct ConvShape {
   std::int64_t n = 1, c = 1, h = 1, w = 1;
   std::int64_t o = 1, kh = 1, kw = 1;
   std::int64_t stride = 1, padding = 0;
+  bool dy_channels_last = false;
   std::int64_t oh() const { return (h + 2 * padding - kh) / stride + 1; }
   std::int64_t ow() const { return (w + 2 * padding - kw) / stride + 1; }
 };

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "runtime/cuda/activation_layout_choice.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/floors.hpp"
 #include "runtime/cuda/loss_watch.hpp"
@@ -103,6 +104,7 @@ std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
 }  // namespace
 
 struct CudaTrainer::Impl {
+  std::string layout_choice;  // "channels-last (...)" or "NCHW (...)": activation_layout_choice.hpp
   TrainerSpec spec;
   DataBindings train_data, eval_data;
   int device = -1;  // a data-parallel rank's GPU (select_device), set before the stream and handles below exist
@@ -121,10 +123,10 @@ struct CudaTrainer::Impl {
   DeviceBuffer first_nonfinite;  // loss_watch.hpp: -1 until a loss is not finite
 
   Impl(const TrainerSpec& s, const Dataset& data)
-      : spec(s),
-        train_data(checked(s.program, data).train_data),
-        eval_data(s.program.eval_data),
-        device(select_device(s.data_parallel, s.program)),
+      : spec(with_activation_layout(s, device_available(), layout_choice)),
+        train_data(checked(spec.program, data).train_data),
+        eval_data(spec.program.eval_data),
+        device(select_device(s.data_parallel, spec.program)),
         epochs(data.train.images.count, train_data.batch * train_data.ranks, s.shuffle_seed) {
     if (!device_available()) throw CudaError("no CUDA GPU is available (cudaGetDeviceCount found none)");
     auto part_start = std::chrono::steady_clock::now();
@@ -136,8 +138,8 @@ struct CudaTrainer::Impl {
     ProgramOptions options;
     options.backend = s.backend;
     if (!s.cuda_graph) options.backend.steps_per_launch = 1;  // stream launches: one step per record
-    options.learning_rate = s.program.learning_rate;
-    options.shared_state = shared_state_names(s.program);
+    options.learning_rate = spec.program.learning_rate;
+    options.shared_state = shared_state_names(spec.program);
 #ifdef STEPGRAPH_HAVE_NCCL
     if (s.data_parallel.world_size > 0) {
       const auto timeout = std::chrono::milliseconds(static_cast<long long>(s.data_parallel.timeout_s * 1000));
@@ -151,10 +153,10 @@ struct CudaTrainer::Impl {
       end_part("joining the NCCL communicator");
     }
 #endif
-    train = std::make_unique<CudaProgram>(s.program.train, params, lt, options, stream.get());
+    train = std::make_unique<CudaProgram>(spec.program.train, params, lt, options, stream.get());
     end_part("lowering the training step (cover, memory plan, cuBLASLt plans and autotune)");
     for (const auto& [part, seconds] : train->setup_parts()) setup_phases.emplace_back("    " + part, seconds);
-    eval = std::make_unique<CudaProgram>(s.program.eval, params, lt, options, stream.get());
+    eval = std::make_unique<CudaProgram>(spec.program.eval, params, lt, options, stream.get());
     end_part("lowering the eval step");
     upload_split(*train, train_data, data.train);
     upload_split(*eval, eval_data, data.test);
@@ -163,13 +165,13 @@ struct CudaTrainer::Impl {
     std::vector<std::int32_t> identity(static_cast<std::size_t>(data.test.images.count));
     std::iota(identity.begin(), identity.end(), 0);
     owned(*eval, eval_data.perm).upload(identity.data(), identity.size() * sizeof(std::int32_t));
-    for (const auto& p : s.program.init) {
+    for (const auto& p : spec.program.init) {
       const Value& v = train->graph().value(train->graph().value_named(p.name));
       const auto bytes = float_blob_bytes(v, p.values);
       params.at(p.name).upload(bytes.data(), bytes.size());
     }
     train->parameters_written(stream.get());
-    train->set_learning_rate(s.program.learning_rate, stream.get());
+    train->set_learning_rate(spec.program.learning_rate, stream.get());
     stream.synchronize();
     end_part("uploading the dataset and initial parameters");
 #ifdef STEPGRAPH_HAVE_NCCL
@@ -263,13 +265,13 @@ std::string CudaTrainer::description() const {
     for (std::size_t i = 0; i < program.schedule().launches.size(); ++i) labels.push_back(program.launch_label(i));
     whole_step = fmt::format(" ({})", fmt::join(labels, "; "));
   }
-  return fmt::format("cuda on {} ({}, {} launches per step{}{}, {} accumulate)", prop.name,
+  return fmt::format("cuda on {} ({}, {} launches per step{}{}, {} accumulate, {} activations)", prop.name,
                      s.cuda_graph ? "CUDA graph replay" : "stream launches", program.schedule().launches.size(),
                      whole_step,
                      s.cuda_graph && s.backend.steps_per_launch > 1
                          ? fmt::format(", {} steps per graph", s.backend.steps_per_launch)
                          : "",
-                     s.backend.accumulate_f16 ? "fp16" : "fp32");
+                     s.backend.accumulate_f16 ? "fp16" : "fp32", impl_->layout_choice);
 }
 
 std::vector<std::pair<std::string, std::string>> CudaTrainer::declined_fast_paths() const {

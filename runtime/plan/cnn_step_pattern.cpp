@@ -132,6 +132,7 @@ class CnnStepWalker {
         layer.kind = Kind::conv2d;
         layer.conv = next->attr<Conv2dAttrs>();
         if (next->inputs.size() != 3) throw NoMatch{"a conv2d without bias"};
+        if (layer.conv.channels_last) throw NoMatch{"channels-last activations (its kernels are NCHW)"};
         layer.weight = master_of(next->inputs[1]);
         layer.bias = master_of(next->inputs[2]);
         layer.output = next->outputs[0];
@@ -150,6 +151,7 @@ class CnnStepWalker {
       case OpKind::max_pool2d:
         layer.kind = Kind::max_pool2d;
         layer.pool = next->attr<Pool2dAttrs>();
+        if (layer.pool.channels_last) throw NoMatch{"channels-last activations (its kernels are NCHW)"};
         layer.output = next->outputs[0];
         break;
       case OpKind::relu:

@@ -159,7 +159,9 @@ Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowe
       for (int u : m->units) {
         const CoverUnit& part = cover.units().at(static_cast<std::size_t>(u));
         c.launch.nodes.insert(c.launch.nodes.end(), part.nodes.begin(), part.nodes.end());
-        c.position = c.position < 0 ? part.anchor : std::min(c.position, part.anchor);
+        c.position = c.position < 0       ? part.anchor
+                     : m->runs_at_last_unit ? std::max(c.position, part.anchor)
+                                            : std::min(c.position, part.anchor);
       }
       if (m->graph_order) std::sort(c.launch.nodes.begin(), c.launch.nodes.end());
       c.launch.detail = std::move(m->detail);
@@ -170,8 +172,9 @@ Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowe
       c.may_ride = m->may_ride;
       fill_boundary(g, c.launch);
       drop_unread(c.launch, c.unread);
-      // The launch runs where its first unit sits: everything it reads from
-      // outside must be produced before that, or the match is not taken.
+      // The launch runs where its first unit sits (or its last:
+      // runs_at_last_unit): everything it reads from outside must be
+      // produced before that, or the match is not taken.
       if (std::any_of(c.launch.reads.begin(), c.launch.reads.end(),
                       [&](ValueId v) { return g.value(v).producer >= c.position; }))
         continue;

@@ -70,6 +70,10 @@ struct Match {
   std::vector<ValueId> scratch;
   std::vector<std::pair<ValueId, ValueId>> aliases;  // see Launch::aliases
   bool may_ride = false;             // may join a later launch whose lowering takes riders
+  // Run where the last of its units sits rather than the first: a launch that
+  // takes earlier nodes whose outputs only it reads (the update stage's
+  // gradient casts), so its other inputs exist by then.
+  bool runs_at_last_unit = false;
 };
 
 // The partial cover a lowering's match sees.

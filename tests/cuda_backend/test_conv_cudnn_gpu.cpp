@@ -1,7 +1,8 @@
 // Issue 22's cuDNN convolutions against the CPU reference on random shapes:
 // conv2d forward (with and without bias, with the relu after it taken into
 // the launch), its data gradient and its filter gradient; odd sizes, stride 1
-// to 3, padding 0 to 2; f32 against CpuExecutor<double> and f16 / bf16
+// to 3, padding 0 to 2; NCHW and channels-last activations (issues 36,
+// 37); f32 against CpuExecutor<double> and f16 / bf16
 // against CpuExecutor<float> (which rounds every value a node writes as the
 // GPU stores it). Outputs are poisoned first, so an unwritten element reads
 // NaN, and NaN never passes relative_error.
@@ -103,50 +104,57 @@ std::vector<double> run_case(const Graph& g, DType dtype, std::mt19937_64& rng, 
 TEST_CASE("cuDNN conv2d forward (bias, relu), backward data and backward filter match the CPU reference") {
   auto rng = sg::test::fresh_rng();
   for (int trial = 0; trial < 10; ++trial)
-    for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
-      const ConvCase c = random_case(rng);
-      CAPTURE(sg::test::last_seed());
-      CAPTURE(dtype_name(dtype));
-      CAPTURE(fmt::format("x {}x{}x{}x{} w {}x{}x{}x{} stride {} padding {}", c.n, c.c, c.h, c.w, c.k, c.c, c.r, c.s,
-                          c.stride, c.padding));
-      const Conv2dAttrs forward{c.stride, c.padding, 0, 0};
-      // 0: forward; 1: forward + bias; 2: forward + bias + relu (one launch).
-      for (int variant = 0; variant < 3; ++variant) {
-        CAPTURE(variant);
-        Graph g;
-        const ValueId x = g.input("x", {c.n, c.c, c.h, c.w}, dtype);
-        const ValueId w = g.param("w", {c.k, c.c, c.r, c.s}, dtype);
-        std::vector<ValueId> inputs{x, w};
-        if (variant >= 1) inputs.push_back(g.param("b", {c.k}, dtype));
-        ValueId y = g.append_node(OpKind::conv2d, inputs, forward).front();
-        if (variant == 2) y = g.relu(y);
-        g.mark_output(y);
-        std::vector<std::string> lowerings;
-        const auto errors = run_case(g, dtype, rng, lowerings);
-        CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
-        CHECK(errors.at(0) < tolerance(dtype));
+    for (const DType dtype : {DType::f32, DType::f16, DType::bf16})
+      for (const bool last : {false, true}) {  // NCHW, or channels-last activations ([N,H,W,C])
+        const ConvCase c = random_case(rng);
+        CAPTURE(sg::test::last_seed());
+        CAPTURE(dtype_name(dtype));
+        CAPTURE(last);
+        CAPTURE(fmt::format("x {}x{}x{}x{} w {}x{}x{}x{} stride {} padding {}", c.n, c.c, c.h, c.w, c.k, c.c, c.r, c.s,
+                            c.stride, c.padding));
+        const auto activation = [&](std::int64_t ch, std::int64_t h, std::int64_t w) {
+          return last ? Shape{c.n, h, w, ch} : Shape{c.n, ch, h, w};
+        };
+        const Conv2dAttrs forward{c.stride, c.padding, 0, 0, last};
+        // 0: forward; 1: forward + bias; 2: forward + bias + relu (one launch).
+        for (int variant = 0; variant < 3; ++variant) {
+          CAPTURE(variant);
+          Graph g;
+          const ValueId x = g.input("x", activation(c.c, c.h, c.w), dtype);
+          const ValueId w = g.param("w", {c.k, c.c, c.r, c.s}, dtype);
+          std::vector<ValueId> inputs{x, w};
+          if (variant >= 1) inputs.push_back(g.param("b", {c.k}, dtype));
+          ValueId y = g.append_node(OpKind::conv2d, inputs, forward).front();
+          if (variant == 2) y = g.relu(y);
+          g.mark_output(y);
+          std::vector<std::string> lowerings;
+          const auto errors = run_case(g, dtype, rng, lowerings);
+          CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
+          CHECK(errors.at(0) < tolerance(dtype));
+        }
+        {  // dX = conv2d_backward_data(dY, W)
+          Graph g;
+          const ValueId dy = g.input("dy", activation(c.k, c.p(), c.q()), dtype);
+          const ValueId w = g.param("w", {c.k, c.c, c.r, c.s}, dtype);
+          const Conv2dAttrs data{c.stride, c.padding, c.h, c.w, last};
+          g.mark_output(g.append_node(OpKind::conv2d_backward_data, {dy, w}, data).front());
+          std::vector<std::string> lowerings;
+          const auto errors = run_case(g, dtype, rng, lowerings);
+          CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
+          CHECK(errors.at(0) < tolerance(dtype));
+        }
+        {  // dW = conv2d_backward_filter(dY, X): sums over N x P x Q terms
+          Graph g;
+          const ValueId dy = g.input("dy", activation(c.k, c.p(), c.q()), dtype);
+          const ValueId x = g.input("x", activation(c.c, c.h, c.w), dtype);
+          const Conv2dAttrs filter{c.stride, c.padding, c.r, c.s, last};
+          g.mark_output(g.append_node(OpKind::conv2d_backward_filter, {dy, x}, filter).front());
+          std::vector<std::string> lowerings;
+          const auto errors = run_case(g, dtype, rng, lowerings);
+          CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
+          CHECK(errors.at(0) < tolerance(dtype));
+        }
       }
-      {  // dX = conv2d_backward_data(dY, W)
-        Graph g;
-        const ValueId dy = g.input("dy", {c.n, c.k, c.p(), c.q()}, dtype);
-        const ValueId w = g.param("w", {c.k, c.c, c.r, c.s}, dtype);
-        g.mark_output(g.append_node(OpKind::conv2d_backward_data, {dy, w}, Conv2dAttrs{c.stride, c.padding, c.h, c.w}).front());
-        std::vector<std::string> lowerings;
-        const auto errors = run_case(g, dtype, rng, lowerings);
-        CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
-        CHECK(errors.at(0) < tolerance(dtype));
-      }
-      {  // dW = conv2d_backward_filter(dY, X): sums over N x P x Q terms
-        Graph g;
-        const ValueId dy = g.input("dy", {c.n, c.k, c.p(), c.q()}, dtype);
-        const ValueId x = g.input("x", {c.n, c.c, c.h, c.w}, dtype);
-        g.mark_output(g.append_node(OpKind::conv2d_backward_filter, {dy, x}, Conv2dAttrs{c.stride, c.padding, c.r, c.s}).front());
-        std::vector<std::string> lowerings;
-        const auto errors = run_case(g, dtype, rng, lowerings);
-        CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
-        CHECK(errors.at(0) < tolerance(dtype));
-      }
-    }
 }
 
 TEST_CASE("reshape and flatten are views: no kernel, the output shares its input's buffer") {

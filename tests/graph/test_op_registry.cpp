@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::batch_norm_inference) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::to_channels_first) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {
@@ -29,8 +29,8 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<DropoutAttrs>(): return DropoutAttrs{0.25, 0x123456789abcull, 2};
     case attrs_index<AdamUpdateAttrs>(): return AdamUpdateAttrs{0.8, 0.95, 1e-6, 0.01, true};
     case attrs_index<ClipGradAttrs>(): return ClipGradAttrs{2.5};
-    case attrs_index<Conv2dAttrs>(): return Conv2dAttrs{2, 1, 7, 5};
-    case attrs_index<Pool2dAttrs>(): return Pool2dAttrs{3, 1, 9, 8};
+    case attrs_index<Conv2dAttrs>(): return Conv2dAttrs{2, 1, 7, 5, true};
+    case attrs_index<Pool2dAttrs>(): return Pool2dAttrs{3, 1, 9, 8, true};
     case attrs_index<ReshapeAttrs>(): return ReshapeAttrs{{6, 1, 4}};
     case attrs_index<RmspropUpdateAttrs>(): return RmspropUpdateAttrs{0.9, 1e-6, 0.01, 0.5, true};
     case attrs_index<LayerNormAttrs>(): return LayerNormAttrs{1e-3};

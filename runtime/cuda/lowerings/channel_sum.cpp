@@ -2,10 +2,12 @@
 // update (Adam, clipping, an extra reader), by our fixed-order reduction
 // (ops/cuda/channel_sum.hpp), with the f16/bf16 -> f32 cast after it folded
 // in when that cast is its only reader (fp32 master biases: the gradient
-// then goes straight to the optimizer in f32).
+// then goes straight to the optimizer in f32) and no update rule reads it
+// (update_multi_tensor takes such casts: read_by_update_rule).
 #include "ops/cuda/channel_sum.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/update_rule_table.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -33,7 +35,8 @@ class ChannelSumLowering final : public CudaLowering {
     const bool output = is_graph_output(g, sum);
     if (readers.size() == 1 && !output && is_half_width_float(x))
       if (const CoverUnit* cast = free_lone_unit(cover, readers[0]);
-          cast && g.node(readers[0]).op == OpKind::cast && g.value(g.node(readers[0]).outputs[0]).dtype == DType::f32) {
+          cast && g.node(readers[0]).op == OpKind::cast && g.value(g.node(readers[0]).outputs[0]).dtype == DType::f32 &&
+          !read_by_update_rule(g, g.node(readers[0]).outputs[0])) {
         nodes.cast = readers[0];
         m.units.push_back(cast->id);
       }

@@ -40,6 +40,7 @@ class ConvCudnnLowering final : public CudaLowering {
     request.io_type = *cudnn_type(g.value(n.outputs[0]).dtype);
     const ConvSizes z = conv_sizes(g, n);
     request.geometry = {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding};
+    request.channels_last = z.channels_last;
     ConvTensors t;
     switch (n.op) {
       case OpKind::conv2d:

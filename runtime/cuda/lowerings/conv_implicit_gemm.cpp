@@ -23,7 +23,11 @@ ConvPass pass_of(OpKind op) {
 // The kernels' shape of a convolution node.
 ConvShape shape_of(const sg::Graph& g, const Node& n) {
   const ConvSizes z = conv_sizes(g, n);
-  return {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding};
+  return {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding, z.channels_last};
+}
+
+bool is_filter_gradient(const Cover& cover, const CoverUnit& unit) {
+  return cover.graph().node(unit.nodes.front()).op == OpKind::conv2d_backward_filter;
 }
 
 class ConvImplicitGemmLowering final : public CudaLowering {
@@ -35,7 +39,12 @@ class ConvImplicitGemmLowering final : public CudaLowering {
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     return match_conv(
         cover, unit, [](DType t) { return is_floating(t); },
-        [&](const ConvSizes& z) { return max_channel_product_ == 0 || z.c * z.k <= max_channel_product_; });
+        [&](const ConvSizes& z) {
+          // Our kernels read and write NCHW activations; channels-last, the
+          // weight gradient of a one-channel input (X's bytes are the same).
+          const bool layout = !z.channels_last || (is_filter_gradient(cover, unit) && z.c == 1);
+          return layout && (max_channel_product_ == 0 || z.c * z.k <= max_channel_product_);
+        });
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override { return describe_conv(g, l); }

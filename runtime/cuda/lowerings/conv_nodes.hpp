@@ -20,9 +20,10 @@ struct ConvNodes {
 };
 
 // A convolution's sizes in the forward's terms: input n x c x h x w, k
-// filters of c x r x s.
+// filters of c x r x s; channels_last: the activations are [N,H,W,C].
 struct ConvSizes {
   std::int64_t n = 0, c = 0, h = 0, w = 0, k = 0, r = 0, s = 0, stride = 1, padding = 0;
+  bool channels_last = false;
 };
 
 inline bool is_conv(OpKind op) {
@@ -33,15 +34,25 @@ inline bool is_conv(OpKind op) {
 // of what they produce in grad_h x grad_w).
 inline ConvSizes conv_sizes(const sg::Graph& g, const Node& n) {
   const auto& a = n.attr<Conv2dAttrs>();
-  const Shape& in0 = g.value(n.inputs[0]).shape;
-  const Shape& in1 = g.value(n.inputs[1]).shape;
+  // An activation's N, C, H, W in its layout.
+  const auto nchw = [&](ValueId v) {
+    const Shape& s = g.value(v).shape;
+    return a.channels_last ? Shape{s[0], s[3], s[1], s[2]} : s;
+  };
+  const bool cl = a.channels_last;
   switch (n.op) {
-    case OpKind::conv2d:  // (X, W[, bias])
-      return {in0[0], in0[1], in0[2], in0[3], in1[0], in1[2], in1[3], a.stride, a.padding};
-    case OpKind::conv2d_backward_data:  // (dY, W) -> dX
-      return {in0[0], in1[1], a.grad_h, a.grad_w, in1[0], in1[2], in1[3], a.stride, a.padding};
-    default:  // conv2d_backward_filter: (dY, X) -> dW
-      return {in1[0], in1[1], in1[2], in1[3], in0[1], a.grad_h, a.grad_w, a.stride, a.padding};
+    case OpKind::conv2d: {  // (X, W[, bias])
+      const Shape x = nchw(n.inputs[0]), &w = g.value(n.inputs[1]).shape;
+      return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], a.stride, a.padding, cl};
+    }
+    case OpKind::conv2d_backward_data: {  // (dY, W) -> dX
+      const Shape dy = nchw(n.inputs[0]), &w = g.value(n.inputs[1]).shape;
+      return {dy[0], w[1], a.grad_h, a.grad_w, w[0], w[2], w[3], a.stride, a.padding, cl};
+    }
+    default: {  // conv2d_backward_filter: (dY, X) -> dW
+      const Shape dy = nchw(n.inputs[0]), x = nchw(n.inputs[1]);
+      return {x[0], x[1], x[2], x[3], dy[1], a.grad_h, a.grad_w, a.stride, a.padding, cl};
+    }
   }
 }
 
@@ -84,7 +95,7 @@ inline std::string describe_conv(const sg::Graph& g, const Launch& l) {
                      : n.op == OpKind::conv2d_backward_data ? "dgrad"
                                                             : "wgrad";
   if (nodes.relu >= 0) what += "+relu";
-  return fmt::format("{},stride={},padding={}", what, a.stride, a.padding);
+  return fmt::format("{},stride={},padding={}{}", what, a.stride, a.padding, a.channels_last ? ",channels_last" : "");
 }
 
 }  // namespace sg::cuda

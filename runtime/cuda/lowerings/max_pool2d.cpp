@@ -4,6 +4,7 @@
 // ReLU"). The launch still writes every value a node outside it reads: the
 // dropout2d output (the pooling's backward takes its argmax from it), the
 // relu output, and the pooled values only where something reads them.
+#include "ops/cuda/channels_last.hpp"
 #include "ops/cuda/pooling.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -13,6 +14,7 @@ namespace {
 
 struct PoolForwardNodes {
   NodeId dropout = -1, pool = -1, relu = -1;
+  NodeId to_first = -1;  // channels-last: the to_channels_first of the pooled values, written by this launch
 };
 
 class MaxPool2dLowering final : public CudaLowering {
@@ -30,7 +32,9 @@ class MaxPool2dLowering final : public CudaLowering {
     nodes.pool = pool.id;
     Match m = single_unit(unit);
     const NodeId producer = g.value(pool.inputs[0]).producer;
-    if (const CoverUnit* u = free_lone_unit(cover, producer); u && g.node(producer).op == OpKind::dropout2d) {
+    // (dropout2d is channels-first: a channels-last pooling never reads it.)
+    if (const CoverUnit* u = free_lone_unit(cover, producer); u && g.node(producer).op == OpKind::dropout2d &&
+                                                               !pool.attr<Pool2dAttrs>().channels_last) {
       nodes.dropout = producer;
       m.units.push_back(u->id);
     }
@@ -41,6 +45,13 @@ class MaxPool2dLowering final : public CudaLowering {
         m.units.push_back(u->id);
         break;
       }
+    // The end of a channels-last region: the pooled values' conversion back
+    // to NCHW (their only reader) written by this launch in that layout.
+    if (const CoverUnit* u = free_sole_reader(cover, pool.outputs[0], OpKind::to_channels_first);
+        u && nodes.relu < 0 && pool.attr<Pool2dAttrs>().channels_last && !is_graph_output(g, pool.outputs[0])) {
+      nodes.to_first = u->nodes.front();
+      m.units.push_back(u->id);
+    }
     m.detail = nodes;
     return m;
   }
@@ -48,8 +59,9 @@ class MaxPool2dLowering final : public CudaLowering {
   std::string describe(const sg::Graph& g, const Launch& l) const override {
     const auto& nodes = detail_of<PoolForwardNodes>(l);
     const auto& a = g.node(nodes.pool).attr<Pool2dAttrs>();
-    return fmt::format("{}k={},s={}{}", nodes.dropout >= 0 ? "dropout2d+" : "", a.kernel, a.stride,
-                       nodes.relu >= 0 ? "+relu" : "");
+    return fmt::format("{}k={},s={}{}{}{}", nodes.dropout >= 0 ? "dropout2d+" : "", a.kernel, a.stride,
+                       nodes.relu >= 0 ? "+relu" : "", a.channels_last ? ",channels_last" : "",
+                       nodes.to_first >= 0 ? "+to_channels_first" : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -58,9 +70,10 @@ class MaxPool2dLowering final : public CudaLowering {
     const Node& pool = g.node(nodes.pool);
     const auto& a = pool.attr<Pool2dAttrs>();
     const Value& in = g.value(pool.inputs[0]);
-    const PoolGeometry geometry{in.shape[0] * in.shape[1], in.shape[2], in.shape[3], a.kernel, a.stride};
     // Only values read after the launch get a buffer (c.ptr throws for the others).
     auto out_ptr = [&](ValueId v) { return launch_writes(l, v) ? c.ptr(v) : nullptr; };
+    if (a.channels_last) return record_channels_last(g, nodes, in, out_ptr, c);
+    const PoolGeometry geometry{in.shape[0] * in.shape[1], in.shape[2], in.shape[3], a.kernel, a.stride};
     PlaneDropout dropout;
     const void* x = nullptr;
     const std::int32_t* step = nullptr;
@@ -83,6 +96,29 @@ class MaxPool2dLowering final : public CudaLowering {
       run = [=](cudaStream_t s) {
         launch_max_pool2d_forward(static_cast<const T*>(x), step, geometry, dropout, static_cast<T*>(dropped),
                                   static_cast<T*>(pooled), static_cast<T*>(activated), s);
+      };
+    });
+    return std::make_unique<BoundLaunch>(std::move(run));
+  }
+
+ private:
+  // x [N,H,W,C] (no dropout2d: it is channels-first).
+  template <typename OutPtr>
+  static std::unique_ptr<RecordedLaunch> record_channels_last(const sg::Graph& g, const PoolForwardNodes& nodes,
+                                                              const Value& in, OutPtr&& out_ptr,
+                                                              const BindContext& c) {
+    const auto& a = g.node(nodes.pool).attr<Pool2dAttrs>();
+    const bool to_first = nodes.to_first >= 0;
+    const ChannelsLastPool geometry{in.shape[0], in.shape[1], in.shape[2], in.shape[3], a.kernel, a.stride, to_first};
+    const void* x = c.ptr(in.id);
+    void* pooled = out_ptr(g.node(to_first ? nodes.to_first : nodes.pool).outputs[0]);
+    void* activated = nodes.relu >= 0 ? out_ptr(g.node(nodes.relu).outputs[0]) : nullptr;
+    std::function<void(cudaStream_t)> run;
+    with_float_type(in.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      run = [=](cudaStream_t s) {
+        launch_max_pool2d_nhwc_forward(static_cast<const T*>(x), geometry, static_cast<T*>(pooled),
+                                       static_cast<T*>(activated), s);
       };
     });
     return std::make_unique<BoundLaunch>(std::move(run));

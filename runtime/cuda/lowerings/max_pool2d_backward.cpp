@@ -8,6 +8,7 @@
 // from the pooling's input (the op takes X, not an index buffer), the
 // dropout2d mask from Philox; intermediates are written only where a node
 // outside the launch reads them.
+#include "ops/cuda/channels_last.hpp"
 #include "ops/cuda/pooling.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -17,6 +18,7 @@ namespace {
 
 struct PoolBackwardNodes {
   NodeId relu_before = -1, pool = -1, relu_after = -1, dropout = -1;
+  NodeId to_last = -1;  // channels-last: the to_channels_last giving dY, read here from its NCHW input
 };
 
 // The lone free reader of `v` with op `op` that takes `v` as its first input, if any.
@@ -47,7 +49,16 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
     Match m = single_unit(unit);
     NodeId position = pool.id;  // where the launch runs: its first node
     const NodeId producer = g.value(pool.inputs[0]).producer;
-    if (const CoverUnit* u = free_lone_unit(cover, producer); u && g.node(producer).op == OpKind::relu_backward) {
+    // The start of a channels-last region's backward: dY converted from NCHW, read here in that layout.
+    if (const CoverUnit* u = free_lone_unit(cover, producer);
+        u && g.node(producer).op == OpKind::to_channels_last && pool.attr<Pool2dAttrs>().channels_last &&
+        g.consumers(pool.inputs[0]).size() == 1 && !is_graph_output(g, pool.inputs[0])) {
+      nodes.to_last = producer;
+      position = producer;
+      m.units.push_back(u->id);
+    }
+    if (const CoverUnit* u = free_lone_unit(cover, producer);
+        u && nodes.to_last < 0 && g.node(producer).op == OpKind::relu_backward) {
       const Node& relu = g.node(producer);
       if (g.value(relu.inputs[0]).dtype == t && g.value(relu.inputs[1]).dtype == t) {
         nodes.relu_before = producer;
@@ -65,7 +76,8 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
         m.units.push_back(u->id);
       }
     }
-    if (const CoverUnit* u = free_gradient_reader(cover, result, OpKind::dropout2d_backward)) {
+    if (const CoverUnit* u = free_gradient_reader(cover, result, OpKind::dropout2d_backward);
+        u && !pool.attr<Pool2dAttrs>().channels_last) {
       nodes.dropout = u->nodes.front();
       m.units.push_back(u->id);
     }
@@ -76,9 +88,10 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
   std::string describe(const sg::Graph& g, const Launch& l) const override {
     const auto& nodes = detail_of<PoolBackwardNodes>(l);
     const auto& a = g.node(nodes.pool).attr<Pool2dAttrs>();
-    return fmt::format("{}k={},s={}{}{}", nodes.relu_before >= 0 ? "relu_backward+" : "", a.kernel, a.stride,
+    return fmt::format("{}{}k={},s={}{}{}{}", nodes.to_last >= 0 ? "to_channels_last+" : "",
+                       nodes.relu_before >= 0 ? "relu_backward+" : "", a.kernel, a.stride,
                        nodes.relu_after >= 0 ? "+relu_backward" : "",
-                       nodes.dropout >= 0 ? "+dropout2d_backward" : "");
+                       nodes.dropout >= 0 ? "+dropout2d_backward" : "", a.channels_last ? ",channels_last" : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -87,7 +100,11 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
     const Node& pool = g.node(nodes.pool);
     const auto& a = pool.attr<Pool2dAttrs>();
     const Value& in = g.value(pool.inputs[1]);
+    // [N,C,H,W] planes, or [N,H,W,C] (channels_last) rows of channels.
     const PoolGeometry geometry{in.shape[0] * in.shape[1], in.shape[2], in.shape[3], a.kernel, a.stride};
+    const ChannelsLastPool last{in.shape[0], in.shape[1], in.shape[2],   in.shape[3],
+                                a.kernel,    a.stride,    nodes.to_last >= 0};
+    const bool channels_last = a.channels_last;
     // Intermediates get a buffer only when read after the launch (c.ptr throws for the others).
     auto out_ptr = [&](ValueId v) { return launch_writes(l, v) ? c.ptr(v) : nullptr; };
     PoolBackwardTensors<void> p;  // type-erased here, cast once the element type is known
@@ -98,7 +115,7 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
       p.relu_before = c.ptr(r.inputs[1]);
       p.relu_before_grad = out_ptr(r.outputs[0]);
     } else {
-      p.dy = c.ptr(pool.inputs[0]);
+      p.dy = c.ptr(nodes.to_last >= 0 ? g.node(nodes.to_last).inputs[0] : pool.inputs[0]);
     }
     ValueId result = pool.outputs[0];
     p.pool_grad = out_ptr(result);
@@ -127,7 +144,14 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
                                          static_cast<const T*>(p.x),          static_cast<const T*>(p.relu_after),
                                          static_cast<T*>(p.relu_before_grad), static_cast<T*>(p.pool_grad),
                                          static_cast<T*>(p.relu_after_grad),  static_cast<T*>(p.dx)};
-      run = [=](cudaStream_t s) { launch_max_pool2d_backward(typed, step, geometry, dropout, s); };
+      if (channels_last) {
+        const ChannelsLastPoolBackward<T> t{typed.dy,         typed.relu_before, typed.x,
+                                            typed.relu_after, typed.relu_before_grad, typed.pool_grad,
+                                            typed.relu_after_grad, typed.dx};
+        run = [=](cudaStream_t s) { launch_max_pool2d_nhwc_backward(t, last, s); };
+      } else {
+        run = [=](cudaStream_t s) { launch_max_pool2d_backward(typed, step, geometry, dropout, s); };
+      }
     });
     return std::make_unique<BoundLaunch>(std::move(run));
   }

@@ -40,6 +40,8 @@ std::unique_ptr<CudaLowering> make_augment_lowering();
 std::unique_ptr<CudaLowering> make_batch_norm_lowering();
 std::unique_ptr<CudaLowering> make_channel_sum_lowering();
 std::unique_ptr<CudaLowering> make_view_lowering();
+std::unique_ptr<CudaLowering> make_channels_permute_lowering();
+std::unique_ptr<CudaLowering> make_column_sum_lowering();
 std::unique_ptr<CudaLowering> make_cast_params_lowering();
 #ifdef STEPGRAPH_HAVE_CUDNN
 std::unique_ptr<CudaLowering> make_conv_cudnn_lowering();
@@ -68,6 +70,9 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_softmax_xent_lowering());
   // A bias gradient's fusion group (reduce_rows + its SGD update) in one kernel:
   // core, since the fusion pass forms the group for every SGD graph.
+  // A channels-last conv's bias gradient: the column sums of a tall
+  // [N*H*W, C] (with its SGD update), before the kernels made for a batch of rows.
+  l.push_back(make_column_sum_lowering());
   l.push_back(make_bias_grad_sgd_lowering());
   slot(FastPathSlot::bias_update);
   // The update stage (issue 35): every update-rule node left (Adam, AdamW, RMSprop) in one launch; clipping.
@@ -96,6 +101,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_sgd_multi_tensor_lowering());
   // Reshape/flatten as views; fp32 master weights' casts left: one launch for all.
   l.push_back(make_view_lowering());
+  l.push_back(make_channels_permute_lowering());  // NCHW <-> channels-last where it moves data
   l.push_back(make_cast_params_lowering());
   // Convolutions: backend.conv_kernels first (implicit_gemm: ours for all;
   // auto: the our_conv fast path where it measured faster), then cuDNN, then

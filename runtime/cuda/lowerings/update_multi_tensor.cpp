@@ -6,8 +6,11 @@
 // The optimizer pass places these updates after the last gradient, so the
 // launch sits where all its inputs exist. It takes the step advance as a
 // rider: the last block to finish increments the counter after every block
-// has read it.
+// has read it. A gradient widened from f16/bf16 to the fp32 master's f32 by
+// a cast that nothing else reads is read before the cast instead, the cast
+// taken into the launch (widening is exact: the same bits, one launch less).
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
 #include "runtime/cuda/lowerings/update_rule_table.hpp"
@@ -17,14 +20,31 @@ namespace {
 
 struct UpdateNodes {
   std::vector<NodeId> updates;
+  std::vector<NodeId> casts;  // per update: the widening cast taken in, or -1
 };
 
+// The cast that widens an update's f16/bf16 gradient to its f32 gradient,
+// when it is a free lone unit that only this update reads; else -1.
+NodeId folded_cast(const Cover& cover, const Node& update) {
+  const sg::Graph& g = cover.graph();
+  const ValueId grad = update_inputs(update)->grad;
+  const NodeId producer = g.value(grad).producer;
+  if (producer < 0 || g.node(producer).op != OpKind::cast || !free_lone_unit(cover, producer)) return -1;
+  if (g.consumers(grad).size() != 1 || is_graph_output(g, grad) || g.value(grad).dtype != DType::f32) return -1;
+  return is_half_width_float(g.value(g.node(producer).inputs[0]).dtype) ? producer : -1;
+}
+
+// The gradient the launch reads for an update: before its folded cast, if any.
+ValueId read_gradient(const sg::Graph& g, const Node& update, NodeId cast) {
+  return cast >= 0 ? g.node(cast).inputs[0] : update_inputs(update)->grad;
+}
+
 // Whether two update-rule nodes can share a launch: same op and attributes,
-// step, clip scale and element types.
-bool same_launch(const sg::Graph& g, const Node& a, const Node& b) {
+// step, clip scale and element types (of the gradients read).
+bool same_launch(const sg::Graph& g, const Node& a, DType a_grad, const Node& b, DType b_grad) {
   const UpdateInputs ua = *update_inputs(a), ub = *update_inputs(b);
   return a.op == b.op && a.attrs == b.attrs && ua.step == ub.step && ua.clip_scale == ub.clip_scale &&
-         g.value(ua.param).dtype == g.value(ub.param).dtype && g.value(ua.grad).dtype == g.value(ub.grad).dtype;
+         g.value(ua.param).dtype == g.value(ub.param).dtype && a_grad == b_grad;
 }
 
 class UpdateMultiTensorLowering final : public CudaLowering {
@@ -36,19 +56,24 @@ class UpdateMultiTensorLowering final : public CudaLowering {
     if (unit.fusion_group >= 0) return std::nullopt;
     const Node& first = g.node(unit.nodes.front());
     const auto first_inputs = update_inputs(first);
-    if (!first_inputs ||
-        !update_types_supported(g.value(first_inputs->param).dtype, g.value(first_inputs->grad).dtype))
-      return std::nullopt;
+    if (!first_inputs) return std::nullopt;
+    const DType first_grad = g.value(read_gradient(g, first, folded_cast(cover, first))).dtype;
+    if (!update_types_supported(g.value(first_inputs->param).dtype, first_grad)) return std::nullopt;
     Match m;
     UpdateNodes nodes;
     for (const CoverUnit& u : cover.units()) {
       if (cover.taken(u.id) || u.fusion_group >= 0) continue;
       const Node& n = g.node(u.nodes.front());
-      if (n.op != first.op || !same_launch(g, first, n)) continue;
+      if (n.op != first.op) continue;
+      const NodeId cast = folded_cast(cover, n);
+      if (!same_launch(g, first, first_grad, n, g.value(read_gradient(g, n, cast)).dtype)) continue;
       m.units.push_back(u.id);
+      if (cast >= 0) m.units.push_back(cover.unit_of(cast).id);
       nodes.updates.push_back(n.id);
+      nodes.casts.push_back(cast);
     }
     m.detail = nodes;
+    m.runs_at_last_unit = true;  // the updates' place, after every gradient, not the first cast's
     return m;
   }
 
@@ -57,13 +82,18 @@ class UpdateMultiTensorLowering final : public CudaLowering {
   }
 
   std::string describe(const sg::Graph&, const Launch& l) const override {
-    return fmt::format("{} tensors,one pass each", detail_of<UpdateNodes>(l).updates.size());
+    const auto& nodes = detail_of<UpdateNodes>(l);
+    const auto casts = std::count_if(nodes.casts.begin(), nodes.casts.end(), [](NodeId c) { return c >= 0; });
+    return fmt::format("{} tensors,one pass each{}", nodes.updates.size(),
+                       casts > 0 ? fmt::format(",{} gradient casts", casts) : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
-    const auto& nodes = detail_of<UpdateNodes>(l).updates;
+    const auto& detail = detail_of<UpdateNodes>(l);
+    const auto& nodes = detail.updates;
     const Node& first = g.node(nodes.front());
+    const DType grad_type = g.value(read_gradient(g, first, detail.casts.front())).dtype;
     const UpdateInputs in = *update_inputs(first);
     const UpdateScalars* scalars = c.update_scalars(first.id);  // every update's lr is the same run state
     const auto* step = in.step >= 0 ? static_cast<const std::int32_t*>(c.ptr(in.step)) : nullptr;
@@ -75,14 +105,16 @@ class UpdateMultiTensorLowering final : public CudaLowering {
     std::function<void(cudaStream_t)> run;
     with_update_rule(first, [&](auto rule, auto hyper) {
       using Rule = typename decltype(rule)::type;
-      with_update_types(g.value(in.param).dtype, g.value(in.grad).dtype, [&](auto wt, auto gt) {
+      with_update_types(g.value(in.param).dtype, grad_type, [&](auto wt, auto gt) {
         using W = decltype(wt);
         using G = decltype(gt);
         std::vector<UpdateTensor<W, G>> tensors;
-        for (NodeId id : nodes) {
-          const UpdateInputs u = *update_inputs(g.node(id));
-          tensors.push_back({static_cast<W*>(c.ptr(u.param)), static_cast<const G*>(c.ptr(u.grad)),
-                             state_slots(u, ptr), element_count(g.value(u.param).shape)});
+        for (std::size_t i = 0; i < nodes.size(); ++i) {
+          const Node& n = g.node(nodes[i]);
+          const UpdateInputs u = *update_inputs(n);
+          tensors.push_back({static_cast<W*>(c.ptr(u.param)),
+                             static_cast<const G*>(c.ptr(read_gradient(g, n, detail.casts[i]))), state_slots(u, ptr),
+                             element_count(g.value(u.param).shape)});
         }
         auto kernel = std::make_shared<MultiTensorUpdate<Rule, W, G>>(tensors, hyper);
         run = [=](cudaStream_t s) { kernel->launch(scalars, step, scale, advance, s, dependent); };

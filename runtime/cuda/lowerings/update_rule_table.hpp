@@ -44,6 +44,15 @@ inline std::optional<UpdateInputs> update_inputs(const Node& n) {
 
 inline bool is_update_rule_op(OpKind op) { return op == OpKind::adam_update || op == OpKind::rmsprop_update; }
 
+// Whether `v`'s one reader is an update rule's node. A bias gradient's
+// widening cast that it reads is left to the update launch
+// (update_multi_tensor takes it with the weights' casts: one launch reads
+// every gradient in f16/bf16) rather than folded into the sums.
+inline bool read_by_update_rule(const sg::Graph& g, ValueId v) {
+  const auto readers = g.consumers(v);
+  return readers.size() == 1 && is_update_rule_op(g.node(readers[0]).op);
+}
+
 inline AdamHyper hyper_of(const AdamUpdateAttrs& a) {
   return {float(a.beta1), float(a.beta2), float(a.eps), float(a.weight_decay), a.decoupled};
 }

@@ -1,5 +1,7 @@
 // Lowering: a reshape or flatten node as a view: its output is its input's
-// bytes under another shape (both NCHW/row-major contiguous), so the memory
+// bytes under another shape (both NCHW/row-major contiguous), and so is a
+// layout conversion (to_channels_last / to_channels_first) of a value with one
+// channel or a 1x1 plane, whose element order it keeps; so the memory
 // plan gives the two one buffer (Launch::aliases) and the launch enqueues no
 // kernel. An input the graph owns (a parameter, the dataset) has no arena
 // buffer to share and is not taken.
@@ -16,8 +18,14 @@ class ViewLowering final : public CudaLowering {
     if (unit.fusion_group >= 0) return std::nullopt;
     const sg::Graph& g = cover.graph();
     const Node& n = g.node(unit.nodes.front());
-    if (n.op != OpKind::reshape && n.op != OpKind::flatten) return std::nullopt;
     const Value& in = g.value(n.inputs[0]);
+    if (n.op == OpKind::to_channels_last || n.op == OpKind::to_channels_first) {
+      const Shape& s = in.shape;  // [N,C,H,W] or [N,H,W,C]
+      const std::int64_t c = n.op == OpKind::to_channels_last ? s[1] : s[3];
+      if (c != 1 && s[1] * s[2] * s[3] != c) return std::nullopt;
+    } else if (n.op != OpKind::reshape && n.op != OpKind::flatten) {
+      return std::nullopt;
+    }
     if (is_graph_owned(in.role) || is_graph_owned(g.value(n.outputs[0]).role)) return std::nullopt;
     Match m = single_unit(unit);
     m.aliases.emplace_back(n.outputs[0], n.inputs[0]);

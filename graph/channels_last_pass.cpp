@@ -1,0 +1,133 @@
+#include "graph/channels_last_pass.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace sg {
+namespace {
+
+// Ops whose output is element i of a function of element i of each input
+// (no position, channel or step dependence): they run in either layout.
+// dropout is not one of them: its mask is keyed on the element's index.
+bool layout_free(OpKind op) {
+  switch (op) {
+    case OpKind::relu:
+    case OpKind::gelu:
+    case OpKind::gelu_tanh:
+    case OpKind::silu:
+    case OpKind::tanh:
+    case OpKind::sigmoid:
+    case OpKind::cast:
+    case OpKind::add:
+      return true;
+    default:
+      return false;
+  }
+}
+
+class Rewriter {
+ public:
+  explicit Rewriter(const Graph& from) : from_(from) {}
+
+  std::optional<ChannelsLastRewrite> run() {
+    for (const Value& v : from_.values())
+      if (v.producer < 0) first_[v.id] = owned(v);
+    for (const Node& n : from_.nodes()) rewrite(n);
+    for (ValueId out : from_.outputs()) out_.graph.mark_output(channels_first(out));
+    if (out_.convolutions == 0) return std::nullopt;
+    return std::move(out_);
+  }
+
+ private:
+  ValueId owned(const Value& v) {
+    Graph& g = out_.graph;
+    switch (v.role) {
+      case Role::input:
+        return g.input(v.name, v.shape, v.dtype);
+      case Role::label:
+        return g.label(v.name, v.shape, v.dtype);
+      case Role::param:
+        return g.param(v.name, v.shape, v.dtype);
+      default:
+        return g.state(v.name, v.shape, v.dtype);
+    }
+  }
+
+  // A conversion moves no data when the channels or the plane are one element.
+  static bool is_view(const Shape& nchw) { return nchw[1] == 1 || nchw[2] * nchw[3] == 1; }
+
+  ValueId channels_first(ValueId old) {
+    if (auto it = first_.find(old); it != first_.end()) return it->second;
+    const ValueId last = last_.at(old);
+    const Value& v = from_.value(old);
+    const ValueId converted =
+        out_.graph.append_node(OpKind::to_channels_first, {last}, NoAttrs{}, v.role, v.name + "_nchw").front();
+    if (!is_view(v.shape)) ++out_.copies;
+    return first_[old] = converted;
+  }
+
+  ValueId channels_last(ValueId old) {
+    if (auto it = last_.find(old); it != last_.end()) return it->second;
+    const Value& v = from_.value(old);
+    const ValueId converted =
+        out_.graph.append_node(OpKind::to_channels_last, {channels_first(old)}, NoAttrs{}, v.role, v.name + "_nhwc")
+            .front();
+    if (!is_view(v.shape)) ++out_.copies;
+    return last_[old] = converted;
+  }
+
+  // Whether the rewritten producer writes the value channels-last.
+  bool is_last(ValueId old) const { return produced_last_.count(old) > 0; }
+  bool is_4d(ValueId old) const { return from_.value(old).shape.size() == 4; }
+
+  void rewrite(const Node& n) {
+    std::vector<ValueId> inputs;
+    OpAttrs attrs = n.attrs;
+    bool last = false;
+    if (n.op == OpKind::conv2d && is_4d(n.inputs[0])) {
+      auto a = n.attr<Conv2dAttrs>();
+      a.channels_last = last = true;
+      attrs = a;
+      inputs.push_back(channels_last(n.inputs[0]));
+      for (std::size_t i = 1; i < n.inputs.size(); ++i) inputs.push_back(channels_first(n.inputs[i]));
+      ++out_.convolutions;
+    } else if (n.op == OpKind::max_pool2d && is_last(n.inputs[0])) {
+      auto a = n.attr<Pool2dAttrs>();
+      a.channels_last = last = true;
+      attrs = a;
+      inputs.push_back(last_.at(n.inputs[0]));
+    } else if (layout_free(n.op) &&
+               std::all_of(n.inputs.begin(), n.inputs.end(), [&](ValueId v) { return is_last(v); })) {
+      last = true;
+      for (ValueId v : n.inputs) inputs.push_back(last_.at(v));
+    } else {
+      const bool flattens = n.op == OpKind::flatten || n.op == OpKind::reshape;
+      for (ValueId v : n.inputs) {
+        if (!flattens && is_last(v) && !is_view(from_.value(v).shape)) inner_exits_.insert(v);
+        inputs.push_back(channels_first(v));
+      }
+    }
+    const Role role = n.outputs.empty() ? Role::activation : from_.value(n.outputs[0]).role;
+    const std::string name = n.outputs.empty() ? std::string() : from_.value(n.outputs[0]).name;
+    const auto outs = out_.graph.append_node(n.op, std::move(inputs), attrs, role, name);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      (last ? last_ : first_)[n.outputs[i]] = outs[i];
+      if (last) produced_last_.insert(n.outputs[i]);
+    }
+    out_.inner_exits = static_cast<int>(inner_exits_.size());
+  }
+
+  const Graph& from_;
+  ChannelsLastRewrite out_;
+  // The rewritten value of each original one, channels-first and channels-last.
+  std::unordered_map<ValueId, ValueId> first_, last_;
+  std::unordered_set<ValueId> produced_last_;
+  std::unordered_set<ValueId> inner_exits_;  // converted back for a reader other than a flatten
+};
+
+}  // namespace
+
+std::optional<ChannelsLastRewrite> rewrite_channels_last(const Graph& forward) { return Rewriter(forward).run(); }
+
+}  // namespace sg

@@ -1,0 +1,350 @@
+// Max pooling of channels-last tensors (see channels_last.hpp). A thread
+// takes one pixel (an output pixel forward, a window or an input pixel
+// backward) and V consecutive channels of it: consecutive threads take
+// consecutive channel packs, so a warp reads a pixel's channels (and the
+// next pixels') as contiguous runs, and each (n, c) plane is pooled by the
+// rules of the NCHW kernels (pooling.cu): a channel's window maximum is
+// window_max's rule (pool_window.cuh) over the window's pixels in row-major
+// order, overlapping windows add in (oy, ox) order in f32, and every step of
+// the chain is rounded to T as the graph stores it. V is 16 bytes of
+// channels when c and every pointer allow, else 1 (element by element).
+//
+// The backward has two forms. Windows at stride == kernel never overlap: one
+// thread per window finds each channel's argmax once and SCATTERS the
+// window's gradient (0 + the one gradient at the argmax, 0 elsewhere: the
+// gather's f32 sum) over its k x k pixels; the last window of a row (column)
+// also writes the pixels past it that no window covers, so every input pixel
+// is written by exactly one thread. Overlapping (or gapped) windows GATHER:
+// one thread per input pixel adds the gradients of the windows that contain
+// it and whose argmax it is, in (oy, ox) order (no atomics, no zero pass).
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "ops/cuda/channels_last.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/packed_access.cuh"
+#include "ops/cuda/pool_sizes.cuh"
+#include "ops/cuda/pool_window.cuh"
+
+namespace sg::cuda {
+namespace {
+
+// The problem's sizes in the index type I: 32-bit where every index fits
+// (64-bit division costs several times more, and these kernels are mostly
+// index arithmetic), as PoolSizes.
+template <typename I>
+struct NhwcSizes {
+  I n, h, w, c, kernel, stride, oh, ow;
+  bool pooled_first;  // ChannelsLastPool::pooled_channels_first
+  explicit NhwcSizes(const ChannelsLastPool& g)
+      : n(I(g.n)),
+        h(I(g.h)),
+        w(I(g.w)),
+        c(I(g.c)),
+        kernel(I(g.kernel)),
+        stride(I(g.stride)),
+        oh(I(g.oh())),
+        ow(I(g.ow())),
+        pooled_first(g.pooled_channels_first) {}
+};
+
+// Output pixel (image, oy, ox) and pack `pack` of channels: where its
+// elements sit in a pooled-sized tensor, channels-last (one access of V
+// elements) or channels-first (V elements a plane apart).
+template <typename I>
+struct PooledPack {
+  I image, oy, ox, pack;
+};
+template <typename I>
+__device__ __forceinline__ PooledPack<I> pooled_pack(const NhwcSizes<I>& g, I pixel_pack, I packs) {
+  const I pixel = pixel_pack / packs, pack = pixel_pack - pixel * packs;
+  const I r = pixel / g.ow, ox = pixel - r * g.ow, image = r / g.oh, oy = r - image * g.oh;
+  return {image, oy, ox, pack};
+}
+template <int V, typename T, typename I>
+__device__ __forceinline__ void load_pooled(const T* base, const NhwcSizes<I>& g, const PooledPack<I>& at, T (&v)[V]) {
+  if (!g.pooled_first) {
+    load_packed<V* int(sizeof(T))>(base + ((at.image * g.oh + at.oy) * g.ow + at.ox) * g.c + at.pack * V, v);
+    return;
+  }
+  const T* p = base + ((at.image * g.c + at.pack * V) * g.oh + at.oy) * g.ow + at.ox;
+#pragma unroll
+  for (int e = 0; e < V; ++e) v[e] = p[e * g.oh * g.ow];
+}
+template <int V, typename T, typename I>
+__device__ __forceinline__ void store_pooled(T* base, const NhwcSizes<I>& g, const PooledPack<I>& at, const T (&v)[V]) {
+  if (!g.pooled_first) {
+    store_packed<V* int(sizeof(T))>(base + ((at.image * g.oh + at.oy) * g.ow + at.ox) * g.c + at.pack * V, v);
+    return;
+  }
+  T* p = base + ((at.image * g.c + at.pack * V) * g.oh + at.oy) * g.ow + at.ox;
+#pragma unroll
+  for (int e = 0; e < V; ++e) p[e * g.oh * g.ow] = v[e];
+}
+
+// V channels at p: one access of V elements (the host checked the alignment),
+// or one element when V == 1.
+template <int V, typename T>
+__device__ __forceinline__ void load_channels(const T* p, T (&v)[V]) {
+  load_packed<V* int(sizeof(T))>(p, v);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store_channels(T* p, const T (&v)[V]) {
+  store_packed<V* int(sizeof(T))>(p, v);
+}
+
+// The window at `corner` (its top-left pixel's first channel of the pack),
+// for V channels at once: best[e] is channel e's first maximum, pos[e] its
+// pixel in the window (i * kernel + j). window_max's rule per channel, the
+// pixels in the same row-major order: a NaN wins over numbers (the first of
+// several), a tie keeps the earlier pixel.
+template <int V, typename T, typename I>
+__device__ __forceinline__ void window_max_channels(const T* corner, const NhwcSizes<I>& g, float (&best)[V],
+                                                    int (&pos)[V]) {
+  T raw[V];
+  load_channels<V>(corner, raw);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    best[e] = to_float(raw[e]);
+    pos[e] = 0;
+  }
+  for (I i = 0; i < g.kernel; ++i)
+    for (I j = 0; j < g.kernel; ++j) {
+      load_channels<V>(corner + (i * g.w + j) * g.c, raw);
+      const int p = int(i * g.kernel + j);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float v = to_float(raw[e]);
+        if (best[e] == best[e] && !(v <= best[e])) {  // best a number, v above it or NaN
+          best[e] = v;
+          pos[e] = p;
+        }
+      }
+    }
+}
+
+// relu_backward (ref::relu_backward) with the relu's output read: the
+// gradient where it is positive, else 0 (NaN too); `has_relu` false: no relu.
+template <typename T>
+__device__ __forceinline__ float through_relu(float grad, bool has_relu, T relu_out) {
+  return has_relu && !(to_float(relu_out) > 0.f) ? 0.f : grad;
+}
+
+// The gradient reaching output pixel-pack `at`: dy through the relu after
+// the pooling, where there is one (relu_before).
+template <int V, typename T, typename I>
+__device__ __forceinline__ void output_grad(const ChannelsLastPoolBackward<T>& t, const NhwcSizes<I>& g,
+                                            const PooledPack<I>& at, float (&grad)[V]) {
+  T dy[V], gate[V] = {};
+  load_pooled<V>(t.dy, g, at, dy);
+  if (t.relu_before) load_pooled<V>(t.relu_before, g, at, gate);
+#pragma unroll
+  for (int e = 0; e < V; ++e) grad[e] = through_relu(to_float(dy[e]), t.relu_before != nullptr, gate[e]);
+}
+
+// The rest of the chain at input element `at` (V channels): the pooling's
+// gradient `sum` rounded to T, then the relu before the pooling's backward
+// (relu_after), each written where asked.
+template <int V, typename T, typename I>
+__device__ __forceinline__ void finish_input(const ChannelsLastPoolBackward<T>& t, I at, const float (&sum)[V]) {
+  T after[V] = {}, pooled[V], activated[V];
+  if (t.relu_after) load_channels<V>(t.relu_after + at, after);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    pooled[e] = from_float<T>(sum[e]);
+    activated[e] = from_float<T>(through_relu(to_float(pooled[e]), t.relu_after != nullptr, after[e]));
+  }
+  if (t.pool_grad) store_channels<V>(t.pool_grad + at, pooled);
+  if (t.relu_after_grad) store_channels<V>(t.relu_after_grad + at, activated);
+}
+
+template <typename T, int V, typename I>
+__global__ void __launch_bounds__(kThreads)
+    max_pool2d_nhwc_forward_kernel(const T* x, NhwcSizes<I> g, T* pooled, T* activated) {
+  const I packs = g.c / V, total = g.n * g.oh * g.ow * packs;
+  const I stride = I(gridDim.x) * I(blockDim.x);
+  for (I q = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); q < total; q += stride) {
+    const I pixel = q / packs, pack = q - pixel * packs;  // output pixel (image * oh + oy) * ow + ox
+    const I r = pixel / g.ow, ox = pixel - r * g.ow, image = r / g.oh, oy = r - image * g.oh;
+    float best[V];
+    int pos[V];
+    window_max_channels<V>(x + ((image * g.h + oy * g.stride) * g.w + ox * g.stride) * g.c + pack * V, g, best, pos);
+    // best is one of the window's stored values: converting back is exact.
+    T out_pooled[V], out_activated[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out_pooled[e] = from_float<T>(best[e]);
+      out_activated[e] = from_float<T>(best[e] > 0.f ? best[e] : 0.f);  // ref::relu (NaN -> 0)
+    }
+    const PooledPack<I> at{image, oy, ox, pack};
+    if (pooled) store_pooled<V>(pooled, g, at, out_pooled);
+    if (activated) store_pooled<V>(activated, g, at, out_activated);
+  }
+}
+
+// kernel == stride: one thread per window and channel pack, scattering (see
+// the top). A thread reads all it needs of its pixels before it writes them,
+// and writes only its own: a result written over its input (a planned buffer
+// reused in place) stays right.
+template <typename T, int V, typename I>
+__global__ void __launch_bounds__(kThreads)
+    max_pool2d_nhwc_backward_tiled_kernel(ChannelsLastPoolBackward<T> t, NhwcSizes<I> g) {
+  const I packs = g.c / V, total = g.n * g.oh * g.ow * packs, k = g.kernel;
+  const I stride = I(gridDim.x) * I(blockDim.x);
+  for (I q = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); q < total; q += stride) {
+    const I pixel = q / packs, pack = q - pixel * packs;
+    const I r = pixel / g.ow, ox = pixel - r * g.ow, image = r / g.oh, oy = r - image * g.oh;
+    const PooledPack<I> at{image, oy, ox, pack};
+    float grad[V];
+    output_grad<V>(t, g, at, grad);
+    if (t.relu_before_grad) {
+      T out[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) out[e] = from_float<T>(grad[e]);
+      store_pooled<V>(t.relu_before_grad, g, at, out);
+    }
+    const I corner = ((image * g.h + oy * k) * g.w + ox * k) * g.c + pack * V;
+    float best[V];
+    int pos[V];
+    window_max_channels<V>(t.x + corner, g, best, pos);
+    // The window's pixels, and for the last window of a row (column) the
+    // columns (rows) after it that no window covers.
+    const I rows = oy == g.oh - 1 ? g.h - oy * k : k, cols = ox == g.ow - 1 ? g.w - ox * k : k;
+    for (I i = 0; i < rows; ++i)
+      for (I j = 0; j < cols; ++j) {
+        const bool inside = i < k && j < k;
+        const int p = int(i * k + j);
+        float sum[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) sum[e] = inside && p == pos[e] ? 0.f + grad[e] : 0.f;  // the gather's f32 sum
+        finish_input<V>(t, corner + (i * g.w + j) * g.c, sum);
+      }
+  }
+}
+
+// Any windows: one thread per input pixel and channel pack, gathering (see
+// the top). It reads x around its pixel, so x may not share a buffer with a
+// result here.
+template <typename T, int V, typename I>
+__global__ void __launch_bounds__(kThreads)
+    max_pool2d_nhwc_backward_kernel(ChannelsLastPoolBackward<T> t, NhwcSizes<I> g) {
+  const I packs = g.c / V;
+  const I stride = I(gridDim.x) * I(blockDim.x);
+  const I first = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
+  if (t.relu_before_grad)  // the first relu_backward's output, when read after the launch
+    for (I o = first; o < g.n * g.oh * g.ow * packs; o += stride) {
+      const PooledPack<I> at = pooled_pack(g, o, packs);
+      float grad[V];
+      T out[V];
+      output_grad<V>(t, g, at, grad);
+#pragma unroll
+      for (int e = 0; e < V; ++e) out[e] = from_float<T>(grad[e]);
+      store_pooled<V>(t.relu_before_grad, g, at, out);
+    }
+  for (I q = first; q < g.n * g.h * g.w * packs; q += stride) {
+    const I pixel = q / packs, pack = q - pixel * packs;  // input pixel (image * h + y) * w + xx
+    const I r = pixel / g.w, xx = pixel - r * g.w, image = r / g.h, y = r - image * g.h;
+    const WindowRange<I> rows = windows_containing(y, g.kernel, g.stride, g.oh);
+    const WindowRange<I> cols = windows_containing(xx, g.kernel, g.stride, g.ow);
+    float sum[V] = {};
+    for (I oy = rows.lo; oy <= rows.hi; ++oy)
+      for (I ox = cols.lo; ox <= cols.hi; ++ox) {
+        float best[V];
+        int pos[V];
+        window_max_channels<V>(t.x + ((image * g.h + oy * g.stride) * g.w + ox * g.stride) * g.c + pack * V, g, best,
+                               pos);
+        const int here = int((y - oy * g.stride) * g.kernel + (xx - ox * g.stride));  // this pixel in the window
+        bool any = false;
+#pragma unroll
+        for (int e = 0; e < V; ++e) any = any || pos[e] == here;
+        if (!any) continue;  // no channel's argmax: dy not needed
+        float grad[V];
+        output_grad<V>(t, g, PooledPack<I>{image, oy, ox, pack}, grad);
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (pos[e] == here) sum[e] += grad[e];
+      }
+    finish_input<V>(t, q * V, sum);
+  }
+}
+
+void check_geometry(const ChannelsLastPool& g, const char* what) {
+  if (g.n < 0 || g.h < 1 || g.w < 1 || g.c < 1 || g.kernel < 1 || g.stride < 1 || g.kernel > g.h || g.kernel > g.w)
+    throw CudaError(std::string(what) + ": needs n >= 0, c >= 1, kernel and stride >= 1, kernel <= h and w");
+}
+
+// f(std::integral_constant<int, V>{}, I{}) for the widest V (16 bytes of
+// channels, else 1) that c and every pointer (nulls skipped) allow, and the
+// narrowest index type.
+template <typename T, typename F>
+void with_pack_and_index(const ChannelsLastPool& g, std::initializer_list<const void*> tensors, F&& f) {
+  constexpr int kWide = kVec<T>;
+  bool wide = g.c % kWide == 0;
+  for (const void* p : tensors) wide = wide && (p == nullptr || aligned_to(p, 16));
+  const auto with_index = [&](auto v) {
+    if (fits_int32(g.n * g.h * g.w * g.c))
+      f(v, std::int32_t{});
+    else
+      f(v, std::int64_t{});
+  };
+  if (wide)
+    with_index(std::integral_constant<int, kWide>{});
+  else
+    with_index(std::integral_constant<int, 1>{});
+}
+
+}  // namespace
+
+template <typename T>
+void launch_max_pool2d_nhwc_forward(const T* x, const ChannelsLastPool& g, T* pooled, T* activated,
+                                    cudaStream_t stream) {
+  check_geometry(g, "max_pool2d_nhwc_forward");
+  if (!pooled && !activated) throw CudaError("max_pool2d_nhwc_forward: no output");
+  if (g.n == 0) return;
+  with_pack_and_index<T>(g, {x, pooled, activated}, [&](auto v, auto index) {
+    constexpr int V = decltype(v)::value;
+    using I = decltype(index);
+    max_pool2d_nhwc_forward_kernel<T, V, I>
+        <<<blocks_for(g.n * g.oh() * g.ow() * (g.c / V)), kThreads, 0, stream>>>(x, NhwcSizes<I>(g), pooled, activated);
+  });
+  SG_LAUNCH_CHECK("max_pool2d_nhwc_forward_kernel");
+}
+
+template <typename T>
+void launch_max_pool2d_nhwc_backward(const ChannelsLastPoolBackward<T>& t, const ChannelsLastPool& g,
+                                     cudaStream_t stream) {
+  check_geometry(g, "max_pool2d_nhwc_backward");
+  // Without a dropout after it the chain ends at the pooling's gradient, or
+  // at the relu_backward after it when there is one.
+  if (t.dx == nullptr || t.dx != (t.relu_after ? t.relu_after_grad : t.pool_grad))
+    throw CudaError(
+        "max_pool2d_nhwc_backward: dx must be the chain's result (relu_after_grad with a relu_after, "
+        "else pool_grad)");
+  if (g.n == 0) return;
+  const bool tiled = g.kernel == g.stride;
+  const auto run = [&](auto v, auto index) {
+    constexpr int V = decltype(v)::value;
+    using I = decltype(index);
+    const unsigned blocks = blocks_for((tiled ? g.n * g.oh() * g.ow() : g.n * g.h * g.w) * (g.c / V));
+    if (tiled)
+      max_pool2d_nhwc_backward_tiled_kernel<T, V, I><<<blocks, kThreads, 0, stream>>>(t, NhwcSizes<I>(g));
+    else
+      max_pool2d_nhwc_backward_kernel<T, V, I><<<blocks, kThreads, 0, stream>>>(t, NhwcSizes<I>(g));
+  };
+  with_pack_and_index<T>(
+      g, {t.dy, t.relu_before, t.x, t.relu_after, t.relu_before_grad, t.pool_grad, t.relu_after_grad}, run);
+  SG_LAUNCH_CHECK(tiled ? "max_pool2d_nhwc_backward_tiled_kernel" : "max_pool2d_nhwc_backward_kernel");
+}
+
+#define SG_INSTANTIATE_NHWC_POOLING(T)                                                                          \
+  template void launch_max_pool2d_nhwc_forward<T>(const T*, const ChannelsLastPool&, T*, T*, cudaStream_t);     \
+  template void launch_max_pool2d_nhwc_backward<T>(const ChannelsLastPoolBackward<T>&, const ChannelsLastPool&, \
+                                                   cudaStream_t);
+SG_INSTANTIATE_NHWC_POOLING(float)
+SG_INSTANTIATE_NHWC_POOLING(__half)
+SG_INSTANTIATE_NHWC_POOLING(__nv_bfloat16)
+#undef SG_INSTANTIATE_NHWC_POOLING
+
+}  // namespace sg::cuda

@@ -1,0 +1,87 @@
+#include "runtime/cuda/activation_layout_choice.hpp"
+
+#include <fmt/format.h>
+
+#include "runtime/cuda/lowering.hpp"
+
+namespace sg::cuda {
+namespace {
+
+// A convolution's input channels (C of X [N,C,H,W]), from any of its three ops.
+std::int64_t input_channels(const sg::Graph& g, const Node& n) {
+  switch (n.op) {
+    case OpKind::conv2d:
+      return g.value(n.inputs[0]).shape[1];
+    case OpKind::conv2d_backward_data:
+      return g.value(n.inputs[1]).shape[1];  // W [O,C,KH,KW]
+    default:
+      return g.value(n.inputs[1]).shape[1];  // backward_filter: X
+  }
+}
+
+// Why the NCHW step should stay NCHW under `auto`, or "": a whole-step
+// kernel takes it (its pattern is channels-first), or our kernels run one of
+// its convolutions of several input channels (where they measured faster
+// than cuDNN: few channels), which channels-last would hand to cuDNN. The
+// channels-last gain is cuDNN's (docs/benchmarks.md); a one-channel layer
+// keeps our weight gradient (it reads channels-last dY).
+std::string nchw_reason(const sg::Graph& train, const BackendOptions& options, bool device_present) {
+  const auto lowerings = cuda_lowerings(options, device_present);
+  const Schedule s = build_schedule(train, as_lowerings(lowerings));
+  if (s.launches.size() == 1 && cuda_lowering_of(s.launches[0]).covers_whole_step())
+    return "a whole-step kernel takes the NCHW step";
+  for (const Launch& l : s.launches) {
+    if (l.lowering->name() != "conv_implicit_gemm") continue;
+    for (NodeId id : l.nodes) {
+      const Node& n = train.node(id);
+      if ((n.op == OpKind::conv2d || n.op == OpKind::conv2d_backward_data || n.op == OpKind::conv2d_backward_filter) &&
+          input_channels(train, n) > 1)
+        return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there",
+                           input_channels(train, n), op_name(n.op));
+    }
+  }
+  return "";
+}
+
+void use_channels_last(TrainingProgram& p) {
+  ChannelsLastVariant& v = *p.channels_last;
+  p.train = std::move(v.train);
+  p.train_data = v.train_data;
+  p.eval = std::move(v.eval);
+  p.eval_data = v.eval_data;
+  p.channels_last.reset();
+}
+
+}  // namespace
+
+std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options, bool device_present) {
+  if (!program.channels_last) return "NCHW (no convolution layers)";
+  std::string why;
+#ifndef STEPGRAPH_HAVE_CUDNN
+  why = "channels-last convolutions run through cuDNN, which this build lacks";
+#endif
+  const ActivationLayout asked = options.activation_layout;
+  const int exits = program.channels_last->inner_exits;
+  if (why.empty() && asked == ActivationLayout::nchw) why = "backend.activation_layout: nchw";
+  if (why.empty() && asked == ActivationLayout::automatic) {
+    if (exits > 0)
+      why = fmt::format("{} channels-last region(s) end inside the network (a layer without a channels-last kernel)",
+                        exits);
+    else
+      why = nchw_reason(program.train, options, device_present);
+  }
+  if (!why.empty()) {
+    program.channels_last.reset();
+    return "NCHW (" + why + ")";
+  }
+  use_channels_last(program);
+  return asked == ActivationLayout::channels_last ? "channels-last (backend.activation_layout: channels_last)"
+                                                  : "channels-last (its regions end at flattens)";
+}
+
+TrainerSpec with_activation_layout(TrainerSpec spec, bool device_present, std::string& choice) {
+  choice = choose_activation_layout(spec.program, spec.backend, device_present);
+  return spec;
+}
+
+}  // namespace sg::cuda

@@ -1,0 +1,27 @@
+#pragma once
+// Which of a program's two forms the CUDA backend runs: channels-first
+// convolution layers, or the channels-last variant the model builder made
+// (TrainingProgram::channels_last), by backend.activation_layout.
+#include <string>
+
+#include "runtime/backend_options.hpp"
+#include "runtime/trainer.hpp"
+#include "runtime/training_program.hpp"
+
+namespace sg::cuda {
+
+// Puts the chosen form in program.train / program.eval (and their bindings)
+// and drops the other; returns what was chosen and why, for the log:
+// "channels-last (...)" or "NCHW (...)". With `auto`: channels-last where
+// the variant converts back to NCHW only at flattens, no whole-step kernel
+// takes the NCHW step (its pattern is channels-first) and cuDNN runs every
+// convolution of more than one input channel there (where our few-channel
+// kernels run one, NCHW: channels-last would give it to cuDNN).
+std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options,
+                                     bool device_present = true);
+
+// `spec` with its program's form chosen by its backend options; `choice`
+// gets the line above (the CUDA trainer's description shows it).
+TrainerSpec with_activation_layout(TrainerSpec spec, bool device_present, std::string& choice);
+
+}  // namespace sg::cuda

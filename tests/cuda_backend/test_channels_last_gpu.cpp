@@ -1,0 +1,123 @@
+// Channels-last convolution layers (graph/channels_last_pass.hpp) on the GPU:
+// N training steps of the channels-last program and of the NCHW one, from
+// the same initial weights on the same batches, give the same losses and
+// weights within fp16's tolerance (relative error by norm; a NaN fails),
+// with SGD (momentum: the conv biases' column sums fused with their update)
+// and AdamW (the sums widened to the fp32 master biases); small 3-channel
+// images with overlapping poolings and a stride-2 conv, and MNIST-sized
+// 1-channel images with 32 and 64 channels (the packed pooling paths). The
+// trainer says which layout it ran and the schedule shows the lowerings.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/sequential_program.hpp"
+#include "runtime/cuda/cuda_trainer.hpp"
+#include "runtime/tensor_blob.hpp"
+#include "tests/runtime/channels_last_networks.hpp"
+#include "tests/runtime/test_support.hpp"
+#include "tests/support/training_helpers.hpp"
+
+using namespace sg;
+
+namespace {
+
+constexpr int kSteps = 8;
+
+SequentialTraining small_images(OptimizerKind kind) {
+  SequentialTraining t;
+  t.model.input_shape = {3, 11, 11};
+  const LayerSpec gelu = test::activation_layer(MlpActivation::gelu);
+  t.model.layers = {test::net_layer(LayerKind::conv2d, 6, 3, 1),
+                    test::net_layer(LayerKind::activation),
+                    test::net_layer(LayerKind::max_pool2d, 0, 3, 0, 2),
+                    test::net_layer(LayerKind::conv2d, 12, 3, 1, 2),
+                    gelu,
+                    test::net_layer(LayerKind::max_pool2d, 0, 2, 0, 1),
+                    test::net_layer(LayerKind::flatten),
+                    test::net_layer(LayerKind::linear, 10)};
+  t.model.batch = 24;
+  t.model.weight_dtype = DType::f32;
+  t.optimizer.kind = kind;
+  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 2e-3;
+  t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+  t.optimizer.weight_decay = kind == OptimizerKind::adamw ? 0.01 : 0.0;
+  t.eval_batch = 40;
+  t.init_seed = 9;
+  return t;
+}
+
+SequentialTraining mnist_sized(OptimizerKind kind) {
+  SequentialTraining t = small_images(kind);
+  t.model.input_shape = {1, 28, 28};
+  t.model.layers = test::two_conv_layers();
+  t.model.batch = 32;
+  return t;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<io::TensorBlob> state;
+  std::string description;
+  EvalResult eval;
+};
+
+Run train(const SequentialTraining& t, const Dataset& data, ActivationLayout layout) {
+  TrainerSpec spec;
+  spec.program = build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+  spec.backend.activation_layout = layout;
+  auto trainer = cuda::make_cuda_trainer(spec, data);
+  Run r;
+  r.description = trainer->description();
+  for (int i = 0; i < kSteps; ++i) {
+    trainer->train(1);
+    r.losses.push_back(trainer->last_loss());
+  }
+  r.state = trainer->save_state();
+  r.eval = trainer->evaluate();
+  return r;
+}
+
+void check_follows(const SequentialTraining& t, std::int64_t image_values) {
+  std::mt19937_64 rng(36);
+  const Dataset data = test::random_dataset(t.model.batch * 6, image_values, 10, rng);
+  const Run nchw = train(t, data, ActivationLayout::nchw);
+  const Run last = train(t, data, ActivationLayout::channels_last);
+  INFO("NCHW:          " << nchw.description);
+  INFO("channels-last: " << last.description);
+  CHECK(nchw.description.find("NCHW (backend.activation_layout: nchw) activations") != std::string::npos);
+  CHECK(last.description.find("channels-last (backend.activation_layout: channels_last) activations") !=
+        std::string::npos);
+  CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
+  REQUIRE(nchw.state.size() == last.state.size());
+  for (std::size_t i = 0; i < nchw.state.size(); ++i) {
+    CAPTURE(nchw.state[i].name);
+    REQUIRE(nchw.state[i].name == last.state[i].name);
+    REQUIRE(nchw.state[i].shape == last.state[i].shape);
+    if (nchw.state[i].dtype == DType::i32) {
+      CHECK(nchw.state[i] == last.state[i]);  // the step counter
+      continue;
+    }
+    CHECK(test::relative_error(floats_from_blob(nchw.state[i]), floats_from_blob(last.state[i])) < 3e-2);
+  }
+  CHECK(nchw.eval.examples == last.eval.examples);
+  CHECK(std::abs(nchw.eval.loss - last.eval.loss) <= 2e-2 * std::abs(nchw.eval.loss));
+}
+
+}  // namespace
+
+TEST_CASE("channels-last training follows the NCHW step: 3-channel images, SGD with momentum and AdamW") {
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    INFO(optimizer_name(kind));
+    check_follows(small_images(kind), 3 * 11 * 11);
+  }
+}
+
+TEST_CASE("channels-last training follows the NCHW step: MNIST-sized images, 32 and 64 channels") {
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    INFO(optimizer_name(kind));
+    check_follows(mnist_sized(kind), 28 * 28);
+  }
+}

@@ -1,0 +1,173 @@
+// Channels-last convolution layers (graph/channels_last_pass.hpp) on the CPU
+// reference: the rewritten forward's structure (which ops turned
+// channels-last, where conversions sit and which of them copy), and the
+// training steps of the rewritten graph against the original's in f64, SGD
+// with momentum and AdamW, from the same parameters on the same batches:
+// only the order of the activations' elements differs, so the parameters
+// after every step agree to rounding.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "graph/channels_last_pass.hpp"
+#include "graph/training_graph.hpp"
+#include "models/mlp_program.hpp"
+#include "models/sequential.hpp"
+#include "models/sequential_program.hpp"
+#include "runtime/cpu/cpu_executor.hpp"
+#include "tests/runtime/channels_last_networks.hpp"
+#include "tests/runtime/test_support.hpp"
+
+using namespace sg;
+using sg::test::net_layer;
+
+namespace {
+
+using test::activation_layer;
+
+// Three input channels (the entry conversion copies), a stride-2 conv,
+// overlapping poolings (3x3 at stride 2, 2x2 at stride 1), GELU, then a
+// flatten of 5 x 2 x 2: one region from the input to the flatten.
+SequentialSpec three_channel_cnn(std::int64_t batch) {
+  SequentialSpec s;
+  s.input_shape = {3, 11, 11};
+  s.layers = {net_layer(LayerKind::conv2d, 6, 3, 1),
+              activation_layer(MlpActivation::relu),
+              net_layer(LayerKind::max_pool2d, 0, 3, 0, 2),
+              net_layer(LayerKind::conv2d, 5, 3, 1, 2),
+              activation_layer(MlpActivation::gelu),
+              net_layer(LayerKind::max_pool2d, 0, 2, 0, 1),
+              net_layer(LayerKind::flatten),
+              net_layer(LayerKind::linear, 4)};
+  s.batch = batch;
+  s.dataset_rows = 40;
+  s.weight_dtype = DType::f32;
+  s.compute_dtype = DType::f32;
+  return s;
+}
+
+// One channel in (a view), a residual add inside the region.
+SequentialSpec residual_cnn(std::int64_t batch) {
+  SequentialSpec s = three_channel_cnn(batch);
+  s.input_shape = {1, 6, 6};
+  LayerSpec a1 = activation_layer(MlpActivation::relu);
+  a1.name = "a1";
+  LayerSpec c2 = net_layer(LayerKind::conv2d, 3, 3, 1);
+  c2.name = "c2";
+  LayerSpec add = net_layer(LayerKind::add);
+  add.inputs = {"a1", "c2"};
+  s.layers = {net_layer(LayerKind::conv2d, 3, 3, 1),
+              a1,
+              c2,
+              add,
+              net_layer(LayerKind::max_pool2d, 0, 2),
+              net_layer(LayerKind::flatten),
+              net_layer(LayerKind::linear, 6)};
+  return s;
+}
+
+int count(const Graph& g, OpKind op) {
+  return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const Node& n) { return n.op == op; }));
+}
+
+// Runs `steps` training steps of the forward graph `forward` (f64) from the
+// spec's initial parameters on random u8 images; returns every parameter.
+std::vector<double> train(Graph forward, const SequentialSpec& spec, const OptimizerSpec& optimizer, int steps,
+                          std::uint64_t data_seed) {
+  const ValueId loss = forward.value_named(names::loss);
+  const ValueId step = forward.value_named(names::step);
+  const Graph g = build_training_stages(std::move(forward), loss, optimizer, {}, step).fused;
+  const DataBindings d = mlp_data_bindings(g, spec.batch);
+  CpuExecutor<double> e(g);
+  std::mt19937_64 rng(data_seed);
+  for (auto& v : e.tensor(d.images).u8) v = static_cast<std::uint8_t>(rng() % 256);
+  for (auto& v : e.tensor(d.labels).u8) v = static_cast<std::uint8_t>(rng() % 4);
+  auto& perm = e.tensor(d.perm).i32;
+  std::iota(perm.begin(), perm.end(), 0);
+  for (const auto& init : sequential_initial_parameters(spec.input_shape, spec.layers, 3))
+    std::copy(init.values.begin(), init.values.end(), e.tensor(init.name).real.begin());
+  e.set_learning_rate(optimizer.lr);
+  for (int i = 0; i < steps; ++i) e.run();
+  std::vector<double> out;
+  for (ValueId p : g.values_with_role(Role::param)) {
+    const auto& v = e.tensor(p).real;
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between them turn, conversions at the edges") {
+  const auto rewritten = rewrite_channels_last(build_sequential_forward(three_channel_cnn(4)));
+  REQUIRE(rewritten);
+  const Graph& g = rewritten->graph;
+  CHECK(rewritten->convolutions == 2);
+  CHECK(rewritten->copies == 2);  // the 3-channel input in, the last pooling out to the flatten
+  CHECK(rewritten->inner_exits == 0);
+  CHECK(count(g, OpKind::to_channels_last) == 1);
+  CHECK(count(g, OpKind::to_channels_first) == 1);
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::conv2d) CHECK(n.attr<Conv2dAttrs>().channels_last);
+    if (n.op == OpKind::max_pool2d) CHECK(n.attr<Pool2dAttrs>().channels_last);
+    if (n.op == OpKind::flatten) CHECK(g.node(g.value(n.inputs[0]).producer).op == OpKind::to_channels_first);
+  }
+  // Parameters keep their shapes and names.
+  const Graph original = build_sequential_forward(three_channel_cnn(4));
+  for (ValueId p : original.values_with_role(Role::param))
+    CHECK(g.value(g.value_named(original.value(p).name)).shape == original.value(p).shape);
+  CHECK(g.value(g.value_named(names::loss)).shape == original.value(original.value_named(names::loss)).shape);
+
+  // One input channel: the conversion in is a view; the residual add stays channels-last.
+  const auto residual = rewrite_channels_last(build_sequential_forward(residual_cnn(4)));
+  REQUIRE(residual);
+  CHECK(residual->copies == 1);
+  CHECK(residual->inner_exits == 0);
+  CHECK(count(residual->graph, OpKind::to_channels_first) == 1);
+
+  // A layer without a channels-last form inside the region ends it there.
+  SequentialSpec with_dropout2d = three_channel_cnn(4);
+  LayerSpec drop = net_layer(LayerKind::dropout2d);
+  drop.p = 0.25;
+  with_dropout2d.layers.insert(with_dropout2d.layers.begin() + 2, drop);
+  const auto interrupted = rewrite_channels_last(build_sequential_forward(with_dropout2d));
+  REQUIRE(interrupted);
+  CHECK(interrupted->inner_exits == 1);
+
+  // No convolution: nothing to rewrite.
+  SequentialSpec mlp = three_channel_cnn(4);
+  mlp.input_shape = {12};
+  mlp.layers = {net_layer(LayerKind::linear, 8), activation_layer(MlpActivation::relu),
+                net_layer(LayerKind::linear, 4)};
+  CHECK_FALSE(rewrite_channels_last(build_sequential_forward(mlp)));
+}
+
+TEST_CASE("channels-last training steps equal the NCHW ones in f64 (SGD with momentum, AdamW, 1 and 3 channels)") {
+  for (const bool residual : {false, true}) {
+    for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+      const SequentialSpec spec = residual ? residual_cnn(5) : three_channel_cnn(5);
+      OptimizerSpec optimizer;
+      optimizer.kind = kind;
+      optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
+      optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+      optimizer.weight_decay = kind == OptimizerKind::adamw ? 0.01 : 0.0;
+      INFO((residual ? "residual, 1 channel" : "3 channels") << ", " << optimizer_name(kind));
+      const Graph forward = build_sequential_forward(spec);
+      const auto start = train(forward, spec, optimizer, 0, 11);
+      const auto nchw = train(forward, spec, optimizer, 3, 11);
+      const auto last = train(rewrite_channels_last(forward)->graph, spec, optimizer, 3, 11);
+      REQUIRE(nchw.size() == last.size());
+      double diff = 0, norm = 0, moved = 0;
+      for (std::size_t i = 0; i < nchw.size(); ++i) {
+        REQUIRE(std::isfinite(last[i]));
+        diff += (nchw[i] - last[i]) * (nchw[i] - last[i]);
+        norm += nchw[i] * nchw[i];
+        moved += (nchw[i] - start[i]) * (nchw[i] - start[i]);
+      }
+      CHECK(std::sqrt(diff / norm) < 1e-12);
+      CHECK(std::sqrt(moved / norm) > 1e-4);  // the steps did move the parameters
+    }
+  }
+}

@@ -1,0 +1,140 @@
+// Which form the CUDA backend runs (runtime/cuda/activation_layout_choice.hpp)
+// and how the channels-last step is lowered, without a GPU: an MNIST CNN of
+// two 5x5 convs (32 and 64 channels, AdamW, fp32 master weights) goes
+// channels-last under `auto`; its convolutions run in cuDNN with
+// channels-last tensors except the one-channel layer's weight gradient (our
+// kernel reads the channels-last dY), the region's exit and its gradient
+// ride in the last pooling's launches, the conv bias gradients are column
+// sums over all their rows (column_sum), and every gradient cast rides in
+// the update launch. A batch_norm or a dropout2d inside the region keeps the
+// network NCHW under `auto` (each would add a transpose each way), so do
+// few-channel convolutions that our NCHW kernels run, and `nchw` /
+// `channels_last` force either form.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "models/sequential_program.hpp"
+#include "runtime/cuda/activation_layout_choice.hpp"
+#include "tests/runtime/channels_last_networks.hpp"
+#include "tests/runtime/schedule_test_support.hpp"
+
+using namespace sg;
+using namespace sg::schedule_test;
+
+namespace {
+
+SequentialTraining two_conv_cnn() {
+  SequentialTraining t;
+  t.model.input_shape = {1, 28, 28};
+  t.model.layers = test::two_conv_layers();
+  t.model.batch = 128;
+  t.model.weight_dtype = DType::f32;
+  t.optimizer.kind = OptimizerKind::adamw;
+  t.optimizer.lr = 2e-3;
+  t.optimizer.weight_decay = 0.01;
+  return t;
+}
+
+TrainingProgram program(const SequentialTraining& t) {
+  return build_sequential_program(t, 60000, 10000, ProgramTarget::cuda);
+}
+
+std::string choose(TrainingProgram& p, ActivationLayout layout) {
+  BackendOptions o;
+  o.activation_layout = layout;
+  return cuda::choose_activation_layout(p, o, /*device_present=*/false);
+}
+
+int count_op(const Graph& g, OpKind op) {
+  return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const Node& n) { return n.op == op; }));
+}
+
+// The launch (lowering name) that runs node `n`.
+std::string lowering_of(const Schedule& s, NodeId n) {
+  for (const Launch& l : s.launches)
+    if (std::find(l.nodes.begin(), l.nodes.end(), n) != l.nodes.end()) return name_of(l);
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast inside another launch") {
+  TrainingProgram p = program(two_conv_cnn());
+  REQUIRE(p.channels_last);
+  CHECK(choose(p, ActivationLayout::automatic) == "channels-last (its regions end at flattens)");
+  CHECK_FALSE(p.channels_last);  // chosen: the variant is now p.train
+  const Graph& g = p.train;
+  CHECK(count_op(g, OpKind::to_channels_last) == 2);   // the image in (a view), the flatten's gradient back
+  CHECK(count_op(g, OpKind::to_channels_first) == 1);  // before the flatten
+  const Lowered lowered = lower(g, BackendOptions{});
+  for (const Node& n : g.nodes()) {
+    CAPTURE(op_name(n.op));
+    CAPTURE(n.id);
+    const std::string how = lowering_of(lowered.schedule, n.id);
+    switch (n.op) {
+      case OpKind::conv2d:
+      case OpKind::conv2d_backward_data:
+        CHECK(n.attr<Conv2dAttrs>().channels_last);
+        CHECK(how == "conv_cudnn");
+        break;
+      case OpKind::conv2d_backward_filter:  // the one-channel layer's by our kernel
+        CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "conv_implicit_gemm" : "conv_cudnn"));
+        break;
+      case OpKind::to_channels_first:
+        CHECK(how == "max_pool2d");
+        break;
+      case OpKind::to_channels_last:
+        CHECK(how == (g.value(n.inputs[0]).shape[1] == 1 ? "view" : "max_pool2d_backward"));
+        break;
+      case OpKind::reduce_rows:  // the conv biases' over N*H*W rows; the linear layers' with their updates
+        CHECK(how == (g.value(n.inputs[0]).shape[0] > 128 ? "column_sum" : "bias_grad_update"));
+        break;
+      case OpKind::cast:
+        CHECK(how != "elementwise");
+        break;
+      default:
+        break;
+    }
+  }
+  const auto counts = launch_counts(g, lowered.schedule);
+  CHECK(counts.count("channels_permute") == 0);
+  CHECK(counts.at("column_sum") == 2);
+  CHECK(counts.count("elementwise") == 0);
+}
+
+TEST_CASE("auto keeps NCHW where a batch_norm or dropout2d interrupts a region or our kernels run few channels") {
+  for (const LayerKind inside : {LayerKind::batch_norm, LayerKind::dropout2d}) {
+    SequentialTraining t = two_conv_cnn();
+    LayerSpec l = test::net_layer(inside);
+    l.p = 0.25;
+    t.model.layers.insert(t.model.layers.begin() + 1, l);
+    TrainingProgram p = program(t);
+    REQUIRE(p.channels_last);
+    CHECK(p.channels_last->inner_exits == 1);
+    CHECK(choose(p, ActivationLayout::automatic).find("NCHW (1 channels-last region(s) end inside") == 0);
+    CHECK(count_op(p.train, OpKind::to_channels_last) == 0);
+    TrainingProgram forced = program(t);
+    CHECK(choose(forced, ActivationLayout::channels_last) ==
+          "channels-last (backend.activation_layout: channels_last)");
+    CHECK(count_op(forced.train, OpKind::to_channels_first) >= 2);
+  }
+  SequentialTraining few = two_conv_cnn();  // 1 -> 8 -> 16 channels: our kernels' in NCHW
+  few.model.layers[0].out = 8;
+  few.model.layers[3].out = 16;
+  TrainingProgram small = program(few);
+  REQUIRE(small.channels_last);
+  CHECK(small.channels_last->inner_exits == 0);
+  CHECK(choose(small, ActivationLayout::automatic).find("NCHW (our kernels run the 8-channel") == 0);
+  CHECK(count_op(small.train, OpKind::to_channels_last) == 0);
+  TrainingProgram p = program(two_conv_cnn());
+  CHECK(choose(p, ActivationLayout::nchw) == "NCHW (backend.activation_layout: nchw)");
+  CHECK(count_op(p.train, OpKind::to_channels_last) == 0);
+  SequentialTraining mlp = two_conv_cnn();
+  mlp.model.input_shape = {784};
+  mlp.model.layers = {test::net_layer(LayerKind::linear, 64), test::net_layer(LayerKind::activation),
+                      test::net_layer(LayerKind::linear, 10)};
+  TrainingProgram plain = program(mlp);
+  CHECK_FALSE(plain.channels_last);
+  CHECK(choose(plain, ActivationLayout::channels_last) == "NCHW (no convolution layers)");
+}
