@@ -62,7 +62,7 @@ class Rewriter {
     const ValueId last = last_.at(old);
     const Value& v = from_.value(old);
     const ValueId converted =
-        out_.graph.append_node(OpKind::to_channels_first, {last}, NoAttrs{}, v.role, v.name + "_nchw").front();
+        out_.graph.append_node(OpKind::to_channels_first, {last}, NoAttrs{}, Role::activation, v.name + "_nchw").front();
     if (!is_view(v.shape)) ++out_.copies;
     return first_[old] = converted;
   }
@@ -71,7 +71,8 @@ class Rewriter {
     if (auto it = last_.find(old); it != last_.end()) return it->second;
     const Value& v = from_.value(old);
     const ValueId converted =
-        out_.graph.append_node(OpKind::to_channels_last, {channels_first(old)}, NoAttrs{}, v.role, v.name + "_nhwc")
+        out_.graph
+            .append_node(OpKind::to_channels_last, {channels_first(old)}, NoAttrs{}, Role::activation, v.name + "_nhwc")
             .front();
     if (!is_view(v.shape)) ++out_.copies;
     return last_[old] = converted;

@@ -39,7 +39,8 @@ class ColumnSumLowering final : public CudaLowering {
     }
     const Node& reduce = g.node(nodes.reduce);
     const Value& dy = g.value(reduce.inputs[0]);
-    if (dy.shape[0] < kTallRows || !is_floating(dy.dtype)) return std::nullopt;
+    // (ChannelsLastSum takes up to 65535 groups of 32 channels.)
+    if (dy.shape[0] < kTallRows || dy.shape[1] > 65535 * 32 || !is_floating(dy.dtype)) return std::nullopt;
     Match m = single_unit(unit);
     if (nodes.sgd >= 0) {
       const DType bias = g.value(g.node(nodes.sgd).inputs[0]).dtype;
