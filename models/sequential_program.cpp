@@ -56,9 +56,7 @@ TrainingProgram build_sequential_program(const SequentialTraining& t, std::int64
   p.learning_rate = t.optimizer.lr;
   if (target == ProgramTarget::cuda) {
     p.channels_last = channels_last_variant(train, optimizer, eval, t.fusion);
-    if (p.channels_last) {
-      p.channels_last->train_data.ranks = p.train_data.ranks;
-    }
+    if (p.channels_last) p.channels_last->train_data.ranks = p.train_data.ranks;
   }
   return p;
 }
