@@ -58,7 +58,7 @@ enum class OpKind : std::uint8_t {
   adam_update,            // (param, grad, m, v, step i32[1][, clip scale f32[1]]) -> nothing; Adam/AdamW in place
   grad_clip_scale,        // (grad, grad, ...) -> f32[1] min(1, max_norm / (global L2 norm + 1e-6))
   scale_grad,             // (grad, scale f32[1]) -> grad * scale
-  // ---- convolutional networks (issue 22); NCHW, see Conv2dAttrs
+  // ---- convolutional networks (issue 22); NCHW, or [N,H,W,C] with channels_last (Conv2dAttrs, Pool2dAttrs)
   conv2d,                 // (X [N,C,H,W], W [O,C,KH,KW][, b [O]]) -> Y [N,O,H',W']
   conv2d_backward_data,   // (dY [N,O,H',W'], W) -> dX [N,C,H,W]
   conv2d_backward_filter, // (dY [N,O,H',W'], X) -> dW [O,C,KH,KW]
