@@ -296,7 +296,8 @@ std::string CudnnConv::label() const {
     const std::string what = request_.relu ? "bias+relu" : "bias";
     epilogue = fused_epilogue_ ? ", fused " + what : ", then our " + what + " kernel";
   }
-  return fmt::format("cuDNN engine {}{}{}{} ({})", plan_.engine, request_.channels_last ? ", channels-last" : "", plan_.runtime_compiled ? " (runtime-compiled)" : "",
+  return fmt::format("cuDNN engine {}{}{}{} ({})", plan_.engine, request_.channels_last ? ", channels-last" : "",
+                     plan_.runtime_compiled ? " (runtime-compiled)" : "",
                      epilogue,
                      timed_ ? fmt::format("fastest of {} timed", candidates_)
                             : "the heuristics' first that runs; backend.autotune times them all");
