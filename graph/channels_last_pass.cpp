@@ -54,8 +54,7 @@ class Rewriter {
     }
   }
 
-  // A conversion moves no data when the channels or the plane are one element.
-  static bool is_view(const Shape& nchw) { return nchw[1] == 1 || nchw[2] * nchw[3] == 1; }
+  static bool is_view(const Shape& nchw) { return layout_conversion_is_view(nchw[1], nchw[2] * nchw[3]); }
 
   ValueId channels_first(ValueId old) {
     if (auto it = first_.find(old); it != first_.end()) return it->second;

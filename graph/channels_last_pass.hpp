@@ -30,6 +30,13 @@ struct ChannelsLastRewrite {
   int inner_exits = 0;
 };
 
+// Whether converting `channels` channels of `plane` pixels between the two
+// layouts keeps the order of the elements (one channel, or a 1x1 plane): a
+// view, no data moved.
+inline bool layout_conversion_is_view(std::int64_t channels, std::int64_t plane) {
+  return channels == 1 || plane == 1;
+}
+
 // The rewrite of a forward graph (no fusion groups), or nullopt when it has
 // no conv2d over a 4-D value.
 std::optional<ChannelsLastRewrite> rewrite_channels_last(const Graph& forward);

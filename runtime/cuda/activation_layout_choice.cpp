@@ -3,21 +3,10 @@
 #include <fmt/format.h>
 
 #include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/lowerings/conv_nodes.hpp"
 
 namespace sg::cuda {
 namespace {
-
-// A convolution's input channels (C of X [N,C,H,W]), from any of its three ops.
-std::int64_t input_channels(const sg::Graph& g, const Node& n) {
-  switch (n.op) {
-    case OpKind::conv2d:
-      return g.value(n.inputs[0]).shape[1];
-    case OpKind::conv2d_backward_data:
-      return g.value(n.inputs[1]).shape[1];  // W [O,C,KH,KW]
-    default:
-      return g.value(n.inputs[1]).shape[1];  // backward_filter: X
-  }
-}
 
 // Why the NCHW step should stay NCHW under `auto`, or "": a whole-step
 // kernel takes it (its pattern is channels-first), or our kernels run one of
@@ -34,10 +23,9 @@ std::string nchw_reason(const sg::Graph& train, const BackendOptions& options, b
     if (l.lowering->name() != "conv_implicit_gemm") continue;
     for (NodeId id : l.nodes) {
       const Node& n = train.node(id);
-      if ((n.op == OpKind::conv2d || n.op == OpKind::conv2d_backward_data || n.op == OpKind::conv2d_backward_filter) &&
-          input_channels(train, n) > 1)
+      if (is_conv(n.op) && conv_sizes(train, n).c > 1)
         return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there",
-                           input_channels(train, n), op_name(n.op));
+                           conv_sizes(train, n).c, op_name(n.op));
     }
   }
   return "";

@@ -57,51 +57,26 @@ SequentialTraining mnist_sized(OptimizerKind kind) {
   return t;
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<io::TensorBlob> state;
-  std::string description;
-  EvalResult eval;
-};
-
-Run train(const SequentialTraining& t, const Dataset& data, ActivationLayout layout) {
+test::StepsRun train(const SequentialTraining& t, const Dataset& data, ActivationLayout layout) {
   TrainerSpec spec;
   spec.program = build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
   spec.backend.activation_layout = layout;
   auto trainer = cuda::make_cuda_trainer(spec, data);
-  Run r;
-  r.description = trainer->description();
-  for (int i = 0; i < kSteps; ++i) {
-    trainer->train(1);
-    r.losses.push_back(trainer->last_loss());
-  }
-  r.state = trainer->save_state();
-  r.eval = trainer->evaluate();
-  return r;
+  return test::run_steps(*trainer, kSteps);
 }
 
 void check_follows(const SequentialTraining& t, std::int64_t image_values) {
   std::mt19937_64 rng(36);
   const Dataset data = test::random_dataset(t.model.batch * 6, image_values, 10, rng);
-  const Run nchw = train(t, data, ActivationLayout::nchw);
-  const Run last = train(t, data, ActivationLayout::channels_last);
+  const test::StepsRun nchw = train(t, data, ActivationLayout::nchw);
+  const test::StepsRun last = train(t, data, ActivationLayout::channels_last);
   INFO("NCHW:          " << nchw.description);
   INFO("channels-last: " << last.description);
   CHECK(nchw.description.find("NCHW (backend.activation_layout: nchw) activations") != std::string::npos);
   CHECK(last.description.find("channels-last (backend.activation_layout: channels_last) activations") !=
         std::string::npos);
   CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
-  REQUIRE(nchw.state.size() == last.state.size());
-  for (std::size_t i = 0; i < nchw.state.size(); ++i) {
-    CAPTURE(nchw.state[i].name);
-    REQUIRE(nchw.state[i].name == last.state[i].name);
-    REQUIRE(nchw.state[i].shape == last.state[i].shape);
-    if (nchw.state[i].dtype == DType::i32) {
-      CHECK(nchw.state[i] == last.state[i]);  // the step counter
-      continue;
-    }
-    CHECK(test::relative_error(floats_from_blob(nchw.state[i]), floats_from_blob(last.state[i])) < 3e-2);
-  }
+  test::check_saved_states_close(nchw.state, last.state, 3e-2);
   CHECK(nchw.eval.examples == last.eval.examples);
   CHECK(std::abs(nchw.eval.loss - last.eval.loss) <= 2e-2 * std::abs(nchw.eval.loss));
 }

@@ -31,55 +31,22 @@ namespace {
 
 constexpr int kSteps = 12;
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<io::TensorBlob> first_state;  // after one step
-  std::vector<io::TensorBlob> state;        // after kSteps
-  std::string description;
-  EvalResult eval;                          // after kSteps
-};
-
-Run train(TrainerSpec spec, const Dataset& data, bool core_only) {
+test::StepsRun train(TrainerSpec spec, const Dataset& data, bool core_only) {
   spec.backend.core_only = core_only;
   auto t = cuda::make_cuda_trainer(spec, data);
-  Run r;
-  r.description = t->description();
-  for (int i = 0; i < kSteps; ++i) {
-    t->train(1);
-    r.losses.push_back(t->last_loss());
-    if (i == 0) r.first_state = t->save_state();
-  }
-  r.state = t->save_state();
-  r.eval = t->evaluate();
-  return r;
-}
-
-// Every float blob of `only` (all when empty) within `tolerance`; the step counter equal.
-void check_state(const std::vector<io::TensorBlob>& core, const std::vector<io::TensorBlob>& fast, double tolerance,
-                 const std::set<std::string>& only) {
-  REQUIRE(core.size() == fast.size());
-  for (std::size_t i = 0; i < core.size(); ++i) {
-    CAPTURE(core[i].name);
-    REQUIRE(core[i].name == fast[i].name);
-    if (core[i].dtype == DType::i32) {
-      CHECK(core[i] == fast[i]);  // the step counter
-      continue;
-    }
-    if (!only.empty() && !only.count(core[i].name)) continue;
-    CHECK(test::relative_error(floats_from_blob(core[i]), floats_from_blob(fast[i])) < tolerance);
-  }
+  return test::run_steps(*t, kSteps);
 }
 
 void check_same(const TrainerSpec& spec, const Dataset& data, double tolerance) {
   std::set<std::string> weights;
   for (ValueId id : spec.program.train.values_with_role(Role::param)) weights.insert(spec.program.train.value(id).name);
-  const Run fast = train(spec, data, false);
-  const Run core = train(spec, data, true);
+  const test::StepsRun fast = train(spec, data, false);
+  const test::StepsRun core = train(spec, data, true);
   INFO("fast paths: " << fast.description);
   INFO("core only:  " << core.description);
   CHECK(test::relative_error(core.losses, fast.losses) < tolerance);
-  check_state(core.first_state, fast.first_state, tolerance, {});
-  check_state(core.state, fast.state, tolerance, weights);
+  test::check_saved_states_close(core.first_state, fast.first_state, tolerance);
+  test::check_saved_states_close(core.state, fast.state, tolerance, weights);
   // The eval graphs too (the MLPs' at batch 32 take small_batch_forward with its folded fetch).
   CHECK(core.eval.examples == fast.eval.examples);
   CHECK(std::isfinite(fast.eval.loss));

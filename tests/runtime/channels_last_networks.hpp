@@ -5,25 +5,9 @@
 #include <vector>
 
 #include "models/sequential.hpp"
+#include "tests/runtime/layer_specs.hpp"
 
 namespace sg::test {
-
-inline LayerSpec net_layer(LayerKind kind, std::int64_t out = 0, std::int64_t kernel = 0, std::int64_t padding = 0,
-                           std::int64_t stride = 0) {
-  LayerSpec l;
-  l.kind = kind;
-  l.out = out;
-  l.kernel = kernel;
-  l.padding = padding;
-  l.stride = stride;
-  return l;
-}
-
-inline LayerSpec activation_layer(MlpActivation a) {
-  LayerSpec l = net_layer(LayerKind::activation);
-  l.activation = a;
-  return l;
-}
 
 // configs/mnist_cnn_fast.yaml's network on [1, 28, 28]: two 5x5 convs
 // ("same" padding, 32 and 64 channels), each with its ReLU and a 2x2 pool,

@@ -2,28 +2,22 @@
 // The report CNN of configs/mnist_cnn.yaml (issue 22) as a sequential model,
 // for the tests of its fused CUDA step.
 #include "models/sequential_program.hpp"
+#include "tests/runtime/layer_specs.hpp"
 
 namespace sg::test {
-
-inline LayerSpec cnn_layer(LayerKind kind, std::int64_t out = 0, std::int64_t kernel = 0) {
-  LayerSpec l{kind};
-  l.out = out;
-  l.kernel = kernel;
-  return l;
-}
 
 inline SequentialTraining report_cnn() {
   SequentialTraining t;
   t.model.input_shape = {1, 28, 28};
-  LayerSpec drop2d = cnn_layer(LayerKind::dropout2d);
+  LayerSpec drop2d = net_layer(LayerKind::dropout2d);
   drop2d.p = 0.5;
-  LayerSpec drop = cnn_layer(LayerKind::dropout);
+  LayerSpec drop = net_layer(LayerKind::dropout);
   drop.p = 0.5;
-  t.model.layers = {cnn_layer(LayerKind::conv2d, 10, 5), cnn_layer(LayerKind::max_pool2d, 0, 2),
-                    cnn_layer(LayerKind::activation), cnn_layer(LayerKind::conv2d, 20, 5),
-                    drop2d, cnn_layer(LayerKind::max_pool2d, 0, 2), cnn_layer(LayerKind::activation),
-                    cnn_layer(LayerKind::flatten), cnn_layer(LayerKind::linear, 50), cnn_layer(LayerKind::activation),
-                    drop, cnn_layer(LayerKind::linear, 10)};
+  t.model.layers = {net_layer(LayerKind::conv2d, 10, 5), net_layer(LayerKind::max_pool2d, 0, 2),
+                    net_layer(LayerKind::activation), net_layer(LayerKind::conv2d, 20, 5),
+                    drop2d, net_layer(LayerKind::max_pool2d, 0, 2), net_layer(LayerKind::activation),
+                    net_layer(LayerKind::flatten), net_layer(LayerKind::linear, 50), net_layer(LayerKind::activation),
+                    drop, net_layer(LayerKind::linear, 10)};
   t.model.batch = 64;
   t.model.weight_dtype = DType::f32;
   t.optimizer.lr = 0.01;

@@ -4,28 +4,21 @@
 // 1x6x6 images with 6 classes, f32, for the data-parallel tests of
 // model.sequential models on the CPU and on the GPU.
 #include "models/sequential_program.hpp"
+#include "tests/runtime/layer_specs.hpp"
 
 namespace sg::test {
 
 inline SequentialTraining small_residual_cnn(std::int64_t batch, OptimizerKind kind) {
-  const auto layer = [](LayerKind k, std::int64_t out = 0, std::int64_t kernel = 0, std::int64_t padding = 0) {
-    LayerSpec l;
-    l.kind = k;
-    l.out = out;
-    l.kernel = kernel;
-    l.padding = padding;
-    return l;
-  };
   SequentialTraining t;
   t.model.input_shape = {1, 6, 6};
-  LayerSpec relu = layer(LayerKind::activation);
+  LayerSpec relu = net_layer(LayerKind::activation);
   relu.name = "a1";
-  LayerSpec c2 = layer(LayerKind::conv2d, 3, 3, 1);
+  LayerSpec c2 = net_layer(LayerKind::conv2d, 3, 3, 1);
   c2.name = "c2";
-  LayerSpec add = layer(LayerKind::add);
+  LayerSpec add = net_layer(LayerKind::add);
   add.inputs = {"a1", "c2"};
-  t.model.layers = {layer(LayerKind::conv2d, 3, 3, 1), relu, c2, add, layer(LayerKind::max_pool2d, 0, 2),
-                    layer(LayerKind::flatten), layer(LayerKind::linear, 6)};
+  t.model.layers = {net_layer(LayerKind::conv2d, 3, 3, 1), relu, c2, add, net_layer(LayerKind::max_pool2d, 0, 2),
+                    net_layer(LayerKind::flatten), net_layer(LayerKind::linear, 6)};
   t.model.batch = batch;
   t.model.compute_dtype = DType::f32;
   t.model.weight_dtype = DType::f32;

@@ -18,6 +18,7 @@
 #include "models/sequential_program.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "tests/runtime/channels_last_networks.hpp"
+#include "tests/runtime/small_residual_cnn.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
@@ -48,23 +49,13 @@ SequentialSpec three_channel_cnn(std::int64_t batch) {
   return s;
 }
 
-// One channel in (a view), a residual add inside the region.
+// One channel in (a view), a residual add inside the region: the layers of
+// the data-parallel tests' small residual CNN.
 SequentialSpec residual_cnn(std::int64_t batch) {
   SequentialSpec s = three_channel_cnn(batch);
-  s.input_shape = {1, 6, 6};
-  LayerSpec a1 = activation_layer(MlpActivation::relu);
-  a1.name = "a1";
-  LayerSpec c2 = net_layer(LayerKind::conv2d, 3, 3, 1);
-  c2.name = "c2";
-  LayerSpec add = net_layer(LayerKind::add);
-  add.inputs = {"a1", "c2"};
-  s.layers = {net_layer(LayerKind::conv2d, 3, 3, 1),
-              a1,
-              c2,
-              add,
-              net_layer(LayerKind::max_pool2d, 0, 2),
-              net_layer(LayerKind::flatten),
-              net_layer(LayerKind::linear, 6)};
+  const SequentialSpec residual = test::small_residual_cnn(batch, OptimizerKind::sgd).model;
+  s.input_shape = residual.input_shape;
+  s.layers = residual.layers;
   return s;
 }
 

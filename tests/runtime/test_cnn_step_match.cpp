@@ -12,7 +12,7 @@
 
 using namespace sg;
 
-using test::cnn_layer;
+using test::net_layer;
 using test::report_cnn;
 using test::report_cnn_cuda_graph;
 
@@ -152,7 +152,7 @@ TEST_CASE("graphs the CNN step kernels would compute differently are not recogni
   SUBCASE("an MLP (it has its own kernels)") {
     auto t = report_cnn();
     t.model.input_shape = {784};
-    t.model.layers = {cnn_layer(LayerKind::linear, 50), cnn_layer(LayerKind::activation), cnn_layer(LayerKind::linear, 10)};
+    t.model.layers = {net_layer(LayerKind::linear, 50), net_layer(LayerKind::activation), net_layer(LayerKind::linear, 10)};
     CHECK(match_cnn_step(report_cnn_cuda_graph(t)).why_not == "no conv2d layer");
   }
   SUBCASE("an extra output") {

@@ -3,12 +3,15 @@
 // TrainerSpec for a dataset, a random u8 dataset of any width, the loss of
 // each of n steps, every parameter as one flat vector, a bit-for-bit
 // comparison of two trainers' saved state, a GPU-against-CPU one (states
-// close, losses following), and a CPU resume check.
+// close, losses following), a run of one-step trainings with two saved
+// states compared entry by entry, and a CPU resume check.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <memory>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "models/mlp_program.hpp"
@@ -112,6 +115,48 @@ inline void check_states_close(Trainer& a, Trainer& b, double tolerance, double 
     for (std::size_t k = 0; k < u.size(); ++k) difference += (double(u[k]) - v[k]) * (double(u[k]) - v[k]);
     CAPTURE(std::sqrt(difference));
     CHECK((relative_error(u, v) < tolerance || std::sqrt(difference) < floor));
+  }
+}
+
+// What `steps` one-step trainings of `t` leave: each step's loss, the state
+// after the first step and after the last, the trainer's description and its
+// evaluation at the end.
+struct StepsRun {
+  std::vector<double> losses;
+  std::vector<io::TensorBlob> first_state;
+  std::vector<io::TensorBlob> state;
+  std::string description;
+  EvalResult eval;
+};
+inline StepsRun run_steps(Trainer& t, int steps) {
+  StepsRun r;
+  r.description = t.description();
+  for (int i = 0; i < steps; ++i) {
+    t.train(1);
+    r.losses.push_back(t.last_loss());
+    if (i == 0) r.first_state = t.save_state();
+  }
+  r.state = t.save_state();
+  r.eval = t.evaluate();
+  return r;
+}
+
+// Two saved states entry by entry: the same names and shapes, the integer
+// entries (the step counter) equal, every floating entry named in `only`
+// (all when empty) within `tolerance` relative error by norm (NaN never passes).
+inline void check_saved_states_close(const std::vector<io::TensorBlob>& x, const std::vector<io::TensorBlob>& y,
+                                     double tolerance, const std::set<std::string>& only = {}) {
+  REQUIRE(x.size() == y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CAPTURE(x[i].name);
+    REQUIRE(x[i].name == y[i].name);
+    REQUIRE(x[i].shape == y[i].shape);
+    if (x[i].dtype == DType::i32) {
+      CHECK(x[i] == y[i]);  // the step counter
+      continue;
+    }
+    if (!only.empty() && !only.count(x[i].name)) continue;
+    CHECK(relative_error(floats_from_blob(x[i]), floats_from_blob(y[i])) < tolerance);
   }
 }
 

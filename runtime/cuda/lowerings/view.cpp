@@ -5,6 +5,7 @@
 // plan gives the two one buffer (Launch::aliases) and the launch enqueues no
 // kernel. An input the graph owns (a parameter, the dataset) has no arena
 // buffer to share and is not taken.
+#include "graph/channels_last_pass.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
 namespace sg::cuda {
@@ -22,7 +23,7 @@ class ViewLowering final : public CudaLowering {
     if (n.op == OpKind::to_channels_last || n.op == OpKind::to_channels_first) {
       const Shape& s = in.shape;  // [N,C,H,W] or [N,H,W,C]
       const std::int64_t c = n.op == OpKind::to_channels_last ? s[1] : s[3];
-      if (c != 1 && s[1] * s[2] * s[3] != c) return std::nullopt;
+      if (!layout_conversion_is_view(c, s[1] * s[2] * s[3] / c)) return std::nullopt;
     } else if (n.op != OpKind::reshape && n.op != OpKind::flatten) {
       return std::nullopt;
     }
