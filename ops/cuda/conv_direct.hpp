@@ -23,9 +23,11 @@ bool plan_wgrad(ImplicitGemmPlan& plan, int multiprocessors);
 template <bool kFlip, typename T>
 void launch_conv(const ImplicitGemmPlan& plan, const T* in, const T* w, const T* bias, bool relu, T* out,
                  cudaStream_t stream);
-// The weight gradient of a direct plan; `workspace` holds its partials.
+// The weight gradient of a direct plan (and the bias gradient when the plan
+// has bias_gradient); `workspace` holds its partials.
 template <typename T>
-void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, float* workspace, cudaStream_t stream);
+void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, ConvBiasGradient bias,
+                  float* workspace, cudaStream_t stream);
 // How many partials of dW the weight gradient's blocks leave (its workspace).
 std::int64_t wgrad_parts(const ImplicitGemmPlan& plan);
 

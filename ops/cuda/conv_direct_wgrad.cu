@@ -1,7 +1,9 @@
 // The direct convolution's weight gradient (conv_direct.hpp; when it runs:
 // conv_implicit_gemm.hpp): blocks (items, image group, row split) add their
 // images' products into ordered f32 partials of dW, which a second kernel
-// adds in a fixed order, so every run gives the same bits.
+// adds in a fixed order, so every run gives the same bits. With the plan's
+// bias_gradient, each channel group has one more item, the bias, whose
+// input is 1: db comes from the same staged dY in the same pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -13,7 +15,8 @@
 namespace sg::cuda::conv_direct {
 namespace {
 
-// Backward filter. Items are (channel group og, c, i, j), og major; block
+// Backward filter. Items are (channel group og, c, i, j), og major (and
+// (og, bias) after og's taps when the plan has the bias gradient); block
 // (chunk, image group, row split) owns items [chunk*per_chunk, +per_chunk)
 // for the images of its group and the output rows oy = z*slices + slice +
 // k*slices*row_splits, thread (slice, item) the rows of its slice. The block
@@ -21,9 +24,10 @@ namespace {
 // and its channel groups only, transposed, sdy[local pixel][staged channel]
 // (G channels in one vector load), then the x window; the slices' sums are
 // added in slice order and the block writes
-// partials[image group][row split][o][c][i][j].
+// partials[image group][row split][o][c][i][j] (then [o][bias]).
 struct WgradDims {
-  DirectDims d;  // ci = c, co = o, pad_h = pad_w = padding
+  DirectDims d;   // ci = c, co = o, pad_h = pad_w = padding
+  int per_group;  // items per channel group: ci * kh * kw taps, + 1 with the bias
   int items, per_chunk, slices, image_group, row_splits;
   int staged;         // dY channels staged, a multiple of 4
   int sdy_stride;     // floats from one staged pixel to the next (sdy_stride())
@@ -53,7 +57,10 @@ __host__ __device__ inline int sdy_stride(int staged) { return staged / 4 % 2 ==
 template <typename T>
 __device__ __forceinline__ void stage_dy_rows(const T* dyi, const WgradDims& wd, int o_first, int local_pixels,
                                               float* sdy) {
-  constexpr int kInFlight = 2;  // pixels per thread at a time, 4 loads each
+  // Pixels per thread at a time, 4 loads each: a block stages a few thousand
+  // pixels, and with 2 in flight it waited out a dozen load latencies in turn
+  // (docs/benchmarks.md: mnist_cnn_fast's first layer).
+  constexpr int kInFlight = 8;
   const DirectDims& d = wd.d;
   const int pixels = d.oh * d.ow, quads = wd.staged / 4, total = local_pixels * quads;
   for (int base = threadIdx.x; base < total; base += kInFlight * blockDim.x) {
@@ -87,16 +94,19 @@ __global__ void __launch_bounds__(kDirectThreads)
   extern __shared__ float4 direct_shared[];
   const DirectDims& d = wd.d;
   const int kh = K > 0 ? K : d.kh, kw = K > 0 ? K : d.kw, taps = kh * kw, ckk = d.ci * taps;
+  const int per_group = wd.per_group;
   const int pixels = d.oh * d.ow, window = d.ph * d.pw;
   float* sdy = reinterpret_cast<float*>(direct_shared);
   float* sx = sdy + wd.staged_pixels * wd.sdy_stride;
   float* sums = sx + d.ci * window;  // [slices][per_chunk][G]
   const int li = threadIdx.x % wd.per_chunk, slice = threadIdx.x / wd.per_chunk;
   const int item = blockIdx.x * wd.per_chunk + li;
-  const int o_staged = (blockIdx.x * wd.per_chunk) / ckk * G;  // the first staged channel
+  const int o_staged = (blockIdx.x * wd.per_chunk) / per_group * G;  // the first staged channel
   const bool active = slice < wd.slices && item < wd.items;
-  const int og = active ? item / ckk : 0, cij = active ? item - og * ckk : 0;
-  const int c = cij / taps, t = cij - c * taps, i = t / kw, j = t - i * kw;
+  const int og = active ? item / per_group : 0, cij = active ? item - og * per_group : 0;
+  const bool bias_item = cij == ckk;  // its input is 1 (the bias gradient)
+  const int tap = bias_item ? 0 : cij;
+  const int c = tap / taps, t = tap - c * taps, i = t / kw, j = t - i * kw;
   const float* xbase = sx + c * window + i * d.pw + j;
   const float* dybase = sdy + (active ? og * G - o_staged : 0);
   const int first_row = blockIdx.z * wd.slices + slice, row_step = wd.slices * wd.row_splits;
@@ -115,7 +125,7 @@ __global__ void __launch_bounds__(kDirectThreads)
         const float* xr = xbase + oy * d.stride * d.pw;
         const float* dr = dybase + lr * d.ow * wd.sdy_stride;
         for (int ox = 0; ox < d.ow; ++ox) {
-          const float xv = xr[ox * d.stride];
+          const float xv = bias_item ? 1.f : xr[ox * d.stride];
           float g[G];
           load_group<G>(dr + ox * wd.sdy_stride, g);
 #pragma unroll
@@ -129,27 +139,32 @@ __global__ void __launch_bounds__(kDirectThreads)
     for (int q = 0; q < G; ++q) sums[(slice * wd.per_chunk + li) * G + q] = acc[q];
   __syncthreads();
   if (slice != 0 || item >= wd.items) return;
-  float* part = partials + (blockIdx.y * wd.row_splits + blockIdx.z) * (d.co * ckk);
+  float* part = partials + (blockIdx.y * wd.row_splits + blockIdx.z) * (d.co * per_group);
 #pragma unroll
   for (int q = 0; q < G; ++q) {
     float v = sums[li * G + q];
     for (int s = 1; s < wd.slices; ++s) v += sums[(s * wd.per_chunk + li) * G + q];
-    if (og * G + q < d.co) part[(og * G + q) * ckk + cij] = v;
+    if (og * G + q < d.co) part[(og * G + q) * per_group + cij] = v;
   }
 }
 
-// dw[e] = the sum of the `parts` partials of element e: one warp per
-// element, lane l adding parts l, l + 32, ... in order, then a fixed
-// shuffle tree (the same bits every run).
-template <typename T>
-__global__ void direct_wgrad_finish(const float* partials, int parts, int elements, T* dw) {
+// Element e = o * outs + k of the partials is dw[o][k] (k < taps) or
+// db[o] (k == taps, with the bias): the sum of its `parts` partials, one
+// warp per element, lane l adding parts l, l + 32, ... in order, then a
+// fixed shuffle tree (the same bits every run). db is rounded to T, then
+// widened when B is float (the graph's T sum and its cast).
+template <typename T, typename B>
+__global__ void direct_wgrad_finish(const float* partials, int parts, int elements, int outs, int taps, T* dw, B* db) {
   const int lane = threadIdx.x % 32;
   for (int e = (blockIdx.x * blockDim.x + threadIdx.x) / 32; e < elements; e += gridDim.x * blockDim.x / 32) {
     float v = 0.f;
     for (int q = lane; q < parts; q += 32) v += partials[q * elements + e];
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane == 0) dw[e] = from_float<T>(v);
+    if (lane != 0) continue;
+    const int o = e / outs, k = e - o * outs;
+    if (k < taps) dw[o * taps + k] = from_float<T>(v);
+    else db[o] = from_float<B>(to_float(from_float<T>(v)));
   }
 }
 
@@ -165,8 +180,9 @@ bool plan_wgrad(ImplicitGemmPlan& plan, int multiprocessors) {
   const ConvShape& s = plan.shape;
   const DirectDims d = direct_wgrad_dims(s);
   plan.group = pick_group(d.co, 1, 1);
-  const std::int64_t ckk = std::int64_t(d.ci) * d.kh * d.kw;
-  const std::int64_t groups = (d.co + plan.group - 1) / plan.group, items = groups * ckk;
+  // Items per channel group: its taps (+ the bias).
+  const std::int64_t per_group = std::int64_t(d.ci) * d.kh * d.kw + (plan.bias_gradient ? 1 : 0);
+  const std::int64_t groups = (d.co + plan.group - 1) / plan.group, items = groups * per_group;
   const std::int64_t window = std::int64_t(d.ci) * d.ph * d.pw;
   // The launch for `per_chunk` items per block staging `staged` dY
   // channels; returns the shared memory it needs.
@@ -188,16 +204,16 @@ bool plan_wgrad(ImplicitGemmPlan& plan, int multiprocessors) {
   // Items per block: whole channel groups when they are short (<= 256
   // items; as many as shared memory takes), else 256 items (two groups at most).
   std::int64_t shared = 0;
-  if (ckk <= 256) {
-    for (std::int64_t whole = std::min<std::int64_t>(groups, 256 / ckk); whole >= 1; --whole) {
-      shared = configure(whole * ckk, whole * plan.group);
+  if (per_group <= 256) {
+    for (std::int64_t whole = std::min<std::int64_t>(groups, 256 / per_group); whole >= 1; --whole) {
+      shared = configure(whole * per_group, whole * plan.group);
       if (shared <= kDirectMaxShared) break;
     }
   } else {
     shared = configure(256, 2 * plan.group);
   }
   const std::int64_t image_groups = (d.n + plan.image_group - 1) / plan.image_group;
-  if (shared > kDirectMaxShared || !fits_int(image_groups * plan.row_splits * d.co * ckk)) return false;
+  if (shared > kDirectMaxShared || !fits_int(image_groups * plan.row_splits * d.co * per_group)) return false;
   plan.shared_bytes = static_cast<int>(shared);
   plan.direct = true;
   return true;
@@ -228,13 +244,15 @@ void run_direct_wgrad_g(const ImplicitGemmPlan& plan, const WgradDims& wd, const
 }  // namespace
 
 template <typename T>
-void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, float* workspace, cudaStream_t stream) {
+void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, ConvBiasGradient bias,
+                  float* workspace, cudaStream_t stream) {
   if (!workspace) throw CudaError("direct conv weight gradient: needs its workspace");
   const ConvShape& s = plan.shape;
-  const std::int64_t ckk = s.c * s.kh * s.kw;
-  const std::int64_t items = (s.o + plan.group - 1) / plan.group * ckk;
+  const std::int64_t ckk = s.c * s.kh * s.kw, per_group = ckk + (plan.bias_gradient ? 1 : 0);
+  const std::int64_t items = (s.o + plan.group - 1) / plan.group * per_group;
   const DirectDims d = direct_wgrad_dims(s);
   const WgradDims wd{d,
+                     static_cast<int>(per_group),
                      static_cast<int>(items),
                      plan.per_chunk,
                      plan.slices,
@@ -247,16 +265,22 @@ void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, 
   if (plan.group == 8) run_direct_wgrad_g<8>(plan, wd, dy, x, workspace, stream);
   else if (plan.group == 4) run_direct_wgrad_g<4>(plan, wd, dy, x, workspace, stream);
   else run_direct_wgrad_g<2>(plan, wd, dy, x, workspace, stream);
-  const int elements = static_cast<int>(s.o * ckk);
-  direct_wgrad_finish<<<blocks_for(std::int64_t(elements) * 32), kThreads, 0, stream>>>(
-      workspace, static_cast<int>(wgrad_parts(plan)), elements, dw);
+  const int elements = static_cast<int>(s.o * per_group), parts = static_cast<int>(wgrad_parts(plan));
+  const unsigned blocks = blocks_for(std::int64_t(elements) * 32);
+  if (bias.widened)
+    direct_wgrad_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
+                                                         static_cast<float*>(bias.sums));
+  else
+    direct_wgrad_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
+                                                         static_cast<T*>(bias.sums));
   SG_LAUNCH_CHECK("direct_wgrad_finish");
 }
 
-template void launch_wgrad<float>(const ImplicitGemmPlan&, const float*, const float*, float*, float*, cudaStream_t);
-template void launch_wgrad<__half>(const ImplicitGemmPlan&, const __half*, const __half*, __half*, float*,
-                                   cudaStream_t);
+template void launch_wgrad<float>(const ImplicitGemmPlan&, const float*, const float*, float*, ConvBiasGradient,
+                                  float*, cudaStream_t);
+template void launch_wgrad<__half>(const ImplicitGemmPlan&, const __half*, const __half*, __half*, ConvBiasGradient,
+                                   float*, cudaStream_t);
 template void launch_wgrad<__nv_bfloat16>(const ImplicitGemmPlan&, const __nv_bfloat16*, const __nv_bfloat16*,
-                                          __nv_bfloat16*, float*, cudaStream_t);
+                                          __nv_bfloat16*, ConvBiasGradient, float*, cudaStream_t);
 
 }  // namespace sg::cuda::conv_direct

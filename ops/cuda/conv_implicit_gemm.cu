@@ -239,7 +239,9 @@ void run_gemm(const ImplicitGemmPlan& plan, const Pass& pass, float* workspace, 
 std::size_t ImplicitGemmPlan::workspace_bytes() const {
   if (direct)
     return pass == ConvPass::backward_filter
-               ? static_cast<std::size_t>(conv_direct::wgrad_parts(*this) * shape.o * shape.c * shape.kh * shape.kw) * sizeof(float)
+               ? static_cast<std::size_t>(conv_direct::wgrad_parts(*this) * shape.o *
+                                          (shape.c * shape.kh * shape.kw + (bias_gradient ? 1 : 0))) *
+                     sizeof(float)
                : 0;
   if (splits == 1) return 0;
   const GemmSize size = gemm_size(pass, shape);
@@ -249,12 +251,15 @@ std::size_t ImplicitGemmPlan::workspace_bytes() const {
 // The tile that pads C least (64 x 64 on ties); K split only when the output
 // tiles alone leave most of the GPU idle and each split still gets >= 8
 // slices of K: two blocks per multiprocessor.
-ImplicitGemmPlan plan_implicit_gemm(ConvPass pass, const ConvShape& shape, int multiprocessors, bool direct_path) {
+ImplicitGemmPlan plan_implicit_gemm(ConvPass pass, const ConvShape& shape, int multiprocessors, bool direct_path,
+                                    bool bias_gradient) {
   ImplicitGemmPlan plan{};
   plan.pass = pass;
   plan.shape = shape;
+  plan.bias_gradient = bias_gradient && pass == ConvPass::backward_filter;
   if (direct_path && conv_direct::plan(plan, multiprocessors)) return plan;
   plan.direct = false;
+  plan.bias_gradient = false;
   const GemmSize size = gemm_size(pass, shape);
   auto padded = [&](std::int64_t tm, std::int64_t tn) {
     return ((size.rows + tm - 1) / tm) * tm * (((size.cols + tn - 1) / tn) * tn);
@@ -280,7 +285,8 @@ std::string describe_plan(const ImplicitGemmPlan& p) {
   if (p.pass != ConvPass::backward_filter && p.ci_chunk < (p.pass == ConvPass::forward ? p.shape.c : p.shape.o))
     what += ", input channels in chunks of " + std::to_string(p.ci_chunk);
   if (p.pass == ConvPass::backward_filter)
-    what += ", " + std::to_string(conv_direct::wgrad_parts(p)) + " ordered partials";
+    what += ", " + std::to_string(conv_direct::wgrad_parts(p)) + " ordered partials" +
+            (p.bias_gradient ? ", with the bias gradient" : "");
   return what;
 }
 
@@ -300,8 +306,10 @@ void launch_conv_backward_data(const ImplicitGemmPlan& plan, const T* dy, const 
 
 template <typename T>
 void launch_conv_backward_filter(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, float* workspace,
-                                 cudaStream_t stream) {
-  if (plan.direct) return conv_direct::launch_wgrad(plan, dy, x, dw, workspace, stream);
+                                 cudaStream_t stream, ConvBiasGradient bias) {
+  if (plan.bias_gradient != (bias.sums != nullptr))
+    throw CudaError("conv weight gradient: the bias gradient's output and the plan disagree");
+  if (plan.direct) return conv_direct::launch_wgrad(plan, dy, x, dw, bias, workspace, stream);
   run_gemm(plan, BackwardFilterPass<T>{dims_of(plan.shape), dy, x, dw, plan.shape.dy_channels_last}, workspace, stream);
 }
 
@@ -309,7 +317,8 @@ void launch_conv_backward_filter(const ImplicitGemmPlan& plan, const T* dy, cons
   template void launch_conv_forward<T>(const ImplicitGemmPlan&, const T*, const T*, const T*, bool, T*, float*,      \
                                        cudaStream_t);                                                                \
   template void launch_conv_backward_data<T>(const ImplicitGemmPlan&, const T*, const T*, T*, float*, cudaStream_t); \
-  template void launch_conv_backward_filter<T>(const ImplicitGemmPlan&, const T*, const T*, T*, float*, cudaStream_t);
+  template void launch_conv_backward_filter<T>(const ImplicitGemmPlan&, const T*, const T*, T*, float*, cudaStream_t, \
+                                               ConvBiasGradient);
 SG_INSTANTIATE_CONV(float)
 SG_INSTANTIATE_CONV(__half)
 SG_INSTANTIATE_CONV(__nv_bfloat16)

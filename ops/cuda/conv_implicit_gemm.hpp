@@ -66,11 +66,15 @@ struct ImplicitGemmPlan {
   int slices = 1;            // wgrad: threads per item, each taking every slices-th output row
   int image_group = 1;       // wgrad: images per block
   int row_splits = 1;        // wgrad: blocks over the output rows of one image group
+  // wgrad: the bias gradient too (db[o] = the sum of dY over n, oh, ow) in
+  // the same pass: one more item per channel group whose input is 1. Asked
+  // of plan_implicit_gemm; a plan keeps it only on the direct path.
+  bool bias_gradient = false;
   std::size_t workspace_bytes() const;
 };
 // `direct_path` false forces the tiled GEMM (the tests run both paths).
 ImplicitGemmPlan plan_implicit_gemm(ConvPass pass, const ConvShape& shape, int multiprocessors,
-                                    bool direct_path = true);
+                                    bool direct_path = true, bool bias_gradient = false);
 // How a plan runs, for the schedule's description.
 std::string describe_plan(const ImplicitGemmPlan& plan);
 
@@ -81,8 +85,14 @@ void launch_conv_forward(const ImplicitGemmPlan& plan, const T* x, const T* w, c
 template <typename T>
 void launch_conv_backward_data(const ImplicitGemmPlan& plan, const T* dy, const T* w, T* dx, float* workspace,
                                cudaStream_t stream);
+// Where a plan with bias_gradient writes db [o]: in T, or widened to f32
+// (the T-rounded sum, as a cast of the graph's T value would give).
+struct ConvBiasGradient {
+  void* sums = nullptr;
+  bool widened = false;
+};
 template <typename T>
 void launch_conv_backward_filter(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, float* workspace,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, ConvBiasGradient bias = {});
 
 }  // namespace sg::cuda

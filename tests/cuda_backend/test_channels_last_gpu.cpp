@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,7 +77,17 @@ void check_follows(const SequentialTraining& t, std::int64_t image_values) {
   CHECK(last.description.find("channels-last (backend.activation_layout: channels_last) activations") !=
         std::string::npos);
   CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
-  test::check_saved_states_close(nchw.state, last.state, 3e-2);
+  // Every entry after one step; after the last, the weights only: the
+  // momentum buffers are sums of gradients of random labels, where the two
+  // layouts' fp16 rounding (and the engines cuDNN's autotuning picks, which
+  // vary from run to run) grow apart step by step (4-6% after 8 steps at
+  // 32/64 channels, measured on an H200) while the weights move by lr x them.
+  const TrainingProgram program =
+      build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+  std::set<std::string> weights;
+  for (ValueId id : program.train.values_with_role(Role::param)) weights.insert(program.train.value(id).name);
+  test::check_saved_states_close(nchw.first_state, last.first_state, 3e-2);
+  test::check_saved_states_close(nchw.state, last.state, 3e-2, weights);
   CHECK(nchw.eval.examples == last.eval.examples);
   CHECK(std::abs(nchw.eval.loss - last.eval.loss) <= 2e-2 * std::abs(nchw.eval.loss));
 }

@@ -2,7 +2,8 @@
 // conv_direct.cu) against the CPU reference: forward (+bias, +relu), backward
 // data and backward filter on random shapes and the shipped CNNs' layers,
 // recorded through their lowering directly (it is not in cuda_lowerings()
-// alone). Outputs are poisoned first; NaN never passes relative_error.
+// alone). Outputs are poisoned first; NaN never passes relative_error. A
+// bias gradient folded into the direct weight gradient (conv_wgrad_bias) too.
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/cuda/cuda_program.hpp"
+#include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/tensor_blob.hpp"
 #include "tests/runtime/test_support.hpp"
 
@@ -30,6 +32,7 @@ const std::vector<DType> kDtypes = {DType::f32, DType::f16, DType::bf16};
 
 namespace sg::cuda {
 std::unique_ptr<CudaLowering> make_conv_implicit_gemm_lowering(std::int64_t max_channel_product);
+std::unique_ptr<CudaLowering> make_conv_wgrad_bias_lowering(std::int64_t max_channel_product);
 }  // namespace sg::cuda
 
 namespace {
@@ -97,6 +100,57 @@ ConvCase random_conv_case(std::mt19937_64& rng) {
   return c;
 }
 
+// f32: sums of up to 36864 products in another order (tiles, split K,
+// partials) than the reference's one-by-one float sum.
+double tolerance_of(DType dtype) { return dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 2e-3 : 1e-2; }
+
+// Records the schedule's launches through DirectBinding, runs them on random
+// inputs (outputs poisoned first: NaN until written) and compares `outputs`
+// with the CPU reference's; a second run gives the same bits (the partial
+// sums are added in a fixed order).
+void run_against_cpu(const Graph& g, const Schedule& s, const std::vector<ValueId>& inputs,
+                     const std::vector<ValueId>& outputs, double tolerance, std::mt19937_64& rng) {
+  DirectBinding binding(g, s);
+  CpuExecutor<float> cpu(g);
+  for (ValueId in : inputs) {
+    const Value& v = g.value(in);
+    std::vector<float> host(static_cast<std::size_t>(element_count(v.shape)));
+    sg::test::fill_uniform(host, rng, -1.0, 1.0);
+    const auto blob = blob_from_floats(v.name, v.shape, v.dtype, host);
+    binding.buffer(in).upload(blob.bytes.data(), blob.bytes.size());
+    host = floats_from_blob(blob);
+    cpu.tensor(in).real.assign(host.begin(), host.end());
+  }
+  for (ValueId out : outputs) binding.buffer(out).fill_bytes(0xff);
+  std::vector<std::unique_ptr<cuda::RecordedLaunch>> launches;
+  for (std::size_t i = 0; i < s.launches.size(); ++i)
+    launches.push_back(cuda::cuda_lowering_of(s.launches[i]).record(s.launches[i], i, binding));
+  binding.allocate_workspace();
+  for (const auto& l : launches) l->enqueue(binding.stream_handle());
+  SG_CUDA_CHECK(cudaStreamSynchronize(binding.stream_handle()));
+  cpu.run();
+  std::vector<std::string> first_bits;
+  for (ValueId out : outputs) {
+    const Value& v = g.value(out);
+    CAPTURE(v.name);
+    io::TensorBlob blob{v.name, v.dtype, v.shape,
+                        std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
+    binding.buffer(out).download(blob.bytes.data(), blob.bytes.size());
+    CHECK(sg::test::relative_error(floats_from_blob(blob), cpu.tensor(out).real) < tolerance);
+    first_bits.push_back(std::move(blob.bytes));
+  }
+  for (ValueId out : outputs) binding.buffer(out).fill_bytes(0xff);
+  for (const auto& l : launches) l->enqueue(binding.stream_handle());
+  SG_CUDA_CHECK(cudaStreamSynchronize(binding.stream_handle()));
+  std::size_t i = 0;
+  for (ValueId out : outputs) {
+    std::string bits(first_bits[i].size(), '\0');
+    binding.buffer(out).download(bits.data(), bits.size());
+    CHECK_MESSAGE(bits == first_bits[i], g.value(out).name, " differs on replay");
+    ++i;
+  }
+}
+
 // The three passes of one convolution (the forward with bias [+ relu]) by
 // the implicit-GEMM lowering and by the CPU reference.
 void check_implicit_gemm(const ConvCase& cc, DType dtype, bool relu, bool with_bias, std::mt19937_64& rng) {
@@ -119,49 +173,55 @@ void check_implicit_gemm(const ConvCase& cc, DType dtype, bool relu, bool with_b
   const auto lowering = cuda::make_conv_implicit_gemm_lowering(0);
   const Schedule s = build_schedule(g, {lowering.get()});
   REQUIRE(s.launches.size() == 3);
-  DirectBinding binding(g, s);
-  CpuExecutor<float> cpu(g);
-  for (ValueId in : {x, w, bias, dy}) {
-    const Value& v = g.value(in);
-    std::vector<float> host(static_cast<std::size_t>(element_count(v.shape)));
-    sg::test::fill_uniform(host, rng, -1.0, 1.0);
-    const auto blob = blob_from_floats(v.name, v.shape, v.dtype, host);
-    binding.buffer(in).upload(blob.bytes.data(), blob.bytes.size());
-    host = floats_from_blob(blob);
-    cpu.tensor(in).real.assign(host.begin(), host.end());
+  run_against_cpu(g, s, {x, w, bias, dy}, {y, dx, dw}, tolerance_of(dtype), rng);
+}
+
+// The reshape of dY (a graph input here, which the view lowering leaves to
+// its owner) as a launch that does nothing: the fold reads dY itself.
+class UnreadView final : public cuda::CudaLowering {
+ public:
+  std::string_view name() const override { return "unread_view"; }
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    if (cover.graph().node(unit.nodes.front()).op != OpKind::reshape) return std::nullopt;
+    Match m;
+    m.units = {unit.id};
+    return m;
   }
-  for (ValueId out : {y, dx, dw}) binding.buffer(out).fill_bytes(0xff);  // NaN until written
-  std::vector<std::unique_ptr<cuda::RecordedLaunch>> launches;
-  for (std::size_t i = 0; i < s.launches.size(); ++i)
-    launches.push_back(cuda::cuda_lowering_of(s.launches[i]).record(s.launches[i], i, binding));
-  binding.allocate_workspace();
-  for (const auto& l : launches) l->enqueue(binding.stream_handle());
-  SG_CUDA_CHECK(cudaStreamSynchronize(binding.stream_handle()));
-  cpu.run();
-  // f32: sums of up to 36864 products in another order (tiles, split K) than
-  // the reference's one-by-one float sum.
-  const double tolerance = dtype == DType::f32 ? 1e-4 : dtype == DType::f16 ? 2e-3 : 1e-2;
-  std::vector<std::string> first_bits;
-  for (ValueId out : {y, dx, dw}) {
-    const Value& v = g.value(out);
-    CAPTURE(v.name);
-    io::TensorBlob blob{v.name, v.dtype, v.shape,
-                        std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
-    binding.buffer(out).download(blob.bytes.data(), blob.bytes.size());
-    CHECK(sg::test::relative_error(floats_from_blob(blob), cpu.tensor(out).real) < tolerance);
-    first_bits.push_back(std::move(blob.bytes));
+  std::string describe(const Graph&, const Launch&) const override { return ""; }
+  std::unique_ptr<cuda::RecordedLaunch> record(const Launch&, std::size_t, const cuda::BindContext&) const override {
+    return std::make_unique<cuda::BoundLaunch>([](cudaStream_t) {}, "no kernel");
   }
-  // A replay gives the same bits (the partial sums are added in a fixed order).
-  for (ValueId out : {y, dx, dw}) binding.buffer(out).fill_bytes(0xff);
-  for (const auto& l : launches) l->enqueue(binding.stream_handle());
-  SG_CUDA_CHECK(cudaStreamSynchronize(binding.stream_handle()));
-  std::size_t i = 0;
-  for (ValueId out : {y, dx, dw}) {
-    std::string bits(first_bits[i].size(), '\0');
-    binding.buffer(out).download(bits.data(), bits.size());
-    CHECK_MESSAGE(bits == first_bits[i], g.value(out).name, " differs on replay");
-    ++i;
-  }
+};
+
+// A weight gradient with its bias's gradient (channel_sum of NCHW dY, or
+// reduce_rows of channels-last dY seen as [N*H*W, O] for one input channel)
+// [and the sums' cast to f32] as ONE conv_wgrad_bias launch.
+void check_wgrad_bias(const ConvCase& cc, DType dtype, bool channels_last, bool widened, std::mt19937_64& rng) {
+  CAPTURE(fmt::format("{} n{} c{} {}x{} o{} k{} stride {} padding {} channels-last {} widened {}", dtype_name(dtype),
+                      cc.n, cc.c, cc.h, cc.w, cc.o, cc.k, cc.stride, cc.padding, channels_last, widened));
+  Graph g;
+  const ValueId x = channels_last ? g.input("x", {cc.n, cc.h, cc.w, cc.c}, dtype)
+                                  : g.input("x", {cc.n, cc.c, cc.h, cc.w}, dtype);
+  const ValueId dy = channels_last ? g.input("dy", {cc.n, cc.oh(), cc.ow(), cc.o}, dtype)
+                                   : g.input("dy", {cc.n, cc.o, cc.oh(), cc.ow()}, dtype);
+  const ValueId dw = g.append_node(OpKind::conv2d_backward_filter, {dy, x},
+                                   Conv2dAttrs{cc.stride, cc.padding, cc.k, cc.k, channels_last})
+                         .front();
+  ValueId db = channels_last ? g.append_node(OpKind::reduce_rows, {g.reshape(dy, {cc.n * cc.oh() * cc.ow(), cc.o})},
+                                             NoAttrs{})
+                                   .front()
+                             : g.append_node(OpKind::channel_sum, {dy}, NoAttrs{}).front();
+  if (widened) db = g.append_node(OpKind::cast, {db}, CastAttrs{DType::f32}).front();
+  for (ValueId v : {dw, db}) g.mark_output(v);
+  const auto fold = cuda::make_conv_wgrad_bias_lowering(0);
+  const auto conv = cuda::make_conv_implicit_gemm_lowering(0);
+  const UnreadView view;
+  const Schedule s = build_schedule(g, {fold.get(), conv.get(), &view});
+  const auto is_fold = [](const Launch& l) { return l.lowering->name() == "conv_wgrad_bias"; };
+  REQUIRE(std::count_if(s.launches.begin(), s.launches.end(), is_fold) == 1);
+  const Launch& l = *std::find_if(s.launches.begin(), s.launches.end(), is_fold);
+  CHECK(l.nodes.size() == (widened ? 3u : 2u));
+  run_against_cpu(g, s, {x, dy}, {dw, db}, tolerance_of(dtype), rng);
 }
 
 }  // namespace
@@ -186,4 +246,29 @@ TEST_CASE("implicit-GEMM conv forward (+bias, +relu), backward data and backward
                              ConvCase{128, 32, 14, 14, 64, 5, 1, 2}, ConvCase{2, 40, 30, 30, 6, 3, 1, 1},
                              ConvCase{3, 30, 33, 31, 5, 4, 1, 0}, ConvCase{2, 99, 15, 15, 12, 5, 1, 2}})
     check_implicit_gemm(cc, DType::f16, true, true, rng);
+}
+
+TEST_CASE("a conv bias's gradient rides in the direct weight gradient's pass (conv_wgrad_bias) and matches the CPU") {
+  auto rng = sg::test::fresh_rng();
+  CAPTURE(sg::test::last_seed());
+  // Random NCHW shapes (those whose direct plan fits), and one input channel channels-last.
+  int folded = 0;
+  for (int trial = 0; folded < 12 && trial < 100; ++trial) {
+    const ConvCase cc = random_conv_case(rng);
+    if (cc.n * cc.c * cc.h * cc.w > 20000) continue;
+    for (const bool channels_last : {false, true}) {
+      ConvCase one = cc;
+      if (channels_last) one.c = 1;
+      // Widened to f32: the f16 / bf16 sums only (an f32 sum has no cast).
+      const DType dtype = kDtypes[std::size_t(trial) % kDtypes.size()];
+      check_wgrad_bias(one, dtype, channels_last, trial % 2 == 1 && dtype != DType::f32, rng);
+    }
+    ++folded;
+  }
+  // mnist_cnn_fast's first layer at batch 128 (both layouts; f16, widened and not) and the report CNN's two.
+  for (const bool channels_last : {false, true})
+    for (const bool widened : {false, true})
+      check_wgrad_bias(ConvCase{128, 1, 28, 28, 32, 5, 1, 2}, DType::f16, channels_last, widened, rng);
+  check_wgrad_bias(ConvCase{64, 1, 28, 28, 10, 5, 1, 0}, DType::f16, false, true, rng);
+  check_wgrad_bias(ConvCase{64, 10, 12, 12, 20, 5, 1, 0}, DType::bf16, false, false, rng);
 }

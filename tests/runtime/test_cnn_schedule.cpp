@@ -59,9 +59,9 @@ struct CnnLowered {
   Schedule schedule;
 };
 
-std::unique_ptr<CnnLowered> lower_cnn(const Graph& g) {
+std::unique_ptr<CnnLowered> lower_cnn(const Graph& g, const BackendOptions& o = {}) {
   auto l = std::make_unique<CnnLowered>();
-  l->lowerings = cuda::cuda_lowerings(BackendOptions{}, /*device_present=*/false);
+  l->lowerings = cuda::cuda_lowerings(o, /*device_present=*/false);
   auto all = cuda::as_lowerings(l->lowerings);
   all.push_back(&l->rest);
   l->schedule = build_schedule(g, all);
@@ -73,6 +73,15 @@ std::vector<NodeId> nodes_of(const Graph& g, OpKind op) {
   for (const Node& n : g.nodes())
     if (n.op == op) out.push_back(n.id);
   return out;
+}
+
+// backend.conv_kernels: cudnn: no convolution is ours, so no bias gradient
+// rides in one of our weight gradients (conv_wgrad_bias) and the kernels
+// made for the bias sums take them.
+BackendOptions cudnn_convs() {
+  BackendOptions o;
+  o.conv_kernels = ConvKernels::cudnn;
+  return o;
 }
 
 // The launch running `node`.
@@ -103,7 +112,7 @@ TEST_CASE("the CNN's pooling chains, channel sums and conv weight updates take i
   for (const DType compute : {DType::f16, DType::bf16, DType::f32}) {
     CAPTURE(dtype_name(compute));
     const Graph g = build_sequential_training_stages(mnist_cnn(compute), {0.01, 0.5, 0.0}).fused;
-    const auto lowered = lower_cnn(g);
+    const auto lowered = lower_cnn(g, cudnn_convs());
     const Schedule& s = lowered->schedule;
     const auto pools = nodes_of(g, OpKind::max_pool2d);
     const auto relus = nodes_of(g, OpKind::relu);
@@ -212,7 +221,7 @@ TEST_CASE("conv-shaped Adam updates run in update_multi_tensor with every gradie
   adam.kind = OptimizerKind::adam;
   adam.lr = 1e-3;
   const Graph g = build_sequential_training_stages(mnist_cnn(), adam).fused;
-  const auto lowered = lower_cnn(g);
+  const auto lowered = lower_cnn(g, cudnn_convs());
   for (const char* conv_weight : {"w1", "w2"}) {
     CAPTURE(conv_weight);
     const ValueId w = g.value_named(conv_weight);
@@ -312,8 +321,40 @@ TEST_CASE("the CNN's reshape/flatten are views sharing their input's buffer, its
     int cast_launches = 0;
     for (const Launch& l : s.launches) cast_launches += name_of(l) == "cast_params";
     CHECK(cast_launches == (compute == DType::f32 ? 0 : 1));  // fp32 compute reads the fp32 weights directly
-    // backend.conv_kernels auto: the report CNN's few channels (1 x 10, 10 x 20) are our kernels'.
-    for (const OpKind op : {OpKind::conv2d, OpKind::conv2d_backward_data, OpKind::conv2d_backward_filter})
+    // backend.conv_kernels auto: the report CNN's few channels (1 x 10, 10 x 20) are our kernels'
+    // (the weight gradients with their bias's: the next test case).
+    for (const OpKind op : {OpKind::conv2d, OpKind::conv2d_backward_data})
       for (NodeId n : nodes_of(g, op)) CHECK(name_of(launch_of(s, n)) == "conv_implicit_gemm");
+    for (NodeId n : nodes_of(g, OpKind::conv2d_backward_filter))
+      CHECK(name_of(launch_of(s, n)) == "conv_wgrad_bias");
+  }
+}
+
+TEST_CASE("where our kernel runs a conv weight gradient, the bias's channel sum rides in its pass") {
+  for (const DType compute : {DType::f16, DType::f32}) {
+    CAPTURE(dtype_name(compute));
+    const Graph g = build_sequential_training_stages(mnist_cnn(compute), {0.01, 0.5, 0.0}).fused;
+    const auto lowered = lower_cnn(g);  // backend.conv_kernels auto: ours for the report CNN's few channels
+    const Schedule& s = lowered->schedule;
+    const auto sums = nodes_of(g, OpKind::channel_sum);
+    REQUIRE(sums.size() == 2);
+    for (NodeId sum : sums) {
+      const Launch& l = launch_of(s, sum);
+      CHECK(name_of(l) == "conv_wgrad_bias");
+      CHECK(ops_of(g, l) == sorted({OpKind::channel_sum, OpKind::conv2d_backward_filter}));
+      CHECK(l.writes.size() == 2);  // dW and db
+      CHECK(l.lowering->describe(g, l) == "wgrad+bias,stride=1,padding=0");
+    }
+    // The biases' SGD steps (with the f16 sums' casts to the fp32 master
+    // biases) join the weights' in the one multi-tensor launch.
+    for (const Launch& l : s.launches) CHECK(name_of(l) != "channel_sum_sgd");
+    int update_launches = 0;
+    for (const Launch& l : s.launches) {
+      if (name_of(l) != "sgd_multi_tensor") continue;
+      ++update_launches;
+      CHECK(l.lowering->describe(g, l) == "4 tensors");
+      for (const char* name : {"w1", "b1", "w2", "b2"}) CHECK_MESSAGE(updates(l, g.value_named(name)), name);
+    }
+    CHECK(update_launches == 1);
   }
 }

@@ -20,12 +20,6 @@ ConvPass pass_of(OpKind op) {
   return op == OpKind::conv2d_backward_data ? ConvPass::backward_data : ConvPass::backward_filter;
 }
 
-// The kernels' shape of a convolution node.
-ConvShape shape_of(const sg::Graph& g, const Node& n) {
-  const ConvSizes z = conv_sizes(g, n);
-  return {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding, z.channels_last};
-}
-
 bool is_filter_gradient(const Cover& cover, const CoverUnit& unit) {
   return cover.graph().node(unit.nodes.front()).op == OpKind::conv2d_backward_filter;
 }
@@ -54,7 +48,7 @@ class ConvImplicitGemmLowering final : public CudaLowering {
     const auto& nodes = detail_of<ConvNodes>(l);
     const Node& n = g.node(nodes.conv);
     const ImplicitGemmPlan plan =
-        plan_implicit_gemm(pass_of(n.op), shape_of(g, n), current_device_attribute(cudaDevAttrMultiProcessorCount));
+        plan_implicit_gemm(pass_of(n.op), implicit_gemm_shape(conv_sizes(g, n)), current_device_attribute(cudaDevAttrMultiProcessorCount));
     // The shared workspace's address is final once every launch is recorded: read it when enqueuing.
     static void* const kNoWorkspace = nullptr;
     void* const* workspace = plan.workspace_bytes() > 0 ? c.workspace(plan.workspace_bytes()) : &kNoWorkspace;

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/cuda/conv_implicit_gemm.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -54,6 +55,11 @@ inline ConvSizes conv_sizes(const sg::Graph& g, const Node& n) {
       return {x[0], x[1], x[2], x[3], dy[1], a.grad_h, a.grad_w, a.stride, a.padding, cl};
     }
   }
+}
+
+// Our kernels' shape (ops/cuda/conv_implicit_gemm.hpp) of those sizes.
+inline ConvShape implicit_gemm_shape(const ConvSizes& z) {
+  return {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding, z.channels_last};
 }
 
 // The lone relu reading the forward's output, when it is that output's only

@@ -2,7 +2,9 @@
 // ahead of cuDNN where it measured faster: few channels
 // (measured::kOurConvMaxChannelProduct). With backend.conv_kernels:
 // implicit_gemm the core runs ours first for every convolution anyway, and
-// where cuDNN is missing or refuses, ours is the core's fallback.
+// where cuDNN is missing or refuses, ours is the core's fallback. Where ours
+// runs a weight gradient, the bias gradient of the same dY rides in its pass
+// (conv_wgrad_bias.cpp).
 #include <fmt/format.h>
 
 #include "runtime/cuda/fast_paths/fast_path.hpp"
@@ -11,13 +13,16 @@
 namespace sg::cuda {
 
 std::unique_ptr<CudaLowering> make_conv_implicit_gemm_lowering(std::int64_t max_channel_product);
+std::unique_ptr<CudaLowering> make_conv_wgrad_bias_lowering(std::int64_t max_channel_product);
 
 namespace {
 
 std::vector<SlottedLowering> our_conv_lowerings(const BackendOptions& o) {
   std::vector<SlottedLowering> l;
-  if (o.conv_kernels == ConvKernels::automatic)
-    l.push_back({FastPathSlot::convolution, make_conv_implicit_gemm_lowering(measured::kOurConvMaxChannelProduct)});
+  if (o.conv_kernels != ConvKernels::automatic) return l;
+  // Before column_sum and channel_sum would take the bias gradient alone.
+  l.push_back({FastPathSlot::backward_patterns, make_conv_wgrad_bias_lowering(measured::kOurConvMaxChannelProduct)});
+  l.push_back({FastPathSlot::convolution, make_conv_implicit_gemm_lowering(measured::kOurConvMaxChannelProduct)});
   return l;
 }
 
@@ -48,6 +53,7 @@ std::string our_conv_why_not(const sg::Graph& g, const BackendOptions& o, bool /
 // Its lowering and the core's fallback share a name: a conv_implicit_gemm
 // launch is this record's where the record would take a convolution at all.
 bool our_conv_took(const sg::Graph& g, const Launch& launch, const BackendOptions& o) {
+  if (launch.lowering->name() == "conv_wgrad_bias") return true;
   return launch.lowering->name() == "conv_implicit_gemm" && our_conv_why_not(g, o, false).empty();
 }
 
@@ -55,7 +61,8 @@ bool our_conv_took(const sg::Graph& g, const Launch& launch, const BackendOption
 
 FastPath our_conv_fast_path() {
   return {"our_conv",
-          "our implicit-GEMM convolutions ahead of cuDNN where they measured faster (few channels)",
+          "our implicit-GEMM convolutions ahead of cuDNN where they measured faster (few channels), a bias "
+          "gradient in its weight gradient's pass",
           {},
           our_conv_lowerings,
           our_conv_why_not,
