@@ -300,7 +300,8 @@ void launch_conv_forward(const ImplicitGemmPlan& plan, const T* x, const T* w, c
 template <typename T>
 void launch_conv_backward_data(const ImplicitGemmPlan& plan, const T* dy, const T* w, T* dx, float* workspace,
                                cudaStream_t stream) {
-  if (plan.direct) return conv_direct::launch_conv<true>(plan, dy, w, static_cast<const T*>(nullptr), false, dx, stream);
+  if (plan.direct)
+    return conv_direct::launch_conv<true>(plan, dy, w, static_cast<const T*>(nullptr), false, dx, stream);
   run_gemm(plan, BackwardDataPass<T>{dims_of(plan.shape), dy, w, dx}, workspace, stream);
 }
 

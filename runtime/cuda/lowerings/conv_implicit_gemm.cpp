@@ -47,8 +47,8 @@ class ConvImplicitGemmLowering final : public CudaLowering {
     const sg::Graph& g = c.graph();
     const auto& nodes = detail_of<ConvNodes>(l);
     const Node& n = g.node(nodes.conv);
-    const ImplicitGemmPlan plan =
-        plan_implicit_gemm(pass_of(n.op), implicit_gemm_shape(conv_sizes(g, n)), current_device_attribute(cudaDevAttrMultiProcessorCount));
+    const ImplicitGemmPlan plan = plan_implicit_gemm(pass_of(n.op), implicit_gemm_shape(conv_sizes(g, n)),
+                                                     current_device_attribute(cudaDevAttrMultiProcessorCount));
     // The shared workspace's address is final once every launch is recorded: read it when enqueuing.
     static void* const kNoWorkspace = nullptr;
     void* const* workspace = plan.workspace_bytes() > 0 ? c.workspace(plan.workspace_bytes()) : &kNoWorkspace;
