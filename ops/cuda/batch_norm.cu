@@ -140,20 +140,23 @@ __device__ __forceinline__ float channel_shift(const T* x, const BatchNormShape&
   return to_float(x[c * s.plane]);
 }
 
+// Adds a pack's deviations from `shift` into sums[0] and their squares into sums[1].
+template <typename T, int N>
+__device__ __forceinline__ void add_deviations(const Pack<T, N>& p, float shift, float (&sums)[2]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const float d = to_float(p.v[i]) - shift;
+    sums[0] += d;
+    sums[1] += d * d;
+  }
+}
+
 template <typename T, int N>
 __device__ Moments channel_moments(const T* x, const BatchNormShape& s, std::int64_t c, int rank,
                                    ChannelScratch& scratch) {
   const float shift = channel_shift(x, s, c);
   float sums[2] = {0.f, 0.f};
-  for_each_pack<N>(s, c, rank, [&](std::int64_t k) {
-    const Pack<T, N> p = load<T, N>(x, k);
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const float d = to_float(p.v[i]) - shift;
-      sums[0] += d;
-      sums[1] += d * d;
-    }
-  });
+  for_each_pack<N>(s, c, rank, [&](std::int64_t k) { add_deviations(load<T, N>(x, k), shift, sums); });
   cluster_sums(sums, scratch);
   return moments_from(shift, sums[0], sums[1], float(s.n * s.plane), s.eps);
 }
@@ -198,14 +201,7 @@ __global__ void __launch_bounds__(kChannelThreads)
     const float shift = channel_shift(x, s, c);
     for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t k) { held[r] = load<T, N>(x, k); });
     float sums[2] = {0.f, 0.f};
-    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const float d = to_float(held[r].v[i]) - shift;
-        sums[0] += d;
-        sums[1] += d * d;
-      }
-    });
+    for_each_resident<N, R>(s, c, rank, [&](int r, std::int64_t) { add_deviations(held[r], shift, sums); });
     cluster_sums(sums, scratch);
     m = moments_from(shift, sums[0], sums[1], float(s.n * s.plane), s.eps);
   } else {

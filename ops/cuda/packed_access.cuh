@@ -4,8 +4,8 @@
 // writes a row in a few wide transactions instead of one per element. The
 // caller guarantees the alignment: p aligned to Bytes and N * sizeof(T) a
 // multiple of Bytes (Bytes == sizeof(T): element by element). The words go
-// through memcpy into T's registers, as quad_access.cuh does: no aliasing of
-// T through an integer type. Used by channel_sum.cu and pooling.cu.
+// through memcpy into T's registers: no aliasing of T through an integer
+// type. Used by channel_sum.cu, pooling.cu and quad_access.cuh.
 #include <cstdint>
 #include <cstring>
 

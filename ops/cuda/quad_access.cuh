@@ -1,9 +1,10 @@
 #pragma once
 // Four consecutive elements moved as one vector access: 8 bytes for a 2-byte
-// type (half, bfloat16), 16 for float. The caller guarantees the alignment.
-// Shared by the update-rule kernels (update_rules/multi_tensor_update.cu,
-// fast_paths/fused_update/wgrad_update.cu), which read and write W, m and v four at a time.
-#include <cstring>
+// type (half, bfloat16), 16 for float (packed_access.cuh's accesses, whose
+// alignment the caller guarantees). Shared by the update-rule kernels
+// (update_rules/multi_tensor_update.cu, fast_paths/fused_update/wgrad_update.cu),
+// which read and write W, m and v four at a time.
+#include "ops/cuda/packed_access.cuh"
 
 namespace sg::cuda {
 
@@ -15,27 +16,13 @@ struct Quad {
 template <typename T>
 __device__ __forceinline__ Quad<T> load_quad(const T* p) {
   Quad<T> q;
-  if constexpr (sizeof(T) == 2) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    memcpy(&q, &raw, sizeof raw);
-  } else {
-    const float4 raw = *reinterpret_cast<const float4*>(p);
-    memcpy(&q, &raw, sizeof raw);
-  }
+  load_packed<4 * int(sizeof(T))>(p, q.v);
   return q;
 }
 
 template <typename T>
 __device__ __forceinline__ void store_quad(T* p, const Quad<T>& q) {
-  if constexpr (sizeof(T) == 2) {
-    uint2 raw;
-    memcpy(&raw, &q, sizeof raw);
-    *reinterpret_cast<uint2*>(p) = raw;
-  } else {
-    float4 raw;
-    memcpy(&raw, &q, sizeof raw);
-    *reinterpret_cast<float4*>(p) = raw;
-  }
+  store_packed<4 * int(sizeof(T))>(p, q.v);
 }
 
 }  // namespace sg::cuda
