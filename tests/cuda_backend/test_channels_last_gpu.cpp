@@ -79,9 +79,9 @@ void check_follows(const SequentialTraining& t, std::int64_t image_values) {
   CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
   // Every entry after one step; after the last, the weights only: the
   // momentum buffers are sums of gradients of random labels, where the two
-  // layouts' fp16 rounding (and the engines cuDNN's autotuning picks, which
-  // vary from run to run) grow apart step by step (4-6% after 8 steps at
-  // 32/64 channels, measured on an H200) while the weights move by lr x them.
+  // layouts' different fp16 roundings (cuDNN's engines, timed at start-up,
+  // differ between the layouts) grow apart step by step (4-6% after 8 steps
+  // at 32/64 channels, measured on an H200) while the weights move by lr x them.
   const TrainingProgram program =
       build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
   std::set<std::string> weights;
