@@ -3,7 +3,7 @@
 // (ops/cuda/channel_sum.hpp), with the f16/bf16 -> f32 cast after it folded
 // in when that cast is its only reader (fp32 master biases: the gradient
 // then goes straight to the optimizer in f32) and no update rule reads it
-// (update_multi_tensor takes such casts: read_by_update_rule).
+// (update_multi_tensor takes such casts: free_widening_cast).
 #include "ops/cuda/channel_sum.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -30,16 +30,10 @@ class ChannelSumLowering final : public CudaLowering {
     if (g.value(n.inputs[0]).shape[1] > 65535) return std::nullopt;  // a grid row per channel
     Match m = single_unit(unit);
     ChannelSumNodes nodes{n.id, -1};
-    const ValueId sum = n.outputs[0];
-    const auto readers = g.consumers(sum);
-    const bool output = is_graph_output(g, sum);
-    if (readers.size() == 1 && !output && is_half_width_float(x))
-      if (const CoverUnit* cast = free_lone_unit(cover, readers[0]);
-          cast && g.node(readers[0]).op == OpKind::cast && g.value(g.node(readers[0]).outputs[0]).dtype == DType::f32 &&
-          !read_by_update_rule(g, g.node(readers[0]).outputs[0])) {
-        nodes.cast = readers[0];
-        m.units.push_back(cast->id);
-      }
+    if (const CoverUnit* cast = free_widening_cast(cover, n.outputs[0])) {
+      nodes.cast = cast->nodes.front();
+      m.units.push_back(cast->id);
+    }
     m.detail = nodes;
     return m;
   }

@@ -45,11 +45,7 @@ class ColumnSumLowering final : public CudaLowering {
     if (nodes.sgd >= 0) {
       const DType bias = g.value(g.node(nodes.sgd).inputs[0]).dtype;
       if (!(bias == dy.dtype || (bias == DType::f32 && is_half_width_float(dy.dtype)))) return std::nullopt;
-    } else if (const CoverUnit* cast = free_sole_reader(cover, reduce.outputs[0], OpKind::cast);
-               cast && is_half_width_float(dy.dtype) &&
-               g.value(g.node(cast->nodes.front()).outputs[0]).dtype == DType::f32 &&
-               !is_graph_output(g, reduce.outputs[0]) &&
-               !read_by_update_rule(g, g.node(cast->nodes.front()).outputs[0])) {
+    } else if (const CoverUnit* cast = free_widening_cast(cover, reduce.outputs[0])) {
       nodes.cast = cast->nodes.front();
       m.units.push_back(cast->id);
     }

@@ -12,6 +12,7 @@
 #include "graph/graph.hpp"
 #include "graph/op.hpp"
 #include "ops/cuda/update_rules/update_rule.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
 
 namespace sg::cuda {
 
@@ -51,6 +52,18 @@ inline bool is_update_rule_op(OpKind op) { return op == OpKind::adam_update || o
 inline bool read_by_update_rule(const sg::Graph& g, ValueId v) {
   const auto readers = g.consumers(v);
   return readers.size() == 1 && is_update_rule_op(g.node(readers[0]).op);
+}
+
+// The free lone cast that alone reads `sum` (no graph output), widening its
+// f16/bf16 to f32 for an fp32 master, where no update rule reads the widened
+// value: the cast a sum's kernel (channel_sum, column_sum, conv_wgrad_bias)
+// folds in by writing the rounded sum as f32. Else null.
+inline const CoverUnit* free_widening_cast(const Cover& cover, ValueId sum) {
+  const sg::Graph& g = cover.graph();
+  const CoverUnit* cast = free_sole_reader(cover, sum, OpKind::cast);
+  if (!cast || !is_half_width_float(g.value(sum).dtype)) return nullptr;
+  const ValueId wide = g.node(cast->nodes.front()).outputs[0];
+  return g.value(wide).dtype == DType::f32 && !read_by_update_rule(g, wide) ? cast : nullptr;
 }
 
 inline AdamHyper hyper_of(const AdamUpdateAttrs& a) {

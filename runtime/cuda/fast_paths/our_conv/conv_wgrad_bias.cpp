@@ -37,10 +37,10 @@ ValueId bias_gradient_input(const sg::Graph& g, const Node& sum) {
   return g.value(dy).shape.size() == 4 ? dy : -1;
 }
 
-// Whether an update node (SGD's or an update rule's) alone reads v.
-bool read_by_update(const sg::Graph& g, ValueId v) {
+// Whether an SGD update alone reads v (sgd_multi_tensor takes its cast with the weights').
+bool read_by_sgd_update(const sg::Graph& g, ValueId v) {
   const auto& readers = g.consumers(v);
-  return read_by_update_rule(g, v) || (readers.size() == 1 && g.node(readers[0]).op == OpKind::sgd_update);
+  return readers.size() == 1 && g.node(readers[0]).op == OpKind::sgd_update;
 }
 
 // The conv2d_backward_filter reading dY as its gradient, or -1.
@@ -84,9 +84,8 @@ class ConvWgradBiasLowering final : public CudaLowering {
     // the weight gradient, where this launch runs).
     if (sum.inputs[0] != dy) m.unread.push_back(sum.inputs[0]);
     WgradBiasNodes nodes{wgrad, sum.id, -1};
-    if (const CoverUnit* cast = free_sole_reader(cover, sum.outputs[0], OpKind::cast);
-        cast && is_half_width_float(t) && g.value(g.node(cast->nodes.front()).outputs[0]).dtype == DType::f32 &&
-        !is_graph_output(g, sum.outputs[0]) && !read_by_update(g, g.node(cast->nodes.front()).outputs[0])) {
+    if (const CoverUnit* cast = free_widening_cast(cover, sum.outputs[0]);
+        cast && !read_by_sgd_update(g, g.node(cast->nodes.front()).outputs[0])) {
       nodes.cast = cast->nodes.front();
       m.units.push_back(cast->id);
     }
