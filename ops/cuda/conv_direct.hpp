@@ -30,5 +30,13 @@ void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, 
                   float* workspace, cudaStream_t stream);
 // How many partials of dW the weight gradient's blocks leave (its workspace).
 std::int64_t wgrad_parts(const ImplicitGemmPlan& plan);
+// The weight gradient's tensor-core kernel (conv_direct_wgrad_mma.cu), for
+// f16 / bf16: fills plan.mma when the shape fits it; the partials it leaves
+// (0 without plan.mma); its launch, which writes those partials only
+// (launch_wgrad adds them).
+bool plan_wgrad_mma(ImplicitGemmPlan& plan, int multiprocessors);
+std::int64_t mma_wgrad_parts(const ImplicitGemmPlan& plan);
+template <typename T>
+void launch_wgrad_mma(const ImplicitGemmPlan& plan, const T* dy, const T* x, float* partials, cudaStream_t stream);
 
 }  // namespace sg::cuda::conv_direct

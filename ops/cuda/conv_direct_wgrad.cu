@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/conv_direct.hpp"
 #include "ops/cuda/conv_direct_common.cuh"
@@ -158,6 +159,7 @@ __global__ void direct_wgrad_finish(const float* partials, int parts, int elemen
   const int lane = threadIdx.x % 32;
   for (int e = (blockIdx.x * blockDim.x + threadIdx.x) / 32; e < elements; e += gridDim.x * blockDim.x / 32) {
     float v = 0.f;
+#pragma unroll 4
     for (int q = lane; q < parts; q += 32) v += partials[q * elements + e];
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -216,6 +218,7 @@ bool plan_wgrad(ImplicitGemmPlan& plan, int multiprocessors) {
   if (shared > kDirectMaxShared || !fits_int(image_groups * plan.row_splits * d.co * per_group)) return false;
   plan.shared_bytes = static_cast<int>(shared);
   plan.direct = true;
+  plan_wgrad_mma(plan, multiprocessors);
   return true;
 }
 
@@ -262,10 +265,19 @@ void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, 
                      sdy_stride(plan.staged_channels),
                      split_rows(d.oh, plan.slices, plan.row_splits, 0) * d.ow,
                      s.dy_channels_last};
-  if (plan.group == 8) run_direct_wgrad_g<8>(plan, wd, dy, x, workspace, stream);
-  else if (plan.group == 4) run_direct_wgrad_g<4>(plan, wd, dy, x, workspace, stream);
-  else run_direct_wgrad_g<2>(plan, wd, dy, x, workspace, stream);
-  const int elements = static_cast<int>(s.o * per_group), parts = static_cast<int>(wgrad_parts(plan));
+  // f16 / bf16 on tensor cores where the plan has that kernel.
+  bool tensor_cores = false;
+  if constexpr (!std::is_same_v<T, float>) {
+    tensor_cores = plan.mma.usable;
+    if (tensor_cores) launch_wgrad_mma(plan, dy, x, workspace, stream);
+  }
+  if (!tensor_cores) {
+    if (plan.group == 8) run_direct_wgrad_g<8>(plan, wd, dy, x, workspace, stream);
+    else if (plan.group == 4) run_direct_wgrad_g<4>(plan, wd, dy, x, workspace, stream);
+    else run_direct_wgrad_g<2>(plan, wd, dy, x, workspace, stream);
+  }
+  const int elements = static_cast<int>(s.o * per_group);
+  const int parts = static_cast<int>(tensor_cores ? mma_wgrad_parts(plan) : wgrad_parts(plan));
   const unsigned blocks = blocks_for(std::int64_t(elements) * 32);
   if (bias.widened)
     direct_wgrad_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,

@@ -239,8 +239,9 @@ void run_gemm(const ImplicitGemmPlan& plan, const Pass& pass, float* workspace, 
 std::size_t ImplicitGemmPlan::workspace_bytes() const {
   if (direct)
     return pass == ConvPass::backward_filter
-               ? static_cast<std::size_t>(conv_direct::wgrad_parts(*this) * shape.o *
-                                          (shape.c * shape.kh * shape.kw + (bias_gradient ? 1 : 0))) *
+               ? static_cast<std::size_t>(
+                     std::max(conv_direct::wgrad_parts(*this), conv_direct::mma_wgrad_parts(*this)) * shape.o *
+                     (shape.c * shape.kh * shape.kw + (bias_gradient ? 1 : 0))) *
                      sizeof(float)
                : 0;
   if (splits == 1) return 0;
@@ -286,7 +287,12 @@ std::string describe_plan(const ImplicitGemmPlan& p) {
     what += ", input channels in chunks of " + std::to_string(p.ci_chunk);
   if (p.pass == ConvPass::backward_filter)
     what += ", " + std::to_string(conv_direct::wgrad_parts(p)) + " ordered partials" +
-            (p.bias_gradient ? ", with the bias gradient" : "");
+            (p.bias_gradient ? ", with the bias gradient" : "") +
+            (p.mma.usable ? "; f16/bf16 on tensor cores: " + std::to_string(conv_direct::mma_wgrad_parts(p)) +
+                                " ordered partials, blocks of " + std::to_string(p.mma.range_pixels) + " pixels x " +
+                                std::to_string(p.mma.image_group) + " images x " +
+                                std::to_string(p.mma.column_blocks) + " column blocks"
+                          : "");
   return what;
 }
 

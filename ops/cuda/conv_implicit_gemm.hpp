@@ -20,6 +20,8 @@
 // adds its images' products into an f32 partial of dW in registers (its
 // threads' row slices added in a fixed order through shared memory), and a
 // second kernel adds the blocks' partials in a fixed order: deterministic.
+// In f16 / bf16 the direct weight gradient runs on tensor cores where its
+// (channel, tap) tiles fit (conv_direct_wgrad_mma.cu; same partials).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -70,6 +72,16 @@ struct ImplicitGemmPlan {
   // the same pass: one more item per channel group whose input is 1. Asked
   // of plan_implicit_gemm; a plan keeps it only on the direct path.
   bool bias_gradient = false;
+  // wgrad in f16 / bf16: the direct plan's tensor-core kernel, where the
+  // shape fits it (conv_direct_wgrad_mma.cu): block (image group, range of
+  // `range_pixels` output pixels, `groups_per_block` tile groups of dW),
+  // staging `images_at_once` images a round; f32 runs the SIMT kernel above.
+  struct TensorCoreWgrad {
+    bool usable = false;
+    int range_pixels = 16, ranges = 1, image_group = 1, images_at_once = 1;
+    int tiles_m = 2, tiles_n = 4;  // a warp's mma tiles: 16 channels x 8 (tap) columns each
+    int groups_per_block = 1, column_blocks = 1, shared_bytes = 0;
+  } mma;
   std::size_t workspace_bytes() const;
 };
 // `direct_path` false forces the tiled GEMM (the tests run both paths).

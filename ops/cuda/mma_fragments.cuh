@@ -24,6 +24,16 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const std::uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with bf16 inputs (the same fragment layouts).
+__device__ __forceinline__ void mma_16x8x16_bf16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                                 std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Four 8 x 8 fp16 matrices from shared memory: lanes 8i..8i+7 give the row
 // addresses (16 contiguous bytes each) of matrix i, which lands in m[i] spread
 // as above; .trans spreads each matrix transposed.

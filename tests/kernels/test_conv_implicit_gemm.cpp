@@ -15,6 +15,7 @@
 #include <random>
 #include <string>
 
+#include "ops/cuda/conv_implicit_gemm.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/cuda/cuda_program.hpp"
@@ -271,4 +272,32 @@ TEST_CASE("a conv bias's gradient rides in the direct weight gradient's pass (co
       check_wgrad_bias(ConvCase{128, 1, 28, 28, 32, 5, 1, 2}, DType::f16, channels_last, widened, rng);
   check_wgrad_bias(ConvCase{64, 1, 28, 28, 10, 5, 1, 0}, DType::f16, false, true, rng);
   check_wgrad_bias(ConvCase{64, 10, 12, 12, 20, 5, 1, 0}, DType::bf16, false, false, rng);
+  // Channels-last dY read 16 bytes at a time with a channel tile half empty
+  // (24 of 32), stride 2, in bf16; and an image split over pixel ranges.
+  check_wgrad_bias(ConvCase{5, 1, 17, 13, 24, 3, 2, 1}, DType::bf16, true, true, rng);
+  check_wgrad_bias(ConvCase{2, 1, 40, 36, 16, 5, 1, 2}, DType::f16, true, false, rng);
+}
+
+TEST_CASE("the direct weight gradient of few-channel layers runs on tensor cores in f16 and bf16") {
+  // The plans of the shipped CNNs' first layers (132 multiprocessors, as an
+  // H100 / H200): the tensor-core kernel, its blocks covering every pixel.
+  for (const cuda::ConvShape& shape : {cuda::ConvShape{128, 1, 28, 28, 32, 5, 5, 1, 2, true},
+                                       cuda::ConvShape{128, 1, 28, 28, 32, 5, 5, 1, 2, false},
+                                       cuda::ConvShape{64, 1, 28, 28, 10, 5, 5, 1, 0, false},
+                                       cuda::ConvShape{256, 3, 32, 32, 16, 3, 3, 1, 1, false}}) {
+    CAPTURE(fmt::format("n{} c{} {}x{} o{} k{}", shape.n, shape.c, shape.h, shape.w, shape.o, shape.kh));
+    const cuda::ImplicitGemmPlan plan =
+        cuda::plan_implicit_gemm(cuda::ConvPass::backward_filter, shape, 132, true, true);
+    REQUIRE(plan.direct);
+    CHECK(plan.mma.usable);
+    CHECK(plan.mma.ranges * plan.mma.range_pixels >= shape.oh() * shape.ow());
+    CHECK((plan.mma.ranges - 1) * plan.mma.range_pixels < shape.oh() * shape.ow());
+    CHECK(cuda::describe_plan(plan).find("tensor cores") != std::string::npos);
+  }
+  // Too many (channel, column) tiles (64 x 1600: 102 tile groups, more
+  // than 8 blocks of 8 warps): the SIMT kernel alone.
+  const cuda::ImplicitGemmPlan wide =
+      cuda::plan_implicit_gemm(cuda::ConvPass::backward_filter, {8, 64, 8, 8, 64, 5, 5, 1, 2, false}, 132);
+  REQUIRE(wide.direct);
+  CHECK_FALSE(wide.mma.usable);
 }
