@@ -15,6 +15,7 @@
 
 #include "apps/backend_choice.hpp"
 #include "apps/backend_flags.hpp"
+#include "apps/bench_torch.hpp"
 #include "apps/config/train_config.hpp"
 #include "apps/load_dataset.hpp"
 #include "apps/report/sm_clock.hpp"
@@ -329,6 +330,7 @@ int run_bench(const BenchRequest& r) {
     config = load_config(r.config, {"data.dir=" + r.data_dir});
     check_cuda_can_run(*config);
   }
+  if (r.torch) check_torch_twin(r);
   const auto widths = config ? std::vector<std::int64_t>{0} : parse_list(r.widths, "widths");
   const auto batches = parse_list(!r.batches.empty() ? r.batches
                                    : config       ? std::to_string(config->data.batch_size)
@@ -396,7 +398,10 @@ int run_bench(const BenchRequest& r) {
         profiles[fmt::format("H{}_B{}", w, b)] = rows;
       }
     }
-  const auto torch = read_torch(r.torch_json);
+  std::string torch_json = r.torch_json;
+  if (r.torch)
+    for (auto b : batches) torch_json += "," + run_torch_twin(r, *config, data.train.images.dtype, b);
+  const auto torch = read_torch(torch_json);
   records.insert(records.end(), torch.begin(), torch.end());
 
   Table table;

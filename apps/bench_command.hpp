@@ -30,6 +30,15 @@ struct BenchRequest {
   std::string data_dir = "data/mnist";
   std::string out_dir = "runs/bench";
   std::string torch_json;  // output of bench/torch_bench.py to merge
+  // --torch (with --config): PyTorch's twin of the config's network in the
+  // same run (apps/bench_torch.hpp): which settings, how many timed steps
+  // (the repeats are --repeats), which interpreter and script.
+  bool torch = false;
+  std::string torch_modes = "eager,cuda_graph,compile_in_graph";
+  long long torch_steps = 300;
+  long long torch_warmup = 50;
+  std::string python = "python3";
+  std::string torch_script;  // default: bench/torch_sequential.py of the sources this binary was built from
   std::string weights = "fp16";     // fp16 | bf16 (the compute dtype) | fp32 master weights
   std::string accumulate = "fp32";
   std::string compute = "fp16";     // fp16 | bf16 matmul inputs and activations

@@ -22,6 +22,21 @@ void add_bench_options(CLI::App& cmd, BenchRequest& r) {
   cmd.add_option("--data", r.data_dir, "MNIST IDX folder")->capture_default_str();
   cmd.add_option("--out-dir", r.out_dir, "where bench.json/.csv/.md and the plots go")->capture_default_str();
   cmd.add_option("--torch-json", r.torch_json, "PyTorch results from bench/torch_bench.py to merge (comma-separated files)");
+  cmd.add_flag("--torch", r.torch,
+               "with --config: time the same network in PyTorch in this run (bench/torch_sequential.py --mode speed: "
+               "the module export prints, stepgraph's initial values, the config's optimizer) and add its rows");
+  cmd.add_option("--torch-modes", r.torch_modes,
+                 "--torch's settings: eager (fused optimizers), cuda_graph (the eager step hand-captured), "
+                 "compile_in_graph (torch.compile max-autotune-no-cudagraphs inside the captured graph; minutes "
+                 "of compiling)")
+      ->capture_default_str();
+  cmd.add_option("--torch-steps", r.torch_steps, "--torch: timed steps per repeat (PyTorch eager is ~100x slower)")
+      ->capture_default_str()
+      ->check(integer_in(1));
+  cmd.add_option("--torch-warmup", r.torch_warmup, "--torch: untimed steps first")->capture_default_str()->check(integer_in(0));
+  cmd.add_option("--python", r.python, "--torch: the Python with PyTorch")->capture_default_str();
+  r.torch_script = STEPGRAPH_SOURCE_DIR "/bench/torch_sequential.py";
+  cmd.add_option("--torch-script", r.torch_script, "--torch: bench/torch_sequential.py")->capture_default_str();
   cmd.add_option("--weights", r.weights, "fp16 | bf16 (the --compute dtype) | fp32 master weights")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));

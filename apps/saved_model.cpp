@@ -96,6 +96,32 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
   return m;
 }
 
+SavedModel initial_model(const TrainConfig& config, DType features) {
+  SavedModel m;
+  m.config = config;
+  if (config.model.is_sequential()) {
+    m.sequential = sequential_training(config, features).model;
+    for (ParameterInit& p : sequential_initial_parameters(m.sequential->input_shape, m.sequential->layers, config.run.seed))
+      m.params.push_back(blob_from_floats(p.name, p.shape, DType::f32, p.values));
+    return m;
+  }
+  m.mlp = mlp_training(config, features).mlp;
+  const std::vector<ParameterInit> init = mlp_initial_parameters(m.mlp.layers, config.run.seed);
+  for (std::size_t l = 1; l < m.mlp.layers.size(); ++l) {
+    exporting::DenseLayer layer;
+    layer.in = m.mlp.layers[l - 1];
+    layer.out = m.mlp.layers[l];
+    for (const ParameterInit& p : init) {
+      if (p.name == names::weight(l)) layer.weight = p.values;
+      if (p.name == names::bias(l)) layer.bias = p.values;
+      if (p.name == names::weight(l) || p.name == names::bias(l))
+        m.params.push_back(blob_from_floats(p.name, p.shape, DType::f32, p.values));
+    }
+    m.layers.push_back(std::move(layer));
+  }
+  return m;
+}
+
 exporting::ExportedMlp exported_mlp(const SavedModel& model) {
   if (model.sequential)
     throw ConfigError(fmt::format("{}: model.sequential: not a model.layers MLP (exported_graph describes it)",

@@ -49,6 +49,11 @@ struct SavedModel {
 // readable checkpoint or its parameters do not match its config.
 SavedModel load_saved_model(const std::filesystem::path& checkpoint);
 
+// The model a checkpoint of `config` would hold before its first step: the
+// initial parameters of run.seed, for features of `features` (what `bench
+// --torch` exports for PyTorch's twin of the network).
+SavedModel initial_model(const TrainConfig& config, DType features);
+
 // What the exporters take (runtime/export/exported_mlp.hpp). Throws
 // ConfigError for a model.sequential model: see exported_graph.
 exporting::ExportedMlp exported_mlp(const SavedModel& model);
