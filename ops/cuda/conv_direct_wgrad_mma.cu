@@ -87,15 +87,6 @@ __host__ __device__ inline MmaShared mma_shared(const MmaWgradDims& d) {
           d.k_splits * d.groups_per_block * group_elements(d) * 4};
 }
 
-__device__ __forceinline__ void mma_tile(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1,
-                                         __half) {
-  mma_16x8x16(c, a, b0, b1);
-}
-__device__ __forceinline__ void mma_tile(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1,
-                                         __nv_bfloat16) {
-  mma_16x8x16_bf16(c, a, b0, b1);
-}
-
 __device__ __forceinline__ std::uint32_t pack_pair(std::uint16_t lo, std::uint16_t hi) {
   return std::uint32_t(lo) | (std::uint32_t(hi) << 16);
 }
@@ -245,7 +236,7 @@ __global__ void __launch_bounds__(kMmaThreads, kBlocksPerMultiprocessor)
           const std::uint32_t b0 = pack_pair(col[p0], col[p1]), b1 = pack_pair(col[p8], col[p9]);
 #pragma unroll
           for (int mi = 0; mi < kWarpTilesM; ++mi)
-            if (mi < d.mw && m0 + mi < d.mt) mma_tile(acc[mi][jn], a[mi], b0, b1, T{});
+            if (mi < d.mw && m0 + mi < d.mt) mma_16x8x16<T>(acc[mi][jn], a[mi], b0, b1);
         }
       }
     __syncthreads();

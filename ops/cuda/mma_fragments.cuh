@@ -9,29 +9,28 @@
 //   C (16 x 8, fp32):       c0,c1 = C[g][2t..2t+1] c2,c3 = C[g+8][2t..2t+1]
 // Each register is one 8 x 8 fp16 matrix spread over the warp with lane
 // (g, t) holding row g, columns 2t..2t+1.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace sg::cuda {
 
+// T: __half (fp16 inputs, the default) or __nv_bfloat16 (bf16; the same fragment layouts).
+template <typename T = __half>
 __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                             std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The same with bf16 inputs (the same fragment layouts).
-__device__ __forceinline__ void mma_16x8x16_bf16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                                 std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#define SG_MMA_16X8X16(TYPE)                                                                                  \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                        \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    SG_MMA_16X8X16("bf16");
+  else
+    SG_MMA_16X8X16("f16");
+#undef SG_MMA_16X8X16
 }
 
 // Four 8 x 8 fp16 matrices from shared memory: lanes 8i..8i+7 give the row
