@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
@@ -51,6 +53,17 @@ std::string describe(int status) {
   return "stopped";
 }
 
+// Whether `program` names an executable file: as given when it holds a
+// '/', else in one of PATH's folders (as posix_spawnp looks for it).
+bool can_execute(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (!dir.empty() && ::access((std::filesystem::path(dir) / program).c_str(), X_OK) == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 void check_torch_twin(const BenchRequest& r) {
@@ -58,6 +71,11 @@ void check_torch_twin(const BenchRequest& r) {
     throw ConfigError(
         "bench --torch: times a config's network in PyTorch: give --config (the MLP sweep's PyTorch "
         "side is bench/torch_bench.py, merged with --torch-json)");
+  if (!can_execute(r.python))
+    throw ConfigError(
+        fmt::format("bench --python {}: no such executable (on PATH or as a path): the Python with "
+                    "PyTorch that runs --torch's side",
+                    r.python));
   if (!std::ifstream(r.torch_script))
     throw ConfigError(
         fmt::format("bench --torch-script {}: not a readable file (bench/torch_sequential.py of the "

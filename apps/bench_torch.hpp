@@ -17,7 +17,8 @@
 namespace sg::app {
 
 // Throws ConfigError naming the option when --torch cannot run: no --config,
-// or a --torch-script that is not a readable file. Before any timing.
+// a --python that is not an executable (on PATH or as a path), or a
+// --torch-script that is not a readable file. Before any timing.
 void check_torch_twin(const BenchRequest& request);
 
 // Runs the PyTorch side for `batch` and returns the path of its JSON

@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kMmaThreads, kBlocksPerMultiprocessor)
       }
     __syncthreads();
   }
-  // The warps' sums, [k split][local group][32][32], added in split order.
+  // The warps' sums, [k split][local group][mw * 16][nw * 8], added in split order.
   if (active)
 #pragma unroll
     for (int mi = 0; mi < kWarpTilesM; ++mi)

@@ -157,6 +157,12 @@ TEST_CASE("bench --torch: a failing script ends the bench naming its status, bad
   const std::string why = sg::test::error_of([&] { app::check_torch_twin(no_script); });
   CHECK(why.find("--torch-script") != std::string::npos);
   CHECK(why.find("missing.py") != std::string::npos);
+  app::BenchRequest no_python = t.request;
+  no_python.python = "python-that-is-not-there-3";
+  CHECK(sg::test::error_of([&] { app::check_torch_twin(no_python); }).find("--python python-that-is-not-there-3") !=
+        std::string::npos);
+  no_python.python = "sh";  // found on PATH
+  CHECK(sg::test::error_of([&] { app::check_torch_twin(no_python); }) == "(no error)");
   CHECK(sg::test::error_of([&] { app::check_torch_twin(t.request); }) == "(no error)");
   fs::remove_all(t.dir);
 }
