@@ -22,6 +22,7 @@
 #include "apps/config/train_config.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "tests/support/error_text.hpp"
+#include "tests/support/safetensors_file.hpp"
 #include "tests/support/temp_files.hpp"
 
 using namespace sg;
@@ -94,12 +95,7 @@ std::string after(const std::vector<std::string>& args, const std::string& flag)
 }
 
 nlohmann::json safetensors_metadata(const fs::path& p) {
-  const std::string bytes = io::read_file(p);
-  REQUIRE(bytes.size() >= 8);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n * 256 + static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
-  REQUIRE(bytes.size() >= 8 + n);
-  return nlohmann::json::parse(bytes.substr(8, n)).at("__metadata__");
+  return sg::test::read_safetensors(p).header.at("__metadata__");
 }
 
 }  // namespace

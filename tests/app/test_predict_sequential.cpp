@@ -36,6 +36,7 @@
 #include "runtime/data/npy_array.hpp"
 #include "tests/support/error_text.hpp"
 #include "tests/support/npy_files.hpp"
+#include "tests/support/safetensors_file.hpp"
 #include "tests/support/temp_files.hpp"
 
 #ifdef STEPGRAPH_HAVE_ONNX
@@ -107,33 +108,8 @@ std::vector<double> predict(const fs::path& dir, const std::string& output) {
   return v;
 }
 
-// A safetensors file: its bytes, header length and JSON header.
-struct SafetensorsFile {
-  std::string bytes;
-  std::uint64_t header_len = 0;
-  nlohmann::json header;
-  // Tensor `name`'s bytes.
-  std::string data(const std::string& name) const {
-    REQUIRE(header.contains(name));
-    const std::size_t begin = header[name]["data_offsets"][0], end = header[name]["data_offsets"][1];
-    return bytes.substr(8 + header_len + begin, end - begin);
-  }
-  std::string module_code() const { return header["__metadata__"]["stepgraph.torch_module"]; }
-  std::vector<float> floats(const std::string& name) const {
-    const std::string raw = data(name);
-    std::vector<float> v(raw.size() / sizeof(float));
-    std::memcpy(v.data(), raw.data(), raw.size());
-    return v;
-  }
-};
-SafetensorsFile read_safetensors(const fs::path& path) {
-  SafetensorsFile f{io::read_file(path), 0, {}};
-  for (int i = 7; i >= 0; --i)
-    f.header_len = (f.header_len << 8) | static_cast<unsigned char>(f.bytes[static_cast<std::size_t>(i)]);
-  REQUIRE(8 + f.header_len <= f.bytes.size());
-  f.header = nlohmann::json::parse(f.bytes.substr(8, f.header_len));
-  return f;
-}
+using sg::test::read_safetensors;
+using sg::test::SafetensorsFile;
 
 // `stepgraph export` of dir/model.sgck as dir/<file> (safetensors; `fold`: --fold-batch-norm), read back.
 SafetensorsFile export_safetensors(const fs::path& dir, const std::string& file, bool fold = false) {

@@ -12,6 +12,7 @@
 #include "apps/training_run.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "tests/support/checkpoint_checks.hpp"
+#include "tests/support/safetensors_file.hpp"
 #include "tests/support/temp_files.hpp"
 #include "tests/support/test_data.hpp"
 
@@ -26,15 +27,6 @@ app::TrainConfig tabular_config(const fs::path& out, std::vector<std::string> ex
   extra.push_back("backend.kind=cpu");
   extra.push_back("run.log_every=100000");
   return app::load_config(sg::test::source_dir() / "configs/tabular_resmlp.yaml", extra);
-}
-
-// The safetensors header of `path`.
-nlohmann::json safetensors_header(const fs::path& path) {
-  const std::string st = io::read_file(path);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(st[static_cast<std::size_t>(i)]);
-  REQUIRE(8 + n <= st.size());
-  return nlohmann::json::parse(st.substr(8, n));
 }
 
 }  // namespace
@@ -64,7 +56,7 @@ TEST_CASE("configs/tabular_resmlp.yaml learns on the CPU backend, resumes bit-ex
   // Layers: 0 linear, 1 layer_norm, 2 linear, 3 silu, 4 linear, 5 add, 6..10 the second block, 11 layer_norm, 12 linear.
   app::ExportRequest e{(dir / "a.sgck").string(), "safetensors", (dir / "model.safetensors").string()};
   REQUIRE(app::run_export(e) == 0);
-  const auto header = safetensors_header(dir / "model.safetensors");
+  const auto header = test::read_safetensors(dir / "model.safetensors").header;
   const std::string code = header["__metadata__"]["stepgraph.torch_module"];
   INFO(code);
   for (const char* line : {"self.layer1 = nn.LayerNorm([128], eps=1e-05)", "self.layer11 = nn.LayerNorm([128], eps=1e-05)",

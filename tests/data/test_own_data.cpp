@@ -24,6 +24,7 @@
 #include "runtime/export/safetensors_writer.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "tests/support/npy_files.hpp"
+#include "tests/support/safetensors_file.hpp"
 #include "tests/support/temp_files.hpp"
 
 #ifdef STEPGRAPH_HAVE_ONNX
@@ -239,11 +240,10 @@ TEST_CASE("each format trains end to end on the CPU backend, predict and export 
   // safetensors: the header parses back with PyTorch's names, shapes and the checkpoint's f32 weights.
   app::ExportRequest e{p.checkpoint, "safetensors", (dir / "model.safetensors").string()};
   CHECK(app::run_export(e) == 0);
-  const std::string st = io::read_file(dir / "model.safetensors");
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<unsigned char>(st[i]);
-  REQUIRE(8 + header_len <= st.size());
-  const auto header = nlohmann::json::parse(st.substr(8, header_len));
+  const test::SafetensorsFile file = test::read_safetensors(dir / "model.safetensors");
+  const std::string& st = file.bytes;
+  const std::uint64_t header_len = file.header_len;
+  const auto& header = file.header;
   CHECK(header["__metadata__"]["stepgraph.torch_module"] == "nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))");
   CHECK(header["0.weight"]["shape"] == nlohmann::json::array({16, 6}));
   CHECK(header["2.bias"]["dtype"] == "F32");
