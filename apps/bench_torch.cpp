@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "apps/process_status.hpp"
 #include "apps/saved_model.hpp"
 #include "runtime/export/safetensors_writer.hpp"
 #include "runtime/io/atomic_file.hpp"
@@ -45,12 +46,6 @@ int run_quietly(const std::vector<std::string>& args) {
   while (::waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) throw std::runtime_error(fmt::format("bench --torch: waitpid: {}", std::strerror(errno)));
   return status;
-}
-
-std::string describe(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {}", WTERMSIG(status));
-  return "stopped";
 }
 
 // Whether `program` names an executable file: as given when it holds a
@@ -143,9 +138,9 @@ std::string run_torch_twin(const BenchRequest& r, const TrainConfig& config, DTy
   if (o.centered) args.push_back("--centered");
   spdlog::info("PyTorch side: {}", fmt::join(args, " "));
   const int status = run_quietly(args);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+  if (wait_failed(status))
     throw std::runtime_error(
-        fmt::format("bench --torch: {} {} (its messages above)", r.torch_script, describe(status)));
+        fmt::format("bench --torch: {} {} (its messages above)", r.torch_script, describe_wait_status(status)));
   if (!std::filesystem::exists(out))
     throw std::runtime_error(fmt::format("bench --torch: {} wrote no {}", r.torch_script, out));
   return out;

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/config/train_config.hpp"
+#include "apps/process_status.hpp"
 
 namespace sg::app {
 namespace {
@@ -37,14 +38,6 @@ int free_port() {
   if (port <= 0) throw ConfigError("--gpus: cannot pick a free TCP port for the rendezvous (use --master-port)");
   return port;
 }
-
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  return "stopped";
-}
-
-bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
 struct Child {
   pid_t pid = -1;
@@ -91,9 +84,9 @@ int reap(std::vector<Child>& children, int& first_failure, std::string& why) {
     const pid_t done = ::waitpid(c.pid, &c.status, WNOHANG);
     if (done == c.pid) {
       c.running = false;
-      if (failed(c.status) && first_failure < 0) {
+      if (wait_failed(c.status) && first_failure < 0) {
         first_failure = static_cast<int>(r);
-        why = describe_status(c.status);
+        why = describe_wait_status(c.status);
       }
     } else {
       ++running;
@@ -176,7 +169,7 @@ int supervise_ranks(const RankLaunch& launch, const std::string& program, const 
   if (first_failure >= 0) {
     const int status = children[static_cast<std::size_t>(first_failure)].status;
     spdlog::error("data parallel: the run failed: rank {} {} (its own error is printed above)", first_failure,
-                  describe_status(status));
+                  describe_wait_status(status));
     return WIFEXITED(status) ? std::max(1, WEXITSTATUS(status)) : 128 + WTERMSIG(status);
   }
   spdlog::info("data parallel: all {} rank{} finished", n, n == 1 ? "" : "s");
