@@ -24,24 +24,56 @@ std::vector<io::TensorBlob> without_feature_dtype(std::vector<io::TensorBlob> te
 
 namespace {
 
-// The checkpoint's tensor `name`, or null.
-const io::TensorBlob* find_tensor(const io::Checkpoint& ckpt, const std::string& name) {
-  for (const auto& b : ckpt.tensors)
+// Tensor `name` of `tensors`, or null.
+const io::TensorBlob* find_tensor(const std::vector<io::TensorBlob>& tensors, const std::string& name) {
+  for (const auto& b : tensors)
     if (b.name == name) return &b;
   return nullptr;
 }
 
 // A model.sequential model's parameters: the names and shapes its builder gives them.
-void load_sequential_params(const std::filesystem::path& path, const io::Checkpoint& ckpt, SavedModel& m) {
+void load_sequential_params(const std::string& source, const std::vector<io::TensorBlob>& tensors, SavedModel& m) {
   for (const ParameterInit& p : sequential_initial_parameters(m.sequential->input_shape, m.sequential->layers, 0)) {
-    const io::TensorBlob* blob = find_tensor(ckpt, p.name);
+    const io::TensorBlob* blob = find_tensor(tensors, p.name);
     if (!blob)
-      throw io::IoError(fmt::format("{}: no parameter '{}' (the model.sequential layers of its config)", path.string(),
-                                    p.name));
+      throw io::IoError(
+          fmt::format("{}: no parameter '{}' (the model.sequential layers of its config)", source, p.name));
     if (blob->shape != p.shape)
-      throw io::IoError(fmt::format("{}: parameter '{}' is {} but the config's model.sequential makes it {}",
-                                    path.string(), p.name, shape_string(blob->shape), shape_string(p.shape)));
+      throw io::IoError(fmt::format("{}: parameter '{}' is {} but the config's model.sequential makes it {}", source,
+                                    p.name, shape_string(blob->shape), shape_string(p.shape)));
     m.params.push_back(*blob);
+  }
+}
+
+// m.config's model (sequential or model.layers) for features of `features`,
+// its parameters taken from `tensors` by name and shape (`source` names
+// them in errors): a checkpoint's, or the initial ones.
+void load_model(const std::string& source, const std::vector<io::TensorBlob>& tensors, DType features,
+                SavedModel& m) {
+  if (m.config.model.is_sequential()) {
+    m.sequential = sequential_training(m.config, features).model;
+    load_sequential_params(source, tensors, m);
+    return;
+  }
+  m.mlp = mlp_training(m.config, features).mlp;
+  const auto& sizes = m.mlp.layers;
+  for (std::size_t l = 1; l < sizes.size(); ++l) {
+    exporting::DenseLayer layer;
+    layer.in = sizes[l - 1];
+    layer.out = sizes[l];
+    for (const auto& [name, shape, dst] : {std::tuple{names::weight(l), Shape{layer.out, layer.in}, &layer.weight},
+                                           std::tuple{names::bias(l), Shape{layer.out}, &layer.bias}}) {
+      const io::TensorBlob* blob = find_tensor(tensors, name);
+      if (!blob)
+        throw io::IoError(fmt::format("{}: no parameter '{}' (model.layers {} in its config)", source, name,
+                                      fmt::format("{}", fmt::join(sizes, ","))));
+      if (blob->shape != shape)
+        throw io::IoError(fmt::format("{}: parameter '{}' is {} but the config's model.layers make it {}", source,
+                                      name, shape_string(blob->shape), shape_string(shape)));
+      *dst = floats_from_blob(*blob);
+      m.params.push_back(*blob);
+    }
+    m.layers.push_back(std::move(layer));
   }
 }
 
@@ -65,60 +97,25 @@ SavedModel load_saved_model(const std::filesystem::path& path) {
                                       b.bytes));
       }
     }
-  if (find_tensor(ckpt, kStepEntry)) m.steps = step_from_blobs(ckpt.tensors);
-  if (m.config.model.is_sequential()) {
-    m.sequential = sequential_training(m.config, features).model;
-    load_sequential_params(path, ckpt, m);
-    return m;
-  }
-  m.mlp = mlp_training(m.config, features).mlp;
-  const auto& sizes = m.mlp.layers;
-  for (std::size_t l = 1; l < sizes.size(); ++l) {
-    exporting::DenseLayer layer;
-    layer.in = sizes[l - 1];
-    layer.out = sizes[l];
-    for (const auto& [name, shape, dst] : {std::tuple{names::weight(l), Shape{layer.out, layer.in}, &layer.weight},
-                                           std::tuple{names::bias(l), Shape{layer.out}, &layer.bias}}) {
-      const io::TensorBlob* blob = nullptr;
-      for (const auto& b : ckpt.tensors)
-        if (b.name == name) blob = &b;
-      if (!blob)
-        throw io::IoError(fmt::format("{}: no parameter '{}' (model.layers {} in its config)", path.string(), name,
-                                      fmt::format("{}", fmt::join(sizes, ","))));
-      if (blob->shape != shape)
-        throw io::IoError(fmt::format("{}: parameter '{}' is {} but the config's model.layers make it {}",
-                                      path.string(), name, shape_string(blob->shape), shape_string(shape)));
-      *dst = floats_from_blob(*blob);
-      m.params.push_back(*blob);
-    }
-    m.layers.push_back(std::move(layer));
-  }
+  if (find_tensor(ckpt.tensors, kStepEntry)) m.steps = step_from_blobs(ckpt.tensors);
+  load_model(path.string(), ckpt.tensors, features, m);
   return m;
 }
 
 SavedModel initial_model(const TrainConfig& config, DType features) {
+  std::vector<io::TensorBlob> initial;
+  const auto keep = [&](const std::vector<ParameterInit>& params) {
+    for (const ParameterInit& p : params) initial.push_back(blob_from_floats(p.name, p.shape, DType::f32, p.values));
+  };
+  if (config.model.is_sequential()) {
+    const SequentialSpec spec = sequential_training(config, features).model;
+    keep(sequential_initial_parameters(spec.input_shape, spec.layers, config.run.seed));
+  } else {
+    keep(mlp_initial_parameters(mlp_training(config, features).mlp.layers, config.run.seed));
+  }
   SavedModel m;
   m.config = config;
-  if (config.model.is_sequential()) {
-    m.sequential = sequential_training(config, features).model;
-    for (ParameterInit& p : sequential_initial_parameters(m.sequential->input_shape, m.sequential->layers, config.run.seed))
-      m.params.push_back(blob_from_floats(p.name, p.shape, DType::f32, p.values));
-    return m;
-  }
-  m.mlp = mlp_training(config, features).mlp;
-  const std::vector<ParameterInit> init = mlp_initial_parameters(m.mlp.layers, config.run.seed);
-  for (std::size_t l = 1; l < m.mlp.layers.size(); ++l) {
-    exporting::DenseLayer layer;
-    layer.in = m.mlp.layers[l - 1];
-    layer.out = m.mlp.layers[l];
-    for (const ParameterInit& p : init) {
-      if (p.name == names::weight(l)) layer.weight = p.values;
-      if (p.name == names::bias(l)) layer.bias = p.values;
-      if (p.name == names::weight(l) || p.name == names::bias(l))
-        m.params.push_back(blob_from_floats(p.name, p.shape, DType::f32, p.values));
-    }
-    m.layers.push_back(std::move(layer));
-  }
+  load_model(config.source + " (its initial parameters)", initial, features, m);
   return m;
 }
 
