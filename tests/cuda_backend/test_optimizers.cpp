@@ -133,11 +133,14 @@ namespace {
 
 // W [n, k] through `steps` launches of the weight gradient dY^T X (dY [batch, n], X [batch, k])
 // straight into Adam/AdamW, against the CPU: the gradient in f64 rounded to G (as the matmul
-// writes it), then ref::adam_update with the step counter advanced between launches.
+// writes it), then ref::adam_update with the step counter advanced between launches. With
+// `bias`, the layer's bias [n] rides along: dY's column sums rounded to G, its own learning rate,
+// weight decay and moments.
 template <typename W, typename G>
-void check_wgrad_adam(std::mt19937_64& rng, std::int64_t batch, std::int64_t n, std::int64_t k, bool decoupled) {
+void check_wgrad_adam(std::mt19937_64& rng, std::int64_t batch, std::int64_t n, std::int64_t k, bool decoupled,
+                      bool bias = false) {
   INFO("batch " << batch << ", W [" << n << ", " << k << "], W " << (sizeof(W) == 2 ? "f16" : "f32") << ", gradient "
-                << (sizeof(G) == 2 ? "f16" : "f32") << ", decoupled " << decoupled);
+                << (sizeof(G) == 2 ? "f16" : "f32") << ", decoupled " << decoupled << ", bias " << bias);
   const auto nk = std::size_t(n * k);
   const auto dy = sg::test::representable<__half>(uniform(std::size_t(batch * n), rng));
   const auto x = sg::test::representable<__half>(uniform(std::size_t(batch * k), rng));
@@ -153,14 +156,40 @@ void check_wgrad_adam(std::mt19937_64& rng, std::int64_t batch, std::int64_t n, 
   std::vector<double> g(nk);
   ref::matmul(as_double(dy).data(), as_double(x).data(), g.data(), n, k, batch, true, false);
   for (auto& e : g) e = double(static_cast<float>(static_cast<G>(static_cast<float>(e))));  // rounded as written
+  // The bias: its gradient, values and moments, its own scalars (twice the rate, no decay).
+  std::vector<double> bg(std::size_t(n), 0.0);
+  for (std::int64_t r = 0; r < batch; ++r)
+    for (std::int64_t c = 0; c < n; ++c) bg[std::size_t(c)] += double(dy[std::size_t(r * n + c)]);
+  for (auto& e : bg) e = double(static_cast<float>(static_cast<G>(static_cast<float>(e))));
+  auto b = as_double(sg::test::representable<W>(uniform(std::size_t(n), rng)));
+  auto bm = as_double(uniform(std::size_t(n), rng, -0.1, 0.1)), bv = as_double(uniform(std::size_t(n), rng, 0, 0.1));
+  const std::vector<double> b0 = b;
+  DeviceArray<W> b_d(std::vector<float>(b.begin(), b.end()));
+  DeviceArray<float> bm_d(std::vector<float>(bm.begin(), bm.end())), bv_d(std::vector<float>(bv.begin(), bv.end()));
+  const cuda::AdamHyper bias_hyper{0.9f, 0.99f, 1e-6f, 0.f, decoupled};
+  auto bias_scalars = sg::test::device_update_scalars({cuda::make_update_scalars(2 * lr, 0.f, 0.f)});
+  cuda::TileBias<cuda::AdamRule, W> tile_bias;
+  if (bias) tile_bias = {b_d.get(), {bm_d.get(), bv_d.get()}, bias_scalars.as<cuda::UpdateScalars>(), bias_hyper};
   const std::int32_t step0 = static_cast<std::int32_t>(rng() % 20);
   for (std::int32_t launch = 0; launch < 3; ++launch) {  // bias correction and the moments over several steps
     const std::int32_t step_now = step0 + launch;
     DeviceArray<std::int32_t> step(std::vector<float>{float(step_now)});
     cuda::launch_wgrad_update<cuda::AdamRule, W, G>(dy_d.get(), x_d.get(), batch, n, k, w_d.get(), {m_d.get(), v_d.get()},
-                                                    scalars.as<cuda::UpdateScalars>(), step.get(), hyper, nullptr);
+                                                    scalars.as<cuda::UpdateScalars>(), step.get(), hyper, nullptr,
+                                                    false, tile_bias);
     ref::adam_update(w.data(), g.data(), m.data(), v.data(), std::int64_t(nk), double(lr), 0.9, 0.99, 1e-6, 0.02,
                      decoupled, step_now + 1, 1.0);
+    ref::adam_update(b.data(), bg.data(), bm.data(), bv.data(), n, double(2 * lr), 0.9, 0.99, 1e-6, 0.0, decoupled,
+                     step_now + 1, 1.0);
+  }
+  const auto b_got = b_d.download();
+  if (bias) {
+    CHECK(sg::test::relative_error(b_got, b) < (sizeof(W) == 2 ? 2e-3 : 1e-4));
+    CHECK(sg::test::relative_error(bm_d.download(), bm) < 1e-3);
+    CHECK(sg::test::relative_error(bv_d.download(), bv) < 1e-3);
+    CHECK(sg::test::relative_error(b_got, b0) > 1e-3);
+  } else {
+    CHECK(b_got == std::vector<float>(b0.begin(), b0.end()));  // no bias given: untouched
   }
   // (NaN never passes relative_error; an element left unwritten keeps its old m, which moves
   // by a tenth of the gradient each step, far past these bounds.)
@@ -180,15 +209,22 @@ TEST_CASE("weight gradient + Adam/AdamW from the tile equals the matmul and the 
   // rows); batches under, at and over the 64-row chunk, not multiples of 16 either; random shapes.
   std::vector<std::array<std::int64_t, 3>> shapes = {{{128, 1024, 784}}, {{128, 1024, 1024}}, {{33, 40, 72}},
                                                      {{64, 72, 8}}, {{200, 64, 136}}, {{1, 8, 8}}};
+  // N not a multiple of 8 (dY read by element): a classifier's 10 rows, 1, 3, 70.
+  for (const std::array<std::int64_t, 3> odd : {std::array<std::int64_t, 3>{128, 10, 128}, {33, 1, 8}, {65, 3, 24},
+                                                {128, 70, 136}})
+    shapes.push_back(odd);
   for (int i = 0; i < 3; ++i)
     shapes.push_back({std::int64_t(1 + rng() % 300), 8 * std::int64_t(1 + rng() % 40), 8 * std::int64_t(1 + rng() % 40)});
+  shapes.push_back({std::int64_t(1 + rng() % 300), std::int64_t(1 + rng() % 200), 8 * std::int64_t(1 + rng() % 40)});
   for (const auto& [batch, n, k] : shapes)
-    for (bool decoupled : {true, false}) {
-      check_wgrad_adam<__half, __half>(rng, batch, n, k, decoupled);
-      check_wgrad_adam<float, __half>(rng, batch, n, k, decoupled);
-      check_wgrad_adam<float, float>(rng, batch, n, k, decoupled);
-    }
-  CHECK(cuda::wgrad_update_unsupported(128, 10, 1024).find("multiple of 8") != std::string::npos);
+    for (bool decoupled : {true, false})
+      for (bool bias : {false, true}) {
+        check_wgrad_adam<__half, __half>(rng, batch, n, k, decoupled, bias);
+        check_wgrad_adam<float, __half>(rng, batch, n, k, decoupled, bias);
+        check_wgrad_adam<float, float>(rng, batch, n, k, decoupled, bias);
+      }
+  CHECK(cuda::wgrad_update_unsupported(128, 1024, 780).find("multiple of 8") != std::string::npos);
+  CHECK(cuda::wgrad_update_unsupported(128, 10, 1024).empty());
   CHECK(cuda::wgrad_update_unsupported(128, 1024, 784).empty());
 }
 
@@ -345,7 +381,7 @@ TEST_CASE("AdamW from the weight-gradient tiles (fp32 master weights, batch 128)
     cuda::CudaTrainer tile(sg::test::cuda_spec(spec, wide), wide);
     spec.backend.one_pass_backward = false;  // the same step through cuBLASLt's gradients and update_multi_tensor
     cuda::CudaTrainer buffered(sg::test::cuda_spec(spec, wide), wide);
-    CHECK(tile_launches(tile) == 2);
+    CHECK(tile_launches(tile) == 3);  // each layer's weight and bias (the classifier's 10 rows too)
     CHECK(tile_launches(buffered) == 0);
     tile.poison_activations();
     const auto gl = sg::test::losses(tile, 40);

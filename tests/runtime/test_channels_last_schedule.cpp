@@ -89,8 +89,8 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
         CHECK(how == (g.value(n.inputs[0]).shape[1] == 1 ? "view" : "max_pool2d_backward"));
         break;
       case OpKind::reduce_rows:  // the conv biases' over N*H*W rows (the first in its weight gradient's pass);
-                                 // the linear layers' with their updates
-        CHECK(how == (g.value(n.inputs[0]).shape[0] <= 128 ? "bias_grad_update"
+                                 // the linear layers' in their weight gradient's tile, with both updates
+        CHECK(how == (g.value(n.inputs[0]).shape[0] <= 128 ? "wgrad_update"
                       : g.value(n.inputs[0]).shape[1] == 32 ? "conv_wgrad_bias"
                                                              : "column_sum"));
         break;

@@ -5,7 +5,10 @@
 // before the quads of W and its state slots, so the small L2 reads are not queued behind
 // the DRAM stream, whose latency hides behind the matmul. Each warp
 // accumulates two 16 x 16 wmma tiles; the tile goes through shared memory
-// once so each thread updates four contiguous quads of a row.
+// once so each thread updates four contiguous quads of a row. With the bias
+// riding along, the blocks of the first column tile also sum their 64 rows of
+// dY over the batch from the staged chunks (four partial sums per row, added
+// in order at the end) and update those bias elements.
 #include <mma.h>
 
 #include <fmt/format.h>
@@ -34,13 +37,17 @@ template <class Rule, typename W, typename G>
 __global__ void __launch_bounds__(kBlockThreads) wgrad_update_kernel(const __half* dy, const __half* x, int batch, int n,
                                                                      int k, W* w, StateSlots state,
                                                                      const UpdateScalars* scalars,
-                                                                     const std::int32_t* step, HyperOf<Rule> hyper) {
+                                                                     const std::int32_t* step, HyperOf<Rule> hyper,
+                                                                     TileBias<Rule, W> bias) {
   constexpr int S = Rule::kStates;
   __shared__ __align__(128) __half dy_chunk[kChunk][kHalfLd];  // dY[b0 + b][row0 + i]
   __shared__ __align__(128) __half x_chunk[kChunk][kHalfLd];   // X[b0 + b][col0 + j]
   __shared__ __align__(128) float grad[kTile][kAccLd];
+  __shared__ float bias_partial[kBlockThreads / kTile][kTile];  // [batch quarter][row of the tile]
   const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
   const int t = threadIdx.x, warp = t / 32;
+  const bool sums_bias = bias.bias != nullptr && blockIdx.x == 0;
+  float bias_sum = 0.f;  // row row0 + t % 64 over the batch rows of quarter t / 64 of each chunk
   wait_for_previous_kernel();  // dY (and X) come from the kernels before
   // This thread's share of a chunk: elements e = t + kBlockThreads * i of the chunk's 16-byte pieces.
   constexpr int kPieces = kChunk * kTile / 8 / kBlockThreads;
@@ -51,7 +58,15 @@ __global__ void __launch_bounds__(kBlockThreads) wgrad_update_kernel(const __hal
       const int e = t + kBlockThreads * i, b = e / (kTile / 8), c = 8 * (e % (kTile / 8));
       dy_v[i] = x_v[i] = make_uint4(0, 0, 0, 0);
       if (b0 + b < batch) {
-        if (row0 + c < n) dy_v[i] = *reinterpret_cast<const uint4*>(dy + std::int64_t(b0 + b) * n + row0 + c);
+        const __half* dy_row = dy + std::int64_t(b0 + b) * n;
+        if (n % 8 == 0) {
+          if (row0 + c < n) dy_v[i] = *reinterpret_cast<const uint4*>(dy_row + row0 + c);
+        } else {  // rows not 16-byte aligned: by element, zero past N
+          alignas(16) __half piece[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) piece[j] = row0 + c + j < n ? dy_row[row0 + c + j] : __float2half(0.f);
+          dy_v[i] = *reinterpret_cast<const uint4*>(piece);
+        }
         if (col0 + c < k) x_v[i] = *reinterpret_cast<const uint4*>(x + std::int64_t(b0 + b) * k + col0 + c);
       }
     }
@@ -85,6 +100,11 @@ __global__ void __launch_bounds__(kBlockThreads) wgrad_update_kernel(const __hal
     }
     __syncthreads();
     if (b0 + kChunk < batch) load_chunk(b0 + kChunk);  // in flight during this chunk's products
+    if (sums_bias) {
+      constexpr int kRowsEach = kChunk / (kBlockThreads / kTile);
+#pragma unroll
+      for (int b = 0; b < kRowsEach; ++b) bias_sum += __half2float(dy_chunk[(t / kTile) * kRowsEach + b][t % kTile]);
+    }
 #pragma unroll
     for (int kk = 0; kk < kChunk; kk += 16) {
       // A = dY^T: element (i, b) at dy_chunk[b][i], column-major.
@@ -102,7 +122,19 @@ __global__ void __launch_bounds__(kBlockThreads) wgrad_update_kernel(const __hal
 #pragma unroll
   for (int j = 0; j < 2; ++j)
     wmma::store_matrix_sync(&grad[16 * tile_row][16 * (tile_col + j)], acc[j], kAccLd, wmma::mem_row_major);
+  if (sums_bias) bias_partial[t / kTile][t % kTile] = bias_sum;
   __syncthreads();
+  if (sums_bias && t < kTile && row0 + t < n) {
+    float total = 0.f;
+#pragma unroll
+    for (int q = 0; q < kBlockThreads / kTile; ++q) total += bias_partial[q][t];
+    const Rule bias_rule(bias.hyper, bias.scalars->lr, step, nullptr);
+    float st[S];
+    each_slot<Rule>(bias.hyper, [&](auto slot) { st[slot.value] = bias.state.slot[slot.value][row0 + t]; });
+    W& b = bias.bias[row0 + t];
+    b = from_float<W>(bias_rule(to_float(b), to_float(from_float<G>(total)), [&](int s) -> float& { return st[s]; }));
+    each_slot<Rule>(bias.hyper, [&](auto slot) { bias.state.slot[slot.value][row0 + t] = st[slot.value]; });
+  }
   const Rule rule(hyper, scalars->lr, step, nullptr);
 #pragma unroll
   for (int q = 0; q < kQuads; ++q) {
@@ -124,7 +156,7 @@ __global__ void __launch_bounds__(kBlockThreads) wgrad_update_kernel(const __hal
 
 std::string wgrad_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k) {
   if (batch <= 0 || n <= 0 || k <= 0) return fmt::format("empty sizes (batch {}, W [{},{}])", batch, n, k);
-  if (n % 8 != 0 || k % 8 != 0) return fmt::format("W [{},{}]: rows and columns a multiple of 8", n, k);
+  if (k % 8 != 0) return fmt::format("W [{},{}]: columns a multiple of 8", n, k);
   if (batch > (1 << 24) || n > (1 << 24) || k > (1 << 24) || n * k > (std::int64_t(1) << 40))
     return fmt::format("batch {}, W [{},{}]: too large", batch, n, k);
   if ((n + kTile - 1) / kTile > 65535) return fmt::format("W [{},{}]: too many row tiles", n, k);
@@ -134,23 +166,25 @@ std::string wgrad_update_unsupported(std::int64_t batch, std::int64_t n, std::in
 template <class Rule, typename W, typename G>
 void launch_wgrad_update(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k, W* w,
                          StateSlots state, const UpdateScalars* scalars, const std::int32_t* step,
-                         HyperOf<Rule> hyper, cudaStream_t stream, bool dependent) {
+                         HyperOf<Rule> hyper, cudaStream_t stream, bool dependent, TileBias<Rule, W> bias) {
   if (const std::string why = wgrad_update_unsupported(batch, n, k); !why.empty())
     throw CudaError("weight gradient + update: unsupported: " + why);
   bool states_aligned = true;
   for (int s = 0; s < Rule::kStates; ++s)
     if (state.slot[s]) states_aligned = states_aligned && aligned16(state.slot[s]);
+  if (bias.bias && !bias.scalars) throw CudaError("weight gradient + update: a bias without its update scalars");
   if (!aligned16(dy) || !aligned16(x) || !aligned16(w) || !states_aligned)
     throw CudaError("weight gradient + update: dY, X, W and the state slots must be 16-byte aligned");
   const dim3 grid(unsigned((k + kTile - 1) / kTile), unsigned((n + kTile - 1) / kTile));
   launch_dependent(wgrad_update_kernel<Rule, W, G>, {grid, dim3(kBlockThreads)}, stream, dependent, dy, x, int(batch),
-                   int(n), int(k), w, state, scalars, step, hyper);
+                   int(n), int(k), w, state, scalars, step, hyper, bias);
 }
 
 #define SG_WGRAD_UPDATE(Rule, W, G)                                                                                \
   template void launch_wgrad_update<Rule, W, G>(const __half*, const __half*, std::int64_t, std::int64_t,          \
                                                 std::int64_t, W*, StateSlots, const UpdateScalars*,                \
-                                                const std::int32_t*, HyperOf<Rule>, cudaStream_t, bool);
+                                                const std::int32_t*, HyperOf<Rule>, cudaStream_t, bool,          \
+                                                TileBias<Rule, W>);
 #define SG_WGRAD_UPDATE_TYPES(Rule)       \
   SG_WGRAD_UPDATE(Rule, __half, __half)   \
   SG_WGRAD_UPDATE(Rule, float, __half)    \

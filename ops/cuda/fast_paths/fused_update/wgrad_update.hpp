@@ -8,7 +8,10 @@
 // through the same device function as the multi-tensor update. The gradient
 // never goes through memory: one read and write of W and the slots. The step
 // counter is read before its advance; no clipping (the clip scale needs every
-// gradient first).
+// gradient first). The layer's bias may ride along: its gradient (dY's
+// column sums, rounded to G as the buffered reduce_rows writes them) goes
+// into the same rule in the blocks of W's first column tile, so a linear
+// layer's whole update is one launch.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -20,9 +23,21 @@
 
 namespace sg::cuda {
 
-// Empty when launch_wgrad_update takes these sizes, else why not (N and K
-// multiples of 8: 16-byte rows).
+// Empty when launch_wgrad_update takes these sizes, else why not (K a
+// multiple of 8: X's and W's 16-byte rows; any N: dY's rows are read by element
+// when N is not a multiple of 8).
 std::string wgrad_update_unsupported(std::int64_t batch, std::int64_t n, std::int64_t k);
+
+// The bias updated in the weight's launch (bias == nullptr: none): its own
+// slots, scalars (learning rate, weight decay) and hyperparameters, the same
+// rule and types as the weight.
+template <class Rule, typename W>
+struct TileBias {
+  W* bias = nullptr;
+  StateSlots state{};
+  const UpdateScalars* scalars = nullptr;
+  HyperOf<Rule> hyper{};
+};
 
 // W: float or __half; G (the gradient's rounding): __half or float (the
 // scheduler uses <float, __half>, fp32 master weights: runtime/cuda/lowerings/
@@ -32,6 +47,7 @@ std::string wgrad_update_unsupported(std::int64_t batch, std::int64_t n, std::in
 template <class Rule, typename W, typename G>
 void launch_wgrad_update(const __half* dy, const __half* x, std::int64_t batch, std::int64_t n, std::int64_t k, W* w,
                          StateSlots state, const UpdateScalars* scalars, const std::int32_t* step,
-                         HyperOf<Rule> hyper, cudaStream_t stream, bool dependent = false);
+                         HyperOf<Rule> hyper, cudaStream_t stream, bool dependent = false,
+                         TileBias<Rule, W> bias = {});
 
 }  // namespace sg::cuda
