@@ -5,8 +5,8 @@
 // (ops/cuda/fast_paths/fused_update/wgrad_update.hpp), with no gradient
 // buffer and no pass of its own. The launch runs where the matmul sits, so
 // every other reader of W (its forward, its dgrad) must come before it; the
-// step counter is read before its advance (which stays with the remaining
-// updates). Not with clipping: the clip scale exists only after every
+// step counter is read before its advance (which rides with the remaining
+// updates, or runs alone when every update is in a tile). Not with clipping: the clip scale exists only after every
 // gradient (the update then reads it, and update_multi_tensor takes it).
 // The layer's bias rides along where its gradient is a lone reduce_rows of
 // the same dY [+ its widening cast] into the same rule on the same types: the
