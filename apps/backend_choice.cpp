@@ -53,6 +53,7 @@ MlpTraining mlp_training(const TrainConfig& c, DType feature_dtype) {
   t.optimizer.alpha = c.optim.alpha;
   t.optimizer.centered = c.optim.centered;
   t.optimizer.clip_grad_norm = c.optim.clip_grad_norm;
+  t.optimizer.reduce_in_compute_dtype = c.precision.all_reduce == "compute";
   t.eval_batch = c.data.eval_batch_size;
   t.init_seed = c.run.seed;
   return t;

@@ -128,6 +128,7 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
   differs("precision.weights", saved.precision.weights, config.precision.weights);
   differs("precision.accumulate", saved.precision.accumulate, config.precision.accumulate);
   differs("precision.compute", saved.precision.compute, config.precision.compute);
+  differs("precision.all_reduce", saved.precision.all_reduce, config.precision.all_reduce);
   return point;
 }
 

@@ -121,6 +121,38 @@ std::vector<ValueId> Graph::insert_node(std::size_t position, OpKind op, std::ve
   return nodes_[position].outputs;
 }
 
+void Graph::move_after(NodeId node, NodeId after, std::vector<ValueId> inputs) {
+  if (!groups_.empty()) throw GraphError("nodes cannot be moved after fusion");
+  Node moved = this->node(node);
+  this->node(after);  // (throws for an unknown node)
+  if (node == after) throw GraphError(fmt::format("move_after: node {} after itself", node));
+  if (inputs.size() != moved.inputs.size())
+    throw GraphError(fmt::format("move_after: node {} reads {} values, {} given", node, moved.inputs.size(), inputs.size()));
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Value &was = value(moved.inputs[i]), &now = value(inputs[i]);
+    if (was.shape != now.shape || was.dtype != now.dtype)
+      throw GraphError(fmt::format("move_after: node {} input {}: {} does not stand for {} (shape or dtype)", node, i,
+                                   now.name, was.name));
+  }
+  // In the new order every other node keeps its place; the moved one follows `after`.
+  for (ValueId in : inputs) {
+    const NodeId producer = value(in).producer;
+    if (producer == node || producer > after)
+      throw GraphError(fmt::format("move_after: node {} would read {} before it is produced", node, value(in).name));
+  }
+  for (ValueId out : moved.outputs)
+    for (NodeId reader : consumers(out))
+      if (reader != node && reader <= after)
+        throw GraphError(
+            fmt::format("move_after: node {} would produce {} after its reader {}", node, value(out).name, reader));
+  moved.inputs = std::move(inputs);
+  const auto from = static_cast<std::size_t>(node);
+  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(from));
+  const std::size_t to = static_cast<std::size_t>(after) + (after < node ? 1 : 0);  // after the erase
+  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(to), std::move(moved));
+  renumber_from(std::min(from, to));
+}
+
 void Graph::renumber_from(std::size_t position) {
   for (std::size_t i = position; i < nodes_.size(); ++i) {
     nodes_[i].id = static_cast<NodeId>(i);

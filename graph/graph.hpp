@@ -61,6 +61,11 @@ class Graph {
                                    Role output_role = Role::activation, std::string name = {});
   std::vector<ValueId> insert_node(std::size_t position, OpKind op, std::vector<ValueId> inputs,
                                    OpAttrs attrs, Role output_role, std::string name);
+  // Moves node `node` to run right after node `after`, reading `inputs` in
+  // place of its own (each of the same shape and dtype, so its outputs keep
+  // their ids, shapes and readers). Throws GraphError when an input would be
+  // read before it is produced or an output after one of its readers.
+  void move_after(NodeId node, NodeId after, std::vector<ValueId> inputs);
 
   // ---- queries
   const Value& value(ValueId id) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -47,22 +48,52 @@ ValueId layer_key(const Graph& g, ValueId grad) {
   return grad;
 }
 
+// The f16/bf16 gradient that `grad` (f32) widens, when a cast read by nothing
+// yet makes grad from a value that only it reads (fp32 master weights: the
+// compute dtype's gradient cast for the update); else nothing.
+std::optional<ValueId> narrow_gradient(const Graph& g, ValueId grad) {
+  const Value& wide = g.value(grad);
+  if (wide.producer < 0 || wide.dtype != DType::f32 || !g.consumers(grad).empty()) return std::nullopt;
+  const Node& cast = g.node(wide.producer);
+  if (cast.op != OpKind::cast) return std::nullopt;
+  const ValueId narrow = cast.inputs[0];
+  const DType d = g.value(narrow).dtype;
+  if ((d != DType::f16 && d != DType::bf16) || g.consumers(narrow).size() != 1) return std::nullopt;
+  if (std::find(g.outputs().begin(), g.outputs().end(), narrow) != g.outputs().end()) return std::nullopt;
+  return narrow;
+}
+
 // One all_reduce_mean per layer bucket, each right after the last gradient of
-// its bucket; returns the map with the reduced gradients.
-GradientMap append_all_reduce(Graph& g, const GradientMap& grads) {
+// its bucket; returns the map with the reduced gradients. With
+// `compute_dtype`, a gradient widened for an fp32 master weight is reduced
+// before its cast (half the bytes), and the cast moves to the end of the
+// backward pass: the first reader of a bucket's means then comes after every
+// bucket, so each all-reduce still overlaps the earlier layers' backward.
+GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_dtype) {
   std::map<ValueId, std::vector<ValueId>> buckets;  // layer key -> its parameters
   for (const auto& [param, grad] : grads.of_param) buckets[layer_key(g, grad)].push_back(param);
   GradientMap reduced;
+  std::vector<std::pair<ValueId, ValueId>> casts;  // (a cast's f32 output, the mean it is to widen)
   for (const auto& [key, params] : buckets) {
-    std::vector<ValueId> in;
+    std::vector<ValueId> in, widened;  // widened[i]: the cast's f32 output, or -1 (in[i] is the gradient)
     std::size_t pos = 0;
     for (ValueId p : params) {
-      in.push_back(grads.of_param.at(p));
+      const ValueId grad = grads.of_param.at(p);
+      const auto narrow = compute_dtype ? narrow_gradient(g, grad) : std::nullopt;
+      in.push_back(narrow ? *narrow : grad);
+      widened.push_back(narrow ? grad : -1);
       pos = std::max(pos, static_cast<std::size_t>(g.value(in.back()).producer) + 1);
     }
     const auto out = g.insert_node(pos, OpKind::all_reduce_mean, in, NoAttrs{}, Role::grad,
                                    "mean_" + g.value(in.front()).name);
-    for (std::size_t i = 0; i < params.size(); ++i) reduced.of_param[params[i]] = out[i];
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      reduced.of_param[params[i]] = widened[i] < 0 ? out[i] : widened[i];
+      if (widened[i] >= 0) casts.emplace_back(widened[i], out[i]);
+    }
+  }
+  for (const auto& [wide, mean] : casts) {  // each cast now widens its mean, after the whole backward pass
+    const NodeId cast = g.value(wide).producer, end = static_cast<NodeId>(g.nodes().size()) - 1;
+    g.move_after(cast, cast == end ? end - 1 : end, {mean});  // (already last: stays, reading the mean)
   }
   return reduced;
 }
@@ -99,7 +130,8 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
   if (spec.all_reduce_gradients && !grads.of_param.empty()) {
     OptimizerSpec local = spec;
     local.all_reduce_gradients = false;
-    append_updates(g, append_all_reduce(g, grads), local, step, /*after_every_gradient=*/true);
+    append_updates(g, append_all_reduce(g, grads, spec.reduce_in_compute_dtype), local, step,
+                   /*after_every_gradient=*/true);
     return;
   }
   append_updates(g, grads, spec, step, false);

@@ -41,6 +41,11 @@ struct OptimizerSpec {
   // gradient) right after the last of its gradients is produced; clipping and
   // the updates read the reduced gradients.
   bool all_reduce_gradients = false;
+  // With all_reduce_gradients, where fp32 master weights' gradients are
+  // reduced: false, in f32 (after their widening casts); true, in the compute
+  // dtype (f16/bf16, before the casts, which move after the bucket: half the
+  // bytes on the wire, the mean rounded to the compute dtype once more).
+  bool reduce_in_compute_dtype = false;
 };
 
 // `step` is the graph's step counter (i32 [1] state, advanced after the

@@ -27,7 +27,7 @@ const std::vector<ConfigSection>& config_schema() {
       {"optim", {"name", "lr", "momentum", "weight_decay", "nesterov", "betas", "eps", "alpha", "centered",
                  "clip_grad_norm"}, {"schedule"}},
       {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
-      {"precision", {"weights", "accumulate", "compute"}, {}},
+      {"precision", {"weights", "accumulate", "compute", "all_reduce"}, {}},
       {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume",
                "loss_plot_scale"}, {}},
       {"backend", backend_keys(), {}},

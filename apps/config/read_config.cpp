@@ -209,6 +209,7 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(prec, "precision", "weights", c.precision.weights);
   r.read(prec, "precision", "accumulate", c.precision.accumulate);
   r.read(prec, "precision", "compute", c.precision.compute);
+  r.read(prec, "precision", "all_reduce", c.precision.all_reduce);
 
   const auto run = section_of(root, "run");
   r.read(run, "run", "steps", c.run.steps);

@@ -120,6 +120,9 @@ struct PrecisionConfig {
   std::string weights = "fp16";     // fp16 | bf16 | fp32 (fp32 master weights; fp16 / bf16: the compute dtype)
   std::string accumulate = "fp32";  // fp16 | fp32 (cuBLASLt compute type)
   std::string compute = "fp16";     // fp16 | bf16: matmul inputs and activations
+  // fp32 | compute: what data-parallel ranks reduce fp32 master weights' gradients in (compute: f16/bf16, half the
+  // bytes; docs/data_parallel.md)
+  std::string all_reduce = "fp32";
 };
 
 struct RunConfig {

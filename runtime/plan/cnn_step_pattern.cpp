@@ -267,6 +267,10 @@ class CnnStepWalker {
   // and sets `gradient` to the cast's output. Which updates the kernels apply
   // is the backend's question (its why_not).
   NodeId update_of(ValueId param, ValueId grad, ValueId& gradient) {
+    const std::vector<NodeId>& grad_readers = g_.consumers(grad);
+    if (grad_readers.size() == 1 && g_.node(grad_readers[0]).op == OpKind::all_reduce_mean)
+      throw NoMatch{"gradients all-reduced in the compute dtype (precision.all_reduce: compute): the step's "
+                    "kernels hand the reduction fp32 gradients"};
     const Node* cast = reader(grad, OpKind::cast, 0);
     if (!cast || g_.value(cast->outputs[0]).dtype != DType::f32 || g_.consumers(grad).size() != 1)
       throw NoMatch{fmt::format("the gradient {} is not cast to fp32 for its update", g_.value(grad).name)};

@@ -51,6 +51,17 @@ TEST_CASE("precision.compute: fp16 by default, bf16 on request, and clear errors
         doctest::Contains("precision.accumulate: cuBLASLt accumulates bf16 matmuls in fp32 only"));
 }
 
+TEST_CASE("precision.all_reduce: fp32 by default, compute on request (the optimizer's flag), and clear errors") {
+  const auto plain = parse_config(kMinimal, "test.yaml", {});
+  CHECK(plain.precision.all_reduce == "fp32");
+  CHECK_FALSE(mlp_training(plain).optimizer.reduce_in_compute_dtype);
+  const auto compute = parse_config(kMinimal + "precision:\n  weights: fp32\n  all_reduce: compute\n", "test.yaml", {});
+  CHECK(compute.precision.all_reduce == "compute");
+  CHECK(mlp_training(compute).optimizer.reduce_in_compute_dtype);
+  CHECK(to_yaml(compute).find("all_reduce: compute") != std::string::npos);  // the resolved config keeps it
+  CHECK(error_of(kMinimal + "precision:\n  all_reduce: fp16\n") == doctest::Contains("precision.all_reduce"));
+}
+
 TEST_CASE("configs/mnist_bf16.yaml is the default MLP with bf16 compute and builds a bf16 program") {
   const auto c = load_config(sg::test::source_dir() / "configs/mnist_bf16.yaml");
   const auto mlp = load_config(sg::test::source_dir() / "configs/mnist_mlp.yaml");

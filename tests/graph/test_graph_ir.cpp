@@ -144,3 +144,35 @@ TEST_CASE("the MLP builder makes the reference network with the batch fetch insi
   spec.batch = 70000;
   CHECK_THROWS_AS(build_mlp_forward(spec), GraphError);
 }
+
+TEST_CASE("move_after moves a node behind another with new inputs, or refuses an order that breaks") {
+  Graph g;
+  const ValueId x = g.input("x", {4, 3}, DType::f16);
+  const ValueId h = g.relu(x);                     // node 0
+  const ValueId wide = g.cast(h, DType::f32);      // node 1
+  const ValueId summed = g.reduce_rows(x);         // node 2
+  const ValueId mean = g.relu(h);                  // node 3: stands for a reduction of h
+  g.move_after(g.value(wide).producer, g.value(mean).producer, {mean});
+  verify_graph(g);
+  CHECK(g.value(wide).producer == 3);  // ids renumbered: relu, reduce_rows, relu, cast
+  CHECK(g.node(3).op == OpKind::cast);
+  CHECK(g.node(3).inputs == std::vector<ValueId>{mean});
+  CHECK(g.value(summed).producer == 1);
+  CHECK(g.value(mean).producer == 2);
+  CHECK(g.consumers(h) == std::vector<NodeId>{2});
+  // Inputs must exist by then, outputs before their readers, and stand-ins match shape and dtype.
+  const ValueId later = g.relu(wide);  // node 4 reads the cast's output
+  CHECK_THROWS_WITH_AS(g.move_after(3, 0, {mean}), doctest::Contains("before it is produced"), GraphError);
+  CHECK_THROWS_WITH_AS(g.move_after(3, 4, {mean}), doctest::Contains("after its reader 4"), GraphError);
+  CHECK_THROWS_WITH_AS(g.move_after(3, 2, {summed}), doctest::Contains("shape or dtype"), GraphError);
+  CHECK(g.value(later).producer == 4);  // nothing moved
+  verify_graph(g);
+  // After its own predecessor: it stays where it is, reading the new inputs.
+  const ValueId other = g.relu(h);  // node 5
+  const ValueId last = g.cast(h, DType::f32);  // node 6
+  g.move_after(6, 5, {other});
+  CHECK(g.value(last).producer == 6);
+  CHECK(g.node(6).inputs == std::vector<ValueId>{other});
+  CHECK_THROWS_WITH_AS(g.move_after(6, 6, {other}), doctest::Contains("after itself"), GraphError);
+  verify_graph(g);
+}

@@ -65,15 +65,17 @@ void check_dependencies(const Graph& g, const Schedule& s) {
 }
 
 // The data-parallel rank's MLP of the checks below: 0 plain SGD, 1 momentum,
-// 2 Adam, 3 fp32 master weights with clipping.
+// 2 Adam, 3 fp32 master weights with clipping, 4 fp32 master weights reducing
+// the f16 gradients before their casts (precision.all_reduce: compute), no
+// clipping (with it the clip scale and the scaling read each widened mean, so
+// the casts stay launches of their own, as variant 3's do).
 MlpTraining variant_of(std::int64_t batch, int variant) {
   MlpTraining t = mlp(batch, 2);
   if (variant == 1) t.optimizer.momentum = 0.9;
   if (variant == 2) t.optimizer.kind = OptimizerKind::adam;
-  if (variant == 3) {
-    t.mlp.weight_dtype = DType::f32;
-    t.optimizer.clip_grad_norm = 1.0;
-  }
+  if (variant >= 3) t.mlp.weight_dtype = DType::f32;
+  if (variant == 3) t.optimizer.clip_grad_norm = 1.0;
+  t.optimizer.reduce_in_compute_dtype = variant == 4;
   return t;
 }
 
@@ -81,7 +83,7 @@ MlpTraining variant_of(std::int64_t batch, int variant) {
 
 TEST_CASE("data parallel: each gradient bucket is one nccl_all_reduce launch, before the updates that read it") {
   for (const std::int64_t batch : {32, 64, 256}) {
-    for (const int variant : {0, 1, 2, 3}) {  // plain SGD, momentum, Adam, fp32 master weights + clipping
+    for (const int variant : {0, 1, 2, 3, 4}) {  // SGD, momentum, Adam, fp32 master weights (+ clipping; f16 reduced)
       INFO("batch " << batch << ", variant " << variant);
       const MlpTraining t = variant_of(batch, variant);
       const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
@@ -94,11 +96,17 @@ TEST_CASE("data parallel: each gradient bucket is one nccl_all_reduce launch, be
         ++all_reduce;
         CHECK(launch.lowering->name() == "nccl_all_reduce");
         CHECK(launch.nodes.size() == 1);
-        // The gradients it reduces are in the update's dtype: f32 for master weights, else f16.
+        // The gradients it reduces are in the update's dtype (f32 for master weights, else f16), or
+        // in the compute dtype when the config asks.
         for (ValueId v : p.train.node(launch.nodes[0]).inputs)
           CHECK(p.train.value(v).dtype == (variant == 3 ? DType::f32 : DType::f16));
       }
       CHECK(all_reduce == t.mlp.layers.size() - 1);  // one bucket per layer
+      if (variant == 4)  // the widening casts of the means ride in the update stage's launch, none alone
+        for (const auto& launch : l.schedule.launches)
+          for (NodeId n : launch.nodes)
+            if (p.train.node(n).op == OpKind::cast && p.train.value(p.train.node(n).outputs[0]).role == Role::grad)
+              CHECK(launch.lowering->name() == "sgd_multi_tensor");  // (plain SGD's update-stage launch)
       if (batch == 32 && variant == 0) {
         std::string names;
         for (const auto& launch : l.schedule.launches) names += std::string(launch.lowering->name()) + " ";
@@ -156,7 +164,7 @@ std::string annotated(const Graph& g, const Schedule& s, const cuda::StreamPlan&
 TEST_CASE("data parallel: each all-reduce is forked to the communication stream after its bucket and joined before "
           "its first reader, the last layer's overlaps the earlier layers' backward") {
   for (const std::int64_t batch : {32, 256}) {
-    for (const int variant : {0, 1, 2, 3}) {  // plain SGD, momentum, Adam, fp32 master weights + clipping
+    for (const int variant : {0, 1, 2, 3, 4}) {  // SGD, momentum, Adam, fp32 master weights (+ clipping; f16 reduced)
       INFO("batch " << batch << ", variant " << variant);
       const MlpTraining t = variant_of(batch, variant);
       const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
