@@ -53,6 +53,14 @@ MlpTraining small_mlp(std::int64_t batch, OptimizerKind kind) {
   return t;
 }
 
+// The small MLP in f16 with fp32 master weights (the casts whose place precision.all_reduce picks).
+MlpTraining small_master_mlp(std::int64_t batch, bool reduce_in_compute_dtype) {
+  MlpTraining t = small_mlp(batch, OptimizerKind::sgd);
+  t.mlp.compute_dtype = DType::f16;
+  t.optimizer.reduce_in_compute_dtype = reduce_in_compute_dtype;
+  return t;
+}
+
 struct Data {
   std::int64_t rows = 0;
   std::vector<std::uint8_t> images, labels;
@@ -136,6 +144,20 @@ void check_ranks_follow(CpuExecutor<float>& reference, std::vector<std::unique_p
   INFO("relative error by norm " << err);
   CHECK(err < (tolerance > 0 ? tolerance : kind == OptimizerKind::sgd ? 1e-5 : 1e-3));
   CHECK(test::relative_error(all_params(*ranks[0]), initial) > 1e-3);  // the training really moved them
+}
+
+// The executors of ranks 0..n_ranks-1 of the MLP `training(batch)` describes, on the data d.
+template <class Training>
+std::vector<std::unique_ptr<CpuExecutor<float>>> rank_executors(Training training, std::int64_t n_ranks,
+                                                                std::int64_t batch, std::int64_t rows, const Data& d) {
+  std::vector<std::unique_ptr<CpuExecutor<float>>> ranks;
+  for (std::int64_t r = 0; r < n_ranks; ++r) {
+    MlpTraining t = training(batch);
+    t.data_rank = r;
+    t.data_ranks = n_ranks;
+    ranks.push_back(executor(build_mlp_program(t, rows, 10, ProgramTarget::cpu), d));
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -237,24 +259,10 @@ TEST_CASE("data parallel: N simulated ranks at batch B end with the weights of o
       const Data d = random_dataset(rng, rows, 24, 6);
       const auto reference_program = build_mlp_program(small_mlp(n_ranks * batch, kind), rows, 10, ProgramTarget::cpu);
       auto reference = executor(reference_program, d);
-      std::vector<std::unique_ptr<CpuExecutor<float>>> ranks;
-      for (std::int64_t r = 0; r < n_ranks; ++r) {
-        auto t = small_mlp(batch, kind);
-        t.data_rank = r;
-        t.data_ranks = n_ranks;
-        ranks.push_back(executor(build_mlp_program(t, rows, 10, ProgramTarget::cpu), d));
-      }
+      auto ranks = rank_executors([&](std::int64_t b) { return small_mlp(b, kind); }, n_ranks, batch, rows, d);
       check_ranks_follow(*reference, ranks, steps, kind);
     }
   }
-}
-
-// The small MLP in f16 with fp32 master weights (the casts whose place precision.all_reduce picks).
-MlpTraining small_master_mlp(std::int64_t batch, bool reduce_in_compute_dtype) {
-  MlpTraining t = small_mlp(batch, OptimizerKind::sgd);
-  t.mlp.compute_dtype = DType::f16;
-  t.optimizer.reduce_in_compute_dtype = reduce_in_compute_dtype;
-  return t;
 }
 
 TEST_CASE("data parallel: precision.all_reduce compute reduces fp32 master weights' gradients in f16, before the casts") {
@@ -300,13 +308,7 @@ TEST_CASE("data parallel: ranks reducing f16 gradients follow one rank at N*B wi
     const std::int64_t rows = n_ranks * batch * 4 + 3;
     const Data d = random_dataset(rng, rows, 24, 6);
     auto reference = executor(build_mlp_program(small_master_mlp(n_ranks * batch, true), rows, 10, ProgramTarget::cpu), d);
-    std::vector<std::unique_ptr<CpuExecutor<float>>> ranks;
-    for (std::int64_t r = 0; r < n_ranks; ++r) {
-      auto t = small_master_mlp(batch, true);
-      t.data_rank = r;
-      t.data_ranks = n_ranks;
-      ranks.push_back(executor(build_mlp_program(t, rows, 10, ProgramTarget::cpu), d));
-    }
+    auto ranks = rank_executors([](std::int64_t b) { return small_master_mlp(b, true); }, n_ranks, batch, rows, d);
     // Each rank's f16 gradient and their f16 mean round twice where one rank at N*B rounds once
     // (f16's 2^-11 per gradient element); over 6 steps about 1e-4 of the weights by norm
     // (5-7e-5 seen), against 2-4e-8 with f32 gradients (the test above).
