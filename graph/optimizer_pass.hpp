@@ -43,8 +43,9 @@ struct OptimizerSpec {
   bool all_reduce_gradients = false;
   // With all_reduce_gradients, where fp32 master weights' gradients are
   // reduced: false, in f32 (after their widening casts); true, in the compute
-  // dtype (f16/bf16, before the casts, which move after the bucket: half the
-  // bytes on the wire, the mean rounded to the compute dtype once more).
+  // dtype (f16/bf16, before the casts, which move to the end of the backward
+  // pass: half the bytes on the wire, the mean rounded to the compute dtype
+  // once more). No effect on f16/bf16 weights: theirs are reduced as they are.
   bool reduce_in_compute_dtype = false;
 };
 

@@ -121,7 +121,7 @@ struct PrecisionConfig {
   std::string accumulate = "fp32";  // fp16 | fp32 (cuBLASLt compute type)
   std::string compute = "fp16";     // fp16 | bf16: matmul inputs and activations
   // fp32 | compute: what data-parallel ranks reduce fp32 master weights' gradients in (compute: f16/bf16, half the
-  // bytes; docs/data_parallel.md)
+  // bytes; docs/data_parallel.md). Nothing changes for fp16/bf16 weights, whose gradients are in the compute dtype.
   std::string all_reduce = "fp32";
 };
 
