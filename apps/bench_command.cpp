@@ -400,7 +400,7 @@ int run_bench(const BenchRequest& r) {
     }
   std::string torch_json = r.torch_json;
   if (r.torch)
-    for (auto b : batches) torch_json += "," + run_torch_twin(r, *config, data.train.images.dtype, b);
+    for (const auto& out : run_torch_twin(r, *config, data.train.images.dtype, batches)) torch_json += "," + out;
   const auto torch = read_torch(torch_json);
   records.insert(records.end(), torch.begin(), torch.end());
 

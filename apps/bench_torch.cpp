@@ -78,15 +78,14 @@ void check_torch_twin(const BenchRequest& r) {
                     r.torch_script));
 }
 
-std::string run_torch_twin(const BenchRequest& r, const TrainConfig& config, DType features, std::int64_t batch) {
+std::vector<std::string> run_torch_twin(const BenchRequest& r, const TrainConfig& config, DType features,
+                                        const std::vector<std::int64_t>& batches) {
   const std::filesystem::path dir = r.out_dir;
   std::filesystem::create_directories(dir);
   const SavedModel model = initial_model(config, features);
   const std::string module = (dir / "torch_module.safetensors").string();
   io::write_file_atomically(module, model.sequential ? exporting::safetensors_bytes(exported_graph(model))
                                                      : exporting::safetensors_bytes(exported_mlp(model)));
-  const std::string out = (dir / fmt::format("torch_B{}.json", batch)).string();
-  std::filesystem::remove(out);  // no stale records if the script fails
   // The settings that shape PyTorch's step, as flags (they hold without
   // PyYAML, which the script needs to read --config itself).
   const OptimConfig& o = config.optim;
@@ -100,8 +99,6 @@ std::string run_torch_twin(const BenchRequest& r, const TrainConfig& config, DTy
                                    r.data_dir,
                                    "--mode",
                                    "speed",
-                                   "--batch",
-                                   std::to_string(batch),
                                    "--steps",
                                    std::to_string(r.torch_steps),
                                    "--repeats",
@@ -110,8 +107,6 @@ std::string run_torch_twin(const BenchRequest& r, const TrainConfig& config, DTy
                                    std::to_string(r.torch_warmup),
                                    "--modes",
                                    r.torch_modes,
-                                   "--out",
-                                   out,
                                    "--seed",
                                    std::to_string(config.run.seed),
                                    "--optim",
@@ -136,14 +131,22 @@ std::string run_torch_twin(const BenchRequest& r, const TrainConfig& config, DTy
                                    fmt::format("model.dropout={}", config.model.dropout)};
   if (o.nesterov) args.push_back("--nesterov");
   if (o.centered) args.push_back("--centered");
-  spdlog::info("PyTorch side: {}", fmt::join(args, " "));
-  const int status = run_quietly(args);
-  if (wait_failed(status))
-    throw std::runtime_error(
-        fmt::format("bench --torch: {} {} (its messages above)", r.torch_script, describe_wait_status(status)));
-  if (!std::filesystem::exists(out))
-    throw std::runtime_error(fmt::format("bench --torch: {} wrote no {}", r.torch_script, out));
-  return out;
+  std::vector<std::string> outs;
+  for (const std::int64_t batch : batches) {
+    const std::string out = (dir / fmt::format("torch_B{}.json", batch)).string();
+    std::filesystem::remove(out);  // no stale records if the script fails
+    std::vector<std::string> run = args;
+    run.insert(run.end(), {"--batch", std::to_string(batch), "--out", out});
+    spdlog::info("PyTorch side: {}", fmt::join(run, " "));
+    const int status = run_quietly(run);
+    if (wait_failed(status))
+      throw std::runtime_error(
+          fmt::format("bench --torch: {} {} (its messages above)", r.torch_script, describe_wait_status(status)));
+    if (!std::filesystem::exists(out))
+      throw std::runtime_error(fmt::format("bench --torch: {} wrote no {}", r.torch_script, out));
+    outs.push_back(out);
+  }
+  return outs;
 }
 
 }  // namespace sg::app

@@ -9,6 +9,7 @@
 // (torch_eager, torch_cuda_graph, torch_compile_in_graph) join the table.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "apps/bench_command.hpp"
 #include "apps/config/train_config.hpp"
@@ -21,9 +22,11 @@ namespace sg::app {
 // --torch-script that is not a readable file. Before any timing.
 void check_torch_twin(const BenchRequest& request);
 
-// Runs the PyTorch side for `batch` and returns the path of its JSON
-// records; throws std::runtime_error with the command and its exit status
-// when the script fails (its own messages went to stderr before).
-std::string run_torch_twin(const BenchRequest& request, const TrainConfig& config, DType features, std::int64_t batch);
+// Writes the module once, runs the PyTorch side for each batch and returns
+// the paths of their JSON records (one per batch, in order); throws
+// std::runtime_error with the command and its exit status when the script
+// fails (its own messages went to stderr before).
+std::vector<std::string> run_torch_twin(const BenchRequest& request, const TrainConfig& config, DType features,
+                                        const std::vector<std::int64_t>& batches);
 
 }  // namespace sg::app

@@ -102,7 +102,7 @@ nlohmann::json safetensors_metadata(const fs::path& p) {
 
 TEST_CASE("bench --torch exports the config's initial module and runs the script with the config's settings") {
   Twin t = make_twin("bench-torch", kCnn, 0);
-  const std::string json_path = app::run_torch_twin(t.request, t.config, DType::u8, 64);
+  const std::string json_path = app::run_torch_twin(t.request, t.config, DType::u8, {64}).front();
   CHECK(fs::path(json_path).parent_path() == fs::path(t.request.out_dir));
   CHECK(nlohmann::json::parse(io::read_file(json_path)).at("records").at(0).at("us_per_step") == 512.5);
   const auto args = lines_of(t.dir / "args.txt");
@@ -129,7 +129,7 @@ TEST_CASE("bench --torch exports the config's initial module and runs the script
 
   // A model.layers MLP: its nn.Sequential, AdamW's settings.
   Twin mlp = make_twin("bench-torch-mlp", kMlp, 0);
-  app::run_torch_twin(mlp.request, mlp.config, DType::u8, 32);
+  app::run_torch_twin(mlp.request, mlp.config, DType::u8, {32});
   const auto mlp_args = lines_of(mlp.dir / "args.txt");
   CHECK(after(mlp_args, "--optim") == "adamw");
   CHECK(after(mlp_args, "--betas") == "0.9,0.999");
@@ -143,7 +143,7 @@ TEST_CASE("bench --torch exports the config's initial module and runs the script
 
 TEST_CASE("bench --torch: a failing script ends the bench naming its status, bad options fail before any timing") {
   Twin t = make_twin("bench-torch-fail", kCnn, 3);
-  CHECK(sg::test::error_of([&] { app::run_torch_twin(t.request, t.config, DType::u8, 64); })
+  CHECK(sg::test::error_of([&] { app::run_torch_twin(t.request, t.config, DType::u8, {64}); })
             .find("exited with status 3") != std::string::npos);
   app::BenchRequest no_config = t.request;
   no_config.config.clear();
