@@ -43,6 +43,33 @@ inline std::optional<UpdateInputs> update_inputs(const Node& n) {
   }
 }
 
+// The update a bias's column sums feed, where a launch may take the chain:
+// the sums (`sums`, a reduce_rows) -> [their free lone cast, when it alone
+// reads them] -> a free lone update-rule node without a clip scale that alone
+// reads the chain's end. The callers check the dtypes.
+struct SumsUpdate {
+  const CoverUnit* cast_unit = nullptr;  // null: the update reads the sums
+  const CoverUnit* update_unit = nullptr;
+  ValueId grad = -1;  // what the update reads: the sums or the cast's output
+};
+inline std::optional<SumsUpdate> sums_update(const Cover& cover, const Node& sums) {
+  const sg::Graph& g = cover.graph();
+  SumsUpdate chain;
+  chain.grad = sums.outputs[0];
+  NodeId reader = sole_reader(g, chain.grad);
+  if (reader >= 0 && g.node(reader).op == OpKind::cast) {
+    chain.cast_unit = free_lone_unit(cover, reader);
+    if (!chain.cast_unit) return std::nullopt;
+    chain.grad = g.node(reader).outputs[0];
+    reader = sole_reader(g, chain.grad);
+  }
+  if (reader < 0) return std::nullopt;
+  const auto inputs = update_inputs(g.node(reader));
+  chain.update_unit = free_lone_unit(cover, reader);
+  if (!inputs || inputs->clip_scale >= 0 || inputs->grad != chain.grad || !chain.update_unit) return std::nullopt;
+  return chain;
+}
+
 inline bool is_update_rule_op(OpKind op) { return op == OpKind::adam_update || op == OpKind::rmsprop_update; }
 
 // Whether `v`'s one reader is an update rule's node. A bias gradient's

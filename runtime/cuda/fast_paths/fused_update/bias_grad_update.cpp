@@ -26,31 +26,21 @@ class BiasGradUpdateLowering final : public CudaLowering {
     if (unit.fusion_group >= 0) return std::nullopt;
     const Node& reduce = g.node(unit.nodes.front());
     if (reduce.op != OpKind::reduce_rows) return std::nullopt;
+    const auto chain = sums_update(cover, reduce);
+    if (!chain) return std::nullopt;
     Match m;
     m.units = {unit.id};
     BiasUpdateNodes nodes{reduce.id, -1, -1};
-    ValueId grad = reduce.outputs[0];
-    NodeId reader = sole_reader(g, grad);
-    if (reader >= 0 && g.node(reader).op == OpKind::cast) {  // fp32 master weights: the f16 sums widened
-      const Node& cast = g.node(reader);
-      const CoverUnit& cast_unit = cover.unit_of(cast.id);
-      if (cover.taken(cast_unit.id) || cast_unit.fusion_group >= 0 || cast_unit.nodes.size() != 1 ||
-          g.value(grad).dtype != DType::f16 || g.value(cast.outputs[0]).dtype != DType::f32)
+    if (chain->cast_unit) {  // fp32 master weights: the f16 sums widened
+      if (g.value(reduce.outputs[0]).dtype != DType::f16 || g.value(chain->grad).dtype != DType::f32)
         return std::nullopt;
-      nodes.cast = cast.id;
-      m.units.push_back(cast_unit.id);
-      grad = cast.outputs[0];
-      reader = sole_reader(g, grad);
+      nodes.cast = chain->cast_unit->nodes.front();
+      m.units.push_back(chain->cast_unit->id);
     }
-    if (reader < 0) return std::nullopt;
-    const Node& update = g.node(reader);
-    const auto inputs = update_inputs(update);
-    if (!inputs || inputs->clip_scale >= 0 || inputs->grad != grad) return std::nullopt;
-    const CoverUnit& update_unit = cover.unit_of(update.id);
-    if (cover.taken(update_unit.id) || update_unit.fusion_group >= 0) return std::nullopt;
+    const Node& update = g.node(chain->update_unit->nodes.front());
     if (!update_types_supported(g.value(update.inputs[0]).dtype, g.value(reduce.inputs[0]).dtype)) return std::nullopt;
     nodes.update = update.id;
-    m.units.push_back(update_unit.id);
+    m.units.push_back(chain->update_unit->id);
     m.detail = nodes;
     return m;
   }

@@ -51,22 +51,14 @@ bool take_bias(const Cover& cover, ValueId dy, ValueId w_param, OpKind update_op
     const Node& sums = g.node(r);
     const CoverUnit* sums_unit = free_lone_unit(cover, sums.id);
     if (sums.op != OpKind::reduce_rows || !sums_unit || g.value(sums.outputs[0]).dtype != grad) continue;
-    std::vector<int> units{sums_unit->id};
-    NodeId cast = -1, reader = sole_reader(g, sums.outputs[0]);
-    ValueId bias_grad = sums.outputs[0];
-    if (reader >= 0 && g.node(reader).op == OpKind::cast) {
-      const CoverUnit* cast_unit = free_lone_unit(cover, reader);
-      bias_grad = g.node(reader).outputs[0];
-      if (!cast_unit || g.value(bias_grad).dtype != w) continue;
-      cast = reader;
-      units.push_back(cast_unit->id);
-      reader = sole_reader(g, bias_grad);
-    }
-    if (reader < 0 || g.node(reader).op != update_op) continue;
-    const Node& update = g.node(reader);
-    const CoverUnit* update_unit = free_lone_unit(cover, update.id);
+    const auto chain = sums_update(cover, sums);
+    if (!chain || (chain->cast_unit && g.value(chain->grad).dtype != w)) continue;
+    const Node& update = g.node(chain->update_unit->nodes.front());
+    if (update.op != update_op) continue;
     const auto inputs = update_inputs(update);
-    if (!update_unit || !inputs || inputs->clip_scale >= 0 || inputs->grad != bias_grad) continue;
+    std::vector<int> units{sums_unit->id};
+    if (chain->cast_unit) units.push_back(chain->cast_unit->id);
+    const NodeId cast = chain->cast_unit ? chain->cast_unit->nodes.front() : -1;
     const Value& bias = g.value(inputs->param);
     bool states_f32 = true;
     for (ValueId slot : inputs->state) states_f32 = states_f32 && (slot < 0 || g.value(slot).dtype == DType::f32);
@@ -74,7 +66,7 @@ bool take_bias(const Cover& cover, ValueId dy, ValueId w_param, OpKind update_op
     // Both parameters change where the launch sits: the earlier of the sums and the matmul.
     const NodeId first = std::min(sums.id, nodes.matmul);
     if (!read_before(g, inputs->param, update.id, first) || !read_before(g, w_param, nodes.update, first)) continue;
-    units.push_back(update_unit->id);
+    units.push_back(chain->update_unit->id);
     m.units.insert(m.units.end(), units.begin(), units.end());
     nodes.bias_sums = sums.id, nodes.bias_cast = cast, nodes.bias_update = update.id;
     return true;
