@@ -106,15 +106,21 @@ CudaCover cuda_cover(const TrainConfig& config, const Graph& g) {
 std::string schedule_dump(const TrainConfig& config, const Graph& g) {
 #ifdef STEPGRAPH_HAVE_CUDA
   const CudaCover c = cuda_cover(config, g);
-  // Data parallel: where each all-reduce leaves the step's stream and where the step waits for it.
-  const cuda::StreamPlan streams = cuda::plan_streams(g, c.schedule);
+  // Where each all-reduce (data parallel) or weight gradient (one GPU) leaves the step's stream and where the step
+  // waits for it.
+  const cuda::StreamPlan streams =
+      cuda::plan_streams(g, c.schedule, backend_options_from_config(config).weight_gradient_stream);
+  const auto launch_name = [&](std::size_t i) {
+    return i == c.schedule.launches.size() ? std::string("the step's end") : fmt::format("L{}", i);
+  };
   std::string forks;
   for (std::size_t i = 0; i < c.schedule.launches.size(); ++i)
     if (streams.on_communication[i])
       forks += fmt::format("# L{} runs on the communication stream: forked there, joined before {}\n", i,
-                           streams.join_before[i] == c.schedule.launches.size()
-                               ? std::string("the step's end")
-                               : fmt::format("L{}", streams.join_before[i]));
+                           launch_name(streams.join_before[i]));
+    else if (streams.on_gradient_stream[i])
+      forks += fmt::format("# L{} runs on the gradient stream: forked before {}, joined before {}\n", i,
+                           launch_name(streams.fork_before[i]), launch_name(streams.join_before[i]));
   // The fast paths without a launch here, and why (the same lines `train` logs and `bench` reports).
   std::string declined;
   for (const auto& d : cuda::declined_fast_paths(g, c.schedule, backend_options_from_config(config), cuda_backend_usable()))
@@ -139,12 +145,14 @@ std::string memory_dump(const TrainConfig& config, const Graph& g) {
   // cuDNN says how much workspace a plan needs only once the plan is chosen on the GPU.
   const std::string workspace =
       cudnn_launches.empty() ? ""
-                             : fmt::format("# plus one device workspace shared by the cuDNN launches ({}; they run one "
-                                           "after another on the step's stream), sized by the largest plan chosen on "
-                                           "the GPU\n",
+                             : fmt::format("# plus a device workspace per stream for the cuDNN launches ({}: those on "
+                                           "one stream run one after another and share it), sized by the largest "
+                                           "plan chosen on the GPU\n",
                                            fmt::join(cudnn_launches, ", "));
   ArenaRequest request = arena_request(g, c.schedule, bytes, masks);
-  cuda::keep_live_until_joined(request, c.schedule, cuda::plan_streams(g, c.schedule));  // as CudaProgram plans it
+  cuda::keep_live_until_joined(  // as CudaProgram plans it
+      request, c.schedule,
+      cuda::plan_streams(g, c.schedule, backend_options_from_config(config).weight_gradient_stream));
   return c.note + dump_memory_plan(plan_memory(std::move(request.buffers))) + workspace;
 #else
   (void)config;

@@ -39,6 +39,12 @@ std::vector<BackendOptionRow> make_table() {
   t.push_back(SG_BOOL_ROW(core_only, "core",
                           "no fast path at all: the core lowerings alone (cuBLASLt, cuDNN, the plain kernels)"));
   t.push_back(SG_BOOL_ROW(dependent_launch, "core", "programmatic dependent launch (Hopper) in our kernels"));
+  t.push_back(SG_BOOL_ROW(weight_gradient_stream, "core",
+                          "weight gradients and updates on a second stream beside the data-gradient chain (one "
+                          "GPU; data parallel keeps one compute stream)"));
+  t.push_back(SG_BOOL_ROW(gradient_stream_first, "core",
+                          "the gradient stream's kernels are scheduled before the step stream's (off: the same "
+                          "priority)"));
   t.push_back(BackendOptionRow{
       "conv_kernels", "core",
       "who runs the convolutions: auto (ours where measured faster, cuDNN elsewhere) | cudnn | implicit_gemm (ours)",

@@ -45,6 +45,10 @@ struct BackendOptions {
   bool accumulate_f16 = false;  // cuBLASLt compute type fp16 where the output is fp16
   bool autotune = false;        // time cuBLASLt's candidates once per shape
   std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
+  // Weight gradients and updates on a second stream beside the data-gradient
+  // chain (runtime/cuda/stream_plan.hpp); data parallel keeps one compute stream.
+  bool weight_gradient_stream = true;
+  bool gradient_stream_first = false;  // its kernels scheduled before the step stream's (else at the same priority)
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
   bool core_only = false;              // no fast path at all: the core lowerings alone (issue 35)

@@ -84,7 +84,12 @@ Graph& Graph::operator=(Graph&& other) noexcept {
   return *this;
 }
 
-GraphExec::GraphExec(const Graph& graph) { SG_CUDA_CHECK(cudaGraphInstantiate(&e_, graph.get(), 0)); }
+// Node priorities: a kernel captured from a stream keeps the stream's priority
+// (a step's communication and gradient streams: runtime/cuda/cuda_program.cpp);
+// without this flag a replay runs every node at its launch stream's.
+GraphExec::GraphExec(const Graph& graph) {
+  SG_CUDA_CHECK(cudaGraphInstantiate(&e_, graph.get(), cudaGraphInstantiateFlagUseNodePriority));
+}
 GraphExec::~GraphExec() {
   if (e_) warn_if_failed(cudaGraphExecDestroy(e_), "cudaGraphExecDestroy");
 }

@@ -33,22 +33,27 @@ bool runs_whole_step(const Schedule& s) { return s.launches.size() == 1 && cuda_
 
 }  // namespace
 
-// The second stream of a step with communication launches, and one event
-// pair per such launch: `forked` recorded on the step's stream where the
-// launch sits, `done` on this stream after it (stream_plan.hpp). The stream
-// has the device's highest priority, so an all-reduce's blocks are scheduled
-// as soon as SMs free up rather than after the queued backward kernels.
-class CudaProgram::CommunicationStream {
+// A second stream of a step and one event pair per launch it runs:
+// `forked` recorded on the step's stream where the launch forks, `done` on
+// this stream after it (stream_plan.hpp). The communication stream has the
+// device's highest priority, so an all-reduce's blocks are scheduled as soon
+// as SMs free up rather than after the queued backward kernels. The gradient
+// stream has the lowest (the step stream's), or the highest when the backend
+// option gradient_stream_first asks. Captured kernels keep their stream's
+// priority, and the graphs are instantiated to use it (GraphExec).
+class CudaProgram::SideStream {
  public:
-  explicit CommunicationStream(const StreamPlan& plan) {
+  enum class Priority { highest, lowest };
+  SideStream(const std::vector<bool>& runs, Priority priority) {
     try {
       int least = 0, greatest = 0;
       SG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      SG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-      forked_.assign(plan.on_communication.size(), nullptr);
-      done_.assign(plan.on_communication.size(), nullptr);
-      for (std::size_t i = 0; i < plan.on_communication.size(); ++i) {
-        if (!plan.on_communication[i]) continue;
+      SG_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking,
+                                                 priority == Priority::highest ? greatest : least));
+      forked_.assign(runs.size(), nullptr);
+      done_.assign(runs.size(), nullptr);
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        if (!runs[i]) continue;
         SG_CUDA_CHECK(cudaEventCreateWithFlags(&forked_[i], cudaEventDisableTiming));
         SG_CUDA_CHECK(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
       }
@@ -57,9 +62,9 @@ class CudaProgram::CommunicationStream {
       throw;
     }
   }
-  ~CommunicationStream() { release(); }
-  CommunicationStream(const CommunicationStream&) = delete;
-  CommunicationStream& operator=(const CommunicationStream&) = delete;
+  ~SideStream() { release(); }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
 
   // Launch `index` on this stream, after everything enqueued on `step` so far.
   void fork(std::size_t index, cudaStream_t step, const RecordedLaunch& launch) const {
@@ -68,7 +73,7 @@ class CudaProgram::CommunicationStream {
     launch.enqueue(stream_);
     SG_CUDA_CHECK(cudaEventRecord(done_[index], stream_));
   }
-  // `step` waits for communication launch `index`.
+  // `step` waits for launch `index` of this stream.
   void join(std::size_t index, cudaStream_t step) const { SG_CUDA_CHECK(cudaStreamWaitEvent(step, done_[index], 0)); }
 
  private:
@@ -88,17 +93,24 @@ class CudaProgram::CommunicationStream {
   }
 
   cudaStream_t stream_ = nullptr;
-  std::vector<cudaEvent_t> forked_, done_;  // per launch; null for the step stream's
+  std::vector<cudaEvent_t> forked_, done_;  // per launch; null for the other streams'
 };
 
 // What a lowering's record step sees of this program.
 class CudaProgram::Binding final : public BindContext {
  public:
-  Binding(const CudaProgram& p, const LtHandle& lt, cudaStream_t stream) : p_(p), lt_(lt), stream_(stream) {}
+  // gradient_stream: the launches recorded through this binding run on the
+  // gradient stream, beside the step stream's: their own workspaces.
+  Binding(const CudaProgram& p, const LtHandle& lt, cudaStream_t stream, bool gradient_stream)
+      : p_(p), lt_(lt), stream_(stream), side_(gradient_stream ? 1 : 0) {}
   const sg::Graph& graph() const override { return p_.graph_; }
   const Schedule& schedule() const override { return p_.schedule_; }
   const BackendOptions& options() const override { return p_.options_.backend; }
-  const LtHandle& lt() const override { return lt_; }
+  const LtHandle& lt() const override {
+    if (side_ == 0) return lt_;
+    if (!p_.gradient_lt_) p_.gradient_lt_ = std::make_unique<LtHandle>();
+    return *p_.gradient_lt_;
+  }
   cudaStream_t stream() const override { return stream_; }
   void* ptr(ValueId id) const override { return p_.device_ptr(id); }
   void* aux(int mask) const override {
@@ -129,14 +141,15 @@ class CudaProgram::Binding final : public BindContext {
 #endif
   }
   void* const* workspace(std::size_t bytes) const override {
-    p_.workspace_request_ = std::max(p_.workspace_request_, bytes);
-    return &p_.workspace_ptr_;
+    p_.workspace_request_[side_] = std::max(p_.workspace_request_[side_], bytes);
+    return &p_.workspace_ptr_[side_];
   }
 
  private:
   const CudaProgram& p_;
   const LtHandle& lt_;
   cudaStream_t stream_;
+  int side_;  // index of the workspace
 };
 
 CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& lt, ProgramOptions options,
@@ -153,8 +166,13 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   schedule_ = build_schedule(graph_, as_lowerings(lowerings_));
   // Every fast path without a launch, and why (asked of the records; this program names no lowering).
   declined_ = ::sg::cuda::declined_fast_paths(graph_, schedule_, options_.backend, /*device_present=*/true);
-  streams_ = plan_streams(graph_, schedule_);
-  if (streams_.forks()) communication_ = std::make_unique<CommunicationStream>(streams_);
+  streams_ = plan_streams(graph_, schedule_, options_.backend.weight_gradient_stream);
+  if (streams_.forks())
+    communication_ = std::make_unique<SideStream>(streams_.on_communication, SideStream::Priority::highest);
+  if (streams_.splits_gradients())
+    gradients_ = std::make_unique<SideStream>(
+        streams_.on_gradient_stream,
+        options_.backend.gradient_stream_first ? SideStream::Priority::highest : SideStream::Priority::lowest);
   end_part("cover (schedule)");
   bind_values();
   for (const Node& n : graph_.nodes())
@@ -174,19 +192,22 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
 
   end_part("memory plan, device buffers and scalars");
 
-  const Binding binding(*this, lt, stream);
+  const Binding step_binding(*this, lt, stream, false), gradient_binding(*this, lt, stream, true);
   std::map<std::string, std::pair<int, double>> record_seconds;  // by lowering: launches, seconds
   for (std::size_t i = 0; i < schedule_.launches.size(); ++i) {
     const Launch& l = schedule_.launches[i];
     const auto record_start = std::chrono::steady_clock::now();
-    recorded_.push_back(cuda_lowering_of(l).record(l, i, binding));
+    recorded_.push_back(
+        cuda_lowering_of(l).record(l, i, streams_.on_gradient_stream[i] ? gradient_binding : step_binding));
     auto& [count, seconds] = record_seconds[std::string(l.lowering->name())];
     ++count;
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - record_start).count();
   }
-  // The launches' shared workspace (cuDNN's), sized by the largest request.
-  workspace_ = DeviceBuffer(workspace_request_);
-  workspace_ptr_ = workspace_.data();
+  // Each stream's workspace (cuDNN's, our convolutions'), sized by its largest request.
+  for (int w = 0; w < 2; ++w) {
+    workspace_[w] = DeviceBuffer(workspace_request_[w]);
+    workspace_ptr_[w] = workspace_[w].data();
+  }
   const auto slowest = std::max_element(record_seconds.begin(), record_seconds.end(),
                                         [](const auto& a, const auto& b) { return a.second.second < b.second.second; });
   end_part(slowest == record_seconds.end()
@@ -205,7 +226,7 @@ void CudaProgram::bind_values() {
   std::vector<std::size_t> mask_bytes;
   for (const AuxBuffer& aux : schedule_.aux) mask_bytes.push_back(relu_aux_bytes(aux.rows, aux.cols));
   auto request = arena_request(graph_, schedule_, bytes, mask_bytes);
-  keep_live_until_joined(request, schedule_, streams_);  // launches beside an all-reduce do not reuse its buffers
+  keep_live_until_joined(request, schedule_, streams_);  // launches beside a side launch do not reuse its buffers
   buffer_of_value_ = std::move(request.buffer_of_value);
   buffer_of_mask_ = std::move(request.buffer_of_mask);
   plan_ = plan_memory(std::move(request.buffers));
@@ -242,16 +263,32 @@ void CudaProgram::upload_scalars(double lr, cudaStream_t stream, bool synchronou
 }
 
 void CudaProgram::record(cudaStream_t stream) const {
-  if (!communication_) {  // one stream: every launch in schedule order
+  // The gradient stream pays off inside a CUDA graph, where its forks and
+  // joins are graph edges; launched one by one, each would cost host calls
+  // (events recorded and waited on) that the overlap does not win back, so
+  // outside a capture its launches go to `stream` in schedule order.
+  bool capturing = false;
+  if (gradients_) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    SG_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    capturing = status == cudaStreamCaptureStatusActive;
+  }
+  const SideStream* gradients = capturing ? gradients_.get() : nullptr;
+  if (!communication_ && !gradients) {  // one stream: every launch in schedule order
     for (std::size_t i = 0; i < recorded_.size(); ++i) recorded_[i]->enqueue(stream);
     return;
   }
+  const auto join = [&](std::size_t index) {
+    for (std::size_t c : streams_.joined_before(index))
+      (streams_.on_communication[c] ? communication_.get() : gradients)->join(c, stream);
+  };
   for (std::size_t i = 0; i < recorded_.size(); ++i) {
-    for (std::size_t c : streams_.joined_before(i)) communication_->join(c, stream);
+    join(i);
+    for (std::size_t g : streams_.forked_before(i)) gradients->fork(g, stream, *recorded_[g]);
     if (streams_.on_communication[i]) communication_->fork(i, stream, *recorded_[i]);
-    else recorded_[i]->enqueue(stream);
+    else if (streams_.on_step_stream(i)) recorded_[i]->enqueue(stream);
   }
-  for (std::size_t c : streams_.joined_before(recorded_.size())) communication_->join(c, stream);
+  join(recorded_.size());
 }
 
 void CudaProgram::record_steps(cudaStream_t stream, std::int64_t steps) const {

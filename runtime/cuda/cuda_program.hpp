@@ -62,12 +62,13 @@ class CudaProgram {
   // buffers, recording the launches), for the run's time breakdown.
   const std::vector<std::pair<std::string, double>>& setup_parts() const { return setup_parts_; }
 
-  // Which launches run on the communication stream, and where it forks and
-  // joins (stream_plan.hpp); empty (no second stream) without an all-reduce.
+  // Which launches run on the communication stream or the gradient stream,
+  // and where they fork and join (stream_plan.hpp); no side launch: one stream.
   const StreamPlan& stream_plan() const { return streams_; }
 
-  // One step, every launch: on `stream`, and communication launches on the
-  // program's second stream, forked from and joined back to `stream`.
+  // One step, every launch: on `stream`, and the side launches on the
+  // program's communication or gradient stream, forked from and joined back
+  // to `stream`.
   void record(cudaStream_t stream) const;
   void record_steps(cudaStream_t stream, std::int64_t steps) const;
   // One launch alone on `stream`, whatever its stream in a step (warm-up, per-launch profiles).
@@ -90,7 +91,7 @@ class CudaProgram {
 
  private:
   class Binding;
-  class CommunicationStream;
+  class SideStream;
   void bind_values();
   void upload_scalars(double lr, cudaStream_t stream, bool synchronous);
 
@@ -100,7 +101,8 @@ class CudaProgram {
   std::vector<DeclinedFastPath> declined_;
   Schedule schedule_;
   StreamPlan streams_;
-  std::unique_ptr<CommunicationStream> communication_;  // only when streams_.forks()
+  std::unique_ptr<SideStream> communication_;  // only when streams_.forks()
+  std::unique_ptr<SideStream> gradients_;      // only when streams_.splits_gradients()
   MemoryPlan plan_;
   std::vector<int> buffer_of_value_, buffer_of_mask_;
   DeviceBuffer arena_;
@@ -109,9 +111,14 @@ class CudaProgram {
   std::vector<void*> value_ptr_;
   std::vector<NodeId> update_nodes_;  // order of entries in update_scalars_
   mutable std::shared_ptr<cudnn::Handle> cudnn_;  // made when a launch asks (BindContext::cudnn); outlives recorded_
-  mutable std::size_t workspace_request_ = 0;
-  mutable void* workspace_ptr_ = nullptr;
-  DeviceBuffer workspace_;  // shared by every launch (BindContext::workspace)
+  // The launches' workspace (BindContext::workspace), one per compute stream
+  // ([0] the step's, [1] the gradient stream's): launches on one stream run
+  // one after another and share it; the two streams' launches may overlap.
+  mutable std::size_t workspace_request_[2] = {0, 0};
+  mutable void* workspace_ptr_[2] = {nullptr, nullptr};
+  DeviceBuffer workspace_[2];
+  // The gradient stream's cuBLASLt handle, for its own workspace; made when one of its launches asks.
+  mutable std::unique_ptr<LtHandle> gradient_lt_;
   DeviceBuffer update_scalars_;       // UpdateScalars[update_nodes_.size()]
   DeviceBuffer constants_;         // one and zero, float and half
   DeviceBuffer scratch_float_;     // loss output of a lone softmax_xent_backward

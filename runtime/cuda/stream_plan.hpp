@@ -1,25 +1,35 @@
 #pragma once
-// Which stream each launch of a step runs on, and where the step's stream
-// forks to the communication stream and joins back (issue 25).
+// Which stream each launch of a step runs on, where it forks from the step's
+// stream and where the step's stream joins it back.
 //
-// A launch whose lowering says it communicates (CudaLowering::launch_stream:
-// the gradient all-reduce) runs on the program's second stream. It is forked
-// where it sits in the schedule: an event recorded on the step's stream just
-// before its place, which the communication stream waits for, so everything
-// it reads has been written. The step's stream waits for it (its own event,
-// recorded on the communication stream after it) right before the first
-// later launch that depends on it: one that reads what it writes, or writes
-// or updates what it reads or writes; with none, at the end of the step.
-// The launches in between overlap it. CUDA-graph capture records the fork
-// and join as graph edges (cudaEventRecord + cudaStreamWaitEvent across
-// streams inside one capture), so a replay overlaps the same way.
+// Two kinds of launches leave the step's stream:
+// - A launch whose lowering says it communicates (CudaLowering::launch_stream:
+//   the gradient all-reduce, issue 25) runs on the communication stream. It
+//   is forked where it sits in the schedule: an event recorded on the step's
+//   stream just before its place, which the communication stream waits for,
+//   so everything it reads has been written.
+// - Without communication, the launches on an update branch (weight and bias
+//   gradients and the updates: runtime/plan/update_branches.hpp) run on the
+//   gradient stream, in schedule order, when `weight_gradient_stream` asks
+//   for it. Each is forked as early as it may run: right after the last
+//   earlier launch of the step's stream that it depends on (fork_before), so
+//   a layer's weight gradient runs beside its data gradient and the layers
+//   below. (With communication launches the reduce sits between the weight
+//   gradients and the updates, and the step keeps one compute stream.)
+// The step's stream waits for a side launch (its own event, recorded after
+// it) right before the first later launch of the step's stream that depends
+// on it: one that reads what it writes, or writes or updates what it reads or
+// writes; with none, at the end of the step. CUDA-graph capture records the
+// forks and joins as graph edges (cudaEventRecord + cudaStreamWaitEvent
+// across streams inside one capture), so a replay overlaps the same way.
 //
 // The memory plan assumes launches run one after another, so every arena
-// buffer a communication launch reads or writes is kept live until its join:
-// no launch that may run beside it reuses those bytes.
+// buffer a side launch reads or writes is kept live from its fork to its
+// join (keep_live_until_joined): no launch that may run beside it reuses
+// those bytes.
 //
-// A schedule without communication launches gets an empty plan: the program
-// records its launches on the one stream exactly as before.
+// A schedule with neither gets an empty plan: the program records its
+// launches on the one stream exactly as before.
 #include <cstddef>
 #include <vector>
 
@@ -29,24 +39,33 @@
 namespace sg::cuda {
 
 struct StreamPlan {
-  std::vector<bool> on_communication;  // per launch
-  // join_before[c]: for communication launch c, the launch before which the
-  // step's stream waits for it (launches.size(): at the end of the step);
-  // unused for the others.
+  std::vector<bool> on_communication;     // per launch
+  std::vector<bool> on_gradient_stream;   // per launch
+  // fork_before[g]: for gradient-stream launch g, the index of the launch of
+  // the step's stream before which it is enqueued (<= g); unused for the rest.
+  std::vector<std::size_t> fork_before;
+  // join_before[c]: for side launch c, the launch before which the step's
+  // stream waits for it (launches.size(): at the end of the step); unused for
+  // the others.
   std::vector<std::size_t> join_before;
-  bool forks() const;  // any launch on the communication stream
-  // The communication launches the step's stream waits for right before
-  // launch `index` (index == launches.size(): at the end of the step).
+  bool forks() const;             // any launch on the communication stream
+  bool splits_gradients() const;  // any launch on the gradient stream
+  bool on_step_stream(std::size_t index) const { return !on_communication[index] && !on_gradient_stream[index]; }
+  // The side launches the step's stream waits for right before launch
+  // `index` (index == launches.size(): at the end of the step).
   std::vector<std::size_t> joined_before(std::size_t index) const;
+  // The gradient-stream launches enqueued right before launch `index`, in schedule order.
+  std::vector<std::size_t> forked_before(std::size_t index) const;
 };
 
-// From each launch's own answer (tests pass one) ...
-StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const std::vector<bool>& on_communication);
-// ... or from the CUDA lowerings' launch_stream().
-StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule);
+// From each launch's own answer (tests pass them; an empty on_gradient_stream: none) ...
+StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const std::vector<bool>& on_communication,
+                        const std::vector<bool>& on_gradient_stream = {});
+// ... or from the CUDA lowerings' launch_stream() and the update branches.
+StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, bool weight_gradient_stream);
 
-// Keeps every arena buffer a communication launch reads or writes live until
-// its join (see above); call between arena_request and plan_memory.
+// Keeps every arena buffer a side launch reads or writes live from its fork
+// to its join (see above); call between arena_request and plan_memory.
 void keep_live_until_joined(ArenaRequest& request, const Schedule& schedule, const StreamPlan& plan);
 
 }  // namespace sg::cuda

@@ -12,6 +12,8 @@
 #include "apps/config/train_config.hpp"
 #include "apps/load_dataset.hpp"
 #include "apps/training_run.hpp"
+#include "runtime/cuda/cuda_program.hpp"
+#include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "runtime/core_only_switch.hpp"
 #include "runtime/tensor_blob.hpp"
@@ -26,7 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-app::TrainConfig cnn_config(const fs::path &out, std::vector<std::string> extra = {}) {
+app::TrainConfig cnn_config(const fs::path &out, std::vector<std::string> extra = {},
+                            const std::string &file = "configs/mnist_cnn.yaml") {
   // A test's own backend.kind and run.steps come later and win.
   extra.insert(extra.begin(), {"backend.kind=cuda", "run.steps=20"});
   extra.push_back("data.dir=" + test::mnist_dir_or_skip().string());
@@ -35,7 +38,7 @@ app::TrainConfig cnn_config(const fs::path &out, std::vector<std::string> extra 
   extra.push_back("data.test_limit=200");
   extra.push_back("data.eval_batch_size=200");
   extra.push_back("run.epochs=0");
-  return app::load_config(test::source_dir() / "configs/mnist_cnn.yaml", extra);
+  return app::load_config(test::source_dir() / file, extra);
 }
 
 std::unique_ptr<Trainer> trainer(const app::TrainConfig &c, const Dataset &data) {
@@ -90,6 +93,40 @@ TEST_CASE("the CNN's graph replay, stream launches and 5 steps per graph launch 
     test::check_same_state(a, unrolled->save_state());
     CHECK(replay->last_loss() == stream->last_loss());
   }
+  fs::remove_all(out);
+}
+
+TEST_CASE("weight gradients on their own stream change no bits: mnist_cnn_fast and the report CNN, replayed and "
+          "streamed") {
+  const auto out = test::fresh_dir("stepgraph-cnn-gradient-stream");
+  // Per-launch schedules (the fused CNN step is one launch): cuDNN's convolutions or ours.
+  for (const std::string file : {"configs/mnist_cnn_fast.yaml", "configs/mnist_cnn.yaml"})
+    for (const std::string kernels : {"cudnn", "implicit_gemm"}) {
+      CAPTURE(file);
+      CAPTURE(kernels);
+      const auto config = [&](std::vector<std::string> extra) {
+        extra.push_back("backend.conv_kernels=" + kernels);
+        return cnn_config(out, extra, file);
+      };
+      const auto on_config = config({"backend.weight_gradient_stream=true"});
+      const Dataset data = app::load_dataset(on_config);
+      const auto on = trainer(on_config, data);
+      const auto off = trainer(config({"backend.weight_gradient_stream=false"}), data);
+      const auto streamed = trainer(config({"backend.weight_gradient_stream=true", "backend.cuda_graph=false"}), data);
+      const auto *gpu = dynamic_cast<const cuda::CudaTrainer *>(on.get());
+      const auto *plain = dynamic_cast<const cuda::CudaTrainer *>(off.get());
+      REQUIRE(gpu != nullptr);
+      REQUIRE(plain != nullptr);
+      CHECK(gpu->training_program().stream_plan().splits_gradients());
+      CHECK_FALSE(plain->training_program().stream_plan().splits_gradients());
+      on->train(15);
+      off->train(15);
+      streamed->train(15);
+      const auto a = on->save_state();
+      test::check_same_state(a, off->save_state());
+      test::check_same_state(a, streamed->save_state());
+      CHECK(on->last_loss() == off->last_loss());
+    }
   fs::remove_all(out);
 }
 

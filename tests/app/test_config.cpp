@@ -113,6 +113,8 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   CHECK(d.whole_step == plain.whole_step);
   CHECK(d.one_pass_backward == plain.one_pass_backward);
   CHECK(d.steps_per_launch == plain.steps_per_launch);
+  CHECK(d.weight_gradient_stream == plain.weight_gradient_stream);
+  CHECK(d.weight_gradient_stream);
   CHECK_FALSE(d.accumulate_f16);
 
   const auto c = parse_config(std::string(kMinimal) +
@@ -121,7 +123,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
                                   "  fold_input_update: false\n  dependent_launch: false\n  classifier_mma: false\n"
                                   "  one_pass_multicast: false\n  strip_splits: 4\n  resident_cluster: 8\n"
                                   "  autotune: true\n  whole_step: false\n  one_pass_backward: false\n"
-                                  "  steps_per_launch: 3\n",
+                                  "  steps_per_launch: 3\n  weight_gradient_stream: false\n",
                               "t.yaml");
   const sg::BackendOptions o = backend_options_from_config(c);
   CHECK(o.whole_step_mode == sg::WholeStepMode::resident);
@@ -136,6 +138,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   CHECK_FALSE(o.whole_step);
   CHECK_FALSE(o.one_pass_backward);
   CHECK(o.steps_per_launch == 3);
+  CHECK_FALSE(o.weight_gradient_stream);
   CHECK(o.accumulate_f16);
 
   for (const char* mode : {"auto", "grid", "cluster", "resident"}) {
@@ -163,6 +166,8 @@ TEST_CASE("bad backend: values are errors naming file, line and key") {
   CHECK(error_of(head + "  dependent_launch: sometimes\n") ==
         doctest::Contains("test.yaml:6: backend.dependent_launch: expected true or false, got 'sometimes'"));
   CHECK(error_of(head + "  classifier_mma: 2\n") == doctest::Contains("test.yaml:6: backend.classifier_mma: expected true or false"));
+  CHECK(error_of(head + "  weight_gradient_stream: maybe\n") ==
+        doctest::Contains("test.yaml:6: backend.weight_gradient_stream: expected true or false, got 'maybe'"));
   CHECK(error_of(head + "  strip_splits: many\n") ==
         doctest::Contains("test.yaml:6: backend.strip_splits: expected an integer, got 'many'"));
   CHECK(error_of(head + "  multicast: false\n") == doctest::Contains("test.yaml:6: backend.multicast: unknown key"));

@@ -25,6 +25,8 @@
 #include <numeric>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/table_fetch.hpp"
 #include "runtime/cuda/cuda_program.hpp"
@@ -159,28 +161,55 @@ TEST_CASE("a single-rank NCCL run (all-reduce captured in the graph) follows the
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
   const Dataset data = random_dataset(400, 37, 11, rng);  // 12 batches per epoch: reshuffles happen
-  const MlpTraining t = odd_training(1);
-  TrainerSpec dp = spec_for(t, data, ProgramTarget::cuda);
-  dp.data_parallel = single_rank();
-  cuda::CudaTrainer gpu(dp, data);
-  CHECK(nccl_launches(gpu) == 3);  // one bucket per layer
-  auto cpu = make_cpu_trainer(spec_for(t, data, ProgramTarget::cpu), data);  // all_reduce_mean over one rank: a copy
-  cuda::CudaTrainer plain(spec_for(odd_training(0), data, ProgramTarget::cuda), data);
-  CHECK(nccl_launches(plain) == 0);
-  // The all-reduces run on the communication stream, forked and joined inside the capture; the plain step has none.
-  CHECK(gpu.training_program().stream_plan().forks());
-  CHECK_FALSE(plain.training_program().stream_plan().forks());
-  gpu.poison_activations();
-  const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
-  CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-3);
-  const auto gpu_losses = losses(gpu, 59), cpu_losses = losses(*cpu, 59), plain_losses = losses(plain, 60);
-  MESSAGE("loss step 60: nccl " << gpu_losses.back() << " cpu " << cpu_losses.back() << " plain cuda "
-                                << plain_losses.back());
-  CHECK(sg::test::relative_error(gpu_losses, cpu_losses) < 1e-2);
-  std::vector<float> all_gpu = first_gpu;
-  all_gpu.insert(all_gpu.end(), gpu_losses.begin(), gpu_losses.end());
-  CHECK(sg::test::relative_error(all_gpu, plain_losses) < 1e-2);
-  CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
+  // fp32: the widened gradients are reduced; compute (precision.all_reduce): the f16 ones, cast after the mean.
+  // Over one rank both reduce to a copy of what the plain step's update reads.
+  for (const bool compute : {false, true}) {
+    const std::string reduced = compute ? "compute" : "fp32";
+    INFO("all_reduce: " << reduced);
+    MlpTraining t = odd_training(1);
+    t.optimizer.reduce_in_compute_dtype = compute;
+    TrainerSpec dp = spec_for(t, data, ProgramTarget::cuda);
+    dp.data_parallel = single_rank();
+    cuda::CudaTrainer gpu(dp, data);
+    CHECK(nccl_launches(gpu) == 3);  // one bucket per layer
+    for (const auto& l : gpu.training_program().schedule().launches)
+      if (l.lowering->name() == "nccl_all_reduce")
+        for (ValueId v : l.reads)
+          CHECK(gpu.training_program().graph().value(v).dtype == (compute ? DType::f16 : DType::f32));
+    auto cpu = make_cpu_trainer(spec_for(t, data, ProgramTarget::cpu), data);  // all_reduce_mean over one rank: a copy
+    cuda::CudaTrainer plain(spec_for(odd_training(0), data, ProgramTarget::cuda), data);
+    CHECK(nccl_launches(plain) == 0);
+    // The all-reduces run on the communication stream, forked and joined inside the capture; the plain step has
+    // none (its weight gradients may run on the gradient stream instead).
+    CHECK(gpu.training_program().stream_plan().forks());
+    CHECK_FALSE(gpu.training_program().stream_plan().splits_gradients());
+    CHECK_FALSE(plain.training_program().stream_plan().forks());
+    gpu.poison_activations();
+    const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 2e-3);
+    const auto gpu_losses = losses(gpu, 59), cpu_losses = losses(*cpu, 59), plain_losses = losses(plain, 60);
+    MESSAGE(reduced << " all-reduce, loss step 60: nccl " << gpu_losses.back() << " cpu " << cpu_losses.back()
+                    << " plain cuda " << plain_losses.back() << "; parameters vs the plain step "
+                    << sg::test::relative_error(all_parameters(gpu), all_parameters(plain)) << ", vs the cpu "
+                    << sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)));
+    CHECK(sg::test::relative_error(gpu_losses, cpu_losses) < 1e-2);
+    std::vector<float> all_gpu = first_gpu;
+    all_gpu.insert(all_gpu.end(), gpu_losses.begin(), gpu_losses.end());
+    CHECK(sg::test::relative_error(all_gpu, plain_losses) < 1e-2);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(plain)) < 5e-2);
+    CHECK(sg::test::relative_error(all_parameters(gpu), all_parameters(*cpu)) < 5e-2);
+    // Entry by entry against the plain step (state entries pair by name), to say where a difference sits.
+    const auto mine = gpu.save_state(), theirs = plain.save_state();
+    REQUIRE(mine.size() == theirs.size());
+    std::string entries;
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      if (is_floating(mine[i].dtype)) {
+        CHECK(mine[i].name == theirs[i].name);
+        entries += fmt::format(" {} {:.3g}", mine[i].name,
+                               sg::test::relative_error(floats_from_blob(mine[i]), floats_from_blob(theirs[i])));
+      }
+    MESSAGE(reduced << " all-reduce, entries vs the plain step:" << entries);
+  }
 }
 
 TEST_CASE("a single-rank NCCL run of a residual CNN (model.sequential) follows the CPU backend and the plain CUDA step") {

@@ -1,0 +1,230 @@
+// The gradient stream of a one-GPU training step (runtime/cuda/stream_plan.hpp,
+// runtime/plan/update_branches.hpp), no GPU needed: which launches only feed
+// the parameter updates, where each is forked from the step's stream and
+// joined back, and that the memory plan keeps their buffers to themselves
+// in between. Each network's schedule is checked against the rules from the
+// launches' reads and writes alone (a hand-built reference, not the plan's own
+// helpers), so a wrong fork, join or buffer reuse shows on any network.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+
+#include "models/mlp_program.hpp"
+#include "runtime/cuda/lowering.hpp"
+#include "runtime/cuda/stream_plan.hpp"
+#include "runtime/plan/memory_plan.hpp"
+#include "runtime/plan/update_branches.hpp"
+#include "tests/runtime/report_cnn.hpp"
+
+using namespace sg;
+
+namespace {
+
+Schedule lower(const Graph& g, std::vector<std::unique_ptr<cuda::CudaLowering>>& keep) {
+  keep = cuda::cuda_lowerings(BackendOptions{}, /*device_present=*/false);
+  return build_schedule(g, cuda::as_lowerings(keep));
+}
+
+bool meets(const std::vector<ValueId>& a, const std::vector<ValueId>& b) {
+  for (ValueId v : a)
+    if (std::find(b.begin(), b.end(), v) != b.end()) return true;
+  return false;
+}
+
+// Two launches that may not run at the same time: one reads or writes what the other writes or updates.
+bool conflict(const Launch& a, const Launch& b) {
+  const auto changes = [](const Launch& l) {
+    std::vector<ValueId> out = l.writes;
+    out.insert(out.end(), l.updates.begin(), l.updates.end());
+    return out;
+  };
+  const std::vector<ValueId> ca = changes(a), cb = changes(b);
+  return meets(a.reads, cb) || meets(ca, b.reads) || meets(ca, cb);
+}
+
+bool has_op(const Graph& g, const Launch& l, OpKind op) {
+  return std::any_of(l.nodes.begin(), l.nodes.end(), [&](NodeId n) { return g.node(n).op == op; });
+}
+
+bool is_update_rule(OpKind op) {
+  return op == OpKind::sgd_update || op == OpKind::adam_update || op == OpKind::rmsprop_update;
+}
+
+// The rules every gradient-stream plan keeps, on one schedule.
+void check_plan(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan) {
+  const std::size_t n = s.launches.size();
+  REQUIRE(plan.on_gradient_stream.size() == n);
+  std::size_t previous_fork = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    const Launch& l = s.launches[k];
+    INFO("L" << k << " " << l.lowering->name());
+    // Nothing that changes the data-gradient chain leaves the step's stream.
+    for (OpKind op : {OpKind::conv2d_backward_data, OpKind::relu_backward, OpKind::max_pool2d_backward,
+                      OpKind::softmax_xent_backward, OpKind::batch_indices})
+      if (has_op(g, l, op)) CHECK_FALSE(plan.on_gradient_stream[k]);
+    if (!plan.on_gradient_stream[k]) continue;
+    CHECK(l.aux_read < 0);
+    CHECK(l.aux_write < 0);
+    const std::size_t fork = plan.fork_before[k], join = plan.join_before[k];
+    CHECK(fork <= k);
+    CHECK(fork >= previous_fork);  // in schedule order on its stream
+    previous_fork = fork;
+    CHECK(join > k);
+    CHECK(join <= n);
+    // Forked as early as it may be: the step-stream launch just before the fork conflicts with it (or
+    // with an earlier gradient launch, whose fork this one may not pass) ...
+    for (std::size_t j = fork; j < k; ++j)
+      if (plan.on_step_stream(j)) CHECK_FALSE(conflict(s.launches[j], l));
+    // ... and every later step-stream launch that conflicts with it waits: the join is at the first.
+    for (std::size_t j = k + 1; j < n; ++j)
+      if (plan.on_step_stream(j) && conflict(s.launches[j], l)) {
+        CHECK(join <= j);
+        break;
+      }
+    if (join < n) CHECK(conflict(s.launches[join], l));
+    for (std::size_t j = k + 1; j < join; ++j)
+      if (plan.on_step_stream(j)) CHECK_FALSE(conflict(s.launches[j], l));
+  }
+  // The forks and joins the program records: each gradient launch forked once, joined once.
+  std::size_t forked = 0, joined = 0;
+  for (std::size_t i = 0; i <= n; ++i) {
+    forked += plan.forked_before(i).size();
+    joined += plan.joined_before(i).size();
+  }
+  const auto on =
+      static_cast<std::size_t>(std::count(plan.on_gradient_stream.begin(), plan.on_gradient_stream.end(), true));
+  CHECK(forked == on);
+  CHECK(joined == on);
+}
+
+// The arena: a gradient launch's buffers share bytes with no buffer live between its fork and its join.
+void check_memory(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan) {
+  const std::vector<std::size_t> bytes(g.values().size(), 64);
+  const std::vector<std::size_t> masks(s.aux.size(), 64);
+  ArenaRequest request = arena_request(g, s, bytes, masks);
+  const ArenaRequest serial = request;
+  cuda::keep_live_until_joined(request, s, plan);
+  const MemoryPlan memory = plan_memory(request.buffers);
+  const int last = static_cast<int>(s.launches.size()) - 1;
+  for (std::size_t k = 0; k < s.launches.size(); ++k) {
+    if (!plan.on_gradient_stream[k]) continue;
+    const Launch& l = s.launches[k];
+    const int from = static_cast<int>(plan.fork_before[k]),
+              until = std::min(static_cast<int>(plan.join_before[k]), last);
+    for (const auto* ids : {&l.reads, &l.writes, &l.scratch})
+      for (ValueId v : *ids) {
+        const int b = request.buffer_of_value[static_cast<std::size_t>(v)];
+        if (b < 0) continue;
+        const ArenaSlot& mine = memory.slots[static_cast<std::size_t>(b)];
+        for (std::size_t o = 0; o < serial.buffers.size(); ++o) {
+          if (static_cast<int>(o) == b) continue;
+          // Live beside it in the serial plan (what the other launches assume) ...
+          const auto& other = serial.buffers[o];
+          if (other.last < from || other.first > until) continue;
+          // ... so it may not share bytes.
+          const ArenaSlot& theirs = memory.slots[o];
+          INFO("L" << k << " '" << g.value(v).name << "' beside '" << other.name << "'");
+          CHECK_FALSE((theirs.offset < mine.offset + mine.bytes && mine.offset < theirs.offset + theirs.bytes));
+        }
+      }
+  }
+}
+
+struct Network {
+  std::string name;
+  TrainingProgram program;
+};
+
+std::vector<Network> networks() {
+  std::vector<Network> out;
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::rmsprop}) {
+    SequentialTraining t = test::report_cnn();
+    t.optimizer.kind = kind;
+    if (kind == OptimizerKind::rmsprop) t.optimizer.clip_grad_norm = 1.0;
+    out.push_back({fmt::format("report CNN, {}", optimizer_name(kind)),
+                   build_sequential_program(t, 1280, 200, ProgramTarget::cuda)});
+  }
+  for (const int variant : {0, 1, 2}) {  // SGD in f16, Adam with fp32 master weights, clipped momentum SGD
+    MlpTraining t;
+    t.mlp.layers = {784, 128, 96, 10};
+    t.mlp.batch = 64;
+    if (variant == 1) {
+      t.optimizer.kind = OptimizerKind::adam;
+      t.mlp.weight_dtype = DType::f32;
+    }
+    if (variant == 2) {
+      t.optimizer.momentum = 0.9;
+      t.optimizer.clip_grad_norm = 0.5;
+    }
+    out.push_back({fmt::format("MLP variant {}", variant), build_mlp_program(t, 6400, 1000, ProgramTarget::cuda)});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "gradient stream: weight gradients and updates leave the step's stream, forked after what they read "
+    "and joined before what reads or overwrites their values") {
+  for (const Network& net : networks()) {
+    INFO(net.name);
+    const Graph& g = net.program.train;
+    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
+    const Schedule s = lower(g, keep);
+    const cuda::StreamPlan plan = cuda::plan_streams(g, s, /*weight_gradient_stream=*/true);
+    CHECK_FALSE(plan.forks());
+    REQUIRE(plan.splits_gradients());
+    check_plan(g, s, plan);
+    check_memory(g, s, plan);
+    std::string side;
+    for (std::size_t k = 0; k < s.launches.size(); ++k) {
+      const Launch& l = s.launches[k];
+      // Every update rule's launch (none of them reads a ReLU mask) is on the gradient stream, and so is
+      // every launch whose only product is a weight gradient.
+      const bool updates =
+          std::any_of(l.nodes.begin(), l.nodes.end(), [&](NodeId x) { return is_update_rule(g.node(x).op); });
+      if (updates && l.aux_read < 0) CHECK(plan.on_gradient_stream[k]);
+      if (has_op(g, l, OpKind::conv2d_backward_filter) && !has_op(g, l, OpKind::conv2d_backward_data))
+        CHECK(plan.on_gradient_stream[k]);
+      if (plan.on_gradient_stream[k]) side += fmt::format(" L{}", k);
+    }
+    MESSAGE(net.name << ": " << s.launches.size() << " launches, on the gradient stream:" << side);
+    // Switched off: one stream.
+    const cuda::StreamPlan off = cuda::plan_streams(g, s, /*weight_gradient_stream=*/false);
+    CHECK_FALSE(off.splits_gradients());
+    for (std::size_t i = 0; i <= s.launches.size(); ++i) {
+      CHECK(off.joined_before(i).empty());
+      CHECK(off.forked_before(i).empty());
+    }
+  }
+}
+
+TEST_CASE("gradient stream: a value feeds only the updates through casts and sums, not through a matmul") {
+  MlpTraining t;
+  t.mlp.layers = {20, 16, 4};
+  t.mlp.batch = 8;
+  t.mlp.weight_dtype = DType::f32;  // fp32 master weights: each gradient is cast before its update
+  const Graph g = build_mlp_program(t, 64, 16, ProgramTarget::cuda).train;
+  const std::vector<bool> feeds = feeds_only_updates(g);
+  std::size_t gradients = 0;
+  for (const Node& n : g.nodes()) {
+    if (!is_update_rule(n.op)) continue;
+    const ValueId grad = n.inputs[1];
+    CHECK(feeds[static_cast<std::size_t>(grad)]);
+    const Node& producer = g.node(g.value(grad).producer);
+    INFO("'" << g.value(grad).name << "' from " << op_name(producer.op));
+    // Through the widening cast to the matmul or the column sum, whose output feeds only the update ...
+    if (producer.op == OpKind::cast) CHECK(feeds[static_cast<std::size_t>(producer.inputs[0])]);
+    ++gradients;
+  }
+  CHECK(gradients == 4);
+  // ... while the matmul's and the sums' input (a layer's dY, also read by the data gradient) and the
+  // activations do not, nor does the loss.
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::matmul || n.op == OpKind::relu_backward || n.op == OpKind::softmax_xent_backward)
+      for (ValueId in : n.inputs) CHECK_FALSE(feeds[static_cast<std::size_t>(in)]);
+    if (n.op == OpKind::softmax_xent) CHECK_FALSE(feeds[static_cast<std::size_t>(n.outputs[0])]);
+  }
+}
