@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "ops/cpu/reference_ops.hpp"
+#include "ops/cuda/cast_params.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
 
@@ -202,4 +203,45 @@ TEST_CASE_TEMPLATE("batch fetch gathers the step's rows and labels", T, float, _
       CHECK(std::vector<std::int32_t>(got.begin(), got.end()) == yref);
     }
   }
+}
+
+// ops/cuda/cast_params.hpp: a step's fp32 master weights into their working copies, many tensors a launch
+// (more than kCastTensorsPerLaunch: two launches), of sizes around the 4-element packs and the block, at
+// offsets that leave the 16-byte loads (source) or the 8-byte stores (target) misaligned: every element
+// rounded as the host rounds it, none left unwritten (the targets start poisoned).
+TEST_CASE_TEMPLATE("cast_params: any tensor count, size and alignment, each element rounded as on the host", T, __half,
+                   __nv_bfloat16) {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::vector<std::int64_t> sizes = {1, 3, 4, 5, 7, 8, 1023, 1024, 1025, 4096, 4099, 70001};
+  const std::size_t count = cuda::kCastTensorsPerLaunch + 5;
+  struct Place {
+    std::int64_t n, source_at, target_at;
+  };
+  std::vector<Place> places;
+  std::int64_t source_elements = 0, target_elements = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::int64_t n = i < sizes.size() ? sizes[i] : 1 + std::int64_t(rng() % 9000);
+    // Offsets of 0-3 elements from a 16-byte boundary on either side.
+    source_elements = (source_elements + 3) / 4 * 4 + std::int64_t(rng() % 4);
+    target_elements = (target_elements + 7) / 8 * 8 + std::int64_t(rng() % 4);
+    places.push_back({n, source_elements, target_elements});
+    source_elements += n;
+    target_elements += n;
+  }
+  const auto host = sg::test::uniform(static_cast<std::size_t>(source_elements), rng, -70.f, 70.f);
+  DeviceArray<float> source(host);
+  DeviceArray<T> target(static_cast<std::size_t>(target_elements));  // poisoned
+  std::vector<cuda::CastTensor<T>> tensors;
+  for (const Place& p : places) tensors.push_back({source.get() + p.source_at, target.get() + p.target_at, p.n});
+  cuda::launch_cast_params(tensors, nullptr);
+  const std::vector<float> out = target.download();
+  std::size_t wrong = 0;
+  for (const Place& p : places)
+    for (std::int64_t i = 0; i < p.n; ++i) {
+      const float expected = static_cast<float>(static_cast<T>(host[static_cast<std::size_t>(p.source_at + i)]));
+      const float got = out[static_cast<std::size_t>(p.target_at + i)];
+      if (!(got == expected)) ++wrong;  // NaN (unwritten) never equals
+    }
+  CHECK(wrong == 0);
 }
