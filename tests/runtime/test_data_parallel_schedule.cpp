@@ -1,7 +1,5 @@
 // The CUDA cover of a data-parallel training step (issue 25), no GPU needed:
-// every all_reduce_mean bucket is its own nccl_all_reduce launch (unless its
-// gradients all exist where an earlier bucket sits: then it shares that
-// bucket's launch, as a fused step's buckets do), and no
+// every all_reduce_mean bucket is its own nccl_all_reduce launch, and no
 // launch reads a value before the launch that produces it (in particular no
 // update runs before its bucket's all-reduce: the fused update lowerings,
 // which read no gradient buffer, take nothing across it). World size 1 (the
@@ -286,38 +284,4 @@ TEST_CASE("data parallel: a CNN rank (model.sequential) reduces each layer's gra
     MESSAGE("report CNN, " << optimizer_name(kind) << ", rank 1 of 2: " << l.schedule.launches.size()
                            << " launches: " << names);
   }
-}
-
-TEST_CASE("data parallel: buckets whose gradients all exist at the first one's place share its NCCL launch") {
-  // Two gradients written before the first bucket (as a fused step writes every gradient in one
-  // launch) and one written after it (as a per-layer backward goes on).
-  Graph g;
-  const ValueId x = g.input("x", {4, 8}, DType::f16);
-  const ValueId early = g.relu(x);
-  const ValueId grad_a = g.reduce_rows(x), grad_b = g.reduce_rows(early);
-  const ValueId mean_a = g.append_node(OpKind::all_reduce_mean, {grad_a}, NoAttrs{}, Role::grad, "mean_a").front();
-  const ValueId mean_b = g.append_node(OpKind::all_reduce_mean, {grad_b}, NoAttrs{}, Role::grad, "mean_b").front();
-  const ValueId grad_c = g.reduce_rows(g.relu(early));
-  const ValueId mean_c = g.append_node(OpKind::all_reduce_mean, {grad_c}, NoAttrs{}, Role::grad, "mean_c").front();
-  for (const auto& [name, mean] : {std::pair{"a", mean_a}, {"b", mean_b}, {"c", mean_c}})
-    g.sgd_update(g.param(std::string("w_") + name, {8}, DType::f16), mean);
-  const Lowered l = lower(g);
-  check_dependencies(g, l.schedule);
-  std::vector<std::vector<NodeId>> reduces;
-  for (const auto& launch : l.schedule.launches)
-    if (launch.lowering->name() == "nccl_all_reduce") reduces.push_back(launch.nodes);
-  REQUIRE(reduces.size() == 2);
-  CHECK(reduces[0] == std::vector<NodeId>{g.value(mean_a).producer, g.value(mean_b).producer});
-  CHECK(reduces[1] == std::vector<NodeId>{g.value(mean_c).producer});
-  // The shared launch runs where the first bucket sits, before the late gradient, which it overlaps.
-  const cuda::StreamPlan plan = cuda::plan_streams(g, l.schedule, /*weight_gradient_stream=*/true);
-  std::size_t first = 0, late = 0;
-  for (std::size_t i = 0; i < l.schedule.launches.size(); ++i) {
-    const auto& nodes = l.schedule.launches[i].nodes;
-    if (nodes == reduces[0]) first = i;
-    if (std::find(nodes.begin(), nodes.end(), g.value(grad_c).producer) != nodes.end()) late = i;
-  }
-  CHECK(first < late);
-  CHECK(plan.on_communication[first]);
-  CHECK(plan.join_before[first] > late);
 }

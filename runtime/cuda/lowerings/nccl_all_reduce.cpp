@@ -8,12 +8,6 @@
 // the layers before (NCCL >= 2.9 supports capture with one process per GPU).
 // The updates that read the reduced gradients are separate launches: a
 // reduced gradient is materialised before its update (docs/data_parallel.md).
-// Later buckets whose gradients all exist where the first one sits (a fused
-// step writes every gradient in one launch) ride in its launch: one NCCL
-// group, one collective launch for all of them. A bucket produced later keeps
-// a launch of its own, so it still overlaps the backward in between.
-#include <algorithm>
-
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 
@@ -41,17 +35,7 @@ class NcclAllReduceLowering final : public CudaLowering {
     if (n.op != OpKind::all_reduce_mean) return std::nullopt;
     for (ValueId in : n.inputs)
       if (!nccl_type(g.value(in).dtype)) return std::nullopt;
-    Match m = single_unit(unit);
-    for (const CoverUnit& other : cover.units()) {
-      if (other.id == unit.id || cover.taken(other.id) || other.fusion_group >= 0) continue;
-      const Node& later = g.node(other.nodes.front());
-      if (later.op != OpKind::all_reduce_mean || later.id < n.id) continue;
-      const bool ready = std::all_of(later.inputs.begin(), later.inputs.end(), [&](ValueId in) {
-        return g.value(in).producer < n.id && nccl_type(g.value(in).dtype);
-      });
-      if (ready) m.units.push_back(other.id);
-    }
-    return m;
+    return single_unit(unit);
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -59,6 +43,7 @@ class NcclAllReduceLowering final : public CudaLowering {
     if (!comm)
       throw CudaError("all_reduce_mean needs an NCCL communicator: this graph belongs to a data-parallel run (--gpus N)");
     const sg::Graph& g = c.graph();
+    const Node& n = g.node(l.nodes.front());
     struct Tensor {
       const void* in;
       void* out;
@@ -67,14 +52,11 @@ class NcclAllReduceLowering final : public CudaLowering {
     };
     std::vector<Tensor> tensors;
     std::size_t bytes = 0;
-    for (NodeId bucket : l.nodes) {
-      const Node& n = g.node(bucket);
-      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-        const Value& v = g.value(n.inputs[i]);
-        tensors.push_back({c.ptr(v.id), c.ptr(n.outputs[i]), static_cast<std::size_t>(element_count(v.shape)),
-                           *nccl_type(v.dtype)});
-        bytes += static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype);
-      }
+    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+      const Value& v = g.value(n.inputs[i]);
+      tensors.push_back({c.ptr(v.id), c.ptr(n.outputs[i]), static_cast<std::size_t>(element_count(v.shape)),
+                         *nccl_type(v.dtype)});
+      bytes += static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype);
     }
     auto run = [comm, tensors](cudaStream_t s) {
       SG_NCCL_CHECK(ncclGroupStart());
@@ -84,9 +66,8 @@ class NcclAllReduceLowering final : public CudaLowering {
       comm->wait_ready("ncclAllReduce (gradient bucket)");
     };
     return std::make_unique<BoundLaunch>(
-        std::move(run), fmt::format("NCCL, {} bucket{}, {} tensor{}, {} bytes, {} ranks", l.nodes.size(),
-                                    l.nodes.size() == 1 ? "" : "s", tensors.size(), tensors.size() == 1 ? "" : "s",
-                                    bytes, comm->world_size()));
+        std::move(run), fmt::format("NCCL, {} tensor{}, {} bytes, {} ranks", tensors.size(),
+                                    tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
   }
 };
 
