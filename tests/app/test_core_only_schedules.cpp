@@ -45,13 +45,19 @@ std::set<std::string> fast_path_only_names() {
 
 std::vector<NamedGraph> shipped_configs() {
   std::vector<NamedGraph> out;
-  for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(SG_SOURCE_DIR) / "configs")) {
-    if (entry.path().extension() != ".yaml") continue;
+  // configs/ and the benchmarks' networks (bench/networks/, docs/benchmarks.md).
+  std::vector<std::filesystem::path> files;
+  for (const char* folder : {"configs", "bench/networks"})
+    for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::path(SG_SOURCE_DIR) / folder))
+      if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  for (const auto& path : files) {
+    const std::filesystem::directory_entry entry(path);
     const app::TrainConfig config = app::load_config(entry.path());
     const bool table = !config.data.train_x.empty() || !config.data.format.empty();  // float features (issue 23)
     const std::int64_t rows = 20 * std::max<std::int64_t>(config.data.batch_size, 1000);
     const TrainerSpec spec = app::trainer_spec(config, rows, rows, ProgramTarget::cuda, table ? DType::f32 : DType::u8);
-    out.push_back({entry.path().filename().string(), spec.program.train, spec.backend});
+    out.push_back({entry.path().parent_path().filename().string() + "/" + entry.path().filename().string(),
+                   spec.program.train, spec.backend});
   }
   return out;
 }
@@ -121,7 +127,7 @@ TEST_CASE("core-only: the core lowerings alone cover every shipped config and be
   CHECK(fast_only.count("whole_step") == 1);
   CHECK(fast_only.count("small_m_wgrad_sgd") == 1);
   const auto configs = shipped_configs();
-  CHECK(configs.size() >= 10);
+  CHECK(configs.size() >= 13);  // configs/ and bench/networks/
   for (const auto& g : configs) check_core_only(g, fast_only);
   for (const auto& g : bench_shapes()) check_core_only(g, fast_only);
 }
@@ -130,7 +136,7 @@ TEST_CASE("the normal schedule names each declined fast path with a reason") {
   for (const auto& g : shipped_configs()) check_declined(g);
   for (const auto& g : bench_shapes()) check_declined(g);
   for (const auto& g : shipped_configs())
-    if (g.name == "mnist_cnn_fast.yaml") {
+    if (g.name == "configs/mnist_cnn_fast.yaml") {
       const auto declined = check_declined(g);
       // AdamW is the CNN step's too (issue 35): every structural check
       // passes, and only the device can say whether the step fits (it does
