@@ -10,8 +10,10 @@ bool is_update_rule(OpKind op) {
   return op == OpKind::sgd_update || op == OpKind::adam_update || op == OpKind::rmsprop_update;
 }
 
-// The steps between a parameter's gradient and its update rule: none of them
-// is a matmul or a convolution, so none of them reads the data-gradient chain.
+// The cheap steps between a parameter's gradient and its update rule: only
+// these pass "feeds only the updates" on to what they read. Were a matmul or
+// a convolution's gradient among them, the whole backward pass would qualify
+// (every data gradient ends in some weight's update) and leave no chain.
 bool is_gradient_plumbing(OpKind op) {
   switch (op) {
     case OpKind::cast:
