@@ -106,10 +106,10 @@ CudaCover cuda_cover(const TrainConfig& config, const Graph& g) {
 std::string schedule_dump(const TrainConfig& config, const Graph& g) {
 #ifdef STEPGRAPH_HAVE_CUDA
   const CudaCover c = cuda_cover(config, g);
+  const BackendOptions backend = backend_options_from_config(config);
   // Where each all-reduce (data parallel) or weight gradient (one GPU) leaves the step's stream and where the step
   // waits for it.
-  const cuda::StreamPlan streams =
-      cuda::plan_streams(g, c.schedule, backend_options_from_config(config).weight_gradient_stream);
+  const cuda::StreamPlan streams = cuda::plan_streams(g, c.schedule, backend.weight_gradient_stream);
   const auto launch_name = [&](std::size_t i) {
     return i == c.schedule.launches.size() ? std::string("the step's end") : fmt::format("L{}", i);
   };
@@ -123,7 +123,7 @@ std::string schedule_dump(const TrainConfig& config, const Graph& g) {
                            launch_name(streams.fork_before[i]), launch_name(streams.join_before[i]));
   // The fast paths without a launch here, and why (the same lines `train` logs and `bench` reports).
   std::string declined;
-  for (const auto& d : cuda::declined_fast_paths(g, c.schedule, backend_options_from_config(config), cuda_backend_usable()))
+  for (const auto& d : cuda::declined_fast_paths(g, c.schedule, backend, cuda_backend_usable()))
     declined += fmt::format("# fast path {} declined: {}\n", d.name, d.reason);
   return c.note + dump_schedule(g, c.schedule) + forks + declined;
 #else

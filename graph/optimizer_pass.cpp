@@ -191,4 +191,8 @@ void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spe
 
 }  // namespace
 
+bool is_update_rule(OpKind op) {
+  return op == OpKind::sgd_update || op == OpKind::adam_update || op == OpKind::rmsprop_update;
+}
+
 }  // namespace sg

@@ -55,4 +55,8 @@ struct OptimizerSpec {
 void append_optimizer(Graph& graph, const GradientMap& grads, const OptimizerSpec& spec,
                       std::optional<ValueId> step = std::nullopt);
 
+// Whether `op` is one of the update rules this pass appends (sgd_update,
+// adam_update, rmsprop_update): a node that updates a parameter in place.
+bool is_update_rule(OpKind op);
+
 }  // namespace sg

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "graph/optimizer_pass.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #ifdef STEPGRAPH_HAVE_CUDNN
 #include "ops/cuda/cudnn_graph.hpp"
@@ -176,8 +177,7 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   end_part("cover (schedule)");
   bind_values();
   for (const Node& n : graph_.nodes())
-    if (n.op == OpKind::sgd_update || n.op == OpKind::adam_update || n.op == OpKind::rmsprop_update)
-      update_nodes_.push_back(n.id);
+    if (is_update_rule(n.op)) update_nodes_.push_back(n.id);
   const std::size_t scalar_bytes = std::max<std::size_t>(1, update_nodes_.size()) * sizeof(UpdateScalars);
   update_scalars_ = DeviceBuffer(scalar_bytes);
   uploader_ = std::make_unique<ScalarUploader>(scalar_bytes);

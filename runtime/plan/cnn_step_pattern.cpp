@@ -272,7 +272,7 @@ class CnnStepWalker {
       throw NoMatch{"gradients all-reduced in the compute dtype (precision.all_reduce: compute): the step's "
                     "kernels hand the reduction fp32 gradients"};
     const Node* cast = reader(grad, OpKind::cast, 0);
-    if (!cast || g_.value(cast->outputs[0]).dtype != DType::f32 || g_.consumers(grad).size() != 1)
+    if (!cast || g_.value(cast->outputs[0]).dtype != DType::f32 || grad_readers.size() != 1)
       throw NoMatch{fmt::format("the gradient {} is not cast to fp32 for its update", g_.value(grad).name)};
     gradient = cast->outputs[0];
     ValueId applied = gradient;  // what the update reads

@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "graph/optimizer_pass.hpp"
+
 namespace sg {
 namespace {
-
-bool is_update_rule(OpKind op) {
-  return op == OpKind::sgd_update || op == OpKind::adam_update || op == OpKind::rmsprop_update;
-}
 
 // The cheap steps between a parameter's gradient and its update rule: only
 // these pass "feeds only the updates" on to what they read. Were a matmul or

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <string>
 
+#include "graph/optimizer_pass.hpp"
 #include "models/mlp_program.hpp"
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/stream_plan.hpp"
@@ -46,10 +47,6 @@ bool conflict(const Launch& a, const Launch& b) {
 
 bool has_op(const Graph& g, const Launch& l, OpKind op) {
   return std::any_of(l.nodes.begin(), l.nodes.end(), [&](NodeId n) { return g.node(n).op == op; });
-}
-
-bool is_update_rule(OpKind op) {
-  return op == OpKind::sgd_update || op == OpKind::adam_update || op == OpKind::rmsprop_update;
 }
 
 // The rules every gradient-stream plan keeps, on one schedule.
