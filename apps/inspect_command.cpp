@@ -109,7 +109,7 @@ std::string schedule_dump(const TrainConfig& config, const Graph& g) {
   const BackendOptions backend = backend_options_from_config(config);
   // Where each all-reduce (data parallel) or weight gradient (one GPU) leaves the step's stream and where the step
   // waits for it.
-  const cuda::StreamPlan streams = cuda::plan_streams(g, c.schedule, backend.weight_gradient_stream);
+  const cuda::StreamPlan streams = cuda::plan_streams(g, c.schedule, backend);
   const auto launch_name = [&](std::size_t i) {
     return i == c.schedule.launches.size() ? std::string("the step's end") : fmt::format("L{}", i);
   };
@@ -152,7 +152,7 @@ std::string memory_dump(const TrainConfig& config, const Graph& g) {
   ArenaRequest request = arena_request(g, c.schedule, bytes, masks);
   cuda::keep_live_until_joined(  // as CudaProgram plans it
       request, c.schedule,
-      cuda::plan_streams(g, c.schedule, backend_options_from_config(config).weight_gradient_stream));
+      cuda::plan_streams(g, c.schedule, backend_options_from_config(config)));
   return c.note + dump_memory_plan(plan_memory(std::move(request.buffers))) + workspace;
 #else
   (void)config;

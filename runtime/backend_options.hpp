@@ -49,6 +49,9 @@ struct BackendOptions {
   // chain (runtime/cuda/stream_plan.hpp); data parallel keeps one compute stream.
   bool weight_gradient_stream = true;
   bool gradient_stream_first = false;  // its kernels scheduled before the step stream's (else at the same priority)
+  // Launches that depend on no earlier launch of the step (the parameter
+  // casts) on that second stream from the step's start, beside the batch fetch.
+  bool independent_launch_stream = true;
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
   bool core_only = false;              // no fast path at all: the core lowerings alone (issue 35)

@@ -167,7 +167,7 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   schedule_ = build_schedule(graph_, as_lowerings(lowerings_));
   // Every fast path without a launch, and why (asked of the records; this program names no lowering).
   declined_ = ::sg::cuda::declined_fast_paths(graph_, schedule_, options_.backend, /*device_present=*/true);
-  streams_ = plan_streams(graph_, schedule_, options_.backend.weight_gradient_stream);
+  streams_ = plan_streams(graph_, schedule_, options_.backend);
   if (streams_.forks())
     communication_ = std::make_unique<SideStream>(streams_.on_communication, SideStream::Priority::highest);
   if (streams_.splits_gradients())

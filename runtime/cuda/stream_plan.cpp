@@ -51,15 +51,20 @@ StreamPlan plan_streams(const sg::Graph&, const Schedule& s, const std::vector<b
   plan.on_gradient_stream = on_gradient_stream.empty() ? std::vector<bool>(n, false) : on_gradient_stream;
   plan.fork_before.assign(n, 0);
   plan.join_before.assign(n, n);
-  // Gradient-stream launches keep their schedule order on their stream, so
-  // each forks no earlier than the one before it.
-  std::size_t earliest = 0;
+  // The gradient stream runs its launches in the order of their forks
+  // (schedule order among those forked at one place), so a launch forks no
+  // earlier than an earlier gradient-stream launch it depends on, and one
+  // that waits for a late launch of the step's stream holds back none that
+  // do not depend on it.
   for (std::size_t g = 0; g < n; ++g) {
     if (!plan.on_gradient_stream[g]) continue;
-    std::size_t fork = earliest;
-    for (std::size_t j = 0; j < g; ++j)
-      if (plan.on_step_stream(j) && depends_on(s.launches[g], s.launches[j])) fork = std::max(fork, j + 1);
-    plan.fork_before[g] = earliest = fork;
+    std::size_t fork = 0;
+    for (std::size_t j = 0; j < g; ++j) {
+      if (!depends_on(s.launches[g], s.launches[j])) continue;
+      if (plan.on_step_stream(j)) fork = std::max(fork, j + 1);
+      else if (plan.on_gradient_stream[j]) fork = std::max(fork, plan.fork_before[j]);
+    }
+    plan.fork_before[g] = fork;
   }
   for (std::size_t c = 0; c < n; ++c) {
     if (plan.on_step_stream(c)) continue;
@@ -72,13 +77,49 @@ StreamPlan plan_streams(const sg::Graph&, const Schedule& s, const std::vector<b
   return plan;
 }
 
-StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, bool weight_gradient_stream) {
+std::vector<bool> independent_launches(const Schedule& s) {
+  std::vector<bool> independent(s.launches.size(), false);
+  for (std::size_t i = 1; i < s.launches.size(); ++i) {
+    const Launch& l = s.launches[i];
+    bool free = !l.writes.empty() || !l.updates.empty();
+    for (std::size_t j = 0; j < i && free; ++j) free = !depends_on(l, s.launches[j]);
+    independent[i] = free;
+  }
+  return independent;
+}
+
+StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const BackendOptions& options) {
   std::vector<bool> on_communication;
   for (const Launch& l : s.launches)
     on_communication.push_back(cuda_lowering_of(l).launch_stream() == LaunchStream::communication);
-  std::vector<bool> on_gradient_stream;
-  if (weight_gradient_stream && !any(on_communication)) on_gradient_stream = update_branch_launches(graph, s);
-  return plan_streams(graph, s, on_communication, on_gradient_stream);
+  std::vector<bool> on_gradient_stream(s.launches.size(), false);
+  if (!any(on_communication)) {
+    if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
+    if (options.independent_launch_stream) {
+      const std::vector<bool> independent = independent_launches(s);
+      for (std::size_t i = 0; i < independent.size(); ++i)
+        on_gradient_stream[i] = on_gradient_stream[i] || independent[i];
+    }
+  }
+  // A gradient-stream launch that forks after the step's stream has run its
+  // last launch has nothing to run beside: on the step's stream it starts as
+  // early (the joins wait for what it depends on) and does not queue behind
+  // the gradient stream's backlog. Moving one may push a later one's fork
+  // past the end too, so until nothing moves.
+  StreamPlan plan = plan_streams(graph, s, on_communication, on_gradient_stream);
+  for (bool moved = true; moved;) {
+    moved = false;
+    std::size_t last_step = 0;
+    for (std::size_t j = 0; j < plan.on_gradient_stream.size(); ++j)
+      if (plan.on_step_stream(j)) last_step = j;
+    for (std::size_t g = last_step + 1; g < plan.on_gradient_stream.size(); ++g)
+      if (plan.on_gradient_stream[g] && plan.fork_before[g] > last_step) {
+        on_gradient_stream[g] = false;
+        moved = true;
+      }
+    if (moved) plan = plan_streams(graph, s, on_communication, on_gradient_stream);
+  }
+  return plan;
 }
 
 void keep_live_until_joined(ArenaRequest& request, const Schedule& s, const StreamPlan& plan) {

@@ -10,12 +10,25 @@
 //   so everything it reads has been written.
 // - Without communication, the launches on an update branch (weight and bias
 //   gradients and the updates: runtime/plan/update_branches.hpp) run on the
-//   gradient stream, in schedule order, when `weight_gradient_stream` asks
-//   for it. Each is forked as early as it may run: right after the last
-//   earlier launch of the step's stream that it depends on (fork_before), so
-//   a layer's weight gradient runs beside its data gradient and the layers
-//   below. (With communication launches the reduce sits between the weight
+//   gradient stream when `weight_gradient_stream` asks for it. Each is
+//   forked as early as it may run: right after the last earlier launch of
+//   the step's stream that it depends on (fork_before), and not before an
+//   earlier gradient-stream launch it depends on; so a layer's weight
+//   gradient runs beside its data gradient and the layers below. The
+//   gradient stream runs them in the order of their forks (schedule order
+//   among those forked at one place): a launch waiting for the end of the
+//   chain does not hold back a later one that is ready. (With communication launches the reduce sits between the weight
 //   gradients and the updates, and the step keeps one compute stream.)
+// - With `independent_launch_stream`, a launch that depends on no earlier
+//   launch of the step (the parameters' f16/bf16 casts, which read only
+//   state the previous step left) also runs on the gradient stream, forked
+//   at the step's start: the casts run beside the batch fetch instead of
+//   after it. The schedule's first launch stays on the step's stream.
+// - A gradient-stream launch that would fork after the step's stream has
+//   run its last launch stays on the step's stream: nothing runs beside it
+//   there, and it does not queue behind the gradient stream's backlog (the
+//   first layer's weight gradient, after the chain's last launch, starts as
+//   soon as the chain ends, beside the other layers' gradients and updates).
 // The step's stream waits for a side launch (its own event, recorded after
 // it) right before the first later launch of the step's stream that depends
 // on it: one that reads what it writes, or writes or updates what it reads or
@@ -33,6 +46,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "runtime/backend_options.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/schedule.hpp"
 
@@ -42,7 +56,8 @@ struct StreamPlan {
   std::vector<bool> on_communication;     // per launch
   std::vector<bool> on_gradient_stream;   // per launch
   // fork_before[g]: for gradient-stream launch g, the index of the launch of
-  // the step's stream before which it is enqueued (<= g); unused for the rest.
+  // the step's stream before which it is enqueued (<= g); unused for the
+  // rest. The gradient stream runs its launches in (fork_before, index) order.
   std::vector<std::size_t> fork_before;
   // join_before[c]: for side launch c, the launch before which the step's
   // stream waits for it (launches.size(): at the end of the step); unused for
@@ -61,8 +76,13 @@ struct StreamPlan {
 // From each launch's own answer (tests pass them; an empty on_gradient_stream: none) ...
 StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const std::vector<bool>& on_communication,
                         const std::vector<bool>& on_gradient_stream = {});
-// ... or from the CUDA lowerings' launch_stream() and the update branches.
-StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, bool weight_gradient_stream);
+// ... or from the CUDA lowerings' launch_stream(), the update branches and
+// the independent launches, as the options ask.
+StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const BackendOptions& options);
+
+// Per launch: whether it does something and depends on no earlier launch
+// (never the first: it has nothing to run beside).
+std::vector<bool> independent_launches(const Schedule& schedule);
 
 // Keeps every arena buffer a side launch reads or writes live from its fork
 // to its join (see above); call between arena_request and plan_memory.

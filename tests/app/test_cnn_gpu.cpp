@@ -96,35 +96,44 @@ TEST_CASE("the CNN's graph replay, stream launches and 5 steps per graph launch 
   fs::remove_all(out);
 }
 
-TEST_CASE("weight gradients on their own stream change no bits: mnist_cnn_fast and the report CNN, replayed and "
+TEST_CASE("the second stream changes no bits: mnist_cnn_fast and the report CNN (SGD, RMSprop), replayed and "
           "streamed") {
   const auto out = test::fresh_dir("stepgraph-cnn-gradient-stream");
+  const std::vector<std::string> all_off = {"backend.weight_gradient_stream=false",
+                                            "backend.independent_launch_stream=false"};
+  struct Case {
+    std::string file;
+    std::vector<std::string> sets;
+  };
   // Per-launch schedules (the fused CNN step is one launch): cuDNN's convolutions or ours.
-  for (const std::string file : {"configs/mnist_cnn_fast.yaml", "configs/mnist_cnn.yaml"})
+  for (const Case& c : {Case{"configs/mnist_cnn_fast.yaml", {}}, Case{"configs/mnist_cnn.yaml", {}},
+                        Case{"configs/mnist_cnn.yaml", {"optim.name=rmsprop", "optim.lr=0.001"}}})
     for (const std::string kernels : {"cudnn", "implicit_gemm"}) {
-      CAPTURE(file);
+      CAPTURE(c.file);
+      CAPTURE(c.sets.size());
       CAPTURE(kernels);
       const auto config = [&](std::vector<std::string> extra) {
+        extra.insert(extra.end(), c.sets.begin(), c.sets.end());
         extra.push_back("backend.conv_kernels=" + kernels);
-        return cnn_config(out, extra, file);
+        return cnn_config(out, extra, c.file);
       };
-      const auto on_config = config({"backend.weight_gradient_stream=true"});
+      const auto on_config = config({});
       const Dataset data = app::load_dataset(on_config);
       const auto on = trainer(on_config, data);
-      const auto off = trainer(config({"backend.weight_gradient_stream=false"}), data);
-      const auto streamed = trainer(config({"backend.weight_gradient_stream=true", "backend.cuda_graph=false"}), data);
+      const auto off = trainer(config(all_off), data);
+      const auto streamed = trainer(config({"backend.cuda_graph=false"}), data);
+      const auto alone = trainer(config({"backend.independent_launch_stream=false"}), data);
       const auto *gpu = dynamic_cast<const cuda::CudaTrainer *>(on.get());
       const auto *plain = dynamic_cast<const cuda::CudaTrainer *>(off.get());
       REQUIRE(gpu != nullptr);
       REQUIRE(plain != nullptr);
       CHECK(gpu->training_program().stream_plan().splits_gradients());
       CHECK_FALSE(plain->training_program().stream_plan().splits_gradients());
-      on->train(15);
-      off->train(15);
-      streamed->train(15);
+      for (Trainer *t : {on.get(), off.get(), streamed.get(), alone.get()}) t->train(15);
       const auto a = on->save_state();
       test::check_same_state(a, off->save_state());
       test::check_same_state(a, streamed->save_state());
+      test::check_same_state(a, alone->save_state());
       CHECK(on->last_loss() == off->last_loss());
     }
   fs::remove_all(out);

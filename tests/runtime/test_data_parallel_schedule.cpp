@@ -170,7 +170,7 @@ TEST_CASE("data parallel: each all-reduce is forked to the communication stream 
       const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
       const Lowered l = lower(p.train);
       const Schedule& s = l.schedule;
-      const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, /*weight_gradient_stream=*/true);
+      const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, BackendOptions{});
       REQUIRE(plan.on_communication.size() == s.launches.size());
       CHECK_FALSE(plan.splits_gradients());  // a rank keeps one compute stream
       std::vector<std::size_t> comms;
@@ -218,7 +218,7 @@ TEST_CASE("data parallel: each all-reduce is forked to the communication stream 
 TEST_CASE("data parallel: buffers an all-reduce reads or writes stay live until its join") {
   const TrainingProgram p = build_mlp_program(mlp(64, 2), 60000, 10000, ProgramTarget::cuda);
   const Lowered l = lower(p.train);
-  const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, /*weight_gradient_stream=*/true);
+  const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, BackendOptions{});
   const std::vector<std::size_t> bytes(p.train.values().size(), 64);
   std::vector<std::size_t> masks(l.schedule.aux.size(), 64);
   ArenaRequest request = arena_request(p.train, l.schedule, bytes, masks);
@@ -250,11 +250,13 @@ TEST_CASE("data parallel: buffers an all-reduce reads or writes stay live until 
 TEST_CASE("a single-process schedule has no communication launch, and without the gradient stream no fork or join") {
   const TrainingProgram plain = build_mlp_program(mlp(32, 0), 60000, 10000, ProgramTarget::cuda);
   const Lowered lp = lower(plain.train);
-  const cuda::StreamPlan plan = cuda::plan_streams(plain.train, lp.schedule, /*weight_gradient_stream=*/false);
+  BackendOptions one_stream;
+  one_stream.weight_gradient_stream = one_stream.independent_launch_stream = false;
+  const cuda::StreamPlan plan = cuda::plan_streams(plain.train, lp.schedule, one_stream);
   CHECK_FALSE(plan.forks());
   CHECK_FALSE(plan.splits_gradients());
   for (std::size_t i = 0; i <= lp.schedule.launches.size(); ++i) CHECK(plan.joined_before(i).empty());
-  CHECK_FALSE(cuda::plan_streams(plain.train, lp.schedule, /*weight_gradient_stream=*/true).forks());
+  CHECK_FALSE(cuda::plan_streams(plain.train, lp.schedule, BackendOptions{}).forks());
 }
 
 TEST_CASE("data parallel: a CNN rank (model.sequential) reduces each layer's gradients before its update, "
@@ -267,7 +269,7 @@ TEST_CASE("data parallel: a CNN rank (model.sequential) reduces each layer's gra
     t.data_ranks = 2;
     const TrainingProgram p = build_sequential_program(t, 1280, 200, ProgramTarget::cuda);
     const Lowered l = lower(p.train);
-    const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, /*weight_gradient_stream=*/true);
+    const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, BackendOptions{});
     CHECK_FALSE(plan.splits_gradients());
     std::size_t reduces = 0;
     std::string names;

@@ -53,7 +53,6 @@ bool has_op(const Graph& g, const Launch& l, OpKind op) {
 void check_plan(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan) {
   const std::size_t n = s.launches.size();
   REQUIRE(plan.on_gradient_stream.size() == n);
-  std::size_t previous_fork = 0;
   for (std::size_t k = 0; k < n; ++k) {
     const Launch& l = s.launches[k];
     INFO("L" << k << " " << l.lowering->name());
@@ -66,14 +65,21 @@ void check_plan(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan)
     CHECK(l.aux_write < 0);
     const std::size_t fork = plan.fork_before[k], join = plan.join_before[k];
     CHECK(fork <= k);
-    CHECK(fork >= previous_fork);  // in schedule order on its stream
-    previous_fork = fork;
+    // Its stream runs in (fork, index) order: never ahead of an earlier gradient launch it conflicts with.
+    for (std::size_t j = 0; j < k; ++j)
+      if (plan.on_gradient_stream[j] && conflict(s.launches[j], l)) CHECK(fork >= plan.fork_before[j]);
     CHECK(join > k);
     CHECK(join <= n);
     // Forked as early as it may be: the step-stream launch just before the fork conflicts with it (or
-    // with an earlier gradient launch, whose fork this one may not pass) ...
+    // an earlier gradient launch it conflicts with forks there) ...
     for (std::size_t j = fork; j < k; ++j)
       if (plan.on_step_stream(j)) CHECK_FALSE(conflict(s.launches[j], l));
+    if (fork > 0) {
+      bool held = plan.on_step_stream(fork - 1) && conflict(s.launches[fork - 1], l);
+      for (std::size_t j = 0; j < k; ++j)
+        held = held || (plan.on_gradient_stream[j] && plan.fork_before[j] == fork && conflict(s.launches[j], l));
+      CHECK(held);
+    }
     // ... and every later step-stream launch that conflicts with it waits: the join is at the first.
     for (std::size_t j = k + 1; j < n; ++j)
       if (plan.on_step_stream(j) && conflict(s.launches[j], l)) {
@@ -84,6 +90,12 @@ void check_plan(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan)
     for (std::size_t j = k + 1; j < join; ++j)
       if (plan.on_step_stream(j)) CHECK_FALSE(conflict(s.launches[j], l));
   }
+  // A gradient launch has the step's stream beside it: none forks after the step stream's last launch.
+  std::size_t last_step = 0;
+  for (std::size_t j = 0; j < n; ++j)
+    if (plan.on_step_stream(j)) last_step = j;
+  for (std::size_t k = 0; k < n; ++k)
+    if (plan.on_gradient_stream[k]) CHECK(plan.fork_before[k] <= last_step);
   // The forks and joins the program records: each gradient launch forked once, joined once.
   std::size_t forked = 0, joined = 0;
   for (std::size_t i = 0; i <= n; ++i) {
@@ -134,6 +146,13 @@ struct Network {
   TrainingProgram program;
 };
 
+BackendOptions streams(bool weight_gradients, bool independent) {
+  BackendOptions o;
+  o.weight_gradient_stream = weight_gradients;
+  o.independent_launch_stream = independent;
+  return o;
+}
+
 std::vector<Network> networks() {
   std::vector<Network> out;
   for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw, OptimizerKind::rmsprop}) {
@@ -170,26 +189,39 @@ TEST_CASE(
     const Graph& g = net.program.train;
     std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
     const Schedule s = lower(g, keep);
-    const cuda::StreamPlan plan = cuda::plan_streams(g, s, /*weight_gradient_stream=*/true);
+    const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(true, false));
     CHECK_FALSE(plan.forks());
     REQUIRE(plan.splits_gradients());
     check_plan(g, s, plan);
     check_memory(g, s, plan);
-    std::string side;
+    // The chain's end: the last launch of the step's stream that is no branch launch.
+    const std::vector<bool> branch = update_branch_launches(g, s);
+    std::size_t chain_end = 0;
+    for (std::size_t k = 0; k < s.launches.size(); ++k)
+      if (plan.on_step_stream(k) && !branch[k]) chain_end = k;
+    std::string side, tail;
     for (std::size_t k = 0; k < s.launches.size(); ++k) {
       const Launch& l = s.launches[k];
+      INFO("L" << k << " " << l.lowering->name());
       // Every update rule's launch (none of them reads a ReLU mask) is on the gradient stream, and so is
-      // every launch whose only product is a weight gradient.
+      // every launch whose only product is a weight gradient ...
       const bool updates =
           std::any_of(l.nodes.begin(), l.nodes.end(), [&](NodeId x) { return is_update_rule(g.node(x).op); });
-      if (updates && l.aux_read < 0) CHECK(plan.on_gradient_stream[k]);
-      if (has_op(g, l, OpKind::conv2d_backward_filter) && !has_op(g, l, OpKind::conv2d_backward_data))
-        CHECK(plan.on_gradient_stream[k]);
+      const bool wgrad = has_op(g, l, OpKind::conv2d_backward_filter) && !has_op(g, l, OpKind::conv2d_backward_data);
       if (plan.on_gradient_stream[k]) side += fmt::format(" L{}", k);
+      if (!((updates && l.aux_read < 0) || wgrad) || plan.on_gradient_stream[k]) continue;
+      // ... but where it would fork after the chain's end, with nothing beside it: then it stays on the step's
+      // stream, after a launch of the step's stream it conflicts with (the chain's last or one such after it).
+      tail += fmt::format(" L{}", k);
+      CHECK(k > chain_end);
+      bool after = false;
+      for (std::size_t j = chain_end; j < k; ++j) after = after || (plan.on_step_stream(j) && conflict(s.launches[j], l));
+      CHECK(after);
     }
-    MESSAGE(net.name << ": " << s.launches.size() << " launches, on the gradient stream:" << side);
+    MESSAGE(net.name << ": " << s.launches.size() << " launches, on the gradient stream:" << side
+                     << "; branch launches after the chain's end on the step's stream:" << tail);
     // Switched off: one stream.
-    const cuda::StreamPlan off = cuda::plan_streams(g, s, /*weight_gradient_stream=*/false);
+    const cuda::StreamPlan off = cuda::plan_streams(g, s, streams(false, false));
     CHECK_FALSE(off.splits_gradients());
     for (std::size_t i = 0; i <= s.launches.size(); ++i) {
       CHECK(off.joined_before(i).empty());
@@ -224,4 +256,51 @@ TEST_CASE("gradient stream: a value feeds only the updates through casts and sum
       for (ValueId in : n.inputs) CHECK_FALSE(feeds[static_cast<std::size_t>(in)]);
     if (n.op == OpKind::softmax_xent) CHECK_FALSE(feeds[static_cast<std::size_t>(n.outputs[0])]);
   }
+}
+
+TEST_CASE(
+    "gradient stream: launches that depend on no earlier launch (the parameter casts) run on it from the "
+    "step's start, beside the batch fetch") {
+  std::size_t networks_with_casts = 0;
+  for (const Network& net : networks()) {
+    INFO(net.name);
+    const Graph& g = net.program.train;
+    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
+    const Schedule s = lower(g, keep);
+    const std::size_t n = s.launches.size();
+    // The reference: a launch that does something and conflicts with no earlier launch (not the first).
+    std::vector<bool> independent(n, false);
+    for (std::size_t k = 1; k < n; ++k) {
+      const Launch& l = s.launches[k];
+      bool free = !l.writes.empty() || !l.updates.empty();
+      for (std::size_t j = 0; j < k; ++j) free = free && !conflict(s.launches[j], l);
+      independent[k] = free;
+    }
+    CHECK(cuda::independent_launches(s) == independent);
+    bool casts = false;
+    for (std::size_t k = 0; k < n; ++k)
+      if (s.launches[k].lowering->name() == "cast_params") {
+        casts = true;
+        CHECK(k > 0);
+        CHECK(independent[k]);  // they read only parameters, which nothing before them writes
+      }
+    networks_with_casts += casts ? 1 : 0;
+    for (const bool weight_gradients : {false, true}) {
+      INFO("weight gradient stream " << weight_gradients);
+      const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(weight_gradients, true));
+      const cuda::StreamPlan without = cuda::plan_streams(g, s, streams(weight_gradients, false));
+      check_plan(g, s, plan);
+      check_memory(g, s, plan);
+      for (std::size_t k = 0; k < n; ++k) {
+        INFO("L" << k << " " << s.launches[k].lowering->name());
+        CHECK(plan.on_gradient_stream[k] == (without.on_gradient_stream[k] || independent[k]));
+        // An independent launch before every other gradient-stream launch forks at the step's start.
+        const bool first_on_stream =
+            std::find(plan.on_gradient_stream.begin(), plan.on_gradient_stream.begin() + static_cast<long>(k),
+                      true) == plan.on_gradient_stream.begin() + static_cast<long>(k);
+        if (independent[k] && first_on_stream) CHECK(plan.fork_before[k] == 0);
+      }
+    }
+  }
+  CHECK(networks_with_casts >= 1);  // the Adam MLP with fp32 master weights casts them for its forward
 }

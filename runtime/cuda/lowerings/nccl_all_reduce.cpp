@@ -8,6 +8,8 @@
 // the layers before (NCCL >= 2.9 supports capture with one process per GPU).
 // The updates that read the reduced gradients are separate launches: a
 // reduced gradient is materialised before its update (docs/data_parallel.md).
+// A world of one rank copies instead (below: NCCL's one-rank mean changed
+// f16 bits).
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 
@@ -49,14 +51,29 @@ class NcclAllReduceLowering final : public CudaLowering {
       void* out;
       std::size_t count;
       ncclDataType_t type;
+      std::size_t bytes;
     };
     std::vector<Tensor> tensors;
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const Value& v = g.value(n.inputs[i]);
-      tensors.push_back({c.ptr(v.id), c.ptr(n.outputs[i]), static_cast<std::size_t>(element_count(v.shape)),
-                         *nccl_type(v.dtype)});
-      bytes += static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype);
+      const std::size_t count = static_cast<std::size_t>(element_count(v.shape));
+      tensors.push_back({c.ptr(v.id), c.ptr(n.outputs[i]), count, *nccl_type(v.dtype), count * dtype_size(v.dtype)});
+      bytes += count * dtype_size(v.dtype);
+    }
+    // The mean over one rank is a copy. NCCL's own one-rank path changed the
+    // bits of f16 buckets (NCCL 2.28.3 on an H200: ncclAvg of an 8385-element
+    // gradient, the odd MLP's middle layer in test_data_parallel_gpu), so a
+    // world of one copies (capturable, exact) and NCCL reduces from two ranks on.
+    if (comm->world_size() == 1) {
+      auto copy = [tensors](cudaStream_t s) {
+        for (const Tensor& t : tensors)
+          if (t.in != t.out)
+            SG_CUDA_CHECK(cudaMemcpyAsync(t.out, t.in, t.bytes, cudaMemcpyDeviceToDevice, s));
+      };
+      return std::make_unique<BoundLaunch>(
+          std::move(copy), fmt::format("one rank: a copy, {} tensor{}, {} bytes", tensors.size(),
+                                       tensors.size() == 1 ? "" : "s", bytes));
     }
     auto run = [comm, tensors](cudaStream_t s) {
       SG_NCCL_CHECK(ncclGroupStart());
