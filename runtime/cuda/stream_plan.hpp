@@ -17,8 +17,9 @@
 //   gradient runs beside its data gradient and the layers below. The
 //   gradient stream runs them in the order of their forks (schedule order
 //   among those forked at one place): a launch waiting for the end of the
-//   chain does not hold back a later one that is ready. (With communication launches the reduce sits between the weight
-//   gradients and the updates, and the step keeps one compute stream.)
+//   chain does not hold back a later one that is ready. (With communication
+//   launches the reduce sits between the weight gradients and the updates,
+//   and the step keeps one compute stream.)
 // - With `independent_launch_stream`, a launch that depends on no earlier
 //   launch of the step (the parameters' f16/bf16 casts, which read only
 //   state the previous step left) also runs on the gradient stream, forked

@@ -215,7 +215,8 @@ TEST_CASE(
       tail += fmt::format(" L{}", k);
       CHECK(k > chain_end);
       bool after = false;
-      for (std::size_t j = chain_end; j < k; ++j) after = after || (plan.on_step_stream(j) && conflict(s.launches[j], l));
+      for (std::size_t j = chain_end; j < k; ++j)
+        after = after || (plan.on_step_stream(j) && conflict(s.launches[j], l));
       CHECK(after);
     }
     MESSAGE(net.name << ": " << s.launches.size() << " launches, on the gradient stream:" << side
