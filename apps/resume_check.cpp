@@ -129,6 +129,9 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
   differs("precision.accumulate", saved.precision.accumulate, config.precision.accumulate);
   differs("precision.compute", saved.precision.compute, config.precision.compute);
   differs("precision.all_reduce", saved.precision.all_reduce, config.precision.all_reduce);
+  // NCCL rounds a tensor's mean differently in another group of calls (docs/data_parallel.md): a rank's resume
+  // is bit-exact with the buckets it was saved with. (A single-process run has no buckets.)
+  if (world_size > 0) differs("data_parallel.bucket_mb", saved.data_parallel.bucket_mb, config.data_parallel.bucket_mb);
   return point;
 }
 

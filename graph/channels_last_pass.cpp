@@ -26,6 +26,18 @@ bool layout_free(OpKind op) {
   }
 }
 
+// The batch_norm ops a forward or eval graph holds (their backward comes from autodiff).
+bool is_batch_norm(OpKind op) {
+  return op == OpKind::batch_norm || op == OpKind::batch_norm_stats_update || op == OpKind::batch_norm_inference;
+}
+
+// Readers of a channels-last value that take it back channels-first at the
+// network's end of the region: a flatten (a view at 1x1) or the global
+// average pooling (its input is the last stage's small map).
+bool region_end(OpKind op) {
+  return op == OpKind::flatten || op == OpKind::reshape || op == OpKind::global_avg_pool2d;
+}
+
 class Rewriter {
  public:
   explicit Rewriter(const Graph& from) : from_(from) {}
@@ -97,14 +109,22 @@ class Rewriter {
       a.channels_last = last = true;
       attrs = a;
       inputs.push_back(last_.at(n.inputs[0]));
+    } else if (is_batch_norm(n.op) && is_last(n.inputs[0])) {
+      // [N,H,W,C] is BatchNorm1d's [N*H*W, C]: the same statistics, its
+      // per-channel values unchanged. stats_update writes no activation.
+      auto a = n.attr<BatchNormAttrs>();
+      a.channels_last = last = true;
+      attrs = a;
+      inputs.push_back(last_.at(n.inputs[0]));
+      for (std::size_t i = 1; i < n.inputs.size(); ++i) inputs.push_back(channels_first(n.inputs[i]));
+      out_.batch_norms += n.op == OpKind::batch_norm;
     } else if (layout_free(n.op) &&
                std::all_of(n.inputs.begin(), n.inputs.end(), [&](ValueId v) { return is_last(v); })) {
       last = true;
       for (ValueId v : n.inputs) inputs.push_back(last_.at(v));
     } else {
-      const bool flattens = n.op == OpKind::flatten || n.op == OpKind::reshape;
       for (ValueId v : n.inputs) {
-        if (!flattens && is_last(v) && !is_view(from_.value(v).shape)) inner_exits_.insert(v);
+        if (!region_end(n.op) && is_last(v) && !is_view(from_.value(v).shape)) inner_exits_.insert(v);
         inputs.push_back(channels_first(v));
       }
     }

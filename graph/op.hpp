@@ -253,10 +253,14 @@ struct AugmentAttrs {
 
 // PyTorch's BatchNorm1d/2d(eps, momentum): running = (1 - momentum) running
 // + momentum * batch statistic (the variance unbiased there, biased in the
-// normalisation).
+// normalisation). channels_last: X is [N,H,W,C] (graph/channels_last_pass.hpp
+// writes it): the channels are the last dimension and each channel's
+// statistics run over the N*H*W rows of the [N*H*W, C] matrix, BatchNorm1d's
+// layout; the per-channel values stay [C].
 struct BatchNormAttrs {
   double eps = 1e-5;
   double momentum = 0.1;
+  bool channels_last = false;
   bool operator==(const BatchNormAttrs&) const = default;
 };
 

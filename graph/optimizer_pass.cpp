@@ -63,32 +63,72 @@ std::optional<ValueId> narrow_gradient(const Graph& g, ValueId grad) {
   return narrow;
 }
 
-// One all_reduce_mean per layer bucket, each right after the last gradient of
-// its bucket; returns the map with the reduced gradients. With
+// A bucket: the gradients one all_reduce_mean reduces (in[i], the
+// parameter's gradient or the f16/bf16 value its cast widens: widened[i] is
+// then that cast's f32 output, else -1) and their bytes.
+struct Bucket {
+  std::vector<ValueId> params, in, widened;
+  std::int64_t bytes = 0;
+};
+
+// The position right after a bucket's last gradient.
+std::size_t after_last(const Graph& g, const Bucket& b) {
+  std::size_t pos = 0;
+  for (ValueId v : b.in) pos = std::max(pos, static_cast<std::size_t>(g.value(v).producer) + 1);
+  return pos;
+}
+
+// The buckets: one per layer, or with `bucket_bytes` > 0 the layers' buckets
+// joined in the order their gradients complete (the backward pass's order)
+// until one holds at least bucket_bytes.
+std::vector<Bucket> buckets_of(const Graph& g, const GradientMap& grads, bool compute_dtype,
+                               std::int64_t bucket_bytes) {
+  std::map<ValueId, std::vector<ValueId>> layers;  // layer key -> its parameters
+  for (const auto& [param, grad] : grads.of_param) layers[layer_key(g, grad)].push_back(param);
+  std::vector<Bucket> per_layer;
+  for (const auto& [key, params] : layers) {
+    Bucket b;
+    for (ValueId p : params) {
+      const ValueId grad = grads.of_param.at(p);
+      const auto narrow = compute_dtype ? narrow_gradient(g, grad) : std::nullopt;
+      const ValueId in = narrow ? *narrow : grad;
+      b.params.push_back(p);
+      b.in.push_back(in);
+      b.widened.push_back(narrow ? grad : -1);
+      b.bytes += element_count(g.value(in).shape) * static_cast<std::int64_t>(dtype_size(g.value(in).dtype));
+    }
+    per_layer.push_back(std::move(b));
+  }
+  if (bucket_bytes <= 0) return per_layer;
+  std::stable_sort(per_layer.begin(), per_layer.end(),
+                   [&](const Bucket& a, const Bucket& b) { return after_last(g, a) < after_last(g, b); });
+  std::vector<Bucket> joined;
+  for (Bucket& layer : per_layer) {
+    if (joined.empty() || joined.back().bytes >= bucket_bytes) joined.emplace_back();
+    Bucket& b = joined.back();
+    b.params.insert(b.params.end(), layer.params.begin(), layer.params.end());
+    b.in.insert(b.in.end(), layer.in.begin(), layer.in.end());
+    b.widened.insert(b.widened.end(), layer.widened.begin(), layer.widened.end());
+    b.bytes += layer.bytes;
+  }
+  return joined;
+}
+
+// One all_reduce_mean per bucket (buckets_of), each right after the last
+// gradient of its bucket; returns the map with the reduced gradients. With
 // `compute_dtype`, a gradient widened for an fp32 master weight is reduced
 // before its cast (half the bytes), and the cast moves to the end of the
 // backward pass: the first reader of a bucket's means then comes after every
 // bucket, so each all-reduce still overlaps the earlier layers' backward.
-GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_dtype) {
-  std::map<ValueId, std::vector<ValueId>> buckets;  // layer key -> its parameters
-  for (const auto& [param, grad] : grads.of_param) buckets[layer_key(g, grad)].push_back(param);
+GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_dtype, std::int64_t bucket_bytes) {
   GradientMap reduced;
   std::vector<std::pair<ValueId, ValueId>> casts;  // (a cast's f32 output, the mean it is to widen)
-  for (const auto& [key, params] : buckets) {
-    std::vector<ValueId> in, widened;  // widened[i]: the cast's f32 output, or -1 (in[i] is the gradient)
-    std::size_t pos = 0;
-    for (ValueId p : params) {
-      const ValueId grad = grads.of_param.at(p);
-      const auto narrow = compute_dtype ? narrow_gradient(g, grad) : std::nullopt;
-      in.push_back(narrow ? *narrow : grad);
-      widened.push_back(narrow ? grad : -1);
-      pos = std::max(pos, static_cast<std::size_t>(g.value(in.back()).producer) + 1);
-    }
-    const auto out = g.insert_node(pos, OpKind::all_reduce_mean, in, NoAttrs{}, Role::grad,
-                                   "mean_" + g.value(in.front()).name);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      reduced.of_param[params[i]] = widened[i] < 0 ? out[i] : widened[i];
-      if (widened[i] >= 0) casts.emplace_back(widened[i], out[i]);
+  for (const Bucket& b : buckets_of(g, grads, compute_dtype, bucket_bytes)) {
+    const auto out = g.insert_node(after_last(g, b), OpKind::all_reduce_mean, b.in, NoAttrs{}, Role::grad,
+                                   "mean_" + g.value(b.in.front()).name);
+    for (std::size_t i = 0; i < b.params.size(); ++i) {
+      reduced.of_param[b.params[i]] = b.widened[i] < 0 ? out[i] : b.widened[i];
+      if (b.widened[i] >= 0) casts.emplace_back(b.widened[i], out[i]);
     }
   }
   for (const auto& [wide, mean] : casts) {  // each cast now widens its mean, after the whole backward pass
@@ -130,7 +170,7 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
   if (spec.all_reduce_gradients && !grads.of_param.empty()) {
     OptimizerSpec local = spec;
     local.all_reduce_gradients = false;
-    append_updates(g, append_all_reduce(g, grads, spec.reduce_in_compute_dtype), local, step,
+    append_updates(g, append_all_reduce(g, grads, spec.reduce_in_compute_dtype, spec.bucket_bytes), local, step,
                    /*after_every_gradient=*/true);
     return;
   }

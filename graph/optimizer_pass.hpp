@@ -47,6 +47,11 @@ struct OptimizerSpec {
   // pass: half the bytes on the wire, the mean rounded to the compute dtype
   // once more). No effect on f16/bf16 weights: theirs are reduced as they are.
   bool reduce_in_compute_dtype = false;
+  // With all_reduce_gradients: 0, one bucket per layer; > 0, the layers'
+  // buckets joined in the order their gradients complete until one holds at
+  // least this many bytes (PyTorch DDP's bucket_cap_mb), each joined bucket
+  // one all_reduce_mean right after its last gradient.
+  std::int64_t bucket_bytes = 0;
 };
 
 // `step` is the graph's step counter (i32 [1] state, advanced after the

@@ -22,6 +22,7 @@ std::optional<ChannelsLastVariant> channels_last_variant(const SequentialSpec& t
   if (!forward) return std::nullopt;
   ChannelsLastVariant v;
   v.inner_exits = forward->inner_exits;
+  v.batch_norms = forward->batch_norms;
   const ValueId loss = forward->graph.value_named(names::loss);
   const ValueId step = forward->graph.value_named(names::step);
   v.train = build_training_stages(std::move(forward->graph), loss, optimizer, fusion, step).fused;

@@ -45,6 +45,9 @@ std::vector<BackendOptionRow> make_table() {
   t.push_back(SG_BOOL_ROW(independent_launch_stream, "core",
                           "launches that depend on no earlier launch of the step (the parameter casts) run on the "
                           "second stream from the step's start, beside the batch fetch (one GPU)"));
+  t.push_back(SG_BOOL_ROW(communication_stream, "core",
+                          "data parallel: each bucket's all-reduce on its own stream, overlapping the backward (off: "
+                          "on the step's stream, in schedule order)"));
   t.push_back(SG_BOOL_ROW(gradient_stream_first, "core",
                           "the gradient stream's kernels are scheduled before the step stream's (off: the same "
                           "priority)"));

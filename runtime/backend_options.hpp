@@ -27,8 +27,9 @@ ConvKernels conv_kernels_from_name(std::string_view name);    // throws std::inv
 
 // The layout of the convolution layers' activations (graph/channels_last_pass.hpp):
 // automatic: channels-last where every channels-last region of the network
-// ends at a flatten (no conversion inside it), no whole-step kernel takes
-// the channels-first step and cuDNN runs its multi-channel convolutions
+// ends at a flatten or the global pooling (no conversion inside it), no
+// batch_norm runs in it, no whole-step kernel takes the channels-first step
+// and cuDNN runs its multi-channel convolutions
 // (runtime/cuda/activation_layout_choice.hpp); nchw / channels_last: that
 // one wherever the model has convolutions.
 enum class ActivationLayout : std::uint8_t { automatic, nchw, channels_last };
@@ -52,6 +53,10 @@ struct BackendOptions {
   // Launches that depend on no earlier launch of the step (the parameter
   // casts) on that second stream from the step's start, beside the batch fetch.
   bool independent_launch_stream = true;
+  // Data parallel: each bucket's all-reduce on the communication stream,
+  // overlapping the backward of the layers before it (off: on the step's
+  // stream where it sits in the schedule, for an A/B of the overlap).
+  bool communication_stream = true;
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
   bool core_only = false;              // no fast path at all: the core lowerings alone (issue 35)

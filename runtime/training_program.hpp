@@ -45,10 +45,11 @@ struct ChannelsLastVariant {
   DataBindings train_data;
   Graph eval;
   DataBindings eval_data;
-  // Conversions back to channels-first for a reader other than a flatten, in
-  // the training forward (a batch_norm, a dropout2d, ...): each a transpose
-  // in the forward and one in the backward.
+  // Conversions back to channels-first for a reader other than a flatten or
+  // the global pooling, in the training forward (an avg_pool2d, a dropout2d,
+  // ...): each a transpose in the forward and one in the backward.
   int inner_exits = 0;
+  int batch_norms = 0;  // batch_norm layers turned channels-last (the rows path's [N*H*W, C])
 };
 
 struct TrainingProgram {

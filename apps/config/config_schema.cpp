@@ -18,7 +18,7 @@ std::vector<std::string> backend_keys() {
 
 const std::vector<ConfigSection>& config_schema() {
   static const std::vector<ConfigSection> schema = {
-      {"", {}, {"model", "data", "optim", "precision", "run", "backend"}},
+      {"", {}, {"model", "data", "optim", "precision", "data_parallel", "run", "backend"}},
       {"model", {"layers", "input", "hidden_width", "hidden_depth", "classes", "activation", "loss",
                  "label_smoothing", "dropout", "sequential"}, {}},
       {"data", {"dir", "batch_size", "shuffle_seed", "normalize", "mean", "std", "train_limit", "test_limit", "eval_batch_size",
@@ -28,6 +28,7 @@ const std::vector<ConfigSection>& config_schema() {
                  "clip_grad_norm"}, {"schedule"}},
       {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
       {"precision", {"weights", "accumulate", "compute", "all_reduce"}, {}},
+      {"data_parallel", {"bucket_mb"}, {}},
       {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume",
                "loss_plot_scale"}, {}},
       {"backend", backend_keys(), {}},

@@ -135,6 +135,8 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "accumulate" << YAML::Value << c.precision.accumulate;
   e << YAML::Key << "compute" << YAML::Value << c.precision.compute;
   e << YAML::Key << "all_reduce" << YAML::Value << c.precision.all_reduce << YAML::EndMap;
+  e << YAML::Key << "data_parallel" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "bucket_mb" << YAML::Value << num(c.data_parallel.bucket_mb) << YAML::EndMap;
   e << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.run.steps;
   e << YAML::Key << "epochs" << YAML::Value << c.run.epochs;

@@ -211,6 +211,9 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(prec, "precision", "compute", c.precision.compute);
   r.read(prec, "precision", "all_reduce", c.precision.all_reduce);
 
+  const auto parallel = section_of(root, "data_parallel");
+  r.read(parallel, "data_parallel", "bucket_mb", c.data_parallel.bucket_mb);
+
   const auto run = section_of(root, "run");
   r.read(run, "run", "steps", c.run.steps);
   r.read(run, "run", "epochs", c.run.epochs);

@@ -125,6 +125,14 @@ struct PrecisionConfig {
   std::string all_reduce = "fp32";
 };
 
+// Data-parallel ranks (--gpus, torchrun / Slurm / Open MPI variables; docs/data_parallel.md).
+struct DataParallelConfig {
+  // 0: one all-reduce bucket per layer (each issued when its layer's gradients are done); > 0: layers' buckets
+  // joined, in the order their gradients complete, until one holds at least this many MiB (PyTorch DDP's
+  // bucket_cap_mb, and its default): fewer NCCL calls for small layers, less overlap with the backward pass.
+  double bucket_mb = 25.0;
+};
+
 struct RunConfig {
   // Exactly one of steps / epochs is > 0. A --set of one over a file that sets the other replaces it
   // (`--set run.steps=50` on an epochs config trains 50 steps; parse_config logs that).
@@ -156,6 +164,7 @@ struct TrainConfig {
   DataConfig data;
   OptimConfig optim;
   PrecisionConfig precision;
+  DataParallelConfig data_parallel;
   RunConfig run;
   BackendConfig backend;
 };

@@ -16,24 +16,32 @@
 namespace sg::ops {
 namespace {
 
-// X [N, C, ...] with per-channel [C] values of one floating dtype; valid attributes.
+// The channel dimension of X: 1, or the last with channels_last ([N,H,W,C]).
+std::size_t channel_dim(const Shape& x, const OpAttrs& attrs) {
+  return std::get<BatchNormAttrs>(attrs).channels_last ? x.size() - 1 : 1;
+}
+
+// X [N, C, ...] (or [N, H, W, C]) with per-channel [C] values of one floating dtype; valid attributes.
 void check_channels(OpKind op, const Value& x, std::initializer_list<const Value*> per_channel, const OpAttrs& attrs) {
   expect_floating(op, x);
+  const auto& a = std::get<BatchNormAttrs>(attrs);
+  if (a.channels_last && x.shape.size() != 4)
+    fail(op, fmt::format("{} must be [N, H, W, C] (channels_last)", describe(x)));
   if (x.shape.size() != 2 && x.shape.size() != 4)
     fail(op, fmt::format("{} must be [N, C] or [N, C, H, W]", describe(x)));
+  const std::int64_t channels = x.shape[channel_dim(x.shape, attrs)];
   for (const Value* v : per_channel) {
     expect_floating(op, *v);
-    if (v->shape != Shape{x.shape[1]})
-      fail(op, fmt::format("{} must be [{}], one value per channel of {}", describe(*v), x.shape[1], describe(x)));
+    if (v->shape != Shape{channels})
+      fail(op, fmt::format("{} must be [{}], one value per channel of {}", describe(*v), channels, describe(x)));
   }
-  const auto& a = std::get<BatchNormAttrs>(attrs);
   if (!(a.eps > 0.0)) fail(op, fmt::format("eps {} must be > 0", a.eps));
   if (!(a.momentum >= 0.0 && a.momentum <= 1.0)) fail(op, fmt::format("momentum {} must be in [0, 1]", a.momentum));
 }
 
 // Training needs more than one value per channel (PyTorch refuses one, too).
-void check_batch(OpKind op, const Value& x) {
-  if (x.shape[0] * elements_from(x.shape, 2) < 2)
+void check_batch(OpKind op, const Value& x, const OpAttrs& attrs) {
+  if (elements_from(x.shape, 0) / x.shape[channel_dim(x.shape, attrs)] < 2)
     fail(op, fmt::format("{} has one value per channel: batch statistics need more than one", describe(x)));
 }
 
@@ -41,7 +49,7 @@ std::vector<OutputSpec> infer_train(const Inputs& in, const OpAttrs& attrs) {
   constexpr OpKind op = OpKind::batch_norm;
   expect_arity(op, in, 3, 3);
   check_channels(op, *in[0], {in[1], in[2]}, attrs);
-  check_batch(op, *in[0]);
+  check_batch(op, *in[0], attrs);
   return {{in[0]->shape, in[0]->dtype}};
 }
 
@@ -58,7 +66,7 @@ std::vector<OutputSpec> infer_stats_update(const Inputs& in, const OpAttrs& attr
   constexpr OpKind op = OpKind::batch_norm_stats_update;
   expect_arity(op, in, 3, 3);
   check_channels(op, *in[0], {in[1], in[2]}, attrs);
-  check_batch(op, *in[0]);
+  check_batch(op, *in[0], attrs);
   return {};
 }
 
@@ -73,36 +81,40 @@ void gradient(const GradientContext& c) { normalisation_gradient(c, OpKind::batc
 
 std::vector<int> stats_in_place(const OpAttrs&, int) { return {1, 2}; }
 
-// [N, C, ...] as (N, C, the values of one channel of one example).
+// [N, C, ...] as (N, C, the values of one channel of one example); with
+// channels_last, [N, H, W, C] as the [N*H*W, C] matrix (plane 1).
 struct Layout {
   std::int64_t n, channels, plane;
 };
-Layout layout_of(std::span<const std::int64_t> s) { return {s[0], s[1], elements_from(s, 2)}; }
+Layout layout_of(std::span<const std::int64_t> s, const Node& node) {
+  if (node.attr<BatchNormAttrs>().channels_last) return {elements_from(s, 0) / s.back(), s.back(), 1};
+  return {s[0], s[1], elements_from(s, 2)};
+}
 
 template <typename T>
 void train_cpu(const CpuCall<T>& c) {
-  const auto l = layout_of(c.in[0].shape);
+  const auto l = layout_of(c.in[0].shape, c.node);
   ref::batch_norm(c.in[0].real, c.in[1].real, c.in[2].real, l.n, l.channels, l.plane,
                   c.node.template attr<BatchNormAttrs>().eps, c.out[0].real);
 }
 
 template <typename T>
 void backward_cpu(const CpuCall<T>& c) {
-  const auto l = layout_of(c.in[1].shape);
+  const auto l = layout_of(c.in[1].shape, c.node);
   ref::batch_norm_backward(c.in[0].real, c.in[1].real, c.in[2].real, l.n, l.channels, l.plane,
                            c.node.template attr<BatchNormAttrs>().eps, c.out[0].real, c.out[1].real, c.out[2].real);
 }
 
 template <typename T>
 void stats_update_cpu(const CpuCall<T>& c) {
-  const auto l = layout_of(c.in[0].shape);
+  const auto l = layout_of(c.in[0].shape, c.node);
   ref::batch_norm_stats_update(c.in[0].real, l.n, l.channels, l.plane, c.node.template attr<BatchNormAttrs>().momentum,
                                c.in[1].real, c.in[2].real);
 }
 
 template <typename T>
 void inference_cpu(const CpuCall<T>& c) {
-  const auto l = layout_of(c.in[0].shape);
+  const auto l = layout_of(c.in[0].shape, c.node);
   ref::batch_norm_inference(c.in[0].real, c.in[1].real, c.in[2].real, c.in[3].real, c.in[4].real, l.n, l.channels,
                             l.plane, c.node.template attr<BatchNormAttrs>().eps, c.out[0].real);
 }

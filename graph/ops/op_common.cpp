@@ -244,11 +244,16 @@ std::string attrs_text(const AugmentAttrs& a) {
   return fmt::format(" {{translate={},flip={}}}", a.translate, a.flip ? "true" : "false");
 }
 
-json write_attrs(const BatchNormAttrs& a) { return {{"eps", a.eps}, {"momentum", a.momentum}}; }
-void read_attrs(const json& j, BatchNormAttrs& a) {
+json write_attrs(const BatchNormAttrs& a) {
+  return {{"eps", a.eps}, {"momentum", a.momentum}, {"channels_last", a.channels_last}};
+}
+void read_attrs(const json& j, BatchNormAttrs& a) {  // channels_last defaults to false (graphs dumped before it)
   a.eps = j.at("eps").get<double>();
   a.momentum = j.at("momentum").get<double>();
+  a.channels_last = j.value("channels_last", false);
 }
-std::string attrs_text(const BatchNormAttrs& a) { return fmt::format(" {{eps={},momentum={}}}", a.eps, a.momentum); }
+std::string attrs_text(const BatchNormAttrs& a) {
+  return fmt::format(" {{eps={},momentum={}{}}}", a.eps, a.momentum, a.channels_last ? ",channels_last" : "");
+}
 
 }  // namespace sg::ops

@@ -10,6 +10,8 @@
 #include <string>
 #include <type_traits>
 
+#include "ops/cuda/batch_norm_moments.cuh"
+#include "ops/cuda/batch_norm_rows.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/warp_reduce.cuh"
@@ -115,21 +117,6 @@ __device__ __forceinline__ void cluster_sums(float (&v)[M], ChannelScratch& scra
   cluster.sync();  // no block writes its sums again before every block read them
 }
 
-struct Moments {
-  float mean, var, rstd;
-};
-
-// The moments from sums of the deviations from `shift` (a value of the
-// channel, so the mean of the deviations is of the order of the spread and
-// the one-pass variance keeps its precision): shifted_sum = sum(x - shift),
-// shifted_squares = sum((x - shift)^2).
-__device__ __forceinline__ Moments moments_from(float shift, float shifted_sum, float shifted_squares, float count,
-                                                float eps) {
-  const float d = shifted_sum / count;
-  const float var = fmaxf(shifted_squares / count - d * d, 0.f);
-  return {shift + d, var, 1.f / sqrtf(var + eps)};
-}
-
 // Block b of the grid: channel b / (cluster size), its rank in the cluster b % (cluster size).
 __device__ __forceinline__ std::int64_t channel_of_block() { return blockIdx.x / cg::this_cluster().num_blocks(); }
 __device__ __forceinline__ int rank_in_channel() { return int(cg::this_cluster().block_rank()); }
@@ -161,12 +148,10 @@ __device__ Moments channel_moments(const T* x, const BatchNormShape& s, std::int
   return moments_from(shift, sums[0], sums[1], float(s.n * s.plane), s.eps);
 }
 
-// running = (1 - momentum) running + momentum * the batch's, the variance unbiased (PyTorch's).
+// running = (1 - momentum) running + momentum * the batch's (batch_norm_moments.cuh).
 __device__ __forceinline__ void update_running(const Moments& m, const BatchNormShape& s, std::int64_t c,
                                                float* running_mean, float* running_var) {
-  const float count = float(s.n * s.plane);
-  running_mean[c] = (1.f - s.momentum) * running_mean[c] + s.momentum * m.mean;
-  running_var[c] = (1.f - s.momentum) * running_var[c] + s.momentum * m.var * count / (count - 1.f);
+  update_running(m, float(s.n * s.plane), s.momentum, c, running_mean, running_var);
 }
 
 // One packed output of the forward: the normalised value [+ the residual,
@@ -396,7 +381,10 @@ void with_pack(int n, F&& f) {
 template <typename T>
 void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const BatchNormShape& s, T* y,
                                cudaStream_t stream, float* running_mean, float* running_var, const T* residual,
-                               bool relu) {
+                               bool relu, const BatchNormRowsScratch& rows) {
+  if (batch_norm_rows_path(s, rows))
+    return launch_batch_norm_rows_forward(x, gamma, beta, s, y, stream, running_mean, running_var, residual, relu,
+                                          rows);
   check_channel_size(s);
   with_pack<T>(pack_values<T>(s, {x, y, residual}), [&](auto n) {
     constexpr int N = decltype(n)::value;
@@ -412,7 +400,10 @@ void launch_batch_norm_forward(const T* x, const T* gamma, const T* beta, const 
 
 template <typename T>
 void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const BatchNormShape& s, T* dx, T* dgamma,
-                                T* dbeta, cudaStream_t stream, const T* relu_out, const T* dy_other) {
+                                T* dbeta, cudaStream_t stream, const T* relu_out, const T* dy_other,
+                                const BatchNormRowsScratch& rows) {
+  if (batch_norm_rows_path(s, rows))
+    return launch_batch_norm_rows_backward(dy, x, gamma, s, dx, dgamma, dbeta, stream, relu_out, dy_other, rows);
   check_channel_size(s);
   with_pack<T>(pack_values<T>(s, {dy, x, dx, relu_out, dy_other}), [&](auto n) {
     constexpr int N = decltype(n)::value;
@@ -429,7 +420,9 @@ void launch_batch_norm_backward(const T* dy, const T* x, const T* gamma, const B
 
 template <typename T>
 void launch_batch_norm_stats_update(const T* x, const BatchNormShape& s, float* running_mean, float* running_var,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, const BatchNormRowsScratch& rows) {
+  if (batch_norm_rows_path(s, rows))
+    return launch_batch_norm_rows_stats_update(x, s, running_mean, running_var, stream, rows);
   check_channel_size(s);
   with_pack<T>(pack_values<T>(s, {x}), [&](auto n) {
     launch_per_channel(batch_norm_stats_kernel<T, decltype(n)::value>, streaming_blocks(s), s, stream, x, s,
@@ -448,10 +441,11 @@ void launch_batch_norm_inference(const T* x, const T* gamma, const T* beta, cons
 
 #define SG_INSTANTIATE_BATCH_NORM(T)                                                                               \
   template void launch_batch_norm_forward<T>(const T*, const T*, const T*, const BatchNormShape&, T*, cudaStream_t,  \
-                                             float*, float*, const T*, bool);                                     \
+                                             float*, float*, const T*, bool, const BatchNormRowsScratch&);        \
   template void launch_batch_norm_backward<T>(const T*, const T*, const T*, const BatchNormShape&, T*, T*, T*,     \
-                                              cudaStream_t, const T*, const T*);                                   \
-  template void launch_batch_norm_stats_update<T>(const T*, const BatchNormShape&, float*, float*, cudaStream_t);  \
+                                              cudaStream_t, const T*, const T*, const BatchNormRowsScratch&);      \
+  template void launch_batch_norm_stats_update<T>(const T*, const BatchNormShape&, float*, float*, cudaStream_t,   \
+                                                  const BatchNormRowsScratch&);                                    \
   template void launch_batch_norm_inference<T>(const T*, const T*, const T*, const float*, const float*,           \
                                                const BatchNormShape&, T*, cudaStream_t);
 SG_INSTANTIATE_BATCH_NORM(float)

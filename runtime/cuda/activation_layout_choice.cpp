@@ -55,6 +55,13 @@ std::string choose_activation_layout(TrainingProgram& program, const BackendOpti
     if (exits > 0)
       why = fmt::format("{} channels-last region(s) end inside the network (a layer without a channels-last kernel)",
                         exits);
+    else if (program.channels_last->batch_norms > 0)
+      // cuDNN's channels-last convolutions save about 200 us of mnist_resnet's
+      // step, but its seven batch_norms on the rows kernel lose more: 732-754 us
+      // against 664-680 NCHW (H200, docs/benchmarks.md). Auto keeps NCHW until
+      // that kernel is faster.
+      why = fmt::format("its {} batch_norm layer(s) run slower channels-last (the [N*H*W, C] rows kernel)",
+                        program.channels_last->batch_norms);
     else
       why = nchw_reason(program.train, options, device_present);
   }
@@ -64,7 +71,7 @@ std::string choose_activation_layout(TrainingProgram& program, const BackendOpti
   }
   use_channels_last(program);
   return asked == ActivationLayout::channels_last ? "channels-last (backend.activation_layout: channels_last)"
-                                                  : "channels-last (its regions end at flattens)";
+                                                  : "channels-last (its regions end at flattens or the global pooling)";
 }
 
 TrainerSpec with_activation_layout(TrainerSpec spec, bool device_present, std::string& choice) {

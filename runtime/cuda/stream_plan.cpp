@@ -89,11 +89,13 @@ std::vector<bool> independent_launches(const Schedule& s) {
 }
 
 StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const BackendOptions& options) {
-  std::vector<bool> on_communication;
+  std::vector<bool> communicates;
   for (const Launch& l : s.launches)
-    on_communication.push_back(cuda_lowering_of(l).launch_stream() == LaunchStream::communication);
+    communicates.push_back(cuda_lowering_of(l).launch_stream() == LaunchStream::communication);
+  const std::vector<bool> on_communication =
+      options.communication_stream ? communicates : std::vector<bool>(s.launches.size(), false);
   std::vector<bool> on_gradient_stream(s.launches.size(), false);
-  if (!any(on_communication)) {
+  if (!any(communicates)) {  // a data-parallel rank keeps one compute stream
     if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
     if (options.independent_launch_stream) {
       const std::vector<bool> independent = independent_launches(s);

@@ -7,7 +7,8 @@
 //   the gradient all-reduce, issue 25) runs on the communication stream. It
 //   is forked where it sits in the schedule: an event recorded on the step's
 //   stream just before its place, which the communication stream waits for,
-//   so everything it reads has been written.
+//   so everything it reads has been written. With `communication_stream`
+//   off it stays on the step's stream where it sits (an A/B of the overlap).
 // - Without communication, the launches on an update branch (weight and bias
 //   gradients and the updates: runtime/plan/update_branches.hpp) run on the
 //   gradient stream when `weight_gradient_stream` asks for it. Each is

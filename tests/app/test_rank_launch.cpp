@@ -412,7 +412,9 @@ TEST_CASE("checkpoints record the rank count, a resume at another one is refused
 }
 
 TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one all_reduce_mean per layer") {
-  const auto config = app::load_config(sg::test::source_dir() / "configs/ci_small.yaml", {});
+  // data_parallel.bucket_mb 0: a bucket per layer (the default, 25, joins these small layers into one).
+  const auto config =
+      app::load_config(sg::test::source_dir() / "configs/ci_small.yaml", {"data_parallel.bucket_mb=0"});
   app::InspectRequest r;
   r.world_size = 2;
   r.rank = 1;
@@ -427,13 +429,23 @@ TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one 
   r.rank = 2;
   CHECK_THROWS_WITH_AS(app::run_inspect(config, r), "inspect: --rank 2 is not in 0..1 (--world-size 2)", app::ConfigError);
   // A model.sequential CNN too: rank 1 of 3's slice, one bucket per conv and linear layer.
-  const auto cnn = app::load_config(sg::test::source_dir() / "configs/mnist_cnn.yaml", {});
+  const auto cnn_path = sg::test::source_dir() / "configs/mnist_cnn.yaml";
+  const auto cnn = app::load_config(cnn_path, {"data_parallel.bucket_mb=0"});
   r.world_size = 3;
   r.rank = 1;
+  const auto count_buckets = [](const std::string& dump) {
+    std::size_t n = 0;
+    for (auto at = dump.find("all_reduce_mean("); at != std::string::npos; at = dump.find("all_reduce_mean(", at + 1))
+      ++n;
+    return n;
+  };
   const std::string cnn_text = app::run_inspect(cnn, r);
   CHECK(cnn_text.find("{batch=64,rank=1/3}") != std::string::npos);
-  buckets = 0;
-  for (auto at = cnn_text.find("all_reduce_mean("); at != std::string::npos; at = cnn_text.find("all_reduce_mean(", at + 1))
-    ++buckets;
-  CHECK(buckets == 4);
+  CHECK(count_buckets(cnn_text) == 4);
+  // The default joins the CNN's 87 KB of gradients into one bucket.
+  const auto joined = app::load_config(cnn_path, {});
+  CHECK(joined.data_parallel.bucket_mb == 25.0);
+  CHECK(count_buckets(app::run_inspect(joined, r)) == 1);
+  CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.bucket_mb=-1"}),
+                       doctest::Contains("data_parallel.bucket_mb"), app::ConfigError);
 }

@@ -5,7 +5,9 @@
 // with SGD (momentum: the conv biases' column sums fused with their update)
 // and AdamW (the sums widened to the fp32 master biases); small 3-channel
 // images with overlapping poolings and a stride-2 conv, and MNIST-sized
-// 1-channel images with 32 and 64 channels (the packed pooling paths). The
+// 1-channel images with 32 and 64 channels (the packed pooling paths), and
+// a residual CNN with batch_norm on MNIST-sized images (channels-last: the
+// batch_norm rows path over [N*H*W, C], and the global pooling). The
 // trainer says which layout it ran and the schedule shows the lowerings.
 #include <doctest/doctest.h>
 
@@ -16,6 +18,7 @@
 
 #include "models/sequential_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
+#include "runtime/trainer.hpp"
 #include "runtime/tensor_blob.hpp"
 #include "tests/runtime/channels_last_networks.hpp"
 #include "tests/runtime/test_support.hpp"
@@ -55,6 +58,15 @@ SequentialTraining mnist_sized(OptimizerKind kind) {
   t.model.input_shape = {1, 28, 28};
   t.model.layers = test::two_conv_layers();
   t.model.batch = 32;
+  return t;
+}
+
+SequentialTraining batch_norm_residual(OptimizerKind kind) {
+  SequentialTraining t = small_images(kind);
+  t.model.input_shape = {1, 28, 28};
+  t.model.layers = test::batch_norm_residual_layers(8);  // 16 x 28 x 28 = 12544 rows of 8 channels
+  t.model.batch = 16;
+  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.01 : 1e-3;
   return t;
 }
 
@@ -105,5 +117,38 @@ TEST_CASE("channels-last training follows the NCHW step: MNIST-sized images, 32 
   for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
     INFO(optimizer_name(kind));
     check_follows(mnist_sized(kind), 28 * 28);
+  }
+}
+
+// The batch_norm layers' rows path against the CPU backend (f32 with the
+// compute dtype's roundings), the oracle: the first step's state within 1e-2
+// by norm (or 1e-3 absolute: the BN biases' gradients are sums of many f16
+// terms that largely cancel), then the losses. Against the NCHW GPU step
+// only the losses: the two layouts' f16 roundings (cuDNN engines, the
+// statistics' summation order) move the BN biases apart by 5-15% by norm
+// within 8 steps, as they move apart from the CPU's.
+TEST_CASE("channels-last batch_norm (the rows path) follows the CPU backend: a residual CNN with global pooling") {
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    INFO(optimizer_name(kind));
+    const SequentialTraining t = batch_norm_residual(kind);
+    std::mt19937_64 rng(38);
+    const Dataset data = test::random_dataset(t.model.batch * 6, 28 * 28, 10, rng);
+    TrainerSpec gpu_spec;
+    gpu_spec.program =
+        build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+    gpu_spec.backend.activation_layout = ActivationLayout::channels_last;
+    const auto gpu = cuda::make_cuda_trainer(gpu_spec, data);
+    TrainerSpec cpu_spec;
+    cpu_spec.program = build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cpu);
+    const auto cpu = make_cpu_trainer(cpu_spec, data);
+    INFO(gpu->description());
+    REQUIRE(gpu->description().find("channels-last") != std::string::npos);
+    gpu->train(1);
+    cpu->train(1);
+    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
+    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+    const test::StepsRun nchw = train(t, data, ActivationLayout::nchw);
+    const test::StepsRun last = train(t, data, ActivationLayout::channels_last);
+    CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
   }
 }

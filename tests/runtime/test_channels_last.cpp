@@ -59,6 +59,15 @@ SequentialSpec residual_cnn(std::int64_t batch) {
   return s;
 }
 
+// issue 37's residual block with batch normalisation (configs/mnist_resnet.yaml
+// in small, on 2-channel images: the entry conversion copies).
+SequentialSpec batch_norm_cnn(std::int64_t batch) {
+  SequentialSpec s = three_channel_cnn(batch);
+  s.input_shape = {2, 8, 8};
+  s.layers = test::batch_norm_residual_layers(4);
+  return s;
+}
+
 int count(const Graph& g, OpKind op) {
   return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const Node& n) { return n.op == op; }));
 }
@@ -81,11 +90,12 @@ std::vector<double> train(Graph forward, const SequentialSpec& spec, const Optim
     std::copy(init.values.begin(), init.values.end(), e.tensor(init.name).real.begin());
   e.set_learning_rate(optimizer.lr);
   for (int i = 0; i < steps; ++i) e.run();
-  std::vector<double> out;
-  for (ValueId p : g.values_with_role(Role::param)) {
-    const auto& v = e.tensor(p).real;
-    out.insert(out.end(), v.begin(), v.end());
-  }
+  std::vector<double> out;  // the parameters, then the optimizer's and batch_norm's running state
+  for (const Role role : {Role::param, Role::state})
+    for (ValueId p : g.values_with_role(role)) {
+      const auto& v = e.tensor(p).real;
+      out.insert(out.end(), v.begin(), v.end());
+    }
   return out;
 }
 
@@ -118,6 +128,25 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
   CHECK(residual->inner_exits == 0);
   CHECK(count(residual->graph, OpKind::to_channels_first) == 1);
 
+  // batch_norm turns with its input (BatchNorm1d over the [N*H*W, C] rows);
+  // the global average pooling reads the last stage back channels-first.
+  const auto normalised = rewrite_channels_last(build_sequential_forward(batch_norm_cnn(4)));
+  REQUIRE(normalised);
+  CHECK(normalised->convolutions == 4);
+  CHECK(normalised->copies == 2);  // the 2-channel input in, the last stage out to the pooling
+  CHECK(normalised->inner_exits == 0);
+  CHECK(count(normalised->graph, OpKind::batch_norm) == 4);
+  for (const Node& n : normalised->graph.nodes()) {
+    if (n.op == OpKind::batch_norm || n.op == OpKind::batch_norm_stats_update)
+      CHECK(n.attr<BatchNormAttrs>().channels_last);
+    if (n.op == OpKind::global_avg_pool2d)
+      CHECK(normalised->graph.node(normalised->graph.value(n.inputs[0]).producer).op == OpKind::to_channels_first);
+  }
+  const auto eval = rewrite_channels_last(build_sequential_eval(batch_norm_cnn(4)));
+  REQUIRE(eval);
+  for (const Node& n : eval->graph.nodes())
+    if (n.op == OpKind::batch_norm_inference) CHECK(n.attr<BatchNormAttrs>().channels_last);
+
   // A layer without a channels-last form inside the region ends it there.
   SequentialSpec with_dropout2d = three_channel_cnn(4);
   LayerSpec drop = net_layer(LayerKind::dropout2d);
@@ -135,16 +164,18 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
   CHECK_FALSE(rewrite_channels_last(build_sequential_forward(mlp)));
 }
 
-TEST_CASE("channels-last training steps equal the NCHW ones in f64 (SGD with momentum, AdamW, 1 and 3 channels)") {
-  for (const bool residual : {false, true}) {
+TEST_CASE("channels-last training steps equal the NCHW ones in f64 (SGD with momentum, AdamW, 1-3 channels, BN)") {
+  for (const int network : {0, 1, 2}) {
     for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-      const SequentialSpec spec = residual ? residual_cnn(5) : three_channel_cnn(5);
+      const bool residual = network == 1;
+      const SequentialSpec spec = network == 0 ? three_channel_cnn(5) : residual ? residual_cnn(5) : batch_norm_cnn(5);
       OptimizerSpec optimizer;
       optimizer.kind = kind;
       optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
       optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
       optimizer.weight_decay = kind == OptimizerKind::adamw ? 0.01 : 0.0;
-      INFO((residual ? "residual, 1 channel" : "3 channels") << ", " << optimizer_name(kind));
+      const char* what = network == 0 ? "3 channels" : residual ? "residual, 1 channel" : "batch_norm";
+      INFO(what << ", " << optimizer_name(kind));
       const Graph forward = build_sequential_forward(spec);
       const auto start = train(forward, spec, optimizer, 0, 11);
       const auto nchw = train(forward, spec, optimizer, 3, 11);

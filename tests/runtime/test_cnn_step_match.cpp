@@ -76,10 +76,13 @@ TEST_CASE("the CNN step is recognised under every optimizer: its update nodes ar
 }
 
 TEST_CASE("a data-parallel rank's CNN step is recognised: its slice of the batch, every gradient all-reduced") {
-  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+  for (const auto& [kind, bucket_bytes] : {std::pair{OptimizerKind::sgd, std::int64_t{0}}, {OptimizerKind::adamw, 0},
+                                           {OptimizerKind::sgd, std::int64_t{1} << 30}}) {  // one joined bucket
     CAPTURE(optimizer_name(kind));
+    CAPTURE(bucket_bytes);
     auto t = report_cnn();
     t.optimizer.kind = kind;
+    t.optimizer.bucket_bytes = bucket_bytes;
     t.data_rank = 2;
     t.data_ranks = 3;
     const Graph g = report_cnn_cuda_graph(t);

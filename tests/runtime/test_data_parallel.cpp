@@ -272,6 +272,46 @@ TEST_CASE("data parallel: N simulated ranks at batch B end with the weights of o
   }
 }
 
+TEST_CASE("data parallel: bucket_bytes joins the layers' buckets in the order their gradients complete") {
+  // 24-16-12-6 in f32: the layers' gradients are 1600, 816 and 312 bytes, complete from the last layer back.
+  const auto buckets = [](std::int64_t bucket_bytes) {
+    auto t = small_mlp(8, OptimizerKind::sgd);
+    t.data_rank = 1;
+    t.data_ranks = 2;
+    t.optimizer.bucket_bytes = bucket_bytes;
+    const TrainingProgram p = build_mlp_program(t, 100, 20, ProgramTarget::cpu);
+    verify_graph(p.train);
+    std::vector<std::size_t> sizes;  // the inputs of each all_reduce_mean, in graph order
+    for (const Node& n : p.train.nodes()) {
+      if (n.op != OpKind::all_reduce_mean) continue;
+      sizes.push_back(n.inputs.size());
+      for (ValueId in : n.inputs) CHECK(p.train.value(in).producer < n.id);  // after its last gradient
+    }
+    return sizes;
+  };
+  CHECK(buckets(0) == std::vector<std::size_t>{2, 2, 2});  // one per layer
+  CHECK(buckets(1) == std::vector<std::size_t>{2, 2, 2});  // every layer already holds a byte
+  CHECK(buckets(1000) == std::vector<std::size_t>{4, 2});  // 312 + 816 >= 1000, then the first layer
+  CHECK(buckets(std::int64_t{1} << 30) == std::vector<std::size_t>{6});
+
+  // The means are per tensor whatever the bucket: simulated ranks end with the same bits.
+  auto rng = test::fresh_rng();
+  const std::int64_t batch = 4, rows = 2 * batch * 4 + 3;
+  const Data d = random_dataset(rng, rows, 24, 6);
+  const auto trained = [&](std::int64_t bucket_bytes) {
+    auto ranks = rank_executors(
+        [&](std::int64_t b) {
+          auto t = small_mlp(b, OptimizerKind::sgd);
+          t.optimizer.bucket_bytes = bucket_bytes;
+          return t;
+        },
+        2, batch, rows, d);
+    for (int s = 0; s < 4; ++s) step_ranks(ranks);
+    return all_params(*ranks[0]);
+  };
+  CHECK(trained(0) == trained(std::int64_t{1} << 30));
+}
+
 TEST_CASE("data parallel: precision.all_reduce compute reduces fp32 master weights' gradients in f16, before the casts") {
   for (const bool compute : {false, true}) {
     INFO("reduce in the compute dtype " << compute);

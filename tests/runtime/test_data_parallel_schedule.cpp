@@ -287,3 +287,29 @@ TEST_CASE("data parallel: a CNN rank (model.sequential) reduces each layer's gra
                            << " launches: " << names);
   }
 }
+
+TEST_CASE("data parallel: joined buckets (bucket_bytes) are one nccl_all_reduce launch each, and with the communication "
+          "stream off every launch stays on the step's stream") {
+  for (const int variant : {0, 1, 2, 3, 4}) {
+    INFO("variant " << variant);
+    MlpTraining t = variant_of(256, variant);
+    t.optimizer.bucket_bytes = std::int64_t{1} << 40;  // every layer in one bucket
+    const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
+    const Lowered l = lower(p.train);
+    std::size_t all_reduce = 0;
+    for (const auto& launch : l.schedule.launches)
+      for (NodeId n : launch.nodes)
+        if (p.train.node(n).op == OpKind::all_reduce_mean) {
+          ++all_reduce;
+          CHECK(launch.lowering->name() == "nccl_all_reduce");
+          CHECK(p.train.node(n).inputs.size() == 2 * (t.mlp.layers.size() - 1));  // every weight and bias
+        }
+    CHECK(all_reduce == 1);
+    check_dependencies(p.train, l.schedule);
+    BackendOptions off;
+    off.communication_stream = false;
+    const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, off);
+    CHECK_FALSE(plan.forks());
+    CHECK_FALSE(plan.splits_gradients());  // a rank keeps one compute stream either way
+  }
+}

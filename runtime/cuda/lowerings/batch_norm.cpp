@@ -6,8 +6,14 @@
 // relu_backward that alone feeds it and the add of two gradients that alone
 // feeds that (a gradient nothing reads is not written); either statistics
 // node alone; inference. gamma and beta have X's type (the model casts fp32
-// master parameters first).
+// master parameters first). Channels-last X ([N, H, W, C]) is the [N*H*W, C]
+// matrix to the kernels; tall ones of those (and tall [N, C]) take the
+// whole-GPU rows path, which asks for the program's shared workspace and a
+// finish counter of the launch's own (BatchNormRowsScratch).
+#include <memory>
+
 #include "ops/cuda/batch_norm.hpp"
+#include "ops/cuda/cuda_resources.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -24,12 +30,20 @@ bool running_statistic(OpKind op, std::size_t slot) {
   return (op == OpKind::batch_norm_stats_update && slot >= 1) || (op == OpKind::batch_norm_inference && slot >= 3);
 }
 
-// The kernels' view of X [N, C, ...] (`x_shape`): eps from `norm`, momentum from `stats`.
+// The kernels' view of X (`x_shape`): [N, C, ...] as N examples of C planes;
+// channels_last [N, H, W, C] as the [N*H*W, C] matrix (plane 1). eps from
+// `norm`, momentum from `stats`.
 BatchNormShape shape_of(const Shape& x_shape, const Node& norm, const Node& stats) {
   BatchNormShape s;
-  s.n = x_shape[0];
-  s.channels = x_shape[1];
-  for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
+  if (norm.attr<BatchNormAttrs>().channels_last) {
+    s.channels = x_shape.back();
+    s.n = 1;
+    for (std::size_t d = 0; d + 1 < x_shape.size(); ++d) s.n *= x_shape[d];
+  } else {
+    s.n = x_shape[0];
+    s.channels = x_shape[1];
+    for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
+  }
   s.eps = static_cast<float>(norm.attr<BatchNormAttrs>().eps);
   s.momentum = static_cast<float>(stats.attr<BatchNormAttrs>().momentum);
   return s;
@@ -63,7 +77,8 @@ class BatchNormLowering final : public CudaLowering {
       for (NodeId reader : g.consumers(n.inputs[0]))
         if (const CoverUnit* u = free_lone_unit(cover, reader);
             u && g.node(reader).op == OpKind::batch_norm && g.node(reader).inputs[0] == n.inputs[0] &&
-            types_fit(g, g.node(reader))) {
+            types_fit(g, g.node(reader)) &&
+            g.node(reader).attr<BatchNormAttrs>().channels_last == n.attr<BatchNormAttrs>().channels_last) {
           m.units.push_back(u->id);
           nodes.norm = reader;
           break;
@@ -145,6 +160,19 @@ class BatchNormLowering final : public CudaLowering {
     const Node* relu = nodes.relu >= 0 ? &g.node(nodes.relu) : nullptr;
     float* running_mean = nodes.stats >= 0 ? static_cast<float*>(ptr(stats.inputs[1])) : nullptr;
     float* running_var = nodes.stats >= 0 ? static_cast<float*>(ptr(stats.inputs[2])) : nullptr;
+    // The rows path's scratch (training ops of tall [rows, C] X): read when
+    // enqueuing, as the shared workspace's address is final only then.
+    const std::size_t workspace_bytes = op == OpKind::batch_norm_inference ? 0 : batch_norm_workspace_bytes(s);
+    void* const* workspace = workspace_bytes > 0 ? c.workspace(workspace_bytes) : nullptr;
+    std::shared_ptr<DeviceBuffer> finished;
+    if (workspace) {
+      finished = std::make_shared<DeviceBuffer>(sizeof(unsigned));
+      finished->fill_bytes(0);
+    }
+    const bool dependent = c.options().dependent_launch;
+    const auto scratch = [workspace, finished, dependent] {
+      return workspace ? BatchNormRowsScratch{*workspace, finished->as<unsigned>(), dependent} : BatchNormRowsScratch{};
+    };
     std::function<void(cudaStream_t)> run;
     with_float_type(g.value(n.inputs[0]).dtype, [&](auto tag) {
       using T = decltype(tag);
@@ -157,7 +185,8 @@ class BatchNormLowering final : public CudaLowering {
           const T* residual = nodes.residual >= 0 ? static_cast<const T*>(ptr(nodes.residual)) : nullptr;
           const bool with_relu = relu != nullptr;
           run = [=](cudaStream_t st) {
-            launch_batch_norm_forward(x, gamma, beta, s, y, st, running_mean, running_var, residual, with_relu);
+            launch_batch_norm_forward(x, gamma, beta, s, y, st, running_mean, running_var, residual, with_relu,
+                                      scratch());
           };
           break;
         }
@@ -171,13 +200,15 @@ class BatchNormLowering final : public CudaLowering {
           auto* dgamma = static_cast<T*>(written(n.outputs[1]));
           auto* dbeta = static_cast<T*>(written(n.outputs[2]));
           run = [=](cudaStream_t st) {
-            launch_batch_norm_backward(dy, x, gamma, s, dx, dgamma, dbeta, st, relu_out, dy_other);
+            launch_batch_norm_backward(dy, x, gamma, s, dx, dgamma, dbeta, st, relu_out, dy_other, scratch());
           };
           break;
         }
         case OpKind::batch_norm_stats_update: {
           const T* x = in(n, 0);
-          run = [=](cudaStream_t st) { launch_batch_norm_stats_update(x, s, running_mean, running_var, st); };
+          run = [=](cudaStream_t st) {
+            launch_batch_norm_stats_update(x, s, running_mean, running_var, st, scratch());
+          };
           break;
         }
         default: {
@@ -191,8 +222,8 @@ class BatchNormLowering final : public CudaLowering {
       }
     });
     return std::make_unique<BoundLaunch>(
-        std::move(run), fmt::format("{} channels of {} values{}", s.channels, s.n * s.plane,
-                                    running_mean ? ", running statistics" : ""));
+        std::move(run), fmt::format("{} channels of {} values{}{}", s.channels, s.n * s.plane,
+                                    running_mean ? ", running statistics" : "", workspace ? ", rows path" : ""));
   }
 
  private:
