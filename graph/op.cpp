@@ -75,4 +75,14 @@ void throw_wrong_attrs(const Node& node, std::size_t wanted_index) {
                                attrs_kind_name(wanted_index)));
 }
 
+BatchNormLayout batch_norm_layout(std::span<const std::int64_t> shape, const BatchNormAttrs& attrs) {
+  const auto product = [&](std::size_t from, std::size_t to) {
+    std::int64_t n = 1;
+    for (std::size_t d = from; d < to; ++d) n *= shape[d];
+    return n;
+  };
+  if (attrs.channels_last) return {product(0, shape.size() - 1), shape.back(), 1};
+  return {shape[0], shape[1], product(2, shape.size())};
+}
+
 }  // namespace sg

@@ -4,6 +4,7 @@
 // lives in its registry entry: graph/op_registry.hpp, one file per op (or
 // small family) under graph/ops/.
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string_view>
 #include <type_traits>
@@ -263,6 +264,13 @@ struct BatchNormAttrs {
   bool channels_last = false;
   bool operator==(const BatchNormAttrs&) const = default;
 };
+// X (`shape`, rank >= 2) as (n, channels, plane), the CPU reference's and the
+// kernels' view: [N, C, ...] as N examples of C planes of the rest;
+// channels_last [N, H, W, C] as the [N*H*W, C] matrix (plane 1).
+struct BatchNormLayout {
+  std::int64_t n, channels, plane;
+};
+BatchNormLayout batch_norm_layout(std::span<const std::int64_t> shape, const BatchNormAttrs& attrs);
 
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,

@@ -16,11 +16,6 @@
 namespace sg::ops {
 namespace {
 
-// The channel dimension of X: 1, or the last with channels_last ([N,H,W,C]).
-std::size_t channel_dim(const Shape& x, const OpAttrs& attrs) {
-  return std::get<BatchNormAttrs>(attrs).channels_last ? x.size() - 1 : 1;
-}
-
 // X [N, C, ...] (or [N, H, W, C]) with per-channel [C] values of one floating dtype; valid attributes.
 void check_channels(OpKind op, const Value& x, std::initializer_list<const Value*> per_channel, const OpAttrs& attrs) {
   expect_floating(op, x);
@@ -29,7 +24,7 @@ void check_channels(OpKind op, const Value& x, std::initializer_list<const Value
     fail(op, fmt::format("{} must be [N, H, W, C] (channels_last)", describe(x)));
   if (x.shape.size() != 2 && x.shape.size() != 4)
     fail(op, fmt::format("{} must be [N, C] or [N, C, H, W]", describe(x)));
-  const std::int64_t channels = x.shape[channel_dim(x.shape, attrs)];
+  const std::int64_t channels = batch_norm_layout(x.shape, a).channels;
   for (const Value* v : per_channel) {
     expect_floating(op, *v);
     if (v->shape != Shape{channels})
@@ -41,7 +36,8 @@ void check_channels(OpKind op, const Value& x, std::initializer_list<const Value
 
 // Training needs more than one value per channel (PyTorch refuses one, too).
 void check_batch(OpKind op, const Value& x, const OpAttrs& attrs) {
-  if (elements_from(x.shape, 0) / x.shape[channel_dim(x.shape, attrs)] < 2)
+  const BatchNormLayout l = batch_norm_layout(x.shape, std::get<BatchNormAttrs>(attrs));
+  if (l.n * l.plane < 2)
     fail(op, fmt::format("{} has one value per channel: batch statistics need more than one", describe(x)));
 }
 
@@ -81,14 +77,8 @@ void gradient(const GradientContext& c) { normalisation_gradient(c, OpKind::batc
 
 std::vector<int> stats_in_place(const OpAttrs&, int) { return {1, 2}; }
 
-// [N, C, ...] as (N, C, the values of one channel of one example); with
-// channels_last, [N, H, W, C] as the [N*H*W, C] matrix (plane 1).
-struct Layout {
-  std::int64_t n, channels, plane;
-};
-Layout layout_of(std::span<const std::int64_t> s, const Node& node) {
-  if (node.attr<BatchNormAttrs>().channels_last) return {elements_from(s, 0) / s.back(), s.back(), 1};
-  return {s[0], s[1], elements_from(s, 2)};
+BatchNormLayout layout_of(std::span<const std::int64_t> s, const Node& node) {
+  return batch_norm_layout(s, node.attr<BatchNormAttrs>());
 }
 
 template <typename T>

@@ -30,20 +30,14 @@ bool running_statistic(OpKind op, std::size_t slot) {
   return (op == OpKind::batch_norm_stats_update && slot >= 1) || (op == OpKind::batch_norm_inference && slot >= 3);
 }
 
-// The kernels' view of X (`x_shape`): [N, C, ...] as N examples of C planes;
-// channels_last [N, H, W, C] as the [N*H*W, C] matrix (plane 1). eps from
-// `norm`, momentum from `stats`.
+// The kernels' view of X (`x_shape`): batch_norm_layout's (n, channels,
+// plane); eps from `norm`, momentum from `stats`.
 BatchNormShape shape_of(const Shape& x_shape, const Node& norm, const Node& stats) {
   BatchNormShape s;
-  if (norm.attr<BatchNormAttrs>().channels_last) {
-    s.channels = x_shape.back();
-    s.n = 1;
-    for (std::size_t d = 0; d + 1 < x_shape.size(); ++d) s.n *= x_shape[d];
-  } else {
-    s.n = x_shape[0];
-    s.channels = x_shape[1];
-    for (std::size_t d = 2; d < x_shape.size(); ++d) s.plane *= x_shape[d];
-  }
+  const BatchNormLayout l = batch_norm_layout(x_shape, norm.attr<BatchNormAttrs>());
+  s.n = l.n;
+  s.channels = l.channels;
+  s.plane = l.plane;
   s.eps = static_cast<float>(norm.attr<BatchNormAttrs>().eps);
   s.momentum = static_cast<float>(stats.attr<BatchNormAttrs>().momentum);
   return s;
