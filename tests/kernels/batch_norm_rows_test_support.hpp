@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "graph/dtype.hpp"
+#include "ops/cpu/layout_reference.hpp"
 #include "ops/cpu/norm_reference.hpp"
 #include "ops/cuda/batch_norm.hpp"
 #include "tests/kernels/channels_last_test_support.hpp"
@@ -35,19 +36,17 @@ struct RowsShape {
   std::size_t offset = 0;
 };
 
-// [rows, C] -> [C, rows] in double, and back.
+// [rows, C] -> [C, rows] in double, and back: the layout reference's
+// channels-last <-> channels-first of one image of `rows` pixels.
 inline std::vector<double> planes_of(const std::vector<float>& x, std::int64_t rows, std::int64_t channels) {
+  const std::vector<double> wide(x.begin(), x.end());
   std::vector<double> t(x.size());
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < channels; ++c)
-      t[static_cast<std::size_t>(c * rows + r)] = x[static_cast<std::size_t>(r * channels + c)];
+  ref::to_channels_first(wide.data(), 1, channels, rows, t.data());
   return t;
 }
 inline std::vector<double> rows_of(const std::vector<double>& t, std::int64_t rows, std::int64_t channels) {
   std::vector<double> x(t.size());
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < channels; ++c)
-      x[static_cast<std::size_t>(r * channels + c)] = t[static_cast<std::size_t>(c * rows + r)];
+  ref::to_channels_last(t.data(), 1, channels, rows, x.data());
   return x;
 }
 
