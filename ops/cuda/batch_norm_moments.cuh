@@ -21,11 +21,23 @@ __device__ __forceinline__ Moments moments_from(float shift, float shifted_sum, 
   return {shift + d, var, 1.f / sqrtf(var + eps)};
 }
 
-// running = (1 - momentum) running + momentum * the batch's, the variance unbiased (PyTorch's); count values.
+// running = (1 - momentum) running + momentum * the batch's, the variance
+// unbiased (PyTorch's); count values. From the old values, so that a caller
+// can load every channel's before it stores any (a store between two loads
+// of float arrays that may alias makes their round trips serial).
+__device__ __forceinline__ void updated_running(const Moments& m, float count, float momentum, float& mean,
+                                                float& var) {
+  mean = (1.f - momentum) * mean + momentum * m.mean;
+  var = (1.f - momentum) * var + momentum * m.var * count / (count - 1.f);
+}
+
+// updated_running in place for channel c.
 __device__ __forceinline__ void update_running(const Moments& m, float count, float momentum, std::int64_t c,
                                                float* running_mean, float* running_var) {
-  running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * m.mean;
-  running_var[c] = (1.f - momentum) * running_var[c] + momentum * m.var * count / (count - 1.f);
+  float mean = running_mean[c], var = running_var[c];
+  updated_running(m, count, momentum, mean, var);
+  running_mean[c] = mean;
+  running_var[c] = var;
 }
 
 }  // namespace sg::cuda

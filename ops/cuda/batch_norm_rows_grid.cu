@@ -160,6 +160,16 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
   wait_for_previous_kernel();
   allow_next_kernel_to_start();
   const Place p = place_of<V>(d);
+  const int width = d.cols * V;  // the group's channels (the last group's may pass the channels)
+  const std::int64_t group_first = std::int64_t(blockIdx.x % unsigned(d.groups)) * width;
+  // gamma and beta of the group, for step 3: loaded now, their L2 round trip
+  // beside step 1's, not after the grid syncs (visible after reduce_lanes' barriers).
+  __shared__ float params[2][kMaxGroupPacks * V];
+  if (a.out)
+    for (int i = int(threadIdx.x); i < width && group_first + i < d.channels; i += kBlockThreads) {
+      params[0][i] = to_float(a.gamma[group_first + i]);
+      if (!kBackward) params[1][i] = to_float(a.beta[group_first + i]);
+    }
   const unsigned slices = gridDim.x / unsigned(d.groups), slice = blockIdx.x / unsigned(d.groups);
   const bool skip = !kBackward && a.residual && a.out;  // the forward's residual, loaded with x
   Place rest = p;                                       // the rows past the held ones
@@ -206,34 +216,66 @@ __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
   cg::this_grid().sync();
   sum_columns(partials, slices, columns, totals);
   cg::this_grid().sync();
+  // The block's group's totals into shared memory, one L2 read each: read by
+  // every thread with __ldcg, the grid's ~34k warps' loads of the same few
+  // lines queued at one L2 slice (step 3 took 5-13 us, globaltimer probes).
+  for (int i = int(threadIdx.x); i < K * width; i += kBlockThreads) {
+    const std::int64_t c = group_first + i % width;
+    if (c < d.channels) shared[i] = __ldcg(totals + (i / width) * d.channels + c);
+  }
+  __syncthreads();
   if (!p.active) return;
 
   // Step 3: the per-channel values (kValues; batch_norm_rows.cu's finish_channels' formulas).
+  // Every load first, then the arithmetic, then the first slice's stores: a
+  // store to running_mean (a float*) between two channels' loads would keep
+  // the compiler from issuing the second before it, V serial round trips,
+  // which every block waits for at the end.
   const float count = float(d.rows);
   const bool first_slice = slice == 0 && p.lane == 0;  // writes the per-channel outputs
-  float v[kValues][V] = {};
+  float sums[K][V], gamma[V], beta[V], run_mean[V], run_var[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) {
     const std::int64_t c = p.first + e;
-    const float* t = totals + c;
-    const Moments m = moments_from(shift[e], __ldcg(t), __ldcg(t + d.channels), count, a.eps);
-    if (first_slice && a.running_mean) update_running(m, count, a.momentum, c, a.running_mean, a.running_var);
+#pragma unroll
+    for (int k = 0; k < K; ++k) sums[k][e] = shared[k * width + p.col * V + e];
+    gamma[e] = a.out ? params[0][p.col * V + e] : 0.f;
+    beta[e] = !kBackward && a.out ? params[1][p.col * V + e] : 0.f;
+    const bool running = first_slice && a.running_mean;
+    run_mean[e] = running ? a.running_mean[c] : 0.f;
+    run_var[e] = running ? a.running_var[c] : 0.f;
+  }
+  float v[kValues][V] = {}, dgamma[V] = {}, dbeta[V] = {};
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const Moments m = moments_from(shift[e], sums[0][e], sums[1][e], count, a.eps);
+    updated_running(m, count, a.momentum, run_mean[e], run_var[e]);
     v[0][e] = m.mean;
     if constexpr (kBackward) {
-      const float dy_sum = __ldcg(t + 2 * d.channels);
+      const float dy_sum = sums[2][e];
       // sum(g * xhat) = rstd * (sum(g * (x - shift)) - (mean - shift) * sum(g)).
-      const float dyx_sum = m.rstd * (__ldcg(t + 3 * d.channels) - (__ldcg(t) / count) * dy_sum);
-      if (first_slice && a.dgamma) a.dgamma[c] = from_float<T>(dyx_sum);
-      if (first_slice && a.dbeta) a.dbeta[c] = from_float<T>(dy_sum);
-      const float g = a.out ? to_float(a.gamma[c]) : 0.f;
-      v[1][e] = m.rstd * g;
-      v[2][e] = -m.rstd * m.rstd * (g * dyx_sum / count);
-      v[3][e] = -m.rstd * (g * dy_sum / count);
+      const float dyx_sum = m.rstd * (sums[3][e] - (sums[0][e] / count) * dy_sum);
+      dgamma[e] = dyx_sum;
+      dbeta[e] = dy_sum;
+      v[1][e] = m.rstd * gamma[e];
+      v[2][e] = -m.rstd * m.rstd * (gamma[e] * dyx_sum / count);
+      v[3][e] = -m.rstd * (gamma[e] * dy_sum / count);
     } else {
-      v[1][e] = a.out ? m.rstd * to_float(a.gamma[c]) : 0.f;
-      v[2][e] = a.out ? to_float(a.beta[c]) : 0.f;
+      v[1][e] = m.rstd * gamma[e];
+      v[2][e] = beta[e];
     }
   }
+  if (first_slice)
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const std::int64_t c = p.first + e;
+      if (a.running_mean) {
+        a.running_mean[c] = run_mean[e];
+        a.running_var[c] = run_var[e];
+      }
+      if (kBackward && a.dgamma) a.dgamma[c] = from_float<T>(dgamma[e]);
+      if (kBackward && a.dbeta) a.dbeta[c] = from_float<T>(dbeta[e]);
+    }
   if (!a.out) return;
   const float floor = a.relu ? 0.f : -INFINITY;
   // The held rows' addresses again, not kept from step 1: kept, they would

@@ -55,13 +55,6 @@ std::string choose_activation_layout(TrainingProgram& program, const BackendOpti
     if (exits > 0)
       why = fmt::format("{} channels-last region(s) end inside the network (a layer without a channels-last kernel)",
                         exits);
-    else if (program.channels_last->batch_norms > 0)
-      // cuDNN's channels-last convolutions save about 200 us of mnist_resnet's
-      // step, but its seven batch_norms on the rows kernel lose more: 732-754 us
-      // against 664-680 NCHW (H200, docs/benchmarks.md). Auto keeps NCHW until
-      // that kernel is faster.
-      why = fmt::format("its {} batch_norm layer(s) run slower channels-last (the [N*H*W, C] rows kernel)",
-                        program.channels_last->batch_norms);
     else
       why = nchw_reason(program.train, options, device_present);
   }
@@ -69,9 +62,15 @@ std::string choose_activation_layout(TrainingProgram& program, const BackendOpti
     program.channels_last.reset();
     return "NCHW (" + why + ")";
   }
+  // A batch_norm stays inside a region on the [N*H*W, C] rows kernel: on
+  // mnist_resnet's seven, channels-last is 583 us a step against 667 NCHW
+  // (H200, docs/benchmarks.md), so auto no longer keeps NCHW for them.
+  const int norms = program.channels_last->batch_norms;
   use_channels_last(program);
-  return asked == ActivationLayout::channels_last ? "channels-last (backend.activation_layout: channels_last)"
-                                                  : "channels-last (its regions end at flattens or the global pooling)";
+  std::string how = asked == ActivationLayout::channels_last ? "backend.activation_layout: channels_last"
+                                                             : "its regions end at flattens or the global pooling";
+  if (norms > 0) how += fmt::format("; {} batch_norm layer(s) on the [N*H*W, C] rows kernel", norms);
+  return "channels-last (" + how + ")";
 }
 
 TrainerSpec with_activation_layout(TrainerSpec spec, bool device_present, std::string& choice) {
