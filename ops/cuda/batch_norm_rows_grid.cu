@@ -11,10 +11,11 @@
 //   2. grid sync; the grid's warps add each column of partials over the
 //      slices (a lane's slices in order, then a shuffle tree) into totals
 //      [k * channels + c]; grid sync;
-//   3. every thread takes its channels' moments from the totals (the same
-//      bits in every block: the same sums, the same operations) and writes y
-//      or dx from the values it holds; the first slice's blocks write the
-//      running statistics, dgamma and dbeta.
+//   3. each block copies its channels' totals to shared memory (gamma and
+//      beta went there at the start); every thread takes its channels'
+//      moments from them (the same bits in every block: the same sums, the
+//      same operations) and writes y or dx from the values it holds; the
+//      first slice's blocks write the running statistics, dgamma and dbeta.
 // Against the two launches: x (and dy...) is read from memory once, and the
 // second launch's start and the last block's serial pass over the partials
 // are gone; two grid syncs (an atomic per block each) take their place.
