@@ -245,12 +245,18 @@ TEST_CASE("a single-rank NCCL run of a residual CNN (model.sequential) follows t
     cpu->train(1);
     plain.train(1);
     // Against the plain CUDA step: the same fp16 math, only fused updates apart.
-    test::check_states_close(gpu, plain, 1e-3);
+    {
+      INFO("against the plain CUDA step");
+      test::check_states_close(gpu, plain, 1e-3);
+    }
     // Against the f32 CPU: fp16 rounding, and max-pool windows whose maximum
     // ties after rounding send a few gradients elsewhere (about 1% by norm
     // after one SGD step at lr 0.1 here; issue 37's GPU test of the same
     // residual CNN allows 1e-2).
-    test::check_states_close(gpu, *cpu, 2e-2);
+    {
+      INFO("against the CPU backend");
+      test::check_states_close(gpu, *cpu, 2e-2);
+    }
     const auto gpu_losses = losses(gpu, 35), cpu_losses = losses(*cpu, 35), plain_losses = losses(plain, 35);
     MESSAGE(optimizer_name(kind) << " loss step 36: nccl " << gpu_losses.back() << " cpu " << cpu_losses.back()
                                  << " plain cuda " << plain_losses.back());

@@ -113,8 +113,10 @@ inline void check_states_close(Trainer& a, Trainer& b, double tolerance, double 
     const auto u = floats_from_blob(x[i]), v = floats_from_blob(y[i]);
     double difference = 0.0;
     for (std::size_t k = 0; k < u.size(); ++k) difference += (double(u[k]) - v[k]) * (double(u[k]) - v[k]);
+    const double relative = relative_error(u, v);
     CAPTURE(std::sqrt(difference));
-    CHECK((relative_error(u, v) < tolerance || std::sqrt(difference) < floor));
+    CAPTURE(relative);
+    CHECK((relative < tolerance || std::sqrt(difference) < floor));
   }
 }
 
