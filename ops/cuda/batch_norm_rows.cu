@@ -336,13 +336,15 @@ void launch_batch_norm_rows_forward(const T* x, const T* gamma, const T* beta, c
                             nullptr, nullptr, running_mean, running_var, s.eps, s.momentum, relu};
   if (rows.cooperative && rows::launch_grid(a, s, false, stream, rows)) return;
   const Workspace ws = workspace_of(s, rows);
-  const ChannelOut<T> out{gamma, beta, running_mean, running_var, nullptr, nullptr, s.eps, s.momentum, true};
+  const ChannelOut<T> out{gamma, beta, running_mean, running_var, nullptr, nullptr, s.eps, s.momentum, y != nullptr};
   with_pack_width<T>(pack_width<T>(s, {x, y, residual}), [&](auto v) {
     constexpr int V = decltype(v)::value;
-    const Grid sums = grid_of(s, V, false), apply = grid_of(s, V, true);
+    const Grid sums = grid_of(s, V, false);
     launch_dependent(batch_norm_rows_sums_kernel<T, V, kForwardSums>, sums.launch, stream, rows.dependent_launch,
                      SumsIn<T>{x, nullptr, nullptr, nullptr}, sums.d, out, ws);
     SG_LAUNCH_CHECK("batch_norm_rows_sums_kernel");
+    if (!y) return;  // the running statistics alone
+    const Grid apply = grid_of(s, V, true);
     launch_dependent(batch_norm_rows_forward_kernel<T, V>, apply.launch, stream, rows.dependent_launch, x, residual,
                      apply.d, ws, y, relu);
     SG_LAUNCH_CHECK("batch_norm_rows_forward_kernel");
@@ -374,21 +376,13 @@ void launch_batch_norm_rows_backward(const T* dy, const T* x, const T* gamma, co
   });
 }
 
+// The forward's sums without y: the cooperative kernel returns after the
+// per-channel values, the two launches skip the apply launch.
 template <typename T>
 void launch_batch_norm_rows_stats_update(const T* x, const BatchNormShape& s, float* running_mean, float* running_var,
                                          cudaStream_t stream, const BatchNormRowsScratch& rows) {
-  const rows::GridArgs<T> a{x,       nullptr, nullptr,      nullptr,     nullptr, nullptr,    nullptr, nullptr,
-                            nullptr, nullptr, running_mean, running_var, s.eps,   s.momentum, false};
-  if (rows.cooperative && rows::launch_grid(a, s, false, stream, rows)) return;
-  const Workspace ws = workspace_of(s, rows);
-  const ChannelOut<T> out{nullptr, nullptr, running_mean, running_var, nullptr, nullptr, s.eps, s.momentum, false};
-  with_pack_width<T>(pack_width<T>(s, {x}), [&](auto v) {
-    constexpr int V = decltype(v)::value;
-    const Grid sums = grid_of(s, V, false);
-    launch_dependent(batch_norm_rows_sums_kernel<T, V, kForwardSums>, sums.launch, stream, rows.dependent_launch,
-                     SumsIn<T>{x, nullptr, nullptr, nullptr}, sums.d, out, ws);
-    SG_LAUNCH_CHECK("batch_norm_rows_sums_kernel (running statistics)");
-  });
+  launch_batch_norm_rows_forward<T>(x, nullptr, nullptr, s, nullptr, stream, running_mean, running_var, nullptr, false,
+                                    rows);
 }
 
 #define SG_INSTANTIATE_BATCH_NORM_ROWS(T)                                                                             \

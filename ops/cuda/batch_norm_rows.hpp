@@ -9,6 +9,7 @@ namespace sg::cuda {
 // plane == 1, at least kBatchNormRowsMinRows rows and the scratch given.
 bool batch_norm_rows_path(const BatchNormShape& s, const BatchNormRowsScratch& rows);
 
+// y null: the running statistics alone (launch_batch_norm_rows_stats_update).
 template <typename T>
 void launch_batch_norm_rows_forward(const T* x, const T* gamma, const T* beta, const BatchNormShape& s, T* y,
                                     cudaStream_t stream, float* running_mean, float* running_var, const T* residual,
