@@ -115,6 +115,8 @@ std::unique_ptr<Trainer> make_data_parallel_trainer(const TrainConfig& config, c
     spec.program = build_mlp_program(training, rows, test_rows, ProgramTarget::cuda);
   }
   spec.data_parallel = group;
+  spec.data_parallel.nccl_ctas = static_cast<int>(config.data_parallel.nccl_ctas);
+  spec.data_parallel.symmetric_memory = config.data_parallel.symmetric_memory;
 #ifdef STEPGRAPH_HAVE_CUDA
   return cuda::make_cuda_trainer(spec, data);
 #else

@@ -131,7 +131,13 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
   differs("precision.all_reduce", saved.precision.all_reduce, config.precision.all_reduce);
   // NCCL rounds a tensor's mean differently in another group of calls (docs/data_parallel.md): a rank's resume
   // is bit-exact with the buckets it was saved with. (A single-process run has no buckets.)
-  if (world_size > 0) differs("data_parallel.bucket_mb", saved.data_parallel.bucket_mb, config.data_parallel.bucket_mb);
+  // The CTA count and the symmetric kernels (a sum and a scale instead of ncclAvg) are other reductions too.
+  if (world_size > 0) {
+    differs("data_parallel.bucket_mb", saved.data_parallel.bucket_mb, config.data_parallel.bucket_mb);
+    differs("data_parallel.nccl_ctas", saved.data_parallel.nccl_ctas, config.data_parallel.nccl_ctas);
+    differs("data_parallel.symmetric_memory", saved.data_parallel.symmetric_memory,
+            config.data_parallel.symmetric_memory);
+  }
   return point;
 }
 

@@ -34,6 +34,11 @@ struct DataParallelGroup {
   // and enqueues bounded by timeout_s; off by default (blocking is NCCL's
   // documented capture path).
   bool nonblocking_nccl = false;
+  // NCCL's CTAs (blocks) per collective, fixed (ncclConfig_t min/maxCTAs); 0: NCCL's own choice.
+  int nccl_ctas = 32;
+  // The arena in NCCL symmetric memory (ncclMemAlloc, one registered window), so the all-reduces of two or
+  // more ranks run NCCL's symmetric kernels (a sum, then a 1/N scale: they do not take ncclAvg).
+  bool symmetric_memory = true;
   // Watches the other ranks from the rendezvous on and ends this one when a
   // peer dies or NCCL reports an error; the trainer registers its
   // communicator with it. Null: nothing watches (tests of one rank).

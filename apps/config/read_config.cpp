@@ -213,6 +213,8 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
 
   const auto parallel = section_of(root, "data_parallel");
   r.read(parallel, "data_parallel", "bucket_mb", c.data_parallel.bucket_mb);
+  r.read(parallel, "data_parallel", "nccl_ctas", c.data_parallel.nccl_ctas);
+  r.read(parallel, "data_parallel", "symmetric_memory", c.data_parallel.symmetric_memory);
 
   const auto run = section_of(root, "run");
   r.read(run, "run", "steps", c.run.steps);

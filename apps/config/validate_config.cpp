@@ -169,6 +169,8 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   one_of(c.precision.all_reduce, {"fp32", "compute"}, "precision.all_reduce");
   require(c.data_parallel.bucket_mb >= 0 && c.data_parallel.bucket_mb <= 1e6, "data_parallel.bucket_mb",
           "must be in [0, 1e6] MiB (0: one bucket per layer)");
+  require(c.data_parallel.nccl_ctas >= 0 && c.data_parallel.nccl_ctas <= 64, "data_parallel.nccl_ctas",
+          "must be in [0, 64] (0: NCCL's own choice)");
   require(c.precision.weights == "fp32" || c.precision.weights == c.precision.compute, "precision.weights",
           "low-precision weights are stored in the compute dtype (precision.compute: " + c.precision.compute +
               "): use weights: " + c.precision.compute + " or fp32");

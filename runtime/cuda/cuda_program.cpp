@@ -116,7 +116,7 @@ class CudaProgram::Binding final : public BindContext {
   void* ptr(ValueId id) const override { return p_.device_ptr(id); }
   void* aux(int mask) const override {
     const int slot = p_.buffer_of_mask_.at(static_cast<std::size_t>(mask));
-    return p_.arena_.as<char>() + p_.plan_.slots[static_cast<std::size_t>(slot)].offset;
+    return p_.arena_base_ + p_.plan_.slots[static_cast<std::size_t>(slot)].offset;
   }
   const UpdateScalars* update_scalars(NodeId sgd_update) const override {
     for (std::size_t i = 0; i < p_.update_nodes_.size(); ++i)
@@ -227,17 +227,33 @@ void CudaProgram::bind_values() {
   for (const AuxBuffer& aux : schedule_.aux) mask_bytes.push_back(relu_aux_bytes(aux.rows, aux.cols));
   auto request = arena_request(graph_, schedule_, bytes, mask_bytes);
   keep_live_until_joined(request, schedule_, streams_);  // launches beside a side launch do not reuse its buffers
+  if (options_.contiguous_buckets)
+    for (const Launch& l : schedule_.launches)
+      for (NodeId id : l.nodes)
+        if (const Node& n = graph_.node(id); n.op == OpKind::all_reduce_mean) {
+          join_buffers(request, n.inputs);  // a value without an arena buffer: the bucket stays apart
+          join_buffers(request, n.outputs);
+        }
   buffer_of_value_ = std::move(request.buffer_of_value);
+  offset_in_buffer_ = std::move(request.offset_in_buffer);
   buffer_of_mask_ = std::move(request.buffer_of_mask);
   plan_ = plan_memory(std::move(request.buffers));
-  arena_ = DeviceBuffer(plan_.arena_bytes);
+  if (options_.arena_memory) {
+    arena_ = options_.arena_memory(plan_.arena_bytes);
+    arena_base_ = static_cast<char*>(arena_.get());
+  } else {
+    auto buffer = std::make_shared<DeviceBuffer>(plan_.arena_bytes);
+    arena_base_ = buffer->as<char>();
+    arena_ = std::move(buffer);
+  }
   for (const Value& v : graph_.values()) {
     void* ptr = nullptr;
     if (v.role == Role::param || (v.role == Role::state && options_.shared_state.count(v.name) != 0))
       ptr = params_.get_or_create(v).data();
     else if (is_graph_owned(v.role)) ptr = own_.get_or_create(v).data();
     else if (int slot = buffer_of_value_[static_cast<std::size_t>(v.id)]; slot >= 0)
-      ptr = arena_.as<char>() + plan_.slots[static_cast<std::size_t>(slot)].offset;
+      ptr = arena_base_ + plan_.slots[static_cast<std::size_t>(slot)].offset +
+            offset_in_buffer_[static_cast<std::size_t>(v.id)];
     value_ptr_.push_back(ptr);
   }
 }
@@ -338,7 +354,7 @@ void* CudaProgram::device_ptr(ValueId id) const {
 DeviceBuffer& CudaProgram::owned(const std::string& name) { return own_.at(name); }
 
 void CudaProgram::poison_arena(cudaStream_t stream) const {
-  if (arena_.bytes()) launch_poison(arena_.data(), arena_.bytes(), stream);
+  if (plan_.arena_bytes) launch_poison(arena_base_, plan_.arena_bytes, stream);
 }
 
 }  // namespace sg::cuda

@@ -7,6 +7,7 @@
 // state on chip); they are what CUDA-graph capture records.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -37,6 +38,13 @@ struct ProgramOptions {
   // because another program reads them: the running statistics the eval
   // program uses.
   std::set<std::string> shared_state;
+  // Allocates the arena instead of cudaMalloc when set: a data-parallel
+  // training program's arena in an NCCL symmetric-memory window
+  // (runtime/cuda/nccl_window.hpp); the pointer owns the memory.
+  std::function<std::shared_ptr<void>(std::size_t bytes)> arena_memory;
+  // Each all_reduce_mean's inputs, and its outputs, one after another in one
+  // arena buffer (join_buffers), so a bucket is one span for one collective.
+  bool contiguous_buckets = false;
 };
 
 class CudaProgram {
@@ -105,7 +113,9 @@ class CudaProgram {
   std::unique_ptr<SideStream> gradients_;      // only when streams_.splits_gradients()
   MemoryPlan plan_;
   std::vector<int> buffer_of_value_, buffer_of_mask_;
-  DeviceBuffer arena_;
+  std::vector<std::size_t> offset_in_buffer_;  // per value id, within its arena buffer
+  std::shared_ptr<void> arena_;  // plan_.arena_bytes: a DeviceBuffer or options_.arena_memory's
+  char* arena_base_ = nullptr;
   DeviceValues own_;
   DeviceValues& params_;
   std::vector<void*> value_ptr_;

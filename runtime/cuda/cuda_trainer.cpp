@@ -15,9 +15,11 @@
 #include "runtime/cuda/floors.hpp"
 #include "runtime/cuda/loss_watch.hpp"
 #include "runtime/epoch_schedule.hpp"
+#include "runtime/cuda/rank_device.hpp"
 #include "runtime/tensor_blob.hpp"
 #ifdef STEPGRAPH_HAVE_NCCL
 #include "runtime/cuda/nccl_communicator.hpp"
+#include "runtime/cuda/nccl_window.hpp"
 #endif
 
 namespace sg::cuda {
@@ -69,33 +71,6 @@ void upload_split(CudaProgram& program, const DataBindings& d, const data::Split
     owned(program, d.labels).upload(split.labels.labels.data(), split.labels.labels.size());
 }
 
-// Data parallel (issue 25): each rank runs on its own device, chosen before
-// any stream or handle exists. Returns the rank's device (-1 for a
-// single-process run, which keeps the current one).
-int select_device(const DataParallelGroup& dp, const TrainingProgram& p) {
-  if (dp.world_size == 0) {
-    if (p.train_data.ranks > 1)
-      throw CudaError(fmt::format("this program shards its batches over {} ranks but the trainer has no process group",
-                                  p.train_data.ranks));
-    return -1;
-  }
-#ifndef STEPGRAPH_HAVE_NCCL
-  throw CudaError("data-parallel training needs NCCL, and this stepgraph was built without it (see CMakeLists.txt: "
-                  "NCCL_ROOT, or the nvidia-nccl wheel)");
-#else
-  if (p.train_data.ranks != dp.world_size)
-    throw CudaError(fmt::format("the program was built for {} ranks but the process group has {}", p.train_data.ranks,
-                                dp.world_size));
-  int count = 0;
-  SG_CUDA_CHECK(cudaGetDeviceCount(&count));
-  if (dp.local_rank < 0 || dp.local_rank >= count)
-    throw CudaError(fmt::format("rank {}: local rank {} names no GPU: this machine has {} (start at most {} ranks per "
-                                "machine)",
-                                dp.rank, dp.local_rank, count, count));
-  SG_CUDA_CHECK(cudaSetDevice(dp.local_rank));
-  return dp.local_rank;
-#endif
-}
 
 std::string float_blob_bytes(const Value& v, const std::vector<float>& values) {
   return blob_from_floats(v.name, v.shape, v.dtype, values).bytes;
@@ -143,9 +118,10 @@ struct CudaTrainer::Impl {
 #ifdef STEPGRAPH_HAVE_NCCL
     if (s.data_parallel.world_size > 0) {
       const auto timeout = std::chrono::milliseconds(static_cast<long long>(s.data_parallel.timeout_s * 1000));
+      const NcclTuning tuning{s.data_parallel.nccl_ctas, s.data_parallel.symmetric_memory};
       communicator = std::make_unique<NcclCommunicator>(s.data_parallel.nccl_id, s.data_parallel.rank,
                                                         s.data_parallel.world_size, timeout,
-                                                        s.data_parallel.nonblocking_nccl);
+                                                        s.data_parallel.nonblocking_nccl, tuning);
       // From here on a dead peer or an NCCL error aborts the communicator
       // (releasing a stuck replay) and ends this rank: no hang.
       if (s.data_parallel.watchdog) communicator->watched_by(*s.data_parallel.watchdog);
@@ -153,7 +129,11 @@ struct CudaTrainer::Impl {
       end_part("joining the NCCL communicator");
     }
 #endif
-    train = std::make_unique<CudaProgram>(spec.program.train, params, lt, options, stream.get());
+    ProgramOptions train_options = options;
+#ifdef STEPGRAPH_HAVE_NCCL
+    if (communicator) put_arena_in_window(train_options, *communicator);  // only the training step all-reduces
+#endif
+    train = std::make_unique<CudaProgram>(spec.program.train, params, lt, train_options, stream.get());
     end_part("lowering the training step (cover, memory plan, cuBLASLt plans and autotune)");
     for (const auto& [part, seconds] : train->setup_parts()) setup_phases.emplace_back("    " + part, seconds);
     eval = std::make_unique<CudaProgram>(spec.program.eval, params, lt, options, stream.get());

@@ -33,7 +33,7 @@ std::string nccl_version_string() {
 }
 
 NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int world_size,
-                                   std::chrono::milliseconds timeout, bool nonblocking)
+                                   std::chrono::milliseconds timeout, bool nonblocking, NcclTuning tuning)
     : rank_(rank), world_size_(world_size), timeout_(timeout), nonblocking_(nonblocking) {
   ncclUniqueId id;
   if (unique_id.size() != sizeof id.internal)
@@ -41,6 +41,7 @@ NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int w
   std::memcpy(id.internal, unique_id.data(), sizeof id.internal);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = nonblocking ? 0 : 1;
+  if (tuning.ctas > 0) config.minCTAs = config.maxCTAs = tuning.ctas;
   const ncclResult_t status = ncclCommInitRankConfig(&comm_, world_size, id, rank, &config);
   if (status != ncclSuccess && status != ncclInProgress) {
     if (comm_) ncclCommAbort(comm_);
@@ -48,6 +49,16 @@ NcclCommunicator::NcclCommunicator(const std::string& unique_id, int rank, int w
     check_nccl(status, "ncclCommInitRankConfig", __FILE__, __LINE__);
   }
   wait_ready("ncclCommInitRankConfig (every rank must join)");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  int version = 0;
+  SG_NCCL_CHECK(ncclGetVersion(&version));
+  symmetric_memory_ = tuning.symmetric_memory && world_size > 1 && version >= NCCL_VERSION(2, 27, 0);
+#endif
+}
+
+bool NcclCommunicator::aborted() const {
+  const std::lock_guard lock(mutex_);
+  return aborted_;
 }
 
 NcclCommunicator::~NcclCommunicator() {

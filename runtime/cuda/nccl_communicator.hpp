@@ -39,13 +39,20 @@ std::string new_nccl_unique_id();
 // "2.28.9": the NCCL library this process runs.
 std::string nccl_version_string();
 
+// How the collectives run (the config's data_parallel.nccl_ctas and
+// data_parallel.symmetric_memory, docs/data_parallel.md).
+struct NcclTuning {
+  int ctas = 0;                   // CTAs per collective, fixed (ncclConfig_t minCTAs = maxCTAs); 0: NCCL's choice
+  bool symmetric_memory = false;  // the programs put their arenas in registered windows (nccl_window.hpp)
+};
+
 class NcclCommunicator final : public distributed::WatchedCollective {
  public:
   // Joins the communicator of `world_size` ranks named by `unique_id` as
   // `rank`, on the current CUDA device. Throws (after aborting) when not
   // every rank joins within `timeout`.
   NcclCommunicator(const std::string& unique_id, int rank, int world_size, std::chrono::milliseconds timeout,
-                   bool nonblocking = false);
+                   bool nonblocking = false, NcclTuning tuning = {});
   ~NcclCommunicator();
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -54,6 +61,10 @@ class NcclCommunicator final : public distributed::WatchedCollective {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   bool nonblocking() const { return nonblocking_; }
+  // True when the arenas go to NCCL symmetric memory: asked for, two or more
+  // ranks (one rank copies), and an NCCL with windows (>= 2.27) built and run.
+  bool symmetric_memory() const { return symmetric_memory_; }
+  bool aborted() const;
   // After a call that may return ncclInProgress (non-blocking mode): waits
   // until NCCL has taken it; throws after aborting on an error or a timeout.
   // In blocking mode: checks NCCL's asynchronous error once.
@@ -85,6 +96,7 @@ class NcclCommunicator final : public distributed::WatchedCollective {
   int world_size_ = 1;
   std::chrono::milliseconds timeout_;
   bool nonblocking_ = false;
+  bool symmetric_memory_ = false;
   mutable bool aborted_ = false;
   distributed::PeerWatchdog::Watch watch_;  // released first in the destructor
 };

@@ -47,6 +47,7 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
                            const std::vector<std::size_t>& mask_bytes) {
   ArenaRequest req;
   req.buffer_of_value.assign(g.values().size(), -1);
+  req.offset_in_buffer.assign(g.values().size(), 0);
   req.buffer_of_mask.assign(s.aux.size(), -1);
   const int end = static_cast<int>(s.launches.size()) - 1;
   // A view's output shares its input's buffer (chains resolve to the first).
@@ -84,6 +85,50 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
     if (root[id] != static_cast<ValueId>(id))
       req.buffer_of_value[id] = req.buffer_of_value[static_cast<std::size_t>(root[id])];
   return req;
+}
+
+bool join_buffers(ArenaRequest& req, const std::vector<ValueId>& values, std::size_t alignment) {
+  std::vector<int> members;
+  for (ValueId v : values) {
+    const int slot = req.buffer_of_value.at(static_cast<std::size_t>(v));
+    if (slot < 0 || std::find(members.begin(), members.end(), slot) != members.end()) return false;
+    members.push_back(slot);
+  }
+  if (members.size() < 2) return members.size() == 1;
+  // The joined buffer takes the first member's index; the others leave the list.
+  BufferLifetime joined{req.buffers[static_cast<std::size_t>(members.front())].name + "+joined", 0, 0, 0};
+  joined.first = req.buffers[static_cast<std::size_t>(members.front())].first;
+  joined.last = req.buffers[static_cast<std::size_t>(members.front())].last;
+  std::vector<std::size_t> start(members.size());
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    const BufferLifetime& b = req.buffers[static_cast<std::size_t>(members[m])];
+    start[m] = align_up(joined.bytes, alignment);
+    joined.bytes = start[m] + b.bytes;
+    joined.first = std::min(joined.first, b.first);
+    joined.last = std::max(joined.last, b.last);
+  }
+  std::vector<int> renumber(req.buffers.size(), -1);
+  std::vector<BufferLifetime> kept;
+  for (std::size_t b = 0; b < req.buffers.size(); ++b) {
+    const auto m = std::find(members.begin(), members.end(), static_cast<int>(b));
+    if (m != members.begin() && m != members.end()) continue;
+    renumber[b] = static_cast<int>(kept.size());
+    kept.push_back(b == static_cast<std::size_t>(members.front()) ? joined : req.buffers[b]);
+  }
+  for (std::size_t v = 0; v < req.buffer_of_value.size(); ++v) {
+    int& slot = req.buffer_of_value[v];
+    if (slot < 0) continue;
+    if (const auto m = std::find(members.begin(), members.end(), slot); m != members.end()) {
+      req.offset_in_buffer[v] += start[static_cast<std::size_t>(m - members.begin())];
+      slot = renumber[static_cast<std::size_t>(members.front())];
+    } else {
+      slot = renumber[static_cast<std::size_t>(slot)];
+    }
+  }
+  for (int& slot : req.buffer_of_mask)
+    if (slot >= 0) slot = renumber[static_cast<std::size_t>(slot)];
+  req.buffers = std::move(kept);
+  return true;
 }
 
 std::string dump_memory_plan(const MemoryPlan& plan) {

@@ -41,10 +41,20 @@ MemoryPlan plan_memory(std::vector<BufferLifetime> buffers, std::size_t alignmen
 struct ArenaRequest {
   std::vector<BufferLifetime> buffers;
   std::vector<int> buffer_of_value;
+  std::vector<std::size_t> offset_in_buffer;  // per value id: where in its buffer it starts (0 but for joined ones)
   std::vector<int> buffer_of_mask;
 };
 ArenaRequest arena_request(const Graph& graph, const Schedule& schedule, const std::vector<std::size_t>& value_bytes,
                            const std::vector<std::size_t>& mask_bytes);
+
+// Joins the buffers of `values` into ONE buffer, each value at the next
+// `alignment` boundary after the previous one, in this order, live over the
+// union of their lifetimes, so a collective can take them as one span (a
+// data-parallel bucket on NCCL's symmetric kernels,
+// runtime/cuda/lowerings/nccl_all_reduce.cpp). Values viewing a joined
+// buffer move with it. Returns false and changes nothing when a value has no
+// arena buffer or two of them share one.
+bool join_buffers(ArenaRequest& request, const std::vector<ValueId>& values, std::size_t alignment = 256);
 
 std::string dump_memory_plan(const MemoryPlan& plan);
 

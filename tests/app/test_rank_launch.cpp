@@ -448,4 +448,14 @@ TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one 
   CHECK(count_buckets(app::run_inspect(joined, r)) == 1);
   CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.bucket_mb=-1"}),
                        doctest::Contains("data_parallel.bucket_mb"), app::ConfigError);
+  // How NCCL runs the buckets: 32 CTAs and symmetric memory by default; each key read and range-checked.
+  CHECK(joined.data_parallel.nccl_ctas == 32);
+  CHECK(joined.data_parallel.symmetric_memory);
+  const auto tuned = app::load_config(cnn_path, {"data_parallel.nccl_ctas=0", "data_parallel.symmetric_memory=false"});
+  CHECK(tuned.data_parallel.nccl_ctas == 0);
+  CHECK_FALSE(tuned.data_parallel.symmetric_memory);
+  CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.nccl_ctas=65"}),
+                       doctest::Contains("data_parallel.nccl_ctas"), app::ConfigError);
+  CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.symmetric_memory=maybe"}),
+                       doctest::Contains("data_parallel.symmetric_memory"), app::ConfigError);
 }

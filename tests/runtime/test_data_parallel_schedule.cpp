@@ -313,3 +313,56 @@ TEST_CASE("data parallel: joined buckets (bucket_bytes) are one nccl_all_reduce 
     CHECK_FALSE(plan.splits_gradients());  // a rank keeps one compute stream either way
   }
 }
+
+TEST_CASE("data parallel: join_buffers lays each bucket's gradients and its means out as one span each") {
+  for (const std::int64_t bucket_bytes : {std::int64_t{0}, std::int64_t{1} << 30}) {
+    CAPTURE(bucket_bytes);
+    MlpTraining t = variant_of(64, 1);
+    t.optimizer.bucket_bytes = bucket_bytes;
+    const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
+    const Lowered l = lower(p.train);
+    const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, BackendOptions{});
+    std::vector<std::size_t> bytes;
+    for (const Value& v : p.train.values())
+      bytes.push_back(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype));
+    ArenaRequest request = arena_request(p.train, l.schedule, bytes, std::vector<std::size_t>(l.schedule.aux.size(), 64));
+    cuda::keep_live_until_joined(request, l.schedule, plan);
+    const std::size_t buffers_before = request.buffers.size();
+    std::vector<const Node*> buckets;
+    for (const Node& n : p.train.nodes())
+      if (n.op == OpKind::all_reduce_mean) buckets.push_back(&n);
+    REQUIRE(buckets.size() == (bucket_bytes ? 1u : 4u));
+    std::size_t joined = 0;
+    for (const Node* n : buckets) {
+      CHECK(join_buffers(request, n->inputs));
+      CHECK(join_buffers(request, n->outputs));
+      joined += n->inputs.size() + n->outputs.size() - 2;
+    }
+    CHECK(request.buffers.size() == buffers_before - joined);
+    for (int mask : request.buffer_of_mask) CHECK(mask < static_cast<int>(request.buffers.size()));
+    const MemoryPlan memory = plan_memory(request.buffers);
+    const auto address = [&](ValueId v) {
+      const int b = request.buffer_of_value[static_cast<std::size_t>(v)];
+      REQUIRE(b >= 0);
+      return memory.slots[static_cast<std::size_t>(b)].offset + request.offset_in_buffer[static_cast<std::size_t>(v)];
+    };
+    for (const Node* n : buckets)
+      for (const auto* list : {&n->inputs, &n->outputs})
+        for (std::size_t i = 0; i + 1 < list->size(); ++i) {
+          const ValueId a = (*list)[i], b = (*list)[i + 1];
+          INFO(p.train.value(a).name << " then " << p.train.value(b).name);
+          const std::size_t end = address(a) + bytes[static_cast<std::size_t>(a)];
+          CHECK(address(b) == (end + 255) / 256 * 256);  // the next one at the next 256-byte boundary
+          CHECK(request.buffer_of_value[static_cast<std::size_t>(a)] ==
+                request.buffer_of_value[static_cast<std::size_t>(b)]);
+        }
+    // A bucket's span is live from its first gradient to its join: no buffer live beside it shares its bytes.
+    for (std::size_t a = 0; a < memory.buffers.size(); ++a)
+      for (std::size_t b = a + 1; b < memory.buffers.size(); ++b) {
+        const auto &x = memory.buffers[a], &y = memory.buffers[b];
+        if (x.first > y.last || y.first > x.last) continue;
+        const ArenaSlot &sx = memory.slots[a], &sy = memory.slots[b];
+        CHECK_FALSE((sx.offset < sy.offset + sy.bytes && sy.offset < sx.offset + sx.bytes));
+      }
+  }
+}

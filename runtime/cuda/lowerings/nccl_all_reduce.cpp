@@ -9,7 +9,15 @@
 // The updates that read the reduced gradients are separate launches: a
 // reduced gradient is materialised before its update (docs/data_parallel.md).
 // A world of one rank copies instead (below: NCCL's one-rank mean changed
-// f16 bits).
+// f16 bits). With the arena in NCCL symmetric memory (nccl_window.hpp) a
+// bucket is ONE ungrouped ncclSum over its span of the arena (NCCL's
+// symmetric kernels take ncclSum, not ncclAvg), then a scale by 1/N; see
+// record_symmetric.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+
+#include "ops/cuda/scale_multi_tensor.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 
@@ -23,6 +31,68 @@ std::optional<ncclDataType_t> nccl_type(DType dtype) {
     case DType::bf16: return ncclBfloat16;
     default: return std::nullopt;
   }
+}
+
+ScaledType scaled_type(ncclDataType_t type) {
+  return type == ncclFloat16 ? ScaledType::f16 : type == ncclBfloat16 ? ScaledType::bf16 : ScaledType::f32;
+}
+
+// Buckets up to this size take the symmetric kernels; larger ones ncclAvg's
+// ring. Measured on 2 H200s (docs/data_parallel.md): the symmetric sum plus the
+// scale launch won at 5.8 MB (the 1024-wide MLP: +27% samples/s) and lost at
+// 134 MB (the 8192-wide MLP's layers: -8%), where the scale's pass over the
+// bucket (~80 us) costs more than the kernels save (~55 us).
+constexpr std::size_t kSymmetricBucketLimit = std::size_t{16} << 20;
+
+struct BucketTensor {
+  const void* in;
+  void* out;
+  std::size_t count;
+  ncclDataType_t type;
+  std::size_t bytes;
+};
+
+// Elements from the first tensor's start to the last one's end when the
+// tensors follow one another at 256-byte boundaries (join_buffers' layout, the
+// arena's alignment), for inputs and outputs alike; nullopt otherwise.
+std::optional<std::size_t> contiguous_span(const std::vector<BucketTensor>& tensors) {
+  const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  const std::size_t element = tensors.front().bytes / std::max<std::size_t>(tensors.front().count, 1);
+  for (std::size_t i = 0; i + 1 < tensors.size(); ++i) {
+    const auto next = [&](auto p, std::size_t bytes) { return (address(p) + bytes + 255) / 256 * 256; };
+    if (address(tensors[i + 1].in) != next(tensors[i].in, tensors[i].bytes) ||
+        address(tensors[i + 1].out) != next(tensors[i].out, tensors[i].bytes))
+      return std::nullopt;
+  }
+  const BucketTensor& last = tensors.back();
+  return (address(last.in) + last.bytes - address(tensors.front().in)) / element;
+}
+
+// A bucket on NCCL's symmetric kernels (two or more ranks, the arena in a
+// window, the bucket's gradients and its means each one span of it:
+// CudaProgram's contiguous_buckets). ONE ungrouped ncclSum over the span, then
+// one launch scaling it by 1/N in place. One call, not a group of one per
+// tensor: NCCL 2.28.3 (H200 x2) left parts of tensors unreduced when several
+// symmetric all-reduces were grouped (ncclGroupStart/End: 78,592 of 2.9M f32
+// elements of the 1024-wide MLP's bucket kept their input or 0; one call per
+// tensor was exact). The bytes between tensors (alignment) are reduced too,
+// and no value lives there. Null when the bucket is not one span.
+std::unique_ptr<RecordedLaunch> record_symmetric(const NcclCommunicator* comm, const std::vector<BucketTensor>& tensors,
+                                                 std::size_t bytes) {
+  const auto span = contiguous_span(tensors);
+  if (!span) return nullptr;
+  const BucketTensor first = tensors.front();
+  auto scale = std::make_shared<ScaleMultiTensor>(
+      std::vector<ScaledTensor>{{first.out, first.out, static_cast<std::int64_t>(*span), scaled_type(first.type)}},
+      1.0f / static_cast<float>(comm->world_size()));
+  auto run = [comm, first, count = *span, scale](cudaStream_t s) {
+    SG_NCCL_CHECK(ncclAllReduce(first.in, first.out, count, first.type, ncclSum, comm->get(), s));
+    comm->wait_ready("ncclAllReduce (gradient bucket)");
+    scale->launch(s);
+  };
+  return std::make_unique<BoundLaunch>(
+      std::move(run), fmt::format("NCCL symmetric sum of one span ({} tensor{}, {} bytes), then x1/{}",
+                                  tensors.size(), tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
 }
 
 class NcclAllReduceLowering final : public CudaLowering {
@@ -46,13 +116,7 @@ class NcclAllReduceLowering final : public CudaLowering {
       throw CudaError("all_reduce_mean needs an NCCL communicator: this graph belongs to a data-parallel run (--gpus N)");
     const sg::Graph& g = c.graph();
     const Node& n = g.node(l.nodes.front());
-    struct Tensor {
-      const void* in;
-      void* out;
-      std::size_t count;
-      ncclDataType_t type;
-      std::size_t bytes;
-    };
+    using Tensor = BucketTensor;
     std::vector<Tensor> tensors;
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
@@ -75,6 +139,11 @@ class NcclAllReduceLowering final : public CudaLowering {
           std::move(copy), fmt::format("one rank: a copy, {} tensor{}, {} bytes", tensors.size(),
                                        tensors.size() == 1 ? "" : "s", bytes));
     }
+    // One dtype in the bucket (the usual case) can be one buffer of one window.
+    bool one_type = true;
+    for (const Tensor& t : tensors) one_type = one_type && t.type == tensors.front().type;
+    if (comm->symmetric_memory() && one_type && bytes <= kSymmetricBucketLimit)
+      if (auto launch = record_symmetric(comm, tensors, bytes)) return launch;
     auto run = [comm, tensors](cudaStream_t s) {
       SG_NCCL_CHECK(ncclGroupStart());
       for (const Tensor& t : tensors)
