@@ -2,8 +2,6 @@
 
 #include <cstdio>
 
-#include <fmt/format.h>
-
 namespace sg::cuda {
 
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
