@@ -133,7 +133,7 @@ struct DataParallelConfig {
   double bucket_mb = 25.0;
   // NCCL's CTAs (thread blocks) per collective, fixed; 0: NCCL's own choice (docs/data_parallel.md measures both).
   std::int64_t nccl_ctas = 32;
-  // The step's arena in NCCL symmetric memory, registered as one window: the all-reduces run NCCL's symmetric
+  // The step's arena in NCCL symmetric memory, registered as one window: buckets up to 16 MiB run NCCL's symmetric
   // (load/store over NVLink) kernels, as a sum followed by a 1/N scale launch; false: ncclAvg on plain memory.
   bool symmetric_memory = true;
 };

@@ -43,7 +43,7 @@ std::string nccl_version_string();
 // data_parallel.symmetric_memory, docs/data_parallel.md).
 struct NcclTuning {
   int ctas = 0;                   // CTAs per collective, fixed (ncclConfig_t minCTAs = maxCTAs); 0: NCCL's choice
-  bool symmetric_memory = false;  // the programs put their arenas in registered windows (nccl_window.hpp)
+  bool symmetric_memory = false;  // the training program's arena in a registered window (nccl_window.hpp)
 };
 
 class NcclCommunicator final : public distributed::WatchedCollective {
