@@ -7,7 +7,7 @@ namespace sg::cuda {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
 
 NcclWindowBuffer::NcclWindowBuffer(const NcclCommunicator& communicator, std::size_t bytes)
-    : communicator_(communicator), bytes_(bytes) {
+    : communicator_(communicator) {
   if (!communicator.symmetric_memory())
     throw CudaError("NcclWindowBuffer: this communicator does not use symmetric memory");
   if (bytes == 0) return;
@@ -39,8 +39,8 @@ NcclWindowBuffer::~NcclWindowBuffer() {
 
 #else
 
-NcclWindowBuffer::NcclWindowBuffer(const NcclCommunicator& communicator, std::size_t bytes)
-    : communicator_(communicator), bytes_(bytes) {
+NcclWindowBuffer::NcclWindowBuffer(const NcclCommunicator& communicator, std::size_t /*bytes*/)
+    : communicator_(communicator) {
   throw CudaError("NcclWindowBuffer: symmetric memory needs NCCL 2.27 or later at build time");
 }
 

@@ -30,12 +30,10 @@ class NcclWindowBuffer {
   NcclWindowBuffer& operator=(const NcclWindowBuffer&) = delete;
 
   void* data() const { return ptr_; }
-  std::size_t bytes() const { return bytes_; }
 
  private:
   const NcclCommunicator& communicator_;
   void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
   ncclWindow_t window_ = nullptr;
 #endif

@@ -116,8 +116,7 @@ class NcclAllReduceLowering final : public CudaLowering {
       throw CudaError("all_reduce_mean needs an NCCL communicator: this graph belongs to a data-parallel run (--gpus N)");
     const sg::Graph& g = c.graph();
     const Node& n = g.node(l.nodes.front());
-    using Tensor = BucketTensor;
-    std::vector<Tensor> tensors;
+    std::vector<BucketTensor> tensors;
     std::size_t bytes = 0;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const Value& v = g.value(n.inputs[i]);
@@ -131,7 +130,7 @@ class NcclAllReduceLowering final : public CudaLowering {
     // world of one copies (capturable, exact) and NCCL reduces from two ranks on.
     if (comm->world_size() == 1) {
       auto copy = [tensors](cudaStream_t s) {
-        for (const Tensor& t : tensors)
+        for (const BucketTensor& t : tensors)
           if (t.in != t.out)
             SG_CUDA_CHECK(cudaMemcpyAsync(t.out, t.in, t.bytes, cudaMemcpyDeviceToDevice, s));
       };
@@ -141,12 +140,12 @@ class NcclAllReduceLowering final : public CudaLowering {
     }
     // One dtype in the bucket (the usual case) can be one buffer of one window.
     bool one_type = true;
-    for (const Tensor& t : tensors) one_type = one_type && t.type == tensors.front().type;
+    for (const BucketTensor& t : tensors) one_type = one_type && t.type == tensors.front().type;
     if (comm->symmetric_memory() && one_type && bytes <= kSymmetricBucketLimit)
       if (auto launch = record_symmetric(comm, tensors, bytes)) return launch;
     auto run = [comm, tensors](cudaStream_t s) {
       SG_NCCL_CHECK(ncclGroupStart());
-      for (const Tensor& t : tensors)
+      for (const BucketTensor& t : tensors)
         SG_NCCL_CHECK(ncclAllReduce(t.in, t.out, t.count, t.type, ncclAvg, comm->get(), s));
       SG_NCCL_CHECK(ncclGroupEnd());
       comm->wait_ready("ncclAllReduce (gradient bucket)");
