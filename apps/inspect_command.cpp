@@ -113,14 +113,21 @@ std::string schedule_dump(const TrainConfig& config, const Graph& g) {
   const auto launch_name = [&](std::size_t i) {
     return i == c.schedule.launches.size() ? std::string("the step's end") : fmt::format("L{}", i);
   };
+  // A side launch that also waits for the other side stream's launches (a rank's all-reduce for the weight
+  // gradients, an update for the all-reduce) names them.
+  const auto waits = [&](std::size_t i) {
+    std::vector<std::string> names;
+    for (std::size_t w : streams.waits_for[i]) names.push_back(launch_name(w));
+    return names.empty() ? std::string() : fmt::format(", after {}", fmt::join(names, " "));
+  };
   std::string forks;
   for (std::size_t i = 0; i < c.schedule.launches.size(); ++i)
     if (streams.on_communication[i])
-      forks += fmt::format("# L{} runs on the communication stream: forked there, joined before {}\n", i,
+      forks += fmt::format("# L{} runs on the communication stream: forked there{}, joined before {}\n", i, waits(i),
                            launch_name(streams.join_before[i]));
     else if (streams.on_gradient_stream[i])
-      forks += fmt::format("# L{} runs on the gradient stream: forked before {}, joined before {}\n", i,
-                           launch_name(streams.fork_before[i]), launch_name(streams.join_before[i]));
+      forks += fmt::format("# L{} runs on the gradient stream: forked before {}{}, joined before {}\n", i,
+                           launch_name(streams.fork_before[i]), waits(i), launch_name(streams.join_before[i]));
   // The fast paths without a launch here, and why (the same lines `train` logs and `bench` reports).
   std::string declined;
   for (const auto& d : cuda::declined_fast_paths(g, c.schedule, backend, cuda_backend_usable()))

@@ -76,6 +76,10 @@ class CudaProgram::SideStream {
   }
   // `step` waits for launch `index` of this stream.
   void join(std::size_t index, cudaStream_t step) const { SG_CUDA_CHECK(cudaStreamWaitEvent(step, done_[index], 0)); }
+  // This stream waits for launch `index` of the other side stream (StreamPlan::waits_for), already recorded.
+  void wait_for(const SideStream& other, std::size_t index) const {
+    SG_CUDA_CHECK(cudaStreamWaitEvent(stream_, other.done_[index], 0));
+  }
 
  private:
   void release() noexcept {
@@ -294,15 +298,32 @@ void CudaProgram::record(cudaStream_t stream) const {
     for (std::size_t i = 0; i < recorded_.size(); ++i) recorded_[i]->enqueue(stream);
     return;
   }
+  // Without the gradient stream (outside a capture) its launches run on
+  // `stream` in schedule order: no fork or join of theirs, and one that reads
+  // a reduced gradient waits for the all-reduce there instead.
   const auto join = [&](std::size_t index) {
-    for (std::size_t c : streams_.joined_before(index))
-      (streams_.on_communication[c] ? communication_.get() : gradients)->join(c, stream);
+    for (std::size_t c : streams_.joined_before(index)) {
+      if (streams_.on_communication[c]) communication_->join(c, stream);
+      else if (gradients) gradients->join(c, stream);
+    }
   };
   for (std::size_t i = 0; i < recorded_.size(); ++i) {
     join(i);
-    for (std::size_t g : streams_.forked_before(i)) gradients->fork(g, stream, *recorded_[g]);
-    if (streams_.on_communication[i]) communication_->fork(i, stream, *recorded_[i]);
-    else if (streams_.on_step_stream(i)) recorded_[i]->enqueue(stream);
+    if (gradients)
+      for (std::size_t g : streams_.forked_before(i)) {
+        for (std::size_t c : streams_.waits_for[g]) gradients->wait_for(*communication_, c);
+        gradients->fork(g, stream, *recorded_[g]);
+      }
+    if (streams_.on_communication[i]) {
+      if (gradients)
+        for (std::size_t g : streams_.waits_for[i]) communication_->wait_for(*gradients, g);
+      communication_->fork(i, stream, *recorded_[i]);
+    } else if (streams_.on_step_stream(i)) {
+      recorded_[i]->enqueue(stream);
+    } else if (!gradients) {
+      for (std::size_t c : streams_.waits_for[i]) communication_->join(c, stream);
+      recorded_[i]->enqueue(stream);
+    }
   }
   join(recorded_.size());
 }

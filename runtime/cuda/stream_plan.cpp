@@ -51,6 +51,7 @@ StreamPlan plan_streams(const sg::Graph&, const Schedule& s, const std::vector<b
   plan.on_gradient_stream = on_gradient_stream.empty() ? std::vector<bool>(n, false) : on_gradient_stream;
   plan.fork_before.assign(n, 0);
   plan.join_before.assign(n, n);
+  plan.waits_for.assign(n, {});
   // The gradient stream runs its launches in the order of their forks
   // (schedule order among those forked at one place), so a launch forks no
   // earlier than an earlier gradient-stream launch it depends on, and one
@@ -61,10 +62,21 @@ StreamPlan plan_streams(const sg::Graph&, const Schedule& s, const std::vector<b
     std::size_t fork = 0;
     for (std::size_t j = 0; j < g; ++j) {
       if (!depends_on(s.launches[g], s.launches[j])) continue;
-      if (plan.on_step_stream(j)) fork = std::max(fork, j + 1);
-      else if (plan.on_gradient_stream[j]) fork = std::max(fork, plan.fork_before[j]);
+      if (plan.on_step_stream(j)) {
+        fork = std::max(fork, j + 1);
+      } else if (plan.on_gradient_stream[j]) {
+        fork = std::max(fork, plan.fork_before[j]);
+      } else {  // an all-reduce: forked where it sits, so this forks after it and waits for it
+        fork = std::max(fork, j + 1);
+        plan.waits_for[g].push_back(j);
+      }
     }
     plan.fork_before[g] = fork;
+  }
+  for (std::size_t c = 0; c < n; ++c) {
+    if (!plan.on_communication[c]) continue;
+    for (std::size_t j = 0; j < c; ++j)
+      if (plan.on_gradient_stream[j] && depends_on(s.launches[c], s.launches[j])) plan.waits_for[c].push_back(j);
   }
   for (std::size_t c = 0; c < n; ++c) {
     if (plan.on_step_stream(c)) continue;
@@ -95,14 +107,16 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   const std::vector<bool> on_communication =
       options.communication_stream ? communicates : std::vector<bool>(s.launches.size(), false);
   std::vector<bool> on_gradient_stream(s.launches.size(), false);
-  if (!any(communicates)) {  // a data-parallel rank keeps one compute stream
-    if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
-    if (options.independent_launch_stream) {
-      const std::vector<bool> independent = independent_launches(s);
-      for (std::size_t i = 0; i < independent.size(); ++i)
-        on_gradient_stream[i] = on_gradient_stream[i] || independent[i];
-    }
+  if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
+  if (options.independent_launch_stream) {
+    const std::vector<bool> independent = independent_launches(s);
+    for (std::size_t i = 0; i < independent.size(); ++i)
+      on_gradient_stream[i] = on_gradient_stream[i] || independent[i];
   }
+  // An all-reduce is on an update branch too, but it communicates: it runs on
+  // the communication stream, or where it sits when that stream is off.
+  for (std::size_t i = 0; i < communicates.size(); ++i)
+    if (communicates[i]) on_gradient_stream[i] = false;
   // A gradient-stream launch that forks after the step's stream has run its
   // last launch has nothing to run beside: on the step's stream it starts as
   // early (the joins wait for what it depends on) and does not queue behind

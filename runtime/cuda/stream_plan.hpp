@@ -18,9 +18,13 @@
 //   gradient runs beside its data gradient and the layers below. The
 //   gradient stream runs them in the order of their forks (schedule order
 //   among those forked at one place): a launch waiting for the end of the
-//   chain does not hold back a later one that is ready. (With communication
-//   launches the reduce sits between the weight gradients and the updates,
-//   and the step keeps one compute stream.)
+//   chain does not hold back a later one that is ready.
+// - Both at once (a data-parallel rank): the weight gradients run on the
+//   gradient stream as in a single process, and an all-reduce that reads
+//   them also waits for their `done` events; an update on the gradient
+//   stream that reads a reduced gradient also waits for the all-reduce's
+//   (waits_for). The all-reduce launch itself never leaves for the gradient
+//   stream.
 // - With `independent_launch_stream`, a launch that depends on no earlier
 //   launch of the step (the parameters' f16/bf16 casts, which read only
 //   state the previous step left) also runs on the gradient stream, forked
@@ -65,6 +69,12 @@ struct StreamPlan {
   // stream waits for it (launches.size(): at the end of the step); unused for
   // the others.
   std::vector<std::size_t> join_before;
+  // waits_for[c]: for side launch c, the earlier launches of the OTHER side
+  // stream it depends on; it waits for their `done` events before it runs.
+  // (Each is forked before c: a communication launch forks where it sits,
+  // and a gradient-stream launch forks after any communication launch it
+  // depends on.) Empty for the rest.
+  std::vector<std::vector<std::size_t>> waits_for;
   bool forks() const;             // any launch on the communication stream
   bool splits_gradients() const;  // any launch on the gradient stream
   bool on_step_stream(std::size_t index) const { return !on_communication[index] && !on_gradient_stream[index]; }

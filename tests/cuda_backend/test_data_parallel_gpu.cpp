@@ -108,16 +108,23 @@ DataParallelGroup single_rank(bool nonblocking = false) {
 
 // Each floating state entry's relative error against another trainer's (entries pair by name), to say
 // where a difference sits.
-std::string entry_errors(Trainer& a, Trainer& b) {
+// Per floating entry of the two trainers' states: its name and the relative error by norm of a's against b's.
+std::vector<std::pair<std::string, double>> entry_relative_errors(Trainer& a, Trainer& b) {
   const auto mine = a.save_state(), theirs = b.save_state();
   REQUIRE(mine.size() == theirs.size());
-  std::string out;
+  std::vector<std::pair<std::string, double>> out;
   for (std::size_t i = 0; i < mine.size(); ++i)
     if (is_floating(mine[i].dtype)) {
       CHECK(mine[i].name == theirs[i].name);
-      out += fmt::format(" {} {:.3g}", mine[i].name,
-                         sg::test::relative_error(floats_from_blob(mine[i]), floats_from_blob(theirs[i])));
+      out.emplace_back(mine[i].name,
+                       sg::test::relative_error(floats_from_blob(mine[i]), floats_from_blob(theirs[i])));
     }
+  return out;
+}
+
+std::string entry_errors(Trainer& a, Trainer& b) {
+  std::string out;
+  for (const auto& [name, error] : entry_relative_errors(a, b)) out += fmt::format(" {} {:.3g}", name, error);
   return out;
 }
 
@@ -194,10 +201,10 @@ TEST_CASE("a single-rank NCCL run (all-reduce captured in the graph) follows the
     auto cpu = make_cpu_trainer(spec_for(t, data, ProgramTarget::cpu), data);  // all_reduce_mean over one rank: a copy
     cuda::CudaTrainer plain(spec_for(odd_training(0), data, ProgramTarget::cuda), data);
     CHECK(nccl_launches(plain) == 0);
-    // The all-reduces run on the communication stream, forked and joined inside the capture; the plain step has
-    // none (its weight gradients may run on the gradient stream instead).
+    // The all-reduces run on the communication stream, forked and joined inside the capture, and the weight
+    // gradients they read on the gradient stream, as the plain step's do; the plain step has no all-reduce.
     CHECK(gpu.training_program().stream_plan().forks());
-    CHECK_FALSE(gpu.training_program().stream_plan().splits_gradients());
+    CHECK(gpu.training_program().stream_plan().splits_gradients());
     CHECK_FALSE(plain.training_program().stream_plan().forks());
     gpu.poison_activations();
     const auto first_gpu = losses(gpu, 1), first_cpu = losses(*cpu, 1);
@@ -250,12 +257,23 @@ TEST_CASE("a single-rank NCCL run of a residual CNN (model.sequential) follows t
       test::check_states_close(gpu, plain, 1e-3);
     }
     // Against the f32 CPU: fp16 rounding, and max-pool windows whose maximum
-    // ties after rounding send a few gradients elsewhere (about 1% by norm
-    // after one SGD step at lr 0.1 here; issue 37's GPU test of the same
-    // residual CNN allows 1e-2).
+    // ties after rounding send a few gradients elsewhere. About 1% by norm
+    // after one step here for most data, but up to 7% for some (seeds
+    // 1408288679, 3641668979, 928142837, 3325847779: vel_w1, vel_w2, the
+    // Adam moments), and then the plain CUDA step is as far from the CPU as
+    // the rank (replayed on an H200, 2026-11-29). So the rank must be as close
+    // to the CPU as the plain step is, entry by entry (the 1e-3 above is the
+    // room between them), and no entry farther than 10%.
     {
-      INFO("against the CPU backend");
-      test::check_states_close(gpu, *cpu, 2e-2);
+      INFO("against the CPU backend, as close as the plain CUDA step");
+      const auto rank_errors = entry_relative_errors(gpu, *cpu), plain_errors = entry_relative_errors(plain, *cpu);
+      REQUIRE(rank_errors.size() == plain_errors.size());
+      for (std::size_t i = 0; i < rank_errors.size(); ++i) {
+        CAPTURE(rank_errors[i].first);
+        CAPTURE(plain_errors[i].second);
+        CHECK(rank_errors[i].second <= plain_errors[i].second + 1e-3);
+        CHECK(rank_errors[i].second < 0.1);
+      }
     }
     const auto gpu_losses = losses(gpu, 35), cpu_losses = losses(*cpu, 35), plain_losses = losses(plain, 35);
     MESSAGE(optimizer_name(kind) << " loss step 36: nccl " << gpu_losses.back() << " cpu " << cpu_losses.back()

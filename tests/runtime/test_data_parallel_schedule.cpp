@@ -21,6 +21,7 @@
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/stream_plan.hpp"
 #include "runtime/plan/memory_plan.hpp"
+#include "tests/runtime/stream_order.hpp"
 
 using namespace sg;
 
@@ -172,7 +173,10 @@ TEST_CASE("data parallel: each all-reduce is forked to the communication stream 
       const Schedule& s = l.schedule;
       const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, BackendOptions{});
       REQUIRE(plan.on_communication.size() == s.launches.size());
-      CHECK_FALSE(plan.splits_gradients());  // a rank keeps one compute stream
+      // The weight gradients leave for the gradient stream as in a single process; every launch that
+      // touches what another touches still runs after it, through the three streams' forks, joins and waits.
+      CHECK(plan.splits_gradients());
+      test::check_stream_order(s, plan);
       std::vector<std::size_t> comms;
       for (std::size_t i = 0; i < s.launches.size(); ++i) {
         CHECK(plan.on_communication[i] == (s.launches[i].lowering->name() == "nccl_all_reduce"));
@@ -270,7 +274,8 @@ TEST_CASE("data parallel: a CNN rank (model.sequential) reduces each layer's gra
     const TrainingProgram p = build_sequential_program(t, 1280, 200, ProgramTarget::cuda);
     const Lowered l = lower(p.train);
     const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, BackendOptions{});
-    CHECK_FALSE(plan.splits_gradients());
+    CHECK(plan.splits_gradients());
+    test::check_stream_order(l.schedule, plan);
     std::size_t reduces = 0;
     std::string names;
     for (std::size_t i = 0; i < l.schedule.launches.size(); ++i) {
@@ -310,7 +315,13 @@ TEST_CASE("data parallel: joined buckets (bucket_bytes) are one nccl_all_reduce 
     off.communication_stream = false;
     const cuda::StreamPlan plan = cuda::plan_streams(p.train, l.schedule, off);
     CHECK_FALSE(plan.forks());
-    CHECK_FALSE(plan.splits_gradients());  // a rank keeps one compute stream either way
+    test::check_stream_order(l.schedule, plan);
+    // The all-reduce stays where it sits, and every weight gradient it reads is joined before it.
+    for (std::size_t i = 0; i < l.schedule.launches.size(); ++i)
+      if (l.schedule.launches[i].lowering->name() == "nccl_all_reduce") CHECK(plan.on_step_stream(i));
+    // Both side streams off: one stream.
+    off.weight_gradient_stream = off.independent_launch_stream = false;
+    CHECK_FALSE(cuda::plan_streams(p.train, l.schedule, off).splits_gradients());
   }
 }
 

@@ -18,6 +18,7 @@
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/update_branches.hpp"
 #include "tests/runtime/report_cnn.hpp"
+#include "tests/runtime/stream_order.hpp"
 
 using namespace sg;
 
@@ -194,6 +195,7 @@ TEST_CASE(
     REQUIRE(plan.splits_gradients());
     check_plan(g, s, plan);
     check_memory(g, s, plan);
+    test::check_stream_order(s, plan);
     // The chain's end: the last launch of the step's stream that is no branch launch.
     const std::vector<bool> branch = update_branch_launches(g, s);
     std::size_t chain_end = 0;
