@@ -121,6 +121,18 @@ std::vector<ValueId> Graph::insert_node(std::size_t position, OpKind op, std::ve
   return nodes_[position].outputs;
 }
 
+void Graph::set_attrs(NodeId node, OpAttrs attrs) {
+  if (!groups_.empty()) throw GraphError("attributes cannot change after fusion");
+  const Node& n = this->node(node);
+  std::vector<const Value*> in;
+  for (ValueId id : n.inputs) in.push_back(&value(id));
+  const auto specs = infer_outputs(n.op, in, attrs);  // (throws for attributes of another kind or bad values)
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (i >= n.outputs.size() || specs[i].shape != value(n.outputs[i]).shape || specs[i].dtype != value(n.outputs[i]).dtype)
+      throw GraphError(fmt::format("set_attrs: node {} ({}) would change its outputs", node, op_name(n.op)));
+  nodes_[static_cast<std::size_t>(node)].attrs = std::move(attrs);
+}
+
 void Graph::move_after(NodeId node, NodeId after, std::vector<ValueId> inputs) {
   if (!groups_.empty()) throw GraphError("nodes cannot be moved after fusion");
   Node moved = this->node(node);

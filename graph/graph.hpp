@@ -66,6 +66,10 @@ class Graph {
   // their ids, shapes and readers). Throws GraphError when an input would be
   // read before it is produced or an output after one of its readers.
   void move_after(NodeId node, NodeId after, std::vector<ValueId> inputs);
+  // Gives node `node` new attributes of its op's kind, which must leave its
+  // outputs' shapes and dtypes as they are (a loss gradient's scale, issue
+  // 38). Throws GraphError otherwise, or after fusion.
+  void set_attrs(NodeId node, OpAttrs attrs);
 
   // ---- queries
   const Value& value(ValueId id) const;

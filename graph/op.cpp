@@ -24,7 +24,8 @@ constexpr std::array kFusionNames = {
 
 constexpr std::array<const char*, std::variant_size_v<OpAttrs>> kAttrsKindNames = {
     "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update", "label_smoothing", "dropout", "adam_update",
-    "clip_grad", "conv2d", "pool2d", "reshape", "rmsprop_update", "layer_norm", "slice", "augment", "batch_norm"};
+    "clip_grad", "conv2d", "pool2d", "reshape", "rmsprop_update", "layer_norm", "slice", "augment", "batch_norm",
+    "loss_gradient", "all_reduce"};
 static_assert(attrs_index<NoAttrs>() == 0 && attrs_index<BatchIndicesAttrs>() == 1 &&
               attrs_index<GatherRowsAttrs>() == 2 && attrs_index<MatmulAttrs>() == 3 &&
               attrs_index<CastAttrs>() == 4 && attrs_index<SgdUpdateAttrs>() == 5 &&

@@ -140,9 +140,25 @@ struct SgdUpdateAttrs {
 
 // PyTorch CrossEntropyLoss(label_smoothing=eps): the target is
 // (1 - eps) * onehot + eps / classes.
+// gradient_scale: as LossGradientAttrs::scale, on the backward op only.
 struct LabelSmoothingAttrs {
   double eps = 0.0;
+  double gradient_scale = 1.0;
   bool operator==(const LabelSmoothingAttrs&) const = default;
+};
+// A loss's backward op: the gradient of the mean loss times `scale`. A
+// data-parallel rank of N (issue 38) scales by 1/N: its gradient is then its
+// share of the global batch's mean, and the ranks' sum is the mean
+// (AllReduceAttrs::pre_scaled), with no division after the reduction.
+struct LossGradientAttrs {
+  double scale = 1.0;
+  bool operator==(const LossGradientAttrs&) const = default;
+};
+// all_reduce_mean: pre_scaled, each rank's inputs are already divided by the
+// number of ranks (the loss gradient's scale above), so the mean is their sum.
+struct AllReduceAttrs {
+  bool pre_scaled = false;
+  bool operator==(const AllReduceAttrs&) const = default;
 };
 // Inverted dropout (PyTorch's): an element is kept with probability 1 - p and
 // scaled by 1 / (1 - p). The keep bit of element i at step s is drawn from
@@ -275,7 +291,7 @@ BatchNormLayout batch_norm_layout(std::span<const std::int64_t> shape, const Bat
 using OpAttrs = std::variant<NoAttrs, BatchIndicesAttrs, GatherRowsAttrs, MatmulAttrs, CastAttrs, SgdUpdateAttrs,
                              LabelSmoothingAttrs, DropoutAttrs, AdamUpdateAttrs, ClipGradAttrs, Conv2dAttrs,
                              Pool2dAttrs, ReshapeAttrs, RmspropUpdateAttrs, LayerNormAttrs, SliceAttrs, AugmentAttrs,
-                             BatchNormAttrs>;
+                             BatchNormAttrs, LossGradientAttrs, AllReduceAttrs>;
 
 // Position of A in OpAttrs.
 template <typename A, std::size_t I = 0>
@@ -286,7 +302,8 @@ constexpr std::size_t attrs_index() {
 }
 // "none", "batch_indices", "gather_rows", "matmul", "cast", "sgd_update",
 // "label_smoothing", "dropout", "adam_update", "clip_grad", "conv2d", "pool2d",
-// "reshape", "rmsprop_update", "layer_norm", "slice", "augment", "batch_norm".
+// "reshape", "rmsprop_update", "layer_norm", "slice", "augment", "batch_norm",
+// "loss_gradient", "all_reduce".
 std::string_view attrs_kind_name(std::size_t index);
 inline std::string_view attrs_kind_name(const OpAttrs& attrs) { return attrs_kind_name(attrs.index()); }
 

@@ -120,11 +120,30 @@ std::vector<Bucket> buckets_of(const Graph& g, const GradientMap& grads, bool co
 // before its cast (half the bytes), and the cast moves to the end of the
 // backward pass: the first reader of a bucket's means then comes after every
 // bucket, so each all-reduce still overlaps the earlier layers' backward.
-GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_dtype, std::int64_t bucket_bytes) {
+// Scales every loss backward's gradient by 1 / ranks (OptimizerSpec::pre_scale_ranks).
+void pre_scale_loss_gradients(Graph& g, std::int64_t ranks) {
+  const double scale = 1.0 / static_cast<double>(ranks);
+  std::size_t scaled = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.op == OpKind::softmax_xent_backward || n.op == OpKind::mse_loss_backward || n.op == OpKind::l1_loss_backward) {
+      g.set_attrs(n.id, LossGradientAttrs{scale});
+      ++scaled;
+    } else if (n.op == OpKind::softmax_xent_smoothed_backward) {
+      LabelSmoothingAttrs attrs = n.attr<LabelSmoothingAttrs>();
+      attrs.gradient_scale = scale;
+      g.set_attrs(n.id, attrs);
+      ++scaled;
+    }
+  }
+  if (scaled == 0) throw GraphError("data parallel: pre-scaled gradients need a loss backward in the graph");
+}
+
+GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_dtype, std::int64_t bucket_bytes,
+                              bool pre_scaled) {
   GradientMap reduced;
   std::vector<std::pair<ValueId, ValueId>> casts;  // (a cast's f32 output, the mean it is to widen)
   for (const Bucket& b : buckets_of(g, grads, compute_dtype, bucket_bytes)) {
-    const auto out = g.insert_node(after_last(g, b), OpKind::all_reduce_mean, b.in, NoAttrs{}, Role::grad,
+    const auto out = g.insert_node(after_last(g, b), OpKind::all_reduce_mean, b.in, AllReduceAttrs{pre_scaled}, Role::grad,
                                    "mean_" + g.value(b.in.front()).name);
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       reduced.of_param[b.params[i]] = b.widened[i] < 0 ? out[i] : b.widened[i];
@@ -170,8 +189,10 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
   if (spec.all_reduce_gradients && !grads.of_param.empty()) {
     OptimizerSpec local = spec;
     local.all_reduce_gradients = false;
-    append_updates(g, append_all_reduce(g, grads, spec.reduce_in_compute_dtype, spec.bucket_bytes), local, step,
-                   /*after_every_gradient=*/true);
+    const bool pre_scaled = spec.pre_scale_ranks > 1;
+    if (pre_scaled) pre_scale_loss_gradients(g, spec.pre_scale_ranks);
+    append_updates(g, append_all_reduce(g, grads, spec.reduce_in_compute_dtype, spec.bucket_bytes, pre_scaled), local,
+                   step, /*after_every_gradient=*/true);
     return;
   }
   append_updates(g, grads, spec, step, false);

@@ -52,6 +52,13 @@ struct OptimizerSpec {
   // least this many bytes (PyTorch DDP's bucket_cap_mb), each joined bucket
   // one all_reduce_mean right after its last gradient.
   std::int64_t bucket_bytes = 0;
+  // With all_reduce_gradients, the number of ranks when > 1: every loss
+  // backward's gradient is scaled by 1/ranks (LossGradientAttrs), so each
+  // rank's gradients are its share of the global batch's mean, and each
+  // bucket sums them (AllReduceAttrs::pre_scaled): the same mean without a
+  // division after the reduction, and for two ranks the correctly rounded
+  // one. 0 or 1: the buckets average (one rank: a copy).
+  std::int64_t pre_scale_ranks = 0;
 };
 
 // `step` is the graph's step counter (i32 [1] state, advanced after the

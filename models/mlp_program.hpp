@@ -49,7 +49,8 @@ std::uint64_t rank_dropout_seed(std::uint64_t seed, std::int64_t rank);
 
 // The training graph's spec (MlpSpec or SequentialSpec) and optimizer for
 // rank `rank` of `ranks` (issue 25): the rank's slice of each global batch,
-// its own dropout stream, every gradient reduced over the ranks. Throws
+// its own dropout stream, every gradient reduced over the ranks (the loss
+// gradient pre-scaled by 1/ranks, each bucket a sum). Throws
 // GraphError for a rank outside 0..ranks-1.
 template <class ModelSpec>
 void shard_for_rank(ModelSpec& spec, OptimizerSpec& optimizer, std::int64_t rank, std::int64_t ranks) {
@@ -58,6 +59,7 @@ void shard_for_rank(ModelSpec& spec, OptimizerSpec& optimizer, std::int64_t rank
   spec.batch_ranks = ranks;
   spec.dropout_seed = rank_dropout_seed(spec.dropout_seed, rank);
   optimizer.all_reduce_gradients = true;
+  optimizer.pre_scale_ranks = ranks;
 }
 
 // Training graph over `train_rows` rows, eval graph (fused too) over

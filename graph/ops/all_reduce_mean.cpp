@@ -4,6 +4,10 @@
 // docs/data_parallel.md). The ranks are the run's process group, not an
 // attribute: the graph is the same on every rank.
 //
+// AllReduceAttrs::pre_scaled: each rank's inputs are already its share of
+// the mean (the loss gradient scaled by 1/N, issue 38), so the backends sum
+// them; the result is the same mean.
+//
 // The CPU reference computes what one rank alone sees: the mean over a group
 // of one, i.e. a copy. Simulations of several ranks (tests/runtime/
 // test_data_parallel.cpp) run every other node with the CPU executor and do
@@ -39,7 +43,7 @@ void cpu(const CpuCall<T>& c) {
 }  // namespace
 
 const OpDef& all_reduce_mean_def() {
-  static const OpDef def = with_attrs<NoAttrs>(
+  static const OpDef def = with_attrs<AllReduceAttrs>(
       {.kind = kOp, .name = "all_reduce_mean", .infer = &infer, .cpu_f32 = &cpu<float>, .cpu_f64 = &cpu<double>});
   return def;
 }

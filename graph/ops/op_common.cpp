@@ -1,5 +1,7 @@
 #include "graph/ops/op_common.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 namespace sg::ops {
@@ -30,6 +32,11 @@ void expect_same_dtype(OpKind op, const Value& a, const Value& b) {
 
 void expect_same_shape(OpKind op, const Value& a, const Value& b) {
   if (a.shape != b.shape) fail(op, fmt::format("shape mismatch: {} vs {}", describe(a), describe(b)));
+}
+
+void expect_gradient_scale(OpKind op, double scale) {
+  if (!(std::isfinite(scale) && scale > 0.0))
+    fail(op, fmt::format("gradient scale {} must be finite and > 0", scale));
 }
 
 void expect_labels_for(OpKind op, const Value& logits, const Value& labels) {
@@ -129,9 +136,15 @@ std::string attrs_text(const SgdUpdateAttrs& a) {
                      a.nesterov ? ",nesterov" : "");
 }
 
-json write_attrs(const LabelSmoothingAttrs& a) { return {{"eps", a.eps}}; }
-void read_attrs(const json& j, LabelSmoothingAttrs& a) { a.eps = j.at("eps").get<double>(); }
-std::string attrs_text(const LabelSmoothingAttrs& a) { return fmt::format(" {{eps={:.6g}}}", a.eps); }
+json write_attrs(const LabelSmoothingAttrs& a) { return {{"eps", a.eps}, {"gradient_scale", a.gradient_scale}}; }
+void read_attrs(const json& j, LabelSmoothingAttrs& a) {  // gradient_scale defaults to 1 (graphs dumped before it)
+  a.eps = j.at("eps").get<double>();
+  a.gradient_scale = j.value("gradient_scale", 1.0);
+}
+std::string attrs_text(const LabelSmoothingAttrs& a) {
+  return a.gradient_scale == 1.0 ? fmt::format(" {{eps={:.6g}}}", a.eps)
+                                 : fmt::format(" {{eps={:.6g},gradient_scale={:.6g}}}", a.eps, a.gradient_scale);
+}
 
 json write_attrs(const DropoutAttrs& a) { return {{"p", a.p}, {"seed", a.seed}, {"stream", a.stream}}; }
 void read_attrs(const json& j, DropoutAttrs& a) {
@@ -255,5 +268,13 @@ void read_attrs(const json& j, BatchNormAttrs& a) {  // channels_last defaults t
 std::string attrs_text(const BatchNormAttrs& a) {
   return fmt::format(" {{eps={},momentum={}{}}}", a.eps, a.momentum, a.channels_last ? ",channels_last" : "");
 }
+
+json write_attrs(const LossGradientAttrs& a) { return {{"scale", a.scale}}; }
+void read_attrs(const json& j, LossGradientAttrs& a) { a.scale = j.at("scale").get<double>(); }
+std::string attrs_text(const LossGradientAttrs& a) { return a.scale == 1.0 ? "" : fmt::format(" {{scale={:.6g}}}", a.scale); }
+
+json write_attrs(const AllReduceAttrs& a) { return {{"pre_scaled", a.pre_scaled}}; }
+void read_attrs(const json& j, AllReduceAttrs& a) { a.pre_scaled = j.at("pre_scaled").get<bool>(); }
+std::string attrs_text(const AllReduceAttrs& a) { return a.pre_scaled ? " {pre_scaled}" : ""; }
 
 }  // namespace sg::ops

@@ -21,6 +21,15 @@ void expect_floating(OpKind op, const Value& v);
 void expect_same_dtype(OpKind op, const Value& a, const Value& b);
 void expect_same_shape(OpKind op, const Value& a, const Value& b);
 void expect_labels_for(OpKind op, const Value& logits, const Value& labels);
+// A loss backward's gradient scale (LossGradientAttrs): finite and > 0.
+void expect_gradient_scale(OpKind op, double scale);
+// Multiplies a loss backward's CPU output by its gradient scale (after the
+// reference computed the gradient of the mean loss).
+template <typename T>
+void scale_loss_gradient(const CpuTensor<T>& out, double scale) {
+  if (scale == 1.0) return;
+  for (std::int64_t i = 0; i < out.size; ++i) out.real[i] *= static_cast<T>(scale);
+}
 // Two floating inputs of one shape and dtype -> one output like them
 // (add, relu_backward, gelu_backward).
 std::vector<OutputSpec> infer_binary_same(OpKind op, const Inputs& in);
@@ -61,6 +70,8 @@ SG_ATTR_CODEC(LayerNormAttrs)
 SG_ATTR_CODEC(SliceAttrs)
 SG_ATTR_CODEC(AugmentAttrs)
 SG_ATTR_CODEC(BatchNormAttrs)
+SG_ATTR_CODEC(LossGradientAttrs)
+SG_ATTR_CODEC(AllReduceAttrs)
 #undef SG_ATTR_CODEC
 
 // `def` with the attribute kind A and its codec filled in.

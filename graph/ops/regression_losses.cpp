@@ -1,6 +1,7 @@
 // The regression losses, one family: (pred [B,K], target [B,K]) -> the mean
 // over all B*K elements, f32[1], a loss; and their backward (pred, target) ->
-// the gradient for dLoss = 1, pred's shape and dtype:
+// the gradient for dLoss = 1 times the backward's LossGradientAttrs::scale
+// (1/N in a data-parallel rank of N), pred's shape and dtype:
 //   mse_loss: (pred - target)^2 (PyTorch MSELoss()); backward 2 (pred - target) / (B K)
 //   l1_loss:  |pred - target|   (PyTorch L1Loss());  backward sign(pred - target) / (B K), sign(0) = 0
 // The target is float (f32 regression targets) of pred's shape; its dtype
@@ -46,15 +47,16 @@ std::vector<OutputSpec> infer_loss(const Inputs& in, const OpAttrs&) {
 }
 
 template <typename L>
-std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs&) {
+std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs& attrs) {
   expect_target(L::backward, in);
+  expect_gradient_scale(L::backward, std::get<LossGradientAttrs>(attrs).scale);
   return {{in[0]->shape, in[0]->dtype}};
 }
 
 template <typename L>
 void loss_gradient(const GradientContext& c) {
   if (!c.needs_grad(0)) return;
-  c.contribute(0, c.emit(L::backward, {c.input(0), c.input(1)}, NoAttrs{}, c.input(0)).front());
+  c.contribute(0, c.emit(L::backward, {c.input(0), c.input(1)}, LossGradientAttrs{}, c.input(0)).front());
 }
 
 template <typename L, typename T>
@@ -65,6 +67,7 @@ void loss_cpu(const CpuCall<T>& c) {
 template <typename L, typename T>
 void backward_cpu(const CpuCall<T>& c) {
   L::gradient(c.in[0].real, c.in[1].real, c.in[0].size, c.out[0].real);
+  scale_loss_gradient(c.out[0], c.node.template attr<LossGradientAttrs>().scale);
 }
 
 template <typename L>
@@ -76,7 +79,7 @@ OpDef loss_def(std::string_view name) {
 
 template <typename L>
 OpDef backward_def(std::string_view name) {
-  return with_attrs<NoAttrs>({.kind = L::backward, .name = name, .infer = &infer_backward<L>,
+  return with_attrs<LossGradientAttrs>({.kind = L::backward, .name = name, .infer = &infer_backward<L>,
                               .cpu_f32 = &backward_cpu<L, float>, .cpu_f64 = &backward_cpu<L, double>});
 }
 

@@ -1,7 +1,8 @@
 // softmax_xent_smoothed: (logits [B,C], labels i32[B]) -> mean cross-entropy
 // against the smoothed target (1 - eps) onehot + eps / C, f32[1] (PyTorch
 // CrossEntropyLoss(label_smoothing=eps)), a loss; its backward: (logits,
-// labels) -> (softmax - smoothed target) / B. A separate op from
+// labels) -> (softmax - smoothed target) / B, times its gradient_scale (1/N
+// in a data-parallel rank of N; the forward op keeps 1). A separate op from
 // softmax_xent so that the lowerings written for plain cross-entropy (the
 // fused output-layer and whole-step kernels) never take it.
 #include "graph/ops/op_common.hpp"
@@ -17,9 +18,10 @@ std::vector<OutputSpec> infer_loss(const Inputs& in, const OpAttrs& attrs) {
   return {{{1}, DType::f32}};
 }
 
-std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs&) {
+std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs& attrs) {
   expect_arity(OpKind::softmax_xent_smoothed_backward, in, 2, 2);
   expect_labels_for(OpKind::softmax_xent_smoothed_backward, *in[0], *in[1]);
+  expect_gradient_scale(OpKind::softmax_xent_smoothed_backward, std::get<LabelSmoothingAttrs>(attrs).gradient_scale);
   return {{in[0]->shape, in[0]->dtype}};
 }
 
@@ -39,6 +41,7 @@ template <typename T>
 void backward_cpu(const CpuCall<T>& c) {
   const auto eps = static_cast<T>(c.node.template attr<LabelSmoothingAttrs>().eps);
   ref::softmax_xent_smoothed_backward(c.in[0].real, c.in[1].i32, c.in[0].rows, c.in[0].cols, eps, c.out[0].real);
+  scale_loss_gradient(c.out[0], c.node.template attr<LabelSmoothingAttrs>().gradient_scale);
 }
 
 }  // namespace

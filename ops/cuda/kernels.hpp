@@ -74,10 +74,11 @@ void launch_cast(const float* x, std::int64_t n, __nv_bfloat16* y, cudaStream_t 
 void launch_cast(const __nv_bfloat16* x, std::int64_t n, float* y, cudaStream_t stream);
 
 // ---- loss: one kernel computes the mean cross-entropy (f32, deterministic:
-// no atomics) and, when dlogits != nullptr, (softmax - onehot)/rows.
+// no atomics) and, when dlogits != nullptr, (softmax - onehot)/rows times
+// gradient_scale (a loss backward's LossGradientAttrs::scale).
 template <typename T>
 void launch_softmax_xent(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
-                         float* loss, T* dlogits, cudaStream_t stream, bool dependent);
+                         float* loss, T* dlogits, cudaStream_t stream, bool dependent, float gradient_scale = 1.f);
 template <typename T>
 void launch_count_correct(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
                           std::int32_t* correct, cudaStream_t stream);

@@ -41,8 +41,8 @@ __global__ void __launch_bounds__(kLossThreads)
 
 template <typename T>
 __global__ void regression_loss_backward_kernel(RegressionLoss kind, const T* pred, const float* target,
-                                                std::int64_t n, T* dpred) {
-  const float inv_n = 1.f / static_cast<float>(n);
+                                                std::int64_t n, T* dpred, float gradient_scale) {
+  const float inv_n = gradient_scale / static_cast<float>(n);
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
        i += std::int64_t(gridDim.x) * blockDim.x) {
     const float d = to_float(pred[i]) - target[i];
@@ -55,7 +55,7 @@ __global__ void regression_loss_backward_kernel(RegressionLoss kind, const T* pr
 template <typename T>
 __global__ void __launch_bounds__(kLossThreads)
     softmax_xent_smoothed_kernel(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
-                                 float eps, float* loss, T* dlogits) {
+                                 float eps, float* loss, T* dlogits, float gradient_scale) {
   if (blockIdx.x == 0) {
     if (!loss) return;
     float partial = 0.f;
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kLossThreads)
   }
   const int lane = threadIdx.x % 32;
   const std::int64_t warps = std::int64_t(gridDim.x - 1) * (blockDim.x / 32);
-  const float inv_rows = 1.f / static_cast<float>(rows), uniform = eps / static_cast<float>(cols);
+  const float inv_rows = gradient_scale / static_cast<float>(rows), uniform = eps / static_cast<float>(cols);
   for (std::int64_t r = std::int64_t(blockIdx.x - 1) * (blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
     const T* row = logits + r * cols;
     float mx = -FLT_MAX;
@@ -104,14 +104,14 @@ void launch_regression_loss(RegressionLoss kind, const T* pred, const float* tar
 
 template <typename T>
 void launch_regression_loss_backward(RegressionLoss kind, const T* pred, const float* target, std::int64_t n,
-                                     T* dpred, cudaStream_t stream) {
-  regression_loss_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(kind, pred, target, n, dpred);
+                                     T* dpred, cudaStream_t stream, float gradient_scale) {
+  regression_loss_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(kind, pred, target, n, dpred, gradient_scale);
   SG_LAUNCH_CHECK("regression_loss_backward_kernel");
 }
 
 template <typename T>
 void launch_softmax_xent_smoothed(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols,
-                                  float eps, float* loss, T* dlogits, cudaStream_t stream) {
+                                  float eps, float* loss, T* dlogits, cudaStream_t stream, float gradient_scale) {
   // Block 0 (the loss) and the gradient blocks share one block size: 32
   // warps, a row each.
   const int threads = kLossThreads;
@@ -121,7 +121,7 @@ void launch_softmax_xent_smoothed(const T* logits, const std::int32_t* labels, s
                                                              kMaxGradientBlocks))
               : 0;
   softmax_xent_smoothed_kernel<<<1 + gradient_blocks, threads, 0, stream>>>(logits, labels, rows, cols, eps, loss,
-                                                                            dlogits);
+                                                                            dlogits, gradient_scale);
   SG_LAUNCH_CHECK("softmax_xent_smoothed_kernel");
 }
 
@@ -129,9 +129,9 @@ void launch_softmax_xent_smoothed(const T* logits, const std::int32_t* labels, s
   template void launch_regression_loss<T>(RegressionLoss, const T*, const float*, std::int64_t, float*,         \
                                           cudaStream_t);                                                        \
   template void launch_regression_loss_backward<T>(RegressionLoss, const T*, const float*, std::int64_t, T*,    \
-                                                   cudaStream_t);                                               \
+                                                   cudaStream_t, float);                                        \
   template void launch_softmax_xent_smoothed<T>(const T*, const std::int32_t*, std::int64_t, std::int64_t, float, \
-                                                float*, T*, cudaStream_t);
+                                                float*, T*, cudaStream_t, float);
 SG_INSTANTIATE(float)
 SG_INSTANTIATE(__half)
 SG_INSTANTIATE(__nv_bfloat16)

@@ -51,7 +51,7 @@ __device__ float row_loss_by_thread(const T* row, std::int64_t cols, std::int32_
 template <typename T>
 __global__ void __launch_bounds__(kXentThreads) softmax_xent_kernel(const T* logits, const std::int32_t* labels,
                                                                     std::int64_t rows, std::int64_t cols, float* loss,
-                                                                    T* dlogits) {
+                                                                    T* dlogits, float gradient_scale) {
   wait_for_previous_kernel();  // (a dependent launch: the logits come from the kernel before)
   allow_next_kernel_to_start();
   if (blockIdx.x == 0) {
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kXentThreads) softmax_xent_kernel(const T* log
   }
   // dlogits: the bits of softmax_xent_row, which the fused output-layer backward shares.
   const std::int64_t warps = std::int64_t(gridDim.x - 1) * kXentWarps;
-  const float inv_rows = 1.f / static_cast<float>(rows);
+  const float inv_rows = gradient_scale / static_cast<float>(rows);  // (1/N in a rank of N: exact for N = 2^k)
   for (std::int64_t r = std::int64_t(blockIdx.x - 1) * kXentWarps + threadIdx.x / 32; r < rows; r += warps)
     softmax_xent_row(logits + r * cols, cols, labels[r], inv_rows, dlogits + r * cols);
 }
@@ -102,12 +102,12 @@ __global__ void count_correct_kernel(const T* logits, const std::int32_t* labels
 
 template <typename T>
 void launch_softmax_xent(const T* logits, const std::int32_t* labels, std::int64_t rows, std::int64_t cols, float* loss,
-                         T* dlogits, cudaStream_t stream, bool dependent) {
+                         T* dlogits, cudaStream_t stream, bool dependent, float gradient_scale) {
   // Block 0 the loss; with dlogits, a warp per row in the blocks after it.
   const unsigned gradient_blocks =
       dlogits ? static_cast<unsigned>(std::min<std::int64_t>((rows + kXentWarps - 1) / kXentWarps, kMaxGradientBlocks)) : 0;
   launch_dependent(softmax_xent_kernel<T>, {dim3(1 + gradient_blocks), dim3(kXentThreads)}, stream, dependent, logits,
-                   labels, rows, cols, loss, dlogits);
+                   labels, rows, cols, loss, dlogits, gradient_scale);
 }
 
 template <typename T>
@@ -117,11 +117,11 @@ void launch_count_correct(const T* logits, const std::int32_t* labels, std::int6
   SG_LAUNCH_CHECK("count_correct_kernel");
 }
 
-template void launch_softmax_xent<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, float*, float*, cudaStream_t, bool);
-template void launch_softmax_xent<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, float*, __half*, cudaStream_t, bool);
+template void launch_softmax_xent<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, float*, float*, cudaStream_t, bool, float);
+template void launch_softmax_xent<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, float*, __half*, cudaStream_t, bool, float);
 template void launch_count_correct<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
 template void launch_count_correct<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
-template void launch_softmax_xent<__nv_bfloat16>(const __nv_bfloat16*, const std::int32_t*, std::int64_t, std::int64_t, float*, __nv_bfloat16*, cudaStream_t, bool);
+template void launch_softmax_xent<__nv_bfloat16>(const __nv_bfloat16*, const std::int32_t*, std::int64_t, std::int64_t, float*, __nv_bfloat16*, cudaStream_t, bool, float);
 template void launch_count_correct<__nv_bfloat16>(const __nv_bfloat16*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
 
 }  // namespace sg::cuda

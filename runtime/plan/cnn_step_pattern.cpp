@@ -48,6 +48,7 @@ class CnnStepWalker {
     const Node* xent_bw = reader(h, OpKind::softmax_xent_backward, 0);
     if (!xent_bw || xent_bw->inputs[1] != y) throw NoMatch{"no softmax_xent_backward of the logits"};
     seen_.insert(xent_bw->id);
+    plan.gradient_scale = xent_bw->attr<LossGradientAttrs>().scale;
 
     // The first layer with parameters needs no input gradient; layers before
     // it (the reshape of the fetched rows) have no backward at all.

@@ -46,6 +46,9 @@ struct CnnStepPlan {
   // Every gradient is reduced over the ranks (all_reduce_mean) between its
   // cast and its update; none is when false.
   bool gradients_reduced = false;
+  // The loss backward's LossGradientAttrs::scale (1/ranks in a rank whose
+  // gradients are pre-scaled, issue 38; else 1).
+  double gradient_scale = 1.0;
   ValueId logits = -1;
   std::vector<CnnStepLayer> layers;  // input side first; the last is the linear layer giving the logits
 };

@@ -90,6 +90,7 @@ class StepWalker {
     const Node* xent_bw = reader(plan.layers.back().output, OpKind::softmax_xent_backward, 0);
     if (!xent_bw || xent_bw->inputs[1] != y || !group({xent->id, xent_bw->id}, FusionKind::xent_fused))
       return std::nullopt;
+    if (xent_bw->attr<LossGradientAttrs>().scale != 1.0) return std::nullopt;  // (a rank's pre-scaled gradient)
 
     // Backward and updates, output layer first: dZ is the layer's pre-activation gradient.
     ValueId dz = xent_bw->outputs[0];

@@ -99,34 +99,59 @@ TEST_CASE("gelu_tanh, silu, tanh, sigmoid and their gradients match the CPU refe
     }
 }
 
+// Each loss backward with the gradient scale of one rank (1) and of a data-parallel rank of 2 or 3 (issue 38).
 TEST_CASE("mse and l1 losses and their gradients match the CPU reference on the GPU") {
   auto rng = sg::test::fresh_rng();
   for (const OpKind op : {OpKind::mse_loss, OpKind::l1_loss})
-    for (const DType dtype : {DType::f32, DType::f16}) {
-      const std::int64_t rows = 1 + std::int64_t(rng() % 300), cols = 1 + std::int64_t(rng() % 17);
-      INFO(op_name(op) << " " << dtype_name(dtype) << " [" << rows << "," << cols << "], seed " << sg::test::last_seed());
+    for (const DType dtype : {DType::f32, DType::f16})
+      for (const double scale : {1.0, 0.5, 1.0 / 3.0}) {
+        const std::int64_t rows = 1 + std::int64_t(rng() % 300), cols = 1 + std::int64_t(rng() % 17);
+        INFO(op_name(op) << " " << dtype_name(dtype) << " [" << rows << "," << cols << "] gradient scale " << scale
+                         << ", seed " << sg::test::last_seed());
+        Graph g;
+        const ValueId pred = g.input("pred", {rows, cols}, dtype);
+        const ValueId target = g.label("target", {rows, cols}, DType::f32);
+        g.mark_output(g.append_node(op, {pred, target}, NoAttrs{}).front());
+        g.mark_output(g.append_node(static_cast<OpKind>(static_cast<int>(op) + 1), {pred, target},
+                                    LossGradientAttrs{scale})
+                          .front());
+        check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -2.0, 2.0);
+      }
+}
+
+TEST_CASE("cross-entropy's gradient with a data-parallel rank's scale matches the CPU reference on the GPU") {
+  auto rng = sg::test::fresh_rng();
+  for (const DType dtype : {DType::f32, DType::f16})
+    for (const double scale : {0.5, 0.25, 1.0 / 3.0}) {
+      const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
+      INFO(dtype_name(dtype) << " [" << rows << "," << cols << "] gradient scale " << scale << ", seed "
+                             << sg::test::last_seed());
       Graph g;
-      const ValueId pred = g.input("pred", {rows, cols}, dtype);
-      const ValueId target = g.label("target", {rows, cols}, DType::f32);
-      g.mark_output(g.append_node(op, {pred, target}, NoAttrs{}).front());
-      g.mark_output(g.append_node(static_cast<OpKind>(static_cast<int>(op) + 1), {pred, target}, NoAttrs{}).front());
-      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -2.0, 2.0);
+      const ValueId logits = g.input("logits", {rows, cols}, dtype);
+      const ValueId labels = g.label("labels", {rows}, DType::i32);
+      g.mark_output(g.append_node(OpKind::softmax_xent, {logits, labels}, NoAttrs{}).front());
+      g.mark_output(
+          g.append_node(OpKind::softmax_xent_backward, {logits, labels}, LossGradientAttrs{scale}).front());
+      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
     }
 }
 
 TEST_CASE("label-smoothed cross-entropy and its gradient match the CPU reference on the GPU") {
   auto rng = sg::test::fresh_rng();
-  for (const DType dtype : {DType::f32, DType::f16}) {
-    const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
-    INFO(dtype_name(dtype) << " [" << rows << "," << cols << "], seed " << sg::test::last_seed());
-    Graph g;
-    const ValueId logits = g.input("logits", {rows, cols}, dtype);
-    const ValueId labels = g.label("labels", {rows}, DType::i32);
-    g.mark_output(g.append_node(OpKind::softmax_xent_smoothed, {logits, labels}, LabelSmoothingAttrs{0.1}).front());
-    g.mark_output(
-        g.append_node(OpKind::softmax_xent_smoothed_backward, {logits, labels}, LabelSmoothingAttrs{0.1}).front());
-    check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
-  }
+  for (const DType dtype : {DType::f32, DType::f16})
+    for (const double scale : {1.0, 0.5}) {
+      const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
+      INFO(dtype_name(dtype) << " [" << rows << "," << cols << "] gradient scale " << scale << ", seed "
+                             << sg::test::last_seed());
+      Graph g;
+      const ValueId logits = g.input("logits", {rows, cols}, dtype);
+      const ValueId labels = g.label("labels", {rows}, DType::i32);
+      g.mark_output(g.append_node(OpKind::softmax_xent_smoothed, {logits, labels}, LabelSmoothingAttrs{0.1}).front());
+      g.mark_output(g.append_node(OpKind::softmax_xent_smoothed_backward, {logits, labels},
+                                  LabelSmoothingAttrs{0.1, scale})
+                        .front());
+      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
+    }
 }
 
 TEST_CASE("dropout on the GPU keeps exactly the CPU reference's elements, step after step") {

@@ -25,7 +25,7 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<MatmulAttrs>(): return MatmulAttrs{true, false};
     case attrs_index<CastAttrs>(): return CastAttrs{DType::f16};
     case attrs_index<SgdUpdateAttrs>(): return SgdUpdateAttrs{0.9, 1e-4, true};
-    case attrs_index<LabelSmoothingAttrs>(): return LabelSmoothingAttrs{0.1};
+    case attrs_index<LabelSmoothingAttrs>(): return LabelSmoothingAttrs{0.1, 0.5};
     case attrs_index<DropoutAttrs>(): return DropoutAttrs{0.25, 0x123456789abcull, 2};
     case attrs_index<AdamUpdateAttrs>(): return AdamUpdateAttrs{0.8, 0.95, 1e-6, 0.01, true};
     case attrs_index<ClipGradAttrs>(): return ClipGradAttrs{2.5};
@@ -36,7 +36,9 @@ OpAttrs sample_attrs(std::size_t index) {
     case attrs_index<LayerNormAttrs>(): return LayerNormAttrs{1e-3};
     case attrs_index<SliceAttrs>(): return SliceAttrs{3, 5};
     case attrs_index<AugmentAttrs>(): return AugmentAttrs{2, true, -0.42, 0xfedcba9876543210ull, 64};
-    case attrs_index<BatchNormAttrs>(): return BatchNormAttrs{1e-3, 0.25};
+    case attrs_index<BatchNormAttrs>(): return BatchNormAttrs{1e-3, 0.25, true};
+    case attrs_index<LossGradientAttrs>(): return LossGradientAttrs{0.25};
+    case attrs_index<AllReduceAttrs>(): return AllReduceAttrs{true};
     default: return NoAttrs{};
   }
 }

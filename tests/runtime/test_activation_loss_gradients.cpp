@@ -208,3 +208,48 @@ TEST_CASE("label-smoothed cross-entropy is -sum q log softmax with q = (1-eps) o
   CHECK(exec.tensor(smoothed).real[0] == doctest::Approx(expected / rows).epsilon(1e-12));
   CHECK(exec.tensor(smoothed).real[0] != doctest::Approx(exec.tensor(plain).real[0]));
 }
+
+// A data-parallel rank of N scales its loss gradient by 1/N (issue 38): each
+// loss backward's output is then its scale times the mean loss's gradient,
+// and a scale that is not finite and > 0 is refused when the node is made.
+TEST_CASE("a loss backward's gradient scale multiplies the mean loss's gradient") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const std::int64_t rows = 6, cols = 5;
+  Graph g;
+  const auto x = g.input("x", {rows, cols}, DType::f32);
+  const auto labels = g.label("labels", {rows}, DType::i32);
+  const auto target = g.label("target", {rows, cols}, DType::f32);
+  struct Pair {
+    ValueId plain, scaled;
+  };
+  std::vector<Pair> pairs;
+  const double scale = 0.25;
+  for (const OpKind op : {OpKind::mse_loss_backward, OpKind::l1_loss_backward})
+    pairs.push_back({g.append_node(op, {x, target}, LossGradientAttrs{}).front(),
+                     g.append_node(op, {x, target}, LossGradientAttrs{scale}).front()});
+  pairs.push_back({g.append_node(OpKind::softmax_xent_backward, {x, labels}, LossGradientAttrs{}).front(),
+                   g.append_node(OpKind::softmax_xent_backward, {x, labels}, LossGradientAttrs{scale}).front()});
+  pairs.push_back(
+      {g.append_node(OpKind::softmax_xent_smoothed_backward, {x, labels}, LabelSmoothingAttrs{0.1}).front(),
+       g.append_node(OpKind::softmax_xent_smoothed_backward, {x, labels}, LabelSmoothingAttrs{0.1, scale}).front()});
+  CpuExecutor<double> exec(g);
+  sg::test::fill_uniform(exec.tensor(x).real, rng, -2.0, 2.0);
+  sg::test::fill_uniform(exec.tensor(target).real, rng, -2.0, 2.0);
+  for (std::int64_t i = 0; i < rows; ++i) exec.tensor(labels).i32[i] = static_cast<std::int32_t>((i * 2) % cols);
+  exec.run();
+  for (const Pair& p : pairs) {
+    INFO(op_name(g.node(g.value(p.plain).producer).op));
+    const auto &plain = exec.tensor(p.plain).real, &scaled = exec.tensor(p.scaled).real;
+    REQUIRE(plain.size() == scaled.size());
+    double norm = 0;
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+      CHECK(scaled[i] == plain[i] * scale);  // a power of two: exact
+      norm += plain[i] * plain[i];
+    }
+    CHECK(norm > 0);
+  }
+  for (const double bad : {0.0, -1.0, double(NAN), double(INFINITY)})
+    CHECK_THROWS_WITH_AS(g.append_node(OpKind::softmax_xent_backward, {x, labels}, LossGradientAttrs{bad}),
+                         doctest::Contains("gradient scale"), GraphError);
+}

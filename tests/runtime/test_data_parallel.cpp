@@ -98,8 +98,9 @@ std::unique_ptr<CpuExecutor<float>> executor(const TrainingProgram& p, const Dat
 }
 
 // One training step of every rank, node by node; each all_reduce_mean is the
-// mean of its inputs over the ranks, written to every rank's outputs (an
-// f16/bf16 one rounded to its dtype, as NCCL's reduction in that dtype returns it).
+// mean of its inputs over the ranks (their sum where the inputs are
+// pre-scaled: AllReduceAttrs), written to every rank's outputs (an f16/bf16
+// one rounded to its dtype, as NCCL's reduction in that dtype returns it).
 void step_ranks(std::vector<std::unique_ptr<CpuExecutor<float>>>& ranks) {
   const Graph& g = ranks.front()->graph();
   for (const Node& n : g.nodes()) {
@@ -107,6 +108,7 @@ void step_ranks(std::vector<std::unique_ptr<CpuExecutor<float>>>& ranks) {
       for (auto& r : ranks) r->run_node(r->graph().node(n.id));
       continue;
     }
+    const double divisor = n.attr<AllReduceAttrs>().pre_scaled ? 1.0 : double(ranks.size());
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       std::vector<double> sum(ranks.front()->tensor(n.inputs[i]).real.size(), 0.0);
       for (auto& r : ranks) {
@@ -115,7 +117,7 @@ void step_ranks(std::vector<std::unique_ptr<CpuExecutor<float>>>& ranks) {
       }
       for (auto& r : ranks) {
         auto& out = r->tensor(n.outputs[i]).real;
-        for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(sum[k] / double(ranks.size()));
+        for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(sum[k] / divisor);
         r->round_to_dtype(n.outputs[i]);
       }
     }
@@ -225,8 +227,11 @@ TEST_CASE("data parallel: one all_reduce_mean per layer sits between every gradi
         CHECK(n.attr<BatchIndicesAttrs>().rank == 1);
         CHECK(n.attr<BatchIndicesAttrs>().ranks == 2);
       }
+      // Two ranks: the loss gradient is each rank's share of the global mean, so every bucket is a sum.
+      if (n.op == OpKind::softmax_xent_backward) CHECK(n.attr<LossGradientAttrs>().scale == 0.5);
       if (n.op != OpKind::all_reduce_mean) continue;
       ++buckets;
+      CHECK(n.attr<AllReduceAttrs>().pre_scaled);
       CHECK(n.inputs.size() == 2);  // a layer: its weight and its bias gradient
       reduced.insert(n.outputs.begin(), n.outputs.end());
     }
@@ -250,10 +255,21 @@ TEST_CASE("data parallel: one all_reduce_mean per layer sits between every gradi
       if (n.op == OpKind::batch_indices) CHECK(n.attr<BatchIndicesAttrs>().ranks == 1);
     }
   }
-  // A single-process program has neither.
+  // A single-process program has neither, and its loss gradient is the mean's.
   const TrainingProgram single = build_mlp_program(small_mlp(8, OptimizerKind::sgd), 100, 20, ProgramTarget::cpu);
-  for (const Node& n : single.train.nodes()) CHECK(n.op != OpKind::all_reduce_mean);
+  for (const Node& n : single.train.nodes()) {
+    CHECK(n.op != OpKind::all_reduce_mean);
+    if (n.op == OpKind::softmax_xent_backward) CHECK(n.attr<LossGradientAttrs>().scale == 1.0);
+  }
   CHECK(single.train_data.ranks == 1);
+  // A world of one rank reduces (a copy) without pre-scaling.
+  auto one = small_mlp(8, OptimizerKind::sgd);
+  one.data_ranks = 1;
+  const TrainingProgram world_of_one = build_mlp_program(one, 100, 20, ProgramTarget::cpu);
+  for (const Node& n : world_of_one.train.nodes()) {
+    if (n.op == OpKind::all_reduce_mean) CHECK_FALSE(n.attr<AllReduceAttrs>().pre_scaled);
+    if (n.op == OpKind::softmax_xent_backward) CHECK(n.attr<LossGradientAttrs>().scale == 1.0);
+  }
 }
 
 TEST_CASE("data parallel: N simulated ranks at batch B end with the weights of one rank at batch N*B") {

@@ -1,23 +1,25 @@
-// Lowering: one all_reduce_mean bucket (a layer's gradients) as one NCCL
-// group of ncclAllReduce(ncclAvg) calls, in place, in each gradient's own
-// dtype (fp32 for fp32 master weights' gradients, else the compute dtype).
-// It runs on the program's communication stream (launch_stream), forked from
-// the step's stream right after the bucket's gradients and joined back before
+// Lowering: one all_reduce_mean bucket (a layer's gradients, or several
+// layers' joined by data_parallel.bucket_mb), in each gradient's own dtype
+// (fp32 for fp32 master weights' gradients, else the compute dtype). It runs
+// on the program's communication stream (launch_stream), forked from the
+// step's stream right after the bucket's gradients and joined back before
 // the first launch that reads the reduced gradients, all inside the one
 // capture (runtime/cuda/stream_plan.hpp), so it overlaps the backward pass of
 // the layers before (NCCL >= 2.9 supports capture with one process per GPU).
 // The updates that read the reduced gradients are separate launches: a
 // reduced gradient is materialised before its update (docs/data_parallel.md).
-// A world of one rank copies instead (below: NCCL's one-rank mean changed
-// f16 bits). With the arena in NCCL symmetric memory (nccl_window.hpp) a
-// bucket is ONE ungrouped ncclSum over its span of the arena (NCCL's
-// symmetric kernels take ncclSum, not ncclAvg), then a scale by 1/N; see
-// record_symmetric.
+//
+// A rank's graph pre-scales its loss gradient by 1/N (AllReduceAttrs::
+// pre_scaled, issue 38), so a bucket's mean is the ranks' SUM: with the
+// arena in NCCL symmetric memory (nccl_window.hpp) ONE ungrouped ncclSum over
+// the bucket's span of the arena on NCCL's symmetric kernels (which take
+// ncclSum, not ncclAvg; see record_symmetric), else one NCCL group of
+// ncclSum calls on the ring. A bucket that is not pre-scaled (a graph built
+// without it) is averaged on the ring (ncclAvg). A world of one rank copies.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 
-#include "ops/cuda/scale_multi_tensor.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 
@@ -32,17 +34,6 @@ std::optional<ncclDataType_t> nccl_type(DType dtype) {
     default: return std::nullopt;
   }
 }
-
-ScaledType scaled_type(ncclDataType_t type) {
-  return type == ncclFloat16 ? ScaledType::f16 : type == ncclBfloat16 ? ScaledType::bf16 : ScaledType::f32;
-}
-
-// Buckets up to this size take the symmetric kernels; larger ones ncclAvg's
-// ring. Measured on 2 H200s (docs/data_parallel.md): the symmetric sum plus the
-// scale launch won at 5.8 MB (the 1024-wide MLP: +27% samples/s) and lost at
-// 134 MB (the 8192-wide MLP's layers: -8%), where the scale's pass over the
-// bucket (~80 us) costs more than the kernels save (~55 us).
-constexpr std::size_t kSymmetricBucketLimit = std::size_t{16} << 20;
 
 struct BucketTensor {
   const void* in;
@@ -68,10 +59,10 @@ std::optional<std::size_t> contiguous_span(const std::vector<BucketTensor>& tens
   return (address(last.in) + last.bytes - address(tensors.front().in)) / element;
 }
 
-// A bucket on NCCL's symmetric kernels (two or more ranks, the arena in a
-// window, the bucket's gradients and its means each one span of it:
-// CudaProgram's contiguous_buckets). ONE ungrouped ncclSum over the span, then
-// one launch scaling it by 1/N in place. One call, not a group of one per
+// A pre-scaled bucket on NCCL's symmetric kernels (two or more ranks, the
+// arena in a window, the bucket's gradients and its means each one span of
+// it: CudaProgram's contiguous_buckets): ONE ungrouped ncclSum over the span,
+// which is the mean. One call, not a group of one per
 // tensor: NCCL 2.28.3 (H200 x2) left parts of tensors unreduced when several
 // symmetric all-reduces were grouped (ncclGroupStart/End: 78,592 of 2.9M f32
 // elements of the 1024-wide MLP's bucket kept their input or 0; one call per
@@ -82,17 +73,13 @@ std::unique_ptr<RecordedLaunch> record_symmetric(const NcclCommunicator* comm, c
   const auto span = contiguous_span(tensors);
   if (!span) return nullptr;
   const BucketTensor first = tensors.front();
-  auto scale = std::make_shared<ScaleMultiTensor>(
-      std::vector<ScaledTensor>{{first.out, first.out, static_cast<std::int64_t>(*span), scaled_type(first.type)}},
-      1.0f / static_cast<float>(comm->world_size()));
-  auto run = [comm, first, count = *span, scale](cudaStream_t s) {
+  auto run = [comm, first, count = *span](cudaStream_t s) {
     SG_NCCL_CHECK(ncclAllReduce(first.in, first.out, count, first.type, ncclSum, comm->get(), s));
     comm->wait_ready("ncclAllReduce (gradient bucket)");
-    scale->launch(s);
   };
   return std::make_unique<BoundLaunch>(
-      std::move(run), fmt::format("NCCL symmetric sum of one span ({} tensor{}, {} bytes), then x1/{}",
-                                  tensors.size(), tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
+      std::move(run), fmt::format("NCCL symmetric sum of one span ({} tensor{}, {} bytes), pre-scaled", tensors.size(),
+                                  tensors.size() == 1 ? "" : "s", bytes));
 }
 
 class NcclAllReduceLowering final : public CudaLowering {
@@ -139,20 +126,22 @@ class NcclAllReduceLowering final : public CudaLowering {
                                        tensors.size() == 1 ? "" : "s", bytes));
     }
     // One dtype in the bucket (the usual case) can be one buffer of one window.
+    const bool pre_scaled = n.attr<AllReduceAttrs>().pre_scaled;
     bool one_type = true;
     for (const BucketTensor& t : tensors) one_type = one_type && t.type == tensors.front().type;
-    if (comm->symmetric_memory() && one_type && bytes <= kSymmetricBucketLimit)
+    if (pre_scaled && comm->symmetric_memory() && one_type)
       if (auto launch = record_symmetric(comm, tensors, bytes)) return launch;
-    auto run = [comm, tensors](cudaStream_t s) {
+    const ncclRedOp_t op = pre_scaled ? ncclSum : ncclAvg;
+    auto run = [comm, tensors, op](cudaStream_t s) {
       SG_NCCL_CHECK(ncclGroupStart());
       for (const BucketTensor& t : tensors)
-        SG_NCCL_CHECK(ncclAllReduce(t.in, t.out, t.count, t.type, ncclAvg, comm->get(), s));
+        SG_NCCL_CHECK(ncclAllReduce(t.in, t.out, t.count, t.type, op, comm->get(), s));
       SG_NCCL_CHECK(ncclGroupEnd());
       comm->wait_ready("ncclAllReduce (gradient bucket)");
     };
     return std::make_unique<BoundLaunch>(
-        std::move(run), fmt::format("NCCL, {} tensor{}, {} bytes, {} ranks", tensors.size(),
-                                    tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
+        std::move(run), fmt::format("NCCL {}, {} tensor{}, {} bytes, {} ranks", pre_scaled ? "sum (pre-scaled)" : "mean",
+                                    tensors.size(), tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
   }
 };
 

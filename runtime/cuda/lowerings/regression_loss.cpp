@@ -43,12 +43,15 @@ class RegressionLossLowering final : public CudaLowering {
     const auto* target = static_cast<const float*>(c.ptr(n.inputs[1]));
     void* out = c.ptr(n.outputs[0]);
     const bool backward = is_backward(n.op);
+    const auto scale = backward ? static_cast<float>(n.attr<LossGradientAttrs>().scale) : 1.f;
     std::function<void(cudaStream_t)> run;
     with_float_type(pred.dtype, [&](auto tag) {
       using T = decltype(tag);
       const T* in = static_cast<const T*>(p);
       if (backward)
-        run = [=](cudaStream_t s) { launch_regression_loss_backward(kind, in, target, count, static_cast<T*>(out), s); };
+        run = [=](cudaStream_t s) {
+          launch_regression_loss_backward(kind, in, target, count, static_cast<T*>(out), s, scale);
+        };
       else
         run = [=](cudaStream_t s) { launch_regression_loss(kind, in, target, count, static_cast<float*>(out), s); };
     });

@@ -57,7 +57,9 @@ class SoftmaxXentLowering final : public CudaLowering {
       }
       float* loss = nodes.forward >= 0 ? static_cast<float*>(c.ptr(g.node(nodes.forward).outputs[0])) : c.scratch_float();
       T* dlogits = nodes.backward >= 0 ? static_cast<T*>(c.ptr(g.node(nodes.backward).outputs[0])) : nullptr;
-      run = [=](cudaStream_t s) { launch_softmax_xent(in, labels, rows, cols, loss, dlogits, s, dependent); };
+      const auto scale =
+          nodes.backward >= 0 ? static_cast<float>(g.node(nodes.backward).attr<LossGradientAttrs>().scale) : 1.f;
+      run = [=](cudaStream_t s) { launch_softmax_xent(in, labels, rows, cols, loss, dlogits, s, dependent, scale); };
     });
     return std::make_unique<BoundLaunch>(std::move(run));
   }

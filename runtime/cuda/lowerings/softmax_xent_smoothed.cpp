@@ -29,6 +29,7 @@ class SoftmaxXentSmoothedLowering final : public CudaLowering {
     const sg::Graph& g = c.graph();
     const Node& n = g.node(l.nodes.front());
     const auto eps = static_cast<float>(n.attr<LabelSmoothingAttrs>().eps);
+    const auto scale = static_cast<float>(n.attr<LabelSmoothingAttrs>().gradient_scale);  // (the backward's)
     const Value& logits = g.value(n.inputs[0]);
     const auto rows = logits.shape[0], cols = logits.shape[1];
     const void* x = c.ptr(logits.id);
@@ -41,7 +42,7 @@ class SoftmaxXentSmoothedLowering final : public CudaLowering {
       const T* in = static_cast<const T*>(x);
       float* loss = backward ? nullptr : static_cast<float*>(out);
       T* dlogits = backward ? static_cast<T*>(out) : nullptr;
-      run = [=](cudaStream_t s) { launch_softmax_xent_smoothed(in, labels, rows, cols, eps, loss, dlogits, s); };
+      run = [=](cudaStream_t s) { launch_softmax_xent_smoothed(in, labels, rows, cols, eps, loss, dlogits, s, scale); };
     });
     return std::make_unique<BoundLaunch>(std::move(run), std::string(op_name(n.op)));
   }

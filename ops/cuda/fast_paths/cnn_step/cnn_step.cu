@@ -120,11 +120,12 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
       if (L.op != CnnLayerOp::view) mark_phase(a.phase_clock, phase++, first);
     }
 
-    // Softmax cross-entropy of the logits and their gradient (softmax - onehot) * (1 / batch).
+    // Softmax cross-entropy of the logits and their gradient (softmax - onehot) * (gradient_scale / batch).
     float* g = smem + l.grad_offset[0];
     if (b.warp == 0) {  // (softmax_row.cuh, as the xent kernel computes them)
-      const float loss = softmax_xent_lanes_to<32>(smem + l.act_offset[a.layers], classes, label, 1.f / float(a.batch),
-                                                   true, [&](std::int64_t j, float v) { g[j] = rounded(v); });
+      const float inv_rows = a.gradient_scale / float(a.batch);
+      const float loss = softmax_xent_lanes_to<32>(smem + l.act_offset[a.layers], classes, label, inv_rows, true,
+                                                   [&](std::int64_t j, float v) { g[j] = rounded(v); });
       if (b.lane == 0) example_loss[example] = loss;
     }
     __syncthreads();

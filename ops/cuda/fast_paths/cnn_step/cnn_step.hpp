@@ -71,6 +71,9 @@ struct CnnLayer {
 
 struct CnnStepArgs {
   int batch = 0;
+  // The logits' gradient is (softmax - onehot) * gradient_scale / batch: 1,
+  // or 1/ranks where a rank's gradients are pre-scaled (issue 38).
+  float gradient_scale = 1.f;
   int layers = 0;
   CnnLayer layer[kCnnStepMaxLayers];
   // Parameters: fp32 master tensors, their SGD velocities (null without

@@ -38,6 +38,8 @@ class OutputLayerBackwardLowering final : public CudaLowering {
     o.xent_backward = node_of(g, unit, OpKind::softmax_xent_backward);
     const Value& dlogits = g.value(g.node(o.xent_backward).outputs[0]);
     if (dlogits.dtype != DType::f16) return std::nullopt;
+    // The kernel computes the gradient of the mean loss; a rank's pre-scaled one (issue 38) is not its case.
+    if (g.node(o.xent_backward).attr<LossGradientAttrs>().scale != 1.0) return std::nullopt;
     const CoverUnit* out_bias = free_plain_bias_update_of(cover, dlogits.id);
     o.out_bias_sgd = f16_bias_sgd(cover, out_bias);
     std::optional<ActivationDgrad> dgrad;

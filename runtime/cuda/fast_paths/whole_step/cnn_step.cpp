@@ -91,6 +91,7 @@ std::string update_blocker(const sg::Graph& g, const CnnStepPlan& plan) {
 CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& why) {
   CnnStepArgs a;
   a.batch = static_cast<int>(plan.batch);
+  a.gradient_scale = static_cast<float>(plan.gradient_scale);
   a.rows = g.value(plan.perm).shape[0];
   a.rank = static_cast<int>(plan.rank);
   a.ranks = static_cast<int>(plan.ranks);
