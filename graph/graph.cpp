@@ -127,9 +127,12 @@ void Graph::set_attrs(NodeId node, OpAttrs attrs) {
   std::vector<const Value*> in;
   for (ValueId id : n.inputs) in.push_back(&value(id));
   const auto specs = infer_outputs(n.op, in, attrs);  // (throws for attributes of another kind or bad values)
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    if (i >= n.outputs.size() || specs[i].shape != value(n.outputs[i]).shape || specs[i].dtype != value(n.outputs[i]).dtype)
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const bool same = i < n.outputs.size() && specs[i].shape == value(n.outputs[i]).shape &&
+                      specs[i].dtype == value(n.outputs[i]).dtype;
+    if (!same)
       throw GraphError(fmt::format("set_attrs: node {} ({}) would change its outputs", node, op_name(n.op)));
+  }
   nodes_[static_cast<std::size_t>(node)].attrs = std::move(attrs);
 }
 

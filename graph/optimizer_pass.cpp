@@ -125,7 +125,8 @@ void pre_scale_loss_gradients(Graph& g, std::int64_t ranks) {
   const double scale = 1.0 / static_cast<double>(ranks);
   std::size_t scaled = 0;
   for (const Node& n : g.nodes()) {
-    if (n.op == OpKind::softmax_xent_backward || n.op == OpKind::mse_loss_backward || n.op == OpKind::l1_loss_backward) {
+    if (n.op == OpKind::softmax_xent_backward || n.op == OpKind::mse_loss_backward ||
+        n.op == OpKind::l1_loss_backward) {
       g.set_attrs(n.id, LossGradientAttrs{scale});
       ++scaled;
     } else if (n.op == OpKind::softmax_xent_smoothed_backward) {
@@ -143,8 +144,8 @@ GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_d
   GradientMap reduced;
   std::vector<std::pair<ValueId, ValueId>> casts;  // (a cast's f32 output, the mean it is to widen)
   for (const Bucket& b : buckets_of(g, grads, compute_dtype, bucket_bytes)) {
-    const auto out = g.insert_node(after_last(g, b), OpKind::all_reduce_mean, b.in, AllReduceAttrs{pre_scaled}, Role::grad,
-                                   "mean_" + g.value(b.in.front()).name);
+    const auto out = g.insert_node(after_last(g, b), OpKind::all_reduce_mean, b.in, AllReduceAttrs{pre_scaled},
+                                   Role::grad, "mean_" + g.value(b.in.front()).name);
     for (std::size_t i = 0; i < b.params.size(); ++i) {
       reduced.of_param[b.params[i]] = b.widened[i] < 0 ? out[i] : b.widened[i];
       if (b.widened[i] >= 0) casts.emplace_back(b.widened[i], out[i]);

@@ -271,7 +271,9 @@ std::string attrs_text(const BatchNormAttrs& a) {
 
 json write_attrs(const LossGradientAttrs& a) { return {{"scale", a.scale}}; }
 void read_attrs(const json& j, LossGradientAttrs& a) { a.scale = j.at("scale").get<double>(); }
-std::string attrs_text(const LossGradientAttrs& a) { return a.scale == 1.0 ? "" : fmt::format(" {{scale={:.6g}}}", a.scale); }
+std::string attrs_text(const LossGradientAttrs& a) {
+  return a.scale == 1.0 ? "" : fmt::format(" {{scale={:.6g}}}", a.scale);
+}
 
 json write_attrs(const AllReduceAttrs& a) { return {{"pre_scaled", a.pre_scaled}}; }
 void read_attrs(const json& j, AllReduceAttrs& a) { a.pre_scaled = j.at("pre_scaled").get<bool>(); }

@@ -22,7 +22,8 @@ std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs& attrs) {
 
 void loss_gradient(const GradientContext& c) {
   if (!c.needs_grad(0)) return;
-  c.contribute(0, c.emit(OpKind::softmax_xent_backward, {c.input(0), c.input(1)}, LossGradientAttrs{}, c.input(0)).front());
+  const LossGradientAttrs mean_loss{};  // (a data-parallel rank's scale: the optimizer pass sets it)
+  c.contribute(0, c.emit(OpKind::softmax_xent_backward, {c.input(0), c.input(1)}, mean_loss, c.input(0)).front());
 }
 
 template <typename T>

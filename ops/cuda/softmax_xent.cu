@@ -117,11 +117,14 @@ void launch_count_correct(const T* logits, const std::int32_t* labels, std::int6
   SG_LAUNCH_CHECK("count_correct_kernel");
 }
 
-template void launch_softmax_xent<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, float*, float*, cudaStream_t, bool, float);
-template void launch_softmax_xent<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, float*, __half*, cudaStream_t, bool, float);
+template void launch_softmax_xent<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, float*, float*,
+                                          cudaStream_t, bool, float);
+template void launch_softmax_xent<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, float*,
+                                          __half*, cudaStream_t, bool, float);
 template void launch_count_correct<float>(const float*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
 template void launch_count_correct<__half>(const __half*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
-template void launch_softmax_xent<__nv_bfloat16>(const __nv_bfloat16*, const std::int32_t*, std::int64_t, std::int64_t, float*, __nv_bfloat16*, cudaStream_t, bool, float);
+template void launch_softmax_xent<__nv_bfloat16>(const __nv_bfloat16*, const std::int32_t*, std::int64_t, std::int64_t,
+                                                  float*, __nv_bfloat16*, cudaStream_t, bool, float);
 template void launch_count_correct<__nv_bfloat16>(const __nv_bfloat16*, const std::int32_t*, std::int64_t, std::int64_t, std::int32_t*, cudaStream_t);
 
 }  // namespace sg::cuda

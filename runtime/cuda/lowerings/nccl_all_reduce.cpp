@@ -140,8 +140,9 @@ class NcclAllReduceLowering final : public CudaLowering {
       comm->wait_ready("ncclAllReduce (gradient bucket)");
     };
     return std::make_unique<BoundLaunch>(
-        std::move(run), fmt::format("NCCL {}, {} tensor{}, {} bytes, {} ranks", pre_scaled ? "sum (pre-scaled)" : "mean",
-                                    tensors.size(), tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
+        std::move(run),
+        fmt::format("NCCL {}, {} tensor{}, {} bytes, {} ranks", pre_scaled ? "sum (pre-scaled)" : "mean",
+                    tensors.size(), tensors.size() == 1 ? "" : "s", bytes, comm->world_size()));
   }
 };
 
