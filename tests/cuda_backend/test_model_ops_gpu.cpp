@@ -119,39 +119,28 @@ TEST_CASE("mse and l1 losses and their gradients match the CPU reference on the 
       }
 }
 
-TEST_CASE("cross-entropy's gradient with a data-parallel rank's scale matches the CPU reference on the GPU") {
+// Plain and label-smoothed cross-entropy, each gradient at the scale of one rank (1) and of a data-parallel
+// rank of 2, 3 or 4 (issue 38).
+TEST_CASE("cross-entropy and label-smoothed cross-entropy and their gradients match the CPU reference on the GPU") {
   auto rng = sg::test::fresh_rng();
-  for (const DType dtype : {DType::f32, DType::f16})
-    for (const double scale : {0.5, 0.25, 1.0 / 3.0}) {
-      const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
-      INFO(dtype_name(dtype) << " [" << rows << "," << cols << "] gradient scale " << scale << ", seed "
-                             << sg::test::last_seed());
-      Graph g;
-      const ValueId logits = g.input("logits", {rows, cols}, dtype);
-      const ValueId labels = g.label("labels", {rows}, DType::i32);
-      g.mark_output(g.append_node(OpKind::softmax_xent, {logits, labels}, NoAttrs{}).front());
-      g.mark_output(
-          g.append_node(OpKind::softmax_xent_backward, {logits, labels}, LossGradientAttrs{scale}).front());
-      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
-    }
-}
-
-TEST_CASE("label-smoothed cross-entropy and its gradient match the CPU reference on the GPU") {
-  auto rng = sg::test::fresh_rng();
-  for (const DType dtype : {DType::f32, DType::f16})
-    for (const double scale : {1.0, 0.5}) {
-      const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
-      INFO(dtype_name(dtype) << " [" << rows << "," << cols << "] gradient scale " << scale << ", seed "
-                             << sg::test::last_seed());
-      Graph g;
-      const ValueId logits = g.input("logits", {rows, cols}, dtype);
-      const ValueId labels = g.label("labels", {rows}, DType::i32);
-      g.mark_output(g.append_node(OpKind::softmax_xent_smoothed, {logits, labels}, LabelSmoothingAttrs{0.1}).front());
-      g.mark_output(g.append_node(OpKind::softmax_xent_smoothed_backward, {logits, labels},
-                                  LabelSmoothingAttrs{0.1, scale})
-                        .front());
-      check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
-    }
+  for (const bool smoothed : {false, true})
+    for (const DType dtype : {DType::f32, DType::f16})
+      for (const double scale : {1.0, 0.5, 1.0 / 3.0, 0.25}) {
+        const std::int64_t rows = 1 + std::int64_t(rng() % 700), cols = 2 + std::int64_t(rng() % 70);
+        INFO((smoothed ? "smoothed " : "") << dtype_name(dtype) << " [" << rows << "," << cols << "] gradient scale "
+                                           << scale << ", seed " << sg::test::last_seed());
+        Graph g;
+        const ValueId logits = g.input("logits", {rows, cols}, dtype);
+        const ValueId labels = g.label("labels", {rows}, DType::i32);
+        const auto loss = smoothed ? OpKind::softmax_xent_smoothed : OpKind::softmax_xent;
+        const auto backward = smoothed ? OpKind::softmax_xent_smoothed_backward : OpKind::softmax_xent_backward;
+        const OpAttrs attrs = smoothed ? OpAttrs{LabelSmoothingAttrs{0.1}} : OpAttrs{NoAttrs{}};
+        const OpAttrs gradient_attrs =
+            smoothed ? OpAttrs{LabelSmoothingAttrs{0.1, scale}} : OpAttrs{LossGradientAttrs{scale}};
+        g.mark_output(g.append_node(loss, {logits, labels}, attrs).front());
+        g.mark_output(g.append_node(backward, {logits, labels}, gradient_attrs).front());
+        check_gpu_matches_cpu(g, rng, dtype == DType::f16 ? 3e-3 : 1e-5, -5.0, 5.0, cols);
+      }
 }
 
 TEST_CASE("dropout on the GPU keeps exactly the CPU reference's elements, step after step") {
