@@ -40,11 +40,11 @@ std::vector<BackendOptionRow> make_table() {
                           "no fast path at all: the core lowerings alone (cuBLASLt, cuDNN, the plain kernels)"));
   t.push_back(SG_BOOL_ROW(dependent_launch, "core", "programmatic dependent launch (Hopper) in our kernels"));
   t.push_back(SG_BOOL_ROW(weight_gradient_stream, "core",
-                          "weight gradients and updates on a second stream beside the data-gradient chain (one "
-                          "GPU; data parallel keeps one compute stream)"));
+                          "weight gradients and updates on a second stream beside the data-gradient chain (a "
+                          "data-parallel rank too: its all-reduces wait for the gradients they read)"));
   t.push_back(SG_BOOL_ROW(independent_launch_stream, "core",
                           "launches that depend on no earlier launch of the step (the parameter casts) run on the "
-                          "second stream from the step's start, beside the batch fetch (one GPU)"));
+                          "second stream from the step's start, beside the batch fetch"));
   t.push_back(SG_BOOL_ROW(communication_stream, "core",
                           "data parallel: each bucket's all-reduce on its own stream, overlapping the backward (off: "
                           "on the step's stream, in schedule order)"));

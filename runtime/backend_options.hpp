@@ -47,7 +47,8 @@ struct BackendOptions {
   bool autotune = false;        // time cuBLASLt's candidates once per shape
   std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
   // Weight gradients and updates on a second stream beside the data-gradient
-  // chain (runtime/cuda/stream_plan.hpp); data parallel keeps one compute stream.
+  // chain (runtime/cuda/stream_plan.hpp; in a data-parallel rank too, the
+  // all-reduces waiting for the gradients they read).
   bool weight_gradient_stream = true;
   bool gradient_stream_first = false;  // its kernels scheduled before the step stream's (else at the same priority)
   // Launches that depend on no earlier launch of the step (the parameter
