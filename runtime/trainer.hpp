@@ -10,6 +10,7 @@
 
 #include "runtime/backend_options.hpp"
 #include "runtime/data/idx_reader.hpp"
+#include "runtime/data_parallel_defaults.hpp"
 #include "runtime/io/checkpoint.hpp"
 #include "runtime/training_program.hpp"
 
@@ -35,10 +36,10 @@ struct DataParallelGroup {
   // documented capture path).
   bool nonblocking_nccl = false;
   // NCCL's CTAs (blocks) per collective, fixed (ncclConfig_t min/maxCTAs); 0: NCCL's own choice.
-  int nccl_ctas = 32;
+  int nccl_ctas = data_parallel_defaults::kNcclCtas;
   // The arena in NCCL symmetric memory (ncclMemAlloc, one registered window), so the all-reduces of two or
-  // more ranks run NCCL's symmetric kernels (a sum, then a 1/N scale: they do not take ncclAvg).
-  bool symmetric_memory = true;
+  // more ranks run NCCL's symmetric kernels (one ncclSum of the pre-scaled gradients: they do not take ncclAvg).
+  bool symmetric_memory = data_parallel_defaults::kSymmetricMemory;
   // Watches the other ranks from the rendezvous on and ends this one when a
   // peer dies or NCCL reports an error; the trainer registers its
   // communicator with it. Null: nothing watches (tests of one rank).

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/backend_options.hpp"
+#include "runtime/data_parallel_defaults.hpp"
 
 namespace sg::app {
 
@@ -132,10 +133,10 @@ struct DataParallelConfig {
   // bucket_cap_mb, and its default): fewer NCCL calls for small layers, less overlap with the backward pass.
   double bucket_mb = 25.0;
   // NCCL's CTAs (thread blocks) per collective, fixed; 0: NCCL's own choice (docs/data_parallel.md measures both).
-  std::int64_t nccl_ctas = 32;
-  // The step's arena in NCCL symmetric memory, registered as one window: buckets up to 16 MiB run NCCL's symmetric
-  // (load/store over NVLink) kernels, as a sum followed by a 1/N scale launch; false: ncclAvg on plain memory.
-  bool symmetric_memory = true;
+  std::int64_t nccl_ctas = data_parallel_defaults::kNcclCtas;
+  // The step's arena in NCCL symmetric memory, registered as one window: each bucket is one ncclSum of the
+  // pre-scaled gradients on NCCL's symmetric (load/store over NVLink) kernels; false: the ring on plain memory.
+  bool symmetric_memory = data_parallel_defaults::kSymmetricMemory;
 };
 
 struct RunConfig {
