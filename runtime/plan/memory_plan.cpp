@@ -9,7 +9,6 @@ namespace sg {
 
 namespace {
 
-std::size_t align_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 bool lifetimes_overlap(const BufferLifetime& a, const BufferLifetime& b) { return a.first <= b.last && b.first <= a.last; }
 
 }  // namespace

@@ -29,9 +29,14 @@ struct MemoryPlan {
   std::size_t unshared_bytes = 0;       // sum of all buffers: what no reuse would cost
 };
 
+// Where arena buffers start, and where join_buffers places each value of a
+// joined buffer (a collective checks that layout: nccl_all_reduce.cpp).
+inline constexpr std::size_t kArenaAlignment = 256;
+constexpr std::size_t align_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
 // Greedy: largest buffers first, each at the lowest aligned offset that does
 // not overlap a placed buffer with an overlapping lifetime.
-MemoryPlan plan_memory(std::vector<BufferLifetime> buffers, std::size_t alignment = 256);
+MemoryPlan plan_memory(std::vector<BufferLifetime> buffers, std::size_t alignment = kArenaAlignment);
 
 // Lifetimes of the activation/grad values a schedule writes and of its ReLU
 // masks. A value lives from the launch writing it to the last launch reading
@@ -54,7 +59,8 @@ ArenaRequest arena_request(const Graph& graph, const Schedule& schedule, const s
 // runtime/cuda/lowerings/nccl_all_reduce.cpp). Values viewing a joined
 // buffer move with it. Returns false and changes nothing when a value has no
 // arena buffer or two of them share one.
-bool join_buffers(ArenaRequest& request, const std::vector<ValueId>& values, std::size_t alignment = 256);
+bool join_buffers(ArenaRequest& request, const std::vector<ValueId>& values,
+                  std::size_t alignment = kArenaAlignment);
 
 std::string dump_memory_plan(const MemoryPlan& plan);
 

@@ -22,6 +22,7 @@
 
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
+#include "runtime/plan/memory_plan.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -44,13 +45,14 @@ struct BucketTensor {
 };
 
 // Elements from the first tensor's start to the last one's end when the
-// tensors follow one another at 256-byte boundaries (join_buffers' layout, the
-// arena's alignment), for inputs and outputs alike; nullopt otherwise.
+// tensors follow one another at kArenaAlignment boundaries (join_buffers'
+// layout, the arena's alignment), for inputs and outputs alike; nullopt
+// otherwise.
 std::optional<std::size_t> contiguous_span(const std::vector<BucketTensor>& tensors) {
   const auto address = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   const std::size_t element = tensors.front().bytes / std::max<std::size_t>(tensors.front().count, 1);
   for (std::size_t i = 0; i + 1 < tensors.size(); ++i) {
-    const auto next = [&](auto p, std::size_t bytes) { return (address(p) + bytes + 255) / 256 * 256; };
+    const auto next = [&](auto p, std::size_t bytes) { return align_up(address(p) + bytes, kArenaAlignment); };
     if (address(tensors[i + 1].in) != next(tensors[i].in, tensors[i].bytes) ||
         address(tensors[i + 1].out) != next(tensors[i].out, tensors[i].bytes))
       return std::nullopt;
