@@ -16,7 +16,8 @@
 
 namespace sg::test {
 
-inline bool touches_same(const Launch& a, const Launch& b) {
+// Two launches that may not run at the same time: one reads or writes what the other writes or updates.
+inline bool conflict(const Launch& a, const Launch& b) {
   const auto meets = [](const std::vector<ValueId>& x, const std::vector<ValueId>& y) {
     return std::any_of(x.begin(), x.end(), [&](ValueId v) { return std::find(y.begin(), y.end(), v) != y.end(); });
   };
@@ -71,7 +72,7 @@ inline void check_stream_order(const Schedule& s, const cuda::StreamPlan& plan) 
   const auto before = finished_before(s, plan);
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t j = 0; j < i; ++j)
-      if (touches_same(s.launches[i], s.launches[j])) {
+      if (conflict(s.launches[i], s.launches[j])) {
         INFO("L" << i << " " << s.launches[i].lowering->name() << " after L" << j << " "
                  << s.launches[j].lowering->name());
         CHECK(before[i][j]);

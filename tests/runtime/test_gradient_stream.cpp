@@ -29,22 +29,7 @@ Schedule lower(const Graph& g, std::vector<std::unique_ptr<cuda::CudaLowering>>&
   return build_schedule(g, cuda::as_lowerings(keep));
 }
 
-bool meets(const std::vector<ValueId>& a, const std::vector<ValueId>& b) {
-  for (ValueId v : a)
-    if (std::find(b.begin(), b.end(), v) != b.end()) return true;
-  return false;
-}
-
-// Two launches that may not run at the same time: one reads or writes what the other writes or updates.
-bool conflict(const Launch& a, const Launch& b) {
-  const auto changes = [](const Launch& l) {
-    std::vector<ValueId> out = l.writes;
-    out.insert(out.end(), l.updates.begin(), l.updates.end());
-    return out;
-  };
-  const std::vector<ValueId> ca = changes(a), cb = changes(b);
-  return meets(a.reads, cb) || meets(ca, b.reads) || meets(ca, cb);
-}
+using test::conflict;  // tests/runtime/stream_order.hpp
 
 bool has_op(const Graph& g, const Launch& l, OpKind op) {
   return std::any_of(l.nodes.begin(), l.nodes.end(), [&](NodeId n) { return g.node(n).op == op; });
