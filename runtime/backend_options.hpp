@@ -58,6 +58,12 @@ struct BackendOptions {
   // overlapping the backward of the layers before it (off: on the step's
   // stream where it sits in the schedule, for an A/B of the overlap).
   bool communication_stream = true;
+  // Data parallel: one update launch per all-reduce bucket (the multi-tensor
+  // SGD and update-rule launches split where their gradients' buckets
+  // differ), each on the step's stream after its own bucket's join, so an
+  // earlier bucket's update runs beside a later bucket's all-reduce (off:
+  // every update in one launch after the last bucket).
+  bool update_per_bucket = false;
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
   bool core_only = false;              // no fast path at all: the core lowerings alone (issue 35)

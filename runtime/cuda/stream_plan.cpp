@@ -114,20 +114,29 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
       on_gradient_stream[i] = on_gradient_stream[i] || independent[i];
   }
   // An all-reduce is on an update branch too, but it communicates: it runs on
-  // the communication stream, or where it sits when that stream is off.
-  for (std::size_t i = 0; i < communicates.size(); ++i)
+  // the communication stream, or where it sits when that stream is off. A
+  // launch that reads what an all-reduce writes (an update) stays on the
+  // step's stream too: on the gradient stream it would wait there for the
+  // all-reduce and hold back the weight gradients forked after it.
+  std::vector<bool> after_communication(s.launches.size(), false);
+  for (std::size_t i = 0; i < communicates.size(); ++i) {
     if (communicates[i]) on_gradient_stream[i] = false;
+    for (std::size_t j = 0; j < i && !after_communication[i]; ++j)
+      after_communication[i] = communicates[j] && depends_on(s.launches[i], s.launches[j]);
+    if (after_communication[i]) on_gradient_stream[i] = false;
+  }
   // A gradient-stream launch that forks after the step's stream has run its
   // last launch has nothing to run beside: on the step's stream it starts as
   // early (the joins wait for what it depends on) and does not queue behind
   // the gradient stream's backlog. Moving one may push a later one's fork
-  // past the end too, so until nothing moves.
+  // past the end too, so until nothing moves. (The launches after an
+  // all-reduce do not count as the step's stream running: they wait for it.)
   StreamPlan plan = plan_streams(graph, s, on_communication, on_gradient_stream);
   for (bool moved = true; moved;) {
     moved = false;
     std::size_t last_step = 0;
     for (std::size_t j = 0; j < plan.on_gradient_stream.size(); ++j)
-      if (plan.on_step_stream(j)) last_step = j;
+      if (plan.on_step_stream(j) && !after_communication[j]) last_step = j;
     for (std::size_t g = last_step + 1; g < plan.on_gradient_stream.size(); ++g)
       if (plan.on_gradient_stream[g] && plan.fork_before[g] > last_step) {
         on_gradient_stream[g] = false;

@@ -21,10 +21,12 @@
 //   chain does not hold back a later one that is ready.
 // - Both at once (a data-parallel rank): the weight gradients run on the
 //   gradient stream as in a single process, and an all-reduce that reads
-//   them also waits for their `done` events; an update on the gradient
-//   stream that reads a reduced gradient also waits for the all-reduce's
-//   (waits_for). The all-reduce launch itself never leaves for the gradient
-//   stream.
+//   them also waits for their `done` events (waits_for). The all-reduce and
+//   the launches that read what it writes (the updates) stay off the
+//   gradient stream: there an update would wait for its all-reduce and hold
+//   back the weight gradients forked after it. (The plan from explicit
+//   per-launch answers still handles a gradient-stream launch after an
+//   all-reduce: it waits for the all-reduce's `done` event.)
 // - With `independent_launch_stream`, a launch that depends on no earlier
 //   launch of the step (the parameters' f16/bf16 casts, which read only
 //   state the previous step left) also runs on the gradient stream, forked

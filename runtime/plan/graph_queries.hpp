@@ -1,6 +1,7 @@
 #pragma once
 // Structural lookups the step matchers (mlp_step_pattern, cnn_step_pattern)
-// walk a graph with: the one node of an op, the one reader of a value.
+// and the update lowerings walk a graph with: the one node of an op, the one
+// reader of a value, the all-reduce bucket a gradient comes from.
 #include <cstddef>
 
 #include "graph/graph.hpp"
@@ -33,6 +34,21 @@ const Node* sole_reader(const Graph& g, ValueId v, OpKind op, std::size_t slot, 
 }
 inline const Node* sole_reader(const Graph& g, ValueId v, OpKind op, std::size_t slot) {
   return sole_reader(g, v, op, slot, [](const Node&) { return true; });
+}
+
+// The all_reduce_mean node (a data-parallel bucket) that `grad`, as an update
+// reads it, comes from, looking through the casts in between; -1 when there
+// is none (a single process) or the gradient is clipped (scale_grad: it then
+// waits for the clip scale, which reads every bucket).
+inline NodeId reducing_bucket(const Graph& g, ValueId grad) {
+  for (ValueId v = grad;;) {
+    const NodeId producer = g.value(v).producer;
+    if (producer < 0) return -1;
+    const Node& n = g.node(producer);
+    if (n.op == OpKind::all_reduce_mean) return producer;
+    if (n.op != OpKind::cast) return -1;
+    v = n.inputs[0];
+  }
 }
 
 }  // namespace sg

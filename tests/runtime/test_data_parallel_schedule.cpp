@@ -32,9 +32,9 @@ struct Lowered {
   Schedule schedule;
 };
 
-Lowered lower(const Graph& g) {
+Lowered lower(const Graph& g, const BackendOptions& options = {}) {
   Lowered l;
-  l.lowerings = cuda::cuda_lowerings(BackendOptions{}, /*device_present=*/false);
+  l.lowerings = cuda::cuda_lowerings(options, /*device_present=*/false);
   l.schedule = build_schedule(g, cuda::as_lowerings(l.lowerings));
   return l;
 }
@@ -375,5 +375,53 @@ TEST_CASE("data parallel: join_buffers lays each bucket's gradients and its mean
         const ArenaSlot &sx = memory.slots[a], &sy = memory.slots[b];
         CHECK_FALSE((sx.offset < sy.offset + sy.bytes && sy.offset < sx.offset + sx.bytes));
       }
+  }
+}
+
+// backend.update_per_bucket: the update stage splits where the gradients' buckets differ, each launch after its
+// own bucket's join on the step's stream, in the order the buckets' all-reduces come; off, one launch.
+TEST_CASE("data parallel: update_per_bucket gives each bucket its own update launch, after its own all-reduce") {
+  for (const int variant : {0, 1, 2, 3, 4}) {  // SGD, momentum, Adam, fp32 master weights with clipping, without
+    INFO("variant " << variant);
+    const MlpTraining t = variant_of(256, variant);  // per-layer buckets
+    const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
+    for (const bool per_bucket : {false, true}) {
+      INFO("update_per_bucket " << per_bucket);
+      BackendOptions options;
+      options.update_per_bucket = per_bucket;
+      const Lowered l = lower(p.train, options);
+      const Schedule& s = l.schedule;
+      check_dependencies(p.train, s);
+      const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, options);
+      test::check_stream_order(s, plan);
+      std::vector<std::size_t> reduces, updates;
+      for (std::size_t i = 0; i < s.launches.size(); ++i) {
+        const std::string name(s.launches[i].lowering->name());
+        if (name == "nccl_all_reduce") reduces.push_back(i);
+        if (name == "sgd_multi_tensor" || name == "update_multi_tensor") updates.push_back(i);
+      }
+      REQUIRE(reduces.size() == t.mlp.layers.size() - 1);
+      const bool clipped = variant == 3;  // every update reads the clip scale, which reads every bucket
+      if (!per_bucket || clipped) {
+        std::string names;
+        for (const auto& launch : s.launches) names += std::string(launch.lowering->name()) + " ";
+        INFO(names);
+        CHECK(updates.size() == 1u);
+        continue;
+      }
+      REQUIRE(updates.size() == reduces.size());
+      for (std::size_t k = 0; k < updates.size(); ++k) {
+        // Launch k updates exactly the parameters of the k-th all-reduce's bucket, on the step's stream, after that
+        // all-reduce's join and before the next one's.
+        const Launch& u = s.launches[updates[k]];
+        const std::size_t c = reduces[k];
+        CHECK(plan.on_step_stream(updates[k]));
+        CHECK(plan.join_before[c] <= updates[k]);
+        if (k + 1 < updates.size()) CHECK(plan.join_before[reduces[k + 1]] > updates[k]);
+        for (ValueId v : u.reads)
+          if (p.train.value(v).producer >= 0 && p.train.node(p.train.value(v).producer).op == OpKind::all_reduce_mean)
+            CHECK(p.train.value(v).producer == s.launches[c].nodes.front());
+      }
+    }
   }
 }

@@ -20,10 +20,10 @@ namespace sg::cuda {
 std::unique_ptr<CudaLowering> make_cublaslt_matmul_lowering();
 std::unique_ptr<CudaLowering> make_softmax_xent_lowering();
 std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
-std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering();
+std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering(bool per_bucket);
 std::unique_ptr<CudaLowering> make_grad_clip_scale_lowering();
 std::unique_ptr<CudaLowering> make_scale_grad_lowering();
-std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering();
+std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering(bool per_bucket);
 std::unique_ptr<CudaLowering> make_batch_fetch_lowering();
 std::unique_ptr<CudaLowering> make_table_fetch_lowering();
 std::unique_ptr<CudaLowering> make_elementwise_lowering();
@@ -76,7 +76,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_bias_grad_sgd_lowering());
   slot(FastPathSlot::bias_update);
   // The update stage (issue 35): every update-rule node left (Adam, AdamW, RMSprop) in one launch; clipping.
-  l.push_back(make_update_multi_tensor_lowering());
+  l.push_back(make_update_multi_tensor_lowering(o.update_per_bucket));
   l.push_back(make_grad_clip_scale_lowering());
   l.push_back(make_scale_grad_lowering());
   l.push_back(make_batch_fetch_lowering());
@@ -98,7 +98,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   slot(FastPathSlot::cnn_bias_update);
   l.push_back(make_channel_sum_lowering());
   // Every SGD update the fused ones above left (any parameter, Nesterov too) in one launch.
-  l.push_back(make_sgd_multi_tensor_lowering());
+  l.push_back(make_sgd_multi_tensor_lowering(o.update_per_bucket));
   // Reshape/flatten as views; fp32 master weights' casts left: one launch for all.
   l.push_back(make_view_lowering());
   l.push_back(make_channels_permute_lowering());  // NCHW <-> channels-last where it moves data

@@ -7,11 +7,15 @@
 // takes what they leave. The optimizer pass places each update right after
 // its gradient, so one launch per update is matched first; each may ride on a
 // later one of these (Match::may_ride), and the scheduler's rider pass moves
-// them all into the last, where every gradient exists.
+// them all into the last, where every gradient exists. With `per_bucket`
+// (BackendOptions::update_per_bucket, data parallel) an update rides only on
+// one whose gradient comes from the same all-reduce bucket: one launch per
+// bucket.
 #include "ops/cuda/sgd_multi_tensor.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
+#include "runtime/plan/graph_queries.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -44,6 +48,7 @@ std::pair<DType, DType> types_of(const sg::Graph& g, const SgdUpdate& u) {
 
 class SgdMultiTensorLowering final : public CudaLowering {
  public:
+  explicit SgdMultiTensorLowering(bool per_bucket) : per_bucket_(per_bucket) {}
   std::string_view name() const override { return "sgd_multi_tensor"; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
@@ -80,8 +85,10 @@ class SgdMultiTensorLowering final : public CudaLowering {
     const auto mine = updates_of(g, launch.nodes), theirs = updates_of(g, rider.nodes);
     if (mine.empty() || theirs.empty()) return false;
     const auto types = types_of(g, mine.front());
-    return std::all_of(theirs.begin(), theirs.end(),
-                       [&](const SgdUpdate& u) { return types_of(g, u) == types; });
+    const NodeId bucket = reducing_bucket(g, g.node(mine.front().sgd).inputs[1]);
+    return std::all_of(theirs.begin(), theirs.end(), [&](const SgdUpdate& u) {
+      return types_of(g, u) == types && (!per_bucket_ || reducing_bucket(g, g.node(u.sgd).inputs[1]) == bucket);
+    });
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
@@ -113,10 +120,15 @@ class SgdMultiTensorLowering final : public CudaLowering {
     });
     return std::make_unique<BoundLaunch>(std::move(run), "multi-tensor");
   }
+
+ private:
+  bool per_bucket_;
 };
 
 }  // namespace
 
-std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering() { return std::make_unique<SgdMultiTensorLowering>(); }
+std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering(bool per_bucket) {
+  return std::make_unique<SgdMultiTensorLowering>(per_bucket);
+}
 
 }  // namespace sg::cuda

@@ -9,11 +9,15 @@
 // has read it. A gradient widened from f16/bf16 to the fp32 master's f32 by
 // a cast that nothing else reads is read before the cast instead, the cast
 // taken into the launch (widening is exact: the same bits, one launch less).
+// With `per_bucket` (BackendOptions::update_per_bucket, data parallel) a
+// launch takes only the updates whose gradients come from one all-reduce
+// bucket; the step advance rides on the last of them.
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
 #include "runtime/cuda/lowerings/update_rule_table.hpp"
+#include "runtime/plan/graph_queries.hpp"
 
 namespace sg::cuda {
 namespace {
@@ -49,6 +53,7 @@ bool same_launch(const sg::Graph& g, const Node& a, DType a_grad, const Node& b,
 
 class UpdateMultiTensorLowering final : public CudaLowering {
  public:
+  explicit UpdateMultiTensorLowering(bool per_bucket) : per_bucket_(per_bucket) {}
   std::string_view name() const override { return "update_multi_tensor"; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
@@ -61,10 +66,14 @@ class UpdateMultiTensorLowering final : public CudaLowering {
     if (!update_types_supported(g.value(first_inputs->param).dtype, first_grad)) return std::nullopt;
     Match m;
     UpdateNodes nodes;
+    // (A clipped update waits for the clip scale, which reads every bucket: nothing to split.)
+    const bool split = per_bucket_ && first_inputs->clip_scale < 0;
+    const NodeId bucket = reducing_bucket(g, first.inputs[1]);
     for (const CoverUnit& u : cover.units()) {
       if (cover.taken(u.id) || u.fusion_group >= 0) continue;
       const Node& n = g.node(u.nodes.front());
       if (n.op != first.op) continue;
+      if (split && reducing_bucket(g, n.inputs[1]) != bucket) continue;
       const NodeId cast = folded_cast(cover, n);
       if (!same_launch(g, first, first_grad, n, g.value(read_gradient(g, n, cast)).dtype)) continue;
       m.units.push_back(u.id);
@@ -122,11 +131,16 @@ class UpdateMultiTensorLowering final : public CudaLowering {
     });
     return std::make_unique<BoundLaunch>(std::move(run), "multi-tensor");
   }
+
+ private:
+  bool per_bucket_;
 };
 
 }  // namespace
 
 // (The factory keeps its issue-21 name: runtime/cuda/lowerings/registry.cpp calls it.)
-std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering() { return std::make_unique<UpdateMultiTensorLowering>(); }
+std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering(bool per_bucket) {
+  return std::make_unique<UpdateMultiTensorLowering>(per_bucket);
+}
 
 }  // namespace sg::cuda
