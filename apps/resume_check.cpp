@@ -137,6 +137,7 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
     differs("data_parallel.nccl_ctas", saved.data_parallel.nccl_ctas, config.data_parallel.nccl_ctas);
     differs("data_parallel.symmetric_memory", saved.data_parallel.symmetric_memory,
             config.data_parallel.symmetric_memory);
+    differs("data_parallel.zero1", saved.data_parallel.zero1, config.data_parallel.zero1);
   }
   return point;
 }

@@ -345,7 +345,9 @@ class TrainingLoop {
 
   void save_checkpoint(const std::filesystem::path& path) {
     // One copy of the weights: rank 0's (every rank holds the same weights; batch_norm's
-    // running statistics come from each rank's own batches: these are rank 0's).
+    // running statistics come from each rank's own batches: these are rank 0's), with
+    // every rank's ZeRO-1 shares gathered first (a collective: every rank is here).
+    trainer_->gather_shards();
     if (!writes_outputs_) return;
     const io::Checkpoint ckpt = checkpoint_now();
     io::save_checkpoint(path, ckpt);
@@ -356,6 +358,7 @@ class TrainingLoop {
   // thread while the metrics are written and the trainer releases the GPU;
   // finish() waits for it. Nothing to write: an empty future.
   std::future<double> start_final_checkpoint(const std::filesystem::path& path) {
+    trainer_->gather_shards();  // every rank, as save_checkpoint
     if (!writes_outputs_) return {};
     auto ckpt = std::make_shared<const io::Checkpoint>(checkpoint_now());  // the device state, copied now
     return std::async(std::launch::async, [ckpt, path] {

@@ -136,6 +136,20 @@ void Graph::set_attrs(NodeId node, OpAttrs attrs) {
   nodes_[static_cast<std::size_t>(node)].attrs = std::move(attrs);
 }
 
+void Graph::read_instead(NodeId reader, ValueId was, ValueId now) {
+  if (!groups_.empty()) throw GraphError("inputs cannot change after fusion");
+  const Value &old_value = value(was), &new_value = value(now);
+  if (old_value.shape != new_value.shape || old_value.dtype != new_value.dtype)
+    throw GraphError(fmt::format("read_instead: {} does not stand for {} (shape or dtype)", new_value.name,
+                                 old_value.name));
+  if (new_value.producer >= reader)
+    throw GraphError(fmt::format("read_instead: node {} would read {} before it is produced", reader, new_value.name));
+  Node& n = nodes_.at(static_cast<std::size_t>(reader));
+  if (std::find(n.inputs.begin(), n.inputs.end(), was) == n.inputs.end())
+    throw GraphError(fmt::format("read_instead: node {} does not read {}", reader, old_value.name));
+  std::replace(n.inputs.begin(), n.inputs.end(), was, now);
+}
+
 void Graph::move_after(NodeId node, NodeId after, std::vector<ValueId> inputs) {
   if (!groups_.empty()) throw GraphError("nodes cannot be moved after fusion");
   Node moved = this->node(node);

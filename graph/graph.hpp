@@ -70,6 +70,11 @@ class Graph {
   // outputs' shapes and dtypes as they are (a loss gradient's scale, issue
   // 38). Throws GraphError otherwise, or after fusion.
   void set_attrs(NodeId node, OpAttrs attrs);
+  // Node `reader` reads `now` wherever it read `was` (of the same shape and
+  // dtype: a gathered parameter in place of the parameter, issue 38). Throws
+  // GraphError otherwise, when `now` would be read before it is produced, or
+  // after fusion.
+  void read_instead(NodeId reader, ValueId was, ValueId now);
 
   // ---- queries
   const Value& value(ValueId id) const;

@@ -95,6 +95,8 @@ enum class OpKind : std::uint8_t {
   // ---- activation layouts (issues 36, 37): graph/channels_last_pass.hpp
   to_channels_last,       // X [N,C,H,W] -> [N,H,W,C]
   to_channels_first,      // X [N,H,W,C] -> [N,C,H,W]
+  // ---- sharded updates, ZeRO-1 (issue 38): graph/optimizer_pass.hpp
+  all_gather_shards,      // (param) -> the parameter with every rank's shard (AllReduceAttrs::shards) gathered
 };
 
 std::string_view op_name(OpKind op);
@@ -156,8 +158,15 @@ struct LossGradientAttrs {
 };
 // all_reduce_mean: pre_scaled, each rank's inputs are already divided by the
 // number of ranks (the loss gradient's scale above), so the mean is their sum.
+// shards > 1 (ZeRO-1, issue 38; all_reduce_mean and all_gather_shards): each
+// tensor is cut into `shards` equal ranges of its flattened elements, rank r
+// owning range r. An all_reduce_mean then reduces-scatters: only this rank's
+// range of each output holds the mean (the rest is unspecified), and the
+// updates that read it update that range alone; all_gather_shards fills every
+// range from the rank that owns it. The CPU reference is a group of one.
 struct AllReduceAttrs {
   bool pre_scaled = false;
+  std::int64_t shards = 0;
   bool operator==(const AllReduceAttrs&) const = default;
 };
 // Inverted dropout (PyTorch's): an element is kept with probability 1 - p and

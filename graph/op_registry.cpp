@@ -50,6 +50,8 @@ const std::vector<const OpDef*>& table() {
         &ops::batch_norm_inference_def(),
         // issues 36, 37: activation layouts
         &ops::to_channels_last_def(), &ops::to_channels_first_def(),
+        // issue 38: sharded updates (ZeRO-1)
+        &ops::all_gather_shards_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

@@ -139,16 +139,38 @@ void pre_scale_loss_gradients(Graph& g, std::int64_t ranks) {
   if (scaled == 0) throw GraphError("data parallel: pre-scaled gradients need a loss backward in the graph");
 }
 
+// Whether ZeRO-1 shards `param` over `shards` ranks (OptimizerSpec::shard_updates).
+bool sharded(const Graph& g, ValueId param, std::int64_t shards, std::int64_t min_bytes) {
+  const Value& p = g.value(param);
+  const std::int64_t n = element_count(p.shape);
+  return shards > 1 && n % (shards * kShardAlignment) == 0 &&
+         n * static_cast<std::int64_t>(dtype_size(p.dtype)) >= min_bytes;
+}
+
+// `shards` > 1: a bucket's sharded parameters get a node of their own
+// (reduce-scatter), after the rest's all-reduce, at the same place.
 GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_dtype, std::int64_t bucket_bytes,
-                              bool pre_scaled) {
+                              bool pre_scaled, std::int64_t shards, std::int64_t min_bytes) {
   GradientMap reduced;
   std::vector<std::pair<ValueId, ValueId>> casts;  // (a cast's f32 output, the mean it is to widen)
-  for (const Bucket& b : buckets_of(g, grads, compute_dtype, bucket_bytes)) {
-    const auto out = g.insert_node(after_last(g, b), OpKind::all_reduce_mean, b.in, AllReduceAttrs{pre_scaled},
-                                   Role::grad, "mean_" + g.value(b.in.front()).name);
-    for (std::size_t i = 0; i < b.params.size(); ++i) {
-      reduced.of_param[b.params[i]] = b.widened[i] < 0 ? out[i] : b.widened[i];
-      if (b.widened[i] >= 0) casts.emplace_back(b.widened[i], out[i]);
+  for (const Bucket& bucket : buckets_of(g, grads, compute_dtype, bucket_bytes)) {
+    Bucket whole, cut;  // all-reduced, reduce-scattered
+    for (std::size_t i = 0; i < bucket.params.size(); ++i) {
+      Bucket& b = sharded(g, bucket.params[i], shards, min_bytes) ? cut : whole;
+      b.params.push_back(bucket.params[i]);
+      b.in.push_back(bucket.in[i]);
+      b.widened.push_back(bucket.widened[i]);
+    }
+    const std::size_t at = after_last(g, bucket);
+    for (const Bucket* b : {&whole, &cut}) {
+      if (b->params.empty()) continue;
+      const AllReduceAttrs attrs{pre_scaled, b == &cut ? shards : 0};
+      const auto out = g.insert_node(at, OpKind::all_reduce_mean, b->in, attrs, Role::grad,
+                                     (b == &cut ? "shard_mean_" : "mean_") + g.value(b->in.front()).name);
+      for (std::size_t i = 0; i < b->params.size(); ++i) {
+        reduced.of_param[b->params[i]] = b->widened[i] < 0 ? out[i] : b->widened[i];
+        if (b->widened[i] >= 0) casts.emplace_back(b->widened[i], out[i]);
+      }
     }
   }
   for (const auto& [wide, mean] : casts) {  // each cast now widens its mean, after the whole backward pass
@@ -156,6 +178,46 @@ GradientMap append_all_reduce(Graph& g, const GradientMap& grads, bool compute_d
     g.move_after(cast, cast == end ? end - 1 : end, {mean});  // (already last: stays, reading the mean)
   }
   return reduced;
+}
+
+// ZeRO-1: one all_gather_shards per sharded parameter, in the order the
+// forward first reads them, each at the step's start (or right after the
+// cast that makes an fp32 master weight's f16/bf16 copy: that copy is what
+// is gathered), and every reader but the update rules reads what it gathers.
+void gather_sharded_parameters(Graph& g, const GradientMap& grads, std::int64_t shards, std::int64_t min_bytes) {
+  struct Gathered {
+    ValueId param, read;  // `read`: the value the forward reads (the parameter or its cast)
+    NodeId first_reader;
+  };
+  std::vector<Gathered> todo;
+  for (const auto& [param, grad] : grads.of_param) {
+    if (!sharded(g, param, shards, min_bytes)) continue;
+    std::vector<NodeId> readers;
+    for (NodeId r : g.consumers(param))
+      if (!is_update_rule(g.node(r).op)) readers.push_back(r);
+    if (readers.empty()) continue;
+    ValueId read = param;
+    if (readers.size() == 1 && g.node(readers[0]).op == OpKind::cast) {
+      const ValueId copy = g.node(readers[0]).outputs[0];
+      const DType d = g.value(copy).dtype;
+      if (d == DType::f16 || d == DType::bf16) read = copy;
+    }
+    todo.push_back({param, read, *std::min_element(readers.begin(), readers.end())});
+  }
+  std::sort(todo.begin(), todo.end(),
+            [](const Gathered& a, const Gathered& b) { return a.first_reader < b.first_reader; });
+  std::size_t next = 0;  // right after the previous gather: they run in the forward's order
+  for (const Gathered& t : todo) {
+    const NodeId producer = g.value(t.read).producer;
+    const std::size_t at = std::max(next, producer >= 0 ? static_cast<std::size_t>(producer) + 1 : 0);
+    const ValueId gathered = g.insert_node(at, OpKind::all_gather_shards, {t.read}, AllReduceAttrs{false, shards},
+                                           Role::activation, "gathered_" + g.value(t.read).name)
+                                 .front();
+    const NodeId gather = g.value(gathered).producer;
+    for (NodeId r : g.consumers(t.read))
+      if (r != gather && !is_update_rule(g.node(r).op)) g.read_instead(r, t.read, gathered);
+    next = static_cast<std::size_t>(gather) + 1;
+  }
 }
 
 }  // namespace
@@ -191,9 +253,15 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
     OptimizerSpec local = spec;
     local.all_reduce_gradients = false;
     const bool pre_scaled = spec.pre_scale_ranks > 1;
+    const std::int64_t shards = spec.shard_updates ? spec.pre_scale_ranks : 0;
+    if (shards > 1 && spec.clip_grad_norm > 0.0)
+      throw GraphError("sharded updates (ZeRO-1) cannot clip gradients: the global norm would need every rank's shard");
     if (pre_scaled) pre_scale_loss_gradients(g, spec.pre_scale_ranks);
-    append_updates(g, append_all_reduce(g, grads, spec.reduce_in_compute_dtype, spec.bucket_bytes, pre_scaled), local,
-                   step, /*after_every_gradient=*/true);
+    append_updates(g,
+                   append_all_reduce(g, grads, spec.reduce_in_compute_dtype, spec.bucket_bytes, pre_scaled, shards,
+                                     spec.shard_min_bytes),
+                   local, step, /*after_every_gradient=*/true);
+    if (shards > 1) gather_sharded_parameters(g, grads, shards, spec.shard_min_bytes);
     return;
   }
   append_updates(g, grads, spec, step, false);

@@ -59,7 +59,28 @@ struct OptimizerSpec {
   // division after the reduction, and for two ranks the correctly rounded
   // one. 0 or 1: the buckets average (one rank: a copy).
   std::int64_t pre_scale_ranks = 0;
+  // ZeRO-1 (issue 38), with pre_scale_ranks = N > 1: each parameter of at
+  // least shard_min_bytes whose elements divide into N ranges of a multiple
+  // of kShardAlignment is sharded. Its bucket reduces-scatters it
+  // (AllReduceAttrs::shards = N), its update rule runs on this rank's range
+  // alone (a backend reads the rank from its process group), and an
+  // all_gather_shards node at the step's start, before the forward's first
+  // read, fills the other ranges from their owners for every reader but the
+  // update (of the f16/bf16 copy, with fp32 master weights). The parameters
+  // and optimizer state between steps are then current in this rank's range
+  // only: a backend gathers them before anything else reads them (eval,
+  // checkpoints). Smaller parameters are all-reduced as before. Not with
+  // clip_grad_norm (the norm would need every shard): GraphError.
+  bool shard_updates = false;
+  // Smaller parameters stay all-reduced: a collective of their own costs
+  // more than their update (1 MiB; tests shard smaller ones).
+  std::int64_t shard_min_bytes = std::int64_t{1} << 20;
 };
+
+// Each rank's range of a sharded parameter is a multiple of this many
+// elements (vector-aligned for the update kernels at any element size).
+inline constexpr std::int64_t kShardAlignment = 64;
+
 
 // `step` is the graph's step counter (i32 [1] state, advanced after the
 // updates); Adam needs it, SGD ignores it. Throws GraphError when the spec is

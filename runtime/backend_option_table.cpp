@@ -50,7 +50,8 @@ std::vector<BackendOptionRow> make_table() {
                           "on the step's stream, in schedule order)"));
   t.push_back(SG_BOOL_ROW(update_per_bucket, "core",
                           "data parallel: one update launch per all-reduce bucket, each after its own bucket, "
-                          "beside the later buckets' all-reduces (off: one update launch after the last bucket)"));
+                          "beside the later buckets' all-reduces (default; off: one update launch after the last "
+                          "bucket)"));
   t.push_back(SG_BOOL_ROW(gradient_stream_first, "core",
                           "the gradient stream's kernels are scheduled before the step stream's (off: the same "
                           "priority)"));

@@ -89,6 +89,12 @@ class Trainer {
   // Parameters, then optimizer state (the step counter excluded), in graph
   // order and by value name, then the global step (i32 [1] kStepEntry).
   virtual std::vector<io::TensorBlob> save_state() = 0;
+  // A data-parallel rank with sharded updates (ZeRO-1, issue 38) holds its
+  // own range of each sharded parameter and its optimizer state current:
+  // this fills the rest from the other ranks. Every rank calls it at the same
+  // point, before one of them saves the state (evaluate does it itself).
+  // Nothing to do elsewhere.
+  virtual void gather_shards() {}
   virtual void load_state(const std::vector<io::TensorBlob>& blobs) = 0;
   virtual std::int64_t step() const = 0;
   // The global step (the step count just after it) of the first training

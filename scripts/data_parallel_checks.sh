@@ -4,7 +4,8 @@
 # exit status the number of failures. docs/data_parallel.md says what each shows.
 #   - the fused CNN step at --gpus 2: two runs give the same losses
 #   - NCCL's socket transport (P2P and SHM off, a host id per rank, lo) against NVLink: same final test loss within 1%
-#   - resume at N = 2 (MLP, report CNN): the checkpoint's tensors and the losses of a straight run
+#   - resume at N = 2 (MLP, report CNN, the MLP with data_parallel.zero1): the checkpoint's tensors and the
+#     losses of a straight run; the zero1 MLP's checkpoint and losses also those of the all-reducing MLP's
 #   - a rank SIGKILLed (under --gpus, under torchrun variables): every rank ends within 2 s
 #   - a rank SIGSTOPped (--peer-timeout 5, both launches): every rank ends within 5-8 s
 # Usage: scripts/data_parallel_checks.sh [OUT]   (NCCL_NVLS_ENABLE=0 is set here)
@@ -53,8 +54,10 @@ def tensors(path):
 sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
 PY
 }
-for net in mlp cnn; do
-  if [ $net = mlp ]; then C=(-c configs/mnist_mlp.yaml --set optim.schedule.kind=constant); else C=(-c configs/mnist_cnn.yaml); fi
+for net in mlp cnn mlp_zero1; do
+  C=(-c configs/mnist_mlp.yaml --set optim.schedule.kind=constant)
+  [ $net = cnn ] && C=(-c configs/mnist_cnn.yaml)
+  [ $net = mlp_zero1 ] && C+=(--set data_parallel.zero1=true)  # W1 and W2 sharded (1.5 and 2 MiB in f16)
   run() { $B train "${C[@]}" --gpus 2 --set run.epochs=0 --set run.log_every=100 --set run.checkpoint=ck.sgck "$@"; }
   run --set run.steps=400 --set run.out_dir="$out/${net}_straight" > "$out/${net}_straight.log" 2>&1
   run --set run.steps=200 --set run.out_dir="$out/${net}_half" > "$out/${net}_half.log" 2>&1
@@ -64,6 +67,13 @@ for net in mlp cnn; do
     cmp -s <(steps "$out/${net}_straight.log" | tail -2) <(steps "$out/${net}_resumed.log" | tail -2)
   verdict $? "$net: resumed at step 200 of 400 on 2 GPUs == straight (checkpoint tensors byte for byte, losses)"
 done
+# Two ranks' reduce-scatter sums each element as the all-reduce does (a + b), and each rank's update of its range
+# is the all-reducing update of those elements: the same bits, gathered into one checkpoint on save.
+same_tensors "$out/mlp_straight/ck.sgck" "$out/mlp_zero1_straight/ck.sgck" &&
+  cmp -s <(steps "$out/mlp_straight.log") <(steps "$out/mlp_zero1_straight.log") &&
+  [ "$($B inspect -c configs/mnist_mlp.yaml --set data_parallel.zero1=true --world-size 2 -f schedule 2>/dev/null |
+        grep -c '^L[0-9]* nccl_all_gather')" = 2 ]
+verdict $? "mlp_zero1: sharded updates == all-reduced updates on 2 GPUs (every logged loss, checkpoint byte for byte)"
 
 # Faults: one long run each, the signal after its first logged step.
 LONG=(-c configs/mnist_mlp.yaml --set run.epochs=200 --set run.log_every=1000)

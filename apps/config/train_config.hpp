@@ -137,6 +137,10 @@ struct DataParallelConfig {
   // The step's arena in NCCL symmetric memory, registered as one window: each bucket is one ncclSum of the
   // pre-scaled gradients on NCCL's symmetric (load/store over NVLink) kernels; false: the ring on plain memory.
   bool symmetric_memory = data_parallel_defaults::kSymmetricMemory;
+  // ZeRO-1: each parameter of 1 MiB or more reduced-scattered, updated by the rank that owns its share (the
+  // optimizer state's work split N ways), gathered back at the next step's start beside the forward; checkpoints
+  // hold every share (gathered on save). Not with optim.clip_grad_norm. docs/data_parallel.md says when it pays.
+  bool zero1 = false;
 };
 
 struct RunConfig {

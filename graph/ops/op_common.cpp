@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace sg::ops {
 
@@ -275,8 +276,16 @@ std::string attrs_text(const LossGradientAttrs& a) {
   return a.scale == 1.0 ? "" : fmt::format(" {{scale={:.6g}}}", a.scale);
 }
 
-json write_attrs(const AllReduceAttrs& a) { return {{"pre_scaled", a.pre_scaled}}; }
-void read_attrs(const json& j, AllReduceAttrs& a) { a.pre_scaled = j.at("pre_scaled").get<bool>(); }
-std::string attrs_text(const AllReduceAttrs& a) { return a.pre_scaled ? " {pre_scaled}" : ""; }
+json write_attrs(const AllReduceAttrs& a) { return {{"pre_scaled", a.pre_scaled}, {"shards", a.shards}}; }
+void read_attrs(const json& j, AllReduceAttrs& a) {
+  a.pre_scaled = j.at("pre_scaled").get<bool>();
+  a.shards = j.value("shards", std::int64_t{0});
+}
+std::string attrs_text(const AllReduceAttrs& a) {
+  std::vector<std::string> parts;
+  if (a.pre_scaled) parts.emplace_back("pre_scaled");
+  if (a.shards > 1) parts.push_back(fmt::format("{} shards", a.shards));
+  return parts.empty() ? "" : fmt::format(" {{{}}}", fmt::join(parts, ", "));
+}
 
 }  // namespace sg::ops

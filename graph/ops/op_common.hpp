@@ -162,5 +162,6 @@ const OpDef& batch_norm_inference_def();
 // issues 36, 37: activation layouts
 const OpDef& to_channels_last_def();
 const OpDef& to_channels_first_def();
+const OpDef& all_gather_shards_def();
 
 }  // namespace sg::ops

@@ -15,6 +15,10 @@
 #include "ops/cuda/cudnn_graph.hpp"
 #endif
 #include "runtime/core_only_switch.hpp"
+#include "runtime/plan/graph_queries.hpp"
+#ifdef STEPGRAPH_HAVE_NCCL
+#include "runtime/cuda/nccl_communicator.hpp"
+#endif
 #include "runtime/cuda/scalar_uploader.hpp"
 
 namespace sg::cuda {
@@ -31,6 +35,23 @@ struct MatmulConstants {
 std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
 
 bool runs_whole_step(const Schedule& s) { return s.launches.size() == 1 && cuda_lowering_of(s.launches[0]).covers_whole_step(); }
+
+// ZeRO-1: an update that reads a sharded gradient must update this rank's
+// range alone, which the multi-tensor update launches do (update_shard.hpp);
+// any other lowering would run the rule over the whole parameter.
+void check_sharded_updates(const sg::Graph& g, const Schedule& s) {
+  for (const Launch& l : s.launches)
+    for (NodeId id : l.nodes) {
+      const Node& n = g.node(id);
+      if (!is_update_rule(n.op)) continue;
+      const NodeId bucket = reducing_bucket(g, n.inputs[1]);
+      if (bucket < 0 || g.node(bucket).attr<AllReduceAttrs>().shards <= 1) continue;
+      const std::string_view by = l.lowering->name();
+      if (by != "sgd_multi_tensor" && by != "update_multi_tensor")
+        throw CudaError(fmt::format("the sharded update of {} was taken by {}, which updates whole parameters",
+                                    g.value(n.inputs[0]).name, by));
+    }
+}
 
 }  // namespace
 
@@ -137,6 +158,12 @@ class CudaProgram::Binding final : public BindContext {
   }
   float* scratch_float() const override { return p_.scratch_float_.as<float>(); }
   const NcclCommunicator* communicator() const override { return p_.options_.communicator; }
+  GroupRank group_rank() const override {
+#ifdef STEPGRAPH_HAVE_NCCL
+    if (const NcclCommunicator* comm = p_.options_.communicator) return {comm->rank(), comm->world_size()};
+#endif
+    return {};
+  }
   const cudnn::Handle& cudnn() const override {
 #ifdef STEPGRAPH_HAVE_CUDNN
     if (!p_.cudnn_) p_.cudnn_ = std::make_shared<cudnn::Handle>();
@@ -169,6 +196,7 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   if (core_only_forced_for_tests()) options_.backend.core_only = true;  // the GPU suite's --core-only run
   lowerings_ = cuda_lowerings(options_.backend);
   schedule_ = build_schedule(graph_, as_lowerings(lowerings_));
+  check_sharded_updates(graph_, schedule_);
   // Every fast path without a launch, and why (asked of the records; this program names no lowering).
   declined_ = ::sg::cuda::declined_fast_paths(graph_, schedule_, options_.backend, /*device_present=*/true);
   streams_ = plan_streams(graph_, schedule_, options_.backend);
@@ -280,6 +308,41 @@ void CudaProgram::upload_scalars(double lr, cudaStream_t stream, bool synchronou
   if (scalars.empty()) return;
   if (synchronous) update_scalars_.upload(scalars.data(), scalars.size() * sizeof(UpdateScalars));
   else uploader_->upload(update_scalars_.data(), scalars.data(), stream);
+}
+
+bool CudaProgram::gather_shards(cudaStream_t stream) const {
+  std::vector<std::pair<ValueId, std::int64_t>> sharded;  // (parameter or its state, shards)
+  for (const Node& n : graph_.nodes()) {
+    if (!is_update_rule(n.op)) continue;
+    const NodeId bucket = reducing_bucket(graph_, n.inputs[1]);
+    const std::int64_t shards = bucket < 0 ? 0 : graph_.node(bucket).attr<AllReduceAttrs>().shards;
+    if (shards <= 1) continue;
+    const Shape& shape = graph_.value(n.inputs[0]).shape;
+    for (ValueId v : n.inputs) {
+      const Role role = graph_.value(v).role;
+      if ((role == Role::param || role == Role::state) && graph_.value(v).shape == shape)
+        sharded.emplace_back(v, shards);
+    }
+  }
+  if (sharded.empty()) return false;
+#ifdef STEPGRAPH_HAVE_NCCL
+  const NcclCommunicator* comm = options_.communicator;
+  if (!comm) throw CudaError("gather_shards: a sharded program without its NCCL communicator");
+  SG_NCCL_CHECK(ncclGroupStart());
+  for (const auto& [v, shards] : sharded) {
+    const Value& value = graph_.value(v);
+    const auto count = static_cast<std::size_t>(element_count(value.shape) / shards);
+    auto* base = static_cast<char*>(device_ptr(v));
+    SG_NCCL_CHECK(ncclAllGather(base + static_cast<std::size_t>(comm->rank()) * count * dtype_size(value.dtype), base,
+                                count, *nccl_data_type(value.dtype), comm->get(), stream));
+  }
+  SG_NCCL_CHECK(ncclGroupEnd());
+  comm->wait_ready("ncclAllGather (sharded parameters and optimizer state)");
+  return true;
+#else
+  (void)stream;
+  throw CudaError("gather_shards: this build has no NCCL");
+#endif
 }
 
 void CudaProgram::record(cudaStream_t stream) const {

@@ -96,6 +96,13 @@ class CudaProgram {
   std::vector<std::pair<std::string, double>> profile_whole_step(int repeats, cudaStream_t stream) const;
   // Fills the arena with NaN bytes so a read of an unwritten element shows.
   void poison_arena(cudaStream_t stream) const;
+  // ZeRO-1 (issue 38): after sharded updates a rank's parameters and their
+  // optimizer state are current in its own range only. This fills every
+  // range of each from the rank that owns it (in-place all-gathers on
+  // `stream`), for whatever reads them next outside the step (eval,
+  // checkpoints). Every rank calls it at the same point. False, and nothing
+  // launched, when the graph shards nothing.
+  bool gather_shards(cudaStream_t stream) const;
 
  private:
   class Binding;

@@ -160,7 +160,9 @@ struct CudaTrainer::Impl {
       // up its connections (lazily, on first use) before the graph records
       // them. They read and write only arena slots no step has filled yet.
       for (std::size_t i = 0; i < train->schedule().launches.size(); ++i)
-        if (train->schedule().launches[i].lowering->name() == "nccl_all_reduce") train->record_launch(i, stream.get());
+        if (const auto name = train->schedule().launches[i].lowering->name();
+            name == "nccl_all_reduce" || name == "nccl_all_gather")
+          train->record_launch(i, stream.get());
       stream.synchronize();
       communicator->check_async();
       end_part("NCCL warm-up (each gradient bucket's all-reduce once)");
@@ -287,6 +289,7 @@ double CudaTrainer::last_loss() {
 
 EvalResult CudaTrainer::evaluate_cancellable(const EvalStopCheck& stop_requested) {
   auto& im = *impl_;
+  gather_shards();  // every rank evaluates: the eval program reads whole parameters
   im.set_device_step(*im.eval, im.eval_data, 0);
   const auto batch = im.eval_data.batch;
   double loss_sum = 0, correct = 0;
@@ -310,6 +313,10 @@ EvalResult CudaTrainer::evaluate_cancellable(const EvalStopCheck& stop_requested
   }
   const double n = double(std::max<std::int64_t>(1, b * batch));
   return {loss_sum / n, im.eval_data.correct ? correct / n : NAN, b * batch, stopped};
+}
+
+void CudaTrainer::gather_shards() {
+  if (impl_->train->gather_shards(impl_->stream.get())) impl_->stream.synchronize();
 }
 
 void CudaTrainer::set_learning_rate(double lr) { impl_->train->set_learning_rate(lr, impl_->stream.get()); }

@@ -45,6 +45,7 @@ class CudaTrainer final : public Trainer {
   double last_loss() override;
   EvalResult evaluate_cancellable(const EvalStopCheck& stop_requested) override;
   void set_learning_rate(double lr) override;
+  void gather_shards() override;
   std::vector<io::TensorBlob> save_state() override;
   void load_state(const std::vector<io::TensorBlob>& blobs) override;
   std::int64_t step() const override { return step_; }

@@ -64,6 +64,12 @@ class BindContext {
   virtual float* scratch_float() const = 0;
   // The data-parallel run's NCCL communicator (all_reduce_mean); null otherwise.
   virtual const NcclCommunicator* communicator() const { return nullptr; }
+  // This process's rank and the number of ranks (0 of 1 without a process
+  // group): what a sharded update (ZeRO-1, issue 38) needs without NCCL's types.
+  struct GroupRank {
+    int rank = 0, ranks = 1;
+  };
+  virtual GroupRank group_rank() const { return {}; }
   // The program's cuDNN handle, made on first use (throws in a build without cuDNN).
   virtual const cudnn::Handle& cudnn() const = 0;
   // A device workspace of at least `bytes`, shared by every launch of the

@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "graph/dtype.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "runtime/distributed/peer_watchdog.hpp"
 
@@ -33,6 +34,16 @@ namespace sg::cuda {
 
 void check_nccl(ncclResult_t status, const char* call, const char* file, int line);
 #define SG_NCCL_CHECK(call) ::sg::cuda::check_nccl((call), #call, __FILE__, __LINE__)
+
+// NCCL's element type of a floating dtype the collectives move; nullopt for the others.
+inline std::optional<ncclDataType_t> nccl_data_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    default: return std::nullopt;
+  }
+}
 
 // A fresh ncclUniqueId as bytes (rank 0 makes it; the rendezvous hands it out).
 std::string new_nccl_unique_id();

@@ -283,6 +283,8 @@ class CnnStepWalker {
     reduced_ = reduced;
     if (reduced) {
       const Node& all_reduce = g_.node(cast_readers[0]);
+      if (all_reduce.attr<AllReduceAttrs>().shards > 1)
+        throw NoMatch{"sharded updates (data_parallel.zero1): the step's kernels update whole parameters"};
       for (std::size_t k = 0; k < all_reduce.inputs.size(); ++k)
         if (all_reduce.inputs[k] == gradient) applied = all_reduce.outputs[k];
       seen_.insert(all_reduce.id);

@@ -2,8 +2,9 @@
 // covers every sample of an epoch exactly once across the ranks; the
 // optimizer pass puts one all_reduce_mean bucket per layer between the
 // gradients and their updates; and N simulated ranks (N CPU executors whose
-// all_reduce_mean nodes are done on the host across them) end with the
-// weights of one rank at batch N*B.
+// all_reduce_mean nodes are done on the host across them,
+// tests/runtime/simulated_ranks.hpp) end with the weights of one rank at
+// batch N*B.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,9 +17,11 @@
 #include "tests/runtime/small_residual_cnn.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/trainer.hpp"
+#include "tests/runtime/simulated_ranks.hpp"
 #include "tests/runtime/test_support.hpp"
 
 using namespace sg;
+using namespace sg::test;
 
 namespace {
 
@@ -66,71 +69,6 @@ MlpTraining small_master_mlp(std::int64_t batch, bool reduce_in_compute_dtype) {
   t.mlp.compute_dtype = DType::f16;
   t.optimizer.reduce_in_compute_dtype = reduce_in_compute_dtype;
   return t;
-}
-
-struct Data {
-  std::int64_t rows = 0;
-  std::vector<std::uint8_t> images, labels;
-  std::vector<std::int32_t> perm;
-};
-
-Data random_dataset(std::mt19937_64& rng, std::int64_t rows, std::int64_t features, std::int64_t classes) {
-  Data d;
-  d.rows = rows;
-  d.images.resize(static_cast<std::size_t>(rows * features));
-  d.labels.resize(static_cast<std::size_t>(rows));
-  for (auto& v : d.images) v = static_cast<std::uint8_t>(rng() % 256);
-  for (auto& v : d.labels) v = static_cast<std::uint8_t>(rng() % static_cast<std::uint64_t>(classes));
-  d.perm.resize(static_cast<std::size_t>(rows));
-  std::iota(d.perm.begin(), d.perm.end(), 0);
-  std::shuffle(d.perm.begin(), d.perm.end(), rng);
-  return d;
-}
-
-std::unique_ptr<CpuExecutor<float>> executor(const TrainingProgram& p, const Data& d) {
-  auto e = std::make_unique<CpuExecutor<float>>(p.train);
-  e->tensor(p.train_data.images).u8 = d.images;
-  e->tensor(p.train_data.labels).u8 = d.labels;
-  e->tensor(p.train_data.perm).i32 = d.perm;
-  for (const auto& init : p.init) e->tensor(init.name).real = init.values;
-  e->set_learning_rate(p.learning_rate);
-  return e;
-}
-
-// One training step of every rank, node by node; each all_reduce_mean is the
-// mean of its inputs over the ranks (their sum where the inputs are
-// pre-scaled: AllReduceAttrs), written to every rank's outputs (an f16/bf16
-// one rounded to its dtype, as NCCL's reduction in that dtype returns it).
-void step_ranks(std::vector<std::unique_ptr<CpuExecutor<float>>>& ranks) {
-  const Graph& g = ranks.front()->graph();
-  for (const Node& n : g.nodes()) {
-    if (n.op != OpKind::all_reduce_mean) {
-      for (auto& r : ranks) r->run_node(r->graph().node(n.id));
-      continue;
-    }
-    const double divisor = n.attr<AllReduceAttrs>().pre_scaled ? 1.0 : double(ranks.size());
-    for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-      std::vector<double> sum(ranks.front()->tensor(n.inputs[i]).real.size(), 0.0);
-      for (auto& r : ranks) {
-        const auto& in = r->tensor(n.inputs[i]).real;
-        for (std::size_t k = 0; k < in.size(); ++k) sum[k] += in[k];
-      }
-      for (auto& r : ranks) {
-        auto& out = r->tensor(n.outputs[i]).real;
-        for (std::size_t k = 0; k < out.size(); ++k) out[k] = static_cast<float>(sum[k] / divisor);
-        r->round_to_dtype(n.outputs[i]);
-      }
-    }
-  }
-}
-
-std::vector<float> all_params(CpuExecutor<float>& e) {
-  std::vector<float> out;
-  for (ValueId p : e.graph().values_with_role(Role::param)) {
-    const auto& v = e.tensor(p).real;
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
 }
 
 // `steps` steps of one rank at N*B and of N simulated ranks: the ranks hold

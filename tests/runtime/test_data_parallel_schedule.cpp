@@ -20,6 +20,7 @@
 #include "tests/runtime/report_cnn.hpp"
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/stream_plan.hpp"
+#include "runtime/plan/graph_queries.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "tests/runtime/stream_order.hpp"
 
@@ -421,6 +422,59 @@ TEST_CASE("data parallel: update_per_bucket gives each bucket its own update lau
         for (ValueId v : u.reads)
           if (p.train.value(v).producer >= 0 && p.train.node(p.train.value(v).producer).op == OpKind::all_reduce_mean)
             CHECK(p.train.value(v).producer == s.launches[c].nodes.front());
+      }
+    }
+  }
+}
+
+// data_parallel.zero1 (OptimizerSpec::shard_updates): each sharded weight's gather is an nccl_all_gather launch on
+// the communication stream, forked at the step's start and joined before the first launch that reads it; each
+// sharded bucket an nccl_all_reduce launch; the updates of sharded gradients multi-tensor launches (they update
+// the rank's range); and every two launches touching one value still run in order through the three streams.
+TEST_CASE("data parallel: a zero1 rank gathers its sharded weights on the communication stream before they are read") {
+  for (const int variant : {1, 2, 4}) {  // momentum, Adam, fp32 master weights reducing f16 gradients
+    for (const std::int64_t bucket_bytes : {std::int64_t{0}, std::int64_t{25} << 20}) {
+      for (const bool per_bucket : {false, true}) {
+        INFO("variant " << variant << ", bucket_bytes " << bucket_bytes << ", update_per_bucket " << per_bucket);
+        MlpTraining t = variant_of(256, variant);
+        t.mlp.layers = {784, 1024, 1024, 10};  // W1 and W2 (1.5 and 2 MiB in f16) are sharded, W3 not
+        t.optimizer.bucket_bytes = bucket_bytes;
+        t.optimizer.shard_updates = true;
+        const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
+        BackendOptions options;
+        options.update_per_bucket = per_bucket;
+        const Lowered l = lower(p.train, options);
+        const Schedule& s = l.schedule;
+        check_dependencies(p.train, s);
+        const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, options);
+        test::check_stream_order(s, plan);
+        std::size_t gathers = 0, sharded_gradients = 0;
+        for (std::size_t i = 0; i < s.launches.size(); ++i) {
+          const Launch& launch = s.launches[i];
+          const std::string name(launch.lowering->name());
+          for (NodeId id : launch.nodes) {
+            const Node& n = p.train.node(id);
+            if (n.op == OpKind::all_gather_shards) {
+              ++gathers;
+              CHECK(name == "nccl_all_gather");
+              CHECK(plan.on_communication[i]);
+              for (std::size_t j = 0; j < s.launches.size(); ++j)
+                if (std::count(s.launches[j].reads.begin(), s.launches[j].reads.end(), n.outputs[0]) != 0)
+                  CHECK(plan.join_before[i] <= j);
+            }
+            if (n.op == OpKind::all_reduce_mean && n.attr<AllReduceAttrs>().shards == 2) {
+              sharded_gradients += n.inputs.size();  // (one joined bucket with bucket_bytes)
+              CHECK(name == "nccl_all_reduce");
+            }
+            if (is_update_rule(n.op) && n.inputs.size() > 1) {
+              const NodeId bucket = reducing_bucket(p.train, n.inputs[1]);
+              if (bucket >= 0 && p.train.node(bucket).attr<AllReduceAttrs>().shards > 1)
+                CHECK((name == "sgd_multi_tensor" || name == "update_multi_tensor"));
+            }
+          }
+        }
+        CHECK(gathers == 2);
+        CHECK(sharded_gradients == 2);
       }
     }
   }

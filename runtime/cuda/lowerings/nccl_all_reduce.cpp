@@ -16,6 +16,7 @@
 // ncclSum, not ncclAvg; see record_symmetric), else one NCCL group of
 // ncclSum calls on the ring. A bucket that is not pre-scaled (a graph built
 // without it) is averaged on the ring (ncclAvg). A world of one rank copies.
+// A sharded bucket (ZeRO-1) reduces-scatters instead: record_reduce_scatter.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -26,15 +27,6 @@
 
 namespace sg::cuda {
 namespace {
-
-std::optional<ncclDataType_t> nccl_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return ncclFloat32;
-    case DType::f16: return ncclFloat16;
-    case DType::bf16: return ncclBfloat16;
-    default: return std::nullopt;
-  }
-}
 
 struct BucketTensor {
   const void* in;
@@ -84,6 +76,37 @@ std::unique_ptr<RecordedLaunch> record_symmetric(const NcclCommunicator* comm, c
                                   tensors.size() == 1 ? "" : "s", bytes));
 }
 
+// A sharded bucket (ZeRO-1, AllReduceAttrs::shards = the ranks): one
+// ncclReduceScatter per tensor, rank r receiving the sum (pre-scaled) or mean
+// of its range r at that range's place in the output; the rest of the output
+// is left as it was. On the symmetric window the calls go one after another
+// (NCCL 2.28.3 mis-reduced grouped symmetric collectives: record_symmetric),
+// else as one group.
+std::unique_ptr<RecordedLaunch> record_reduce_scatter(const NcclCommunicator* comm,
+                                                      const std::vector<BucketTensor>& tensors, std::size_t bytes,
+                                                      bool pre_scaled, std::int64_t shards) {
+  if (comm->world_size() != shards)
+    throw CudaError(fmt::format("a bucket sharded {} ways in a group of {} ranks: the graph was built for another "
+                                "world size", shards, comm->world_size()));
+  const auto rank = static_cast<std::size_t>(comm->rank());
+  const ncclRedOp_t op = pre_scaled ? ncclSum : ncclAvg;
+  const bool grouped = !comm->symmetric_memory();
+  auto run = [comm, tensors, op, grouped, rank, shards = static_cast<std::size_t>(shards)](cudaStream_t s) {
+    if (grouped) SG_NCCL_CHECK(ncclGroupStart());
+    for (const BucketTensor& t : tensors) {
+      const std::size_t count = t.count / shards, element = t.bytes / t.count;
+      SG_NCCL_CHECK(ncclReduceScatter(t.in, static_cast<char*>(t.out) + rank * count * element, count, t.type, op,
+                                      comm->get(), s));
+    }
+    if (grouped) SG_NCCL_CHECK(ncclGroupEnd());
+    comm->wait_ready("ncclReduceScatter (sharded gradient bucket)");
+  };
+  return std::make_unique<BoundLaunch>(
+      std::move(run), fmt::format("NCCL reduce-scatter {}, {} tensor{}, {} bytes, {} shards{}",
+                                  pre_scaled ? "sum (pre-scaled)" : "mean", tensors.size(),
+                                  tensors.size() == 1 ? "" : "s", bytes, shards, grouped ? ", one group" : ""));
+}
+
 class NcclAllReduceLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "nccl_all_reduce"; }
@@ -95,7 +118,7 @@ class NcclAllReduceLowering final : public CudaLowering {
     const Node& n = g.node(unit.nodes.front());
     if (n.op != OpKind::all_reduce_mean) return std::nullopt;
     for (ValueId in : n.inputs)
-      if (!nccl_type(g.value(in).dtype)) return std::nullopt;
+      if (!nccl_data_type(g.value(in).dtype)) return std::nullopt;
     return single_unit(unit);
   }
 
@@ -110,7 +133,8 @@ class NcclAllReduceLowering final : public CudaLowering {
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const Value& v = g.value(n.inputs[i]);
       const std::size_t count = static_cast<std::size_t>(element_count(v.shape));
-      tensors.push_back({c.ptr(v.id), c.ptr(n.outputs[i]), count, *nccl_type(v.dtype), count * dtype_size(v.dtype)});
+      tensors.push_back(
+          {c.ptr(v.id), c.ptr(n.outputs[i]), count, *nccl_data_type(v.dtype), count * dtype_size(v.dtype)});
       bytes += count * dtype_size(v.dtype);
     }
     // The mean over one rank is a copy. NCCL's own one-rank path changed the
@@ -127,8 +151,10 @@ class NcclAllReduceLowering final : public CudaLowering {
           std::move(copy), fmt::format("one rank: a copy, {} tensor{}, {} bytes", tensors.size(),
                                        tensors.size() == 1 ? "" : "s", bytes));
     }
-    // One dtype in the bucket (the usual case) can be one buffer of one window.
     const bool pre_scaled = n.attr<AllReduceAttrs>().pre_scaled;
+    if (const std::int64_t shards = n.attr<AllReduceAttrs>().shards; shards > 1)
+      return record_reduce_scatter(comm, tensors, bytes, pre_scaled, shards);
+    // One dtype in the bucket (the usual case) can be one buffer of one window.
     bool one_type = true;
     for (const BucketTensor& t : tensors) one_type = one_type && t.type == tensors.front().type;
     if (pre_scaled && comm->symmetric_memory() && one_type)

@@ -49,6 +49,7 @@ std::unique_ptr<CudaLowering> make_conv_cudnn_lowering();
 std::unique_ptr<CudaLowering> make_conv_implicit_gemm_lowering(std::int64_t max_channel_product);
 #ifdef STEPGRAPH_HAVE_NCCL
 std::unique_ptr<CudaLowering> make_nccl_all_reduce_lowering();  // data parallel (issue 25)
+std::unique_ptr<CudaLowering> make_nccl_all_gather_lowering();  // sharded updates (ZeRO-1, issue 38)
 #endif
 
 std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& o, bool device_present) {
@@ -114,6 +115,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   if (o.conv_kernels != ConvKernels::implicit_gemm) l.push_back(make_conv_implicit_gemm_lowering(0));
 #ifdef STEPGRAPH_HAVE_NCCL
   l.push_back(make_nccl_all_reduce_lowering());  // a gradient bucket's all_reduce_mean (issue 25)
+  l.push_back(make_nccl_all_gather_lowering());  // a sharded parameter's all_gather_shards (issue 38)
 #endif
 
   l.push_back(make_elementwise_lowering());

@@ -15,6 +15,7 @@
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
+#include "runtime/cuda/lowerings/update_shard.hpp"
 #include "runtime/plan/graph_queries.hpp"
 
 namespace sg::cuda {
@@ -110,10 +111,11 @@ class SgdMultiTensorLowering final : public CudaLowering {
       for (const SgdUpdate& u : updates) {
         const Node& sgd = g.node(u.sgd);
         const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
-        tensors.push_back({static_cast<W*>(c.ptr(sgd.inputs[0])), static_cast<const G*>(c.ptr(grad)),
-                           sgd.inputs.size() == 3 ? static_cast<W*>(c.ptr(sgd.inputs[2])) : nullptr,
-                           element_count(g.value(sgd.inputs[0]).shape), c.update_scalars(sgd.id),
-                           sgd.attr<SgdUpdateAttrs>().nesterov});
+        const ElementRange r = update_range(c, grad, element_count(g.value(sgd.inputs[0]).shape));
+        tensors.push_back({advanced<W>(c.ptr(sgd.inputs[0]), wtype, r),
+                           advanced<const G>(c.ptr(grad), gtype, r),
+                           sgd.inputs.size() == 3 ? advanced<W>(c.ptr(sgd.inputs[2]), wtype, r) : nullptr, r.count,
+                           c.update_scalars(sgd.id), sgd.attr<SgdUpdateAttrs>().nesterov});
       }
       auto kernel = std::make_shared<SgdMultiTensor<W, G>>(tensors);
       run = [=](cudaStream_t s) { kernel->launch(s, advance); };

@@ -17,6 +17,7 @@
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
 #include "runtime/cuda/lowerings/update_rule_table.hpp"
+#include "runtime/cuda/lowerings/update_shard.hpp"
 #include "runtime/plan/graph_queries.hpp"
 
 namespace sg::cuda {
@@ -121,9 +122,11 @@ class UpdateMultiTensorLowering final : public CudaLowering {
         for (std::size_t i = 0; i < nodes.size(); ++i) {
           const Node& n = g.node(nodes[i]);
           const UpdateInputs u = *update_inputs(n);
-          tensors.push_back({static_cast<W*>(c.ptr(u.param)),
-                             static_cast<const G*>(c.ptr(read_gradient(g, n, detail.casts[i]))), state_slots(u, ptr),
-                             element_count(g.value(u.param).shape)});
+          const ValueId grad = read_gradient(g, n, detail.casts[i]);
+          const ElementRange r = update_range(c, grad, element_count(g.value(u.param).shape));
+          const auto state = [&](ValueId v) { return advanced<void>(ptr(v), g.value(v).dtype, r); };
+          tensors.push_back({advanced<W>(c.ptr(u.param), g.value(u.param).dtype, r),
+                             advanced<const G>(c.ptr(grad), g.value(grad).dtype, r), state_slots(u, state), r.count});
         }
         auto kernel = std::make_shared<MultiTensorUpdate<Rule, W, G>>(tensors, hyper);
         run = [=](cudaStream_t s) { kernel->launch(scalars, step, scale, advance, s, dependent); };

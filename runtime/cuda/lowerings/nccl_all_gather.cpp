@@ -1,0 +1,59 @@
+// Lowering: all_gather_shards (ZeRO-1, issue 38; graph/optimizer_pass.hpp):
+// one ncclAllGather from this rank's range of the parameter (the range its
+// sharded update wrote last step) into the gathered value, every rank's range
+// at its place. On the communication stream, like the gradient buckets: the
+// optimizer pass puts the gathers at the step's start in the forward's
+// order, so the stream plan forks each there and joins it before the first
+// matmul that reads it, and a later layer's gather runs beside the earlier
+// layers' forward.
+#include <memory>
+
+#include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/nccl_communicator.hpp"
+
+namespace sg::cuda {
+namespace {
+
+class NcclAllGatherLowering final : public CudaLowering {
+ public:
+  std::string_view name() const override { return "nccl_all_gather"; }
+  LaunchStream launch_stream() const override { return LaunchStream::communication; }
+
+  std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
+    if (unit.fusion_group >= 0) return std::nullopt;
+    const Node& n = cover.graph().node(unit.nodes.front());
+    if (n.op != OpKind::all_gather_shards || !nccl_data_type(cover.graph().value(n.inputs[0]).dtype))
+      return std::nullopt;
+    return single_unit(unit);
+  }
+
+  std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
+    const NcclCommunicator* comm = c.communicator();
+    if (!comm)
+      throw CudaError("all_gather_shards needs an NCCL communicator: this graph belongs to a data-parallel run");
+    const sg::Graph& g = c.graph();
+    const Node& n = g.node(l.nodes.front());
+    const Value& param = g.value(n.inputs[0]);
+    const std::int64_t shards = n.attr<AllReduceAttrs>().shards;
+    if (comm->world_size() != shards)
+      throw CudaError(fmt::format("{} is sharded {} ways in a group of {} ranks: the graph was built for another "
+                                  "world size", param.name, shards, comm->world_size()));
+    const std::size_t count = static_cast<std::size_t>(element_count(param.shape) / shards);
+    const std::size_t bytes = count * dtype_size(param.dtype);
+    const char* own = static_cast<const char*>(c.ptr(param.id)) + static_cast<std::size_t>(comm->rank()) * bytes;
+    void* out = c.ptr(n.outputs[0]);
+    const ncclDataType_t type = *nccl_data_type(param.dtype);
+    auto run = [comm, own, out, count, type](cudaStream_t s) {
+      SG_NCCL_CHECK(ncclAllGather(own, out, count, type, comm->get(), s));
+      comm->wait_ready("ncclAllGather (sharded parameter)");
+    };
+    return std::make_unique<BoundLaunch>(
+        std::move(run), fmt::format("NCCL all-gather of {} shards, {} bytes each", shards, bytes));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<CudaLowering> make_nccl_all_gather_lowering() { return std::make_unique<NcclAllGatherLowering>(); }
+
+}  // namespace sg::cuda
