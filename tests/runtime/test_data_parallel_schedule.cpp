@@ -66,6 +66,22 @@ void check_dependencies(const Graph& g, const Schedule& s) {
       }
 }
 
+// A rank's step lowered with backend.update_per_bucket as given, every read after its write
+// (check_dependencies) and every two launches touching one value in order through the streams.
+struct CheckedSchedule {
+  Lowered lowered;
+  cuda::StreamPlan plan;
+};
+CheckedSchedule checked_schedule(const Graph& g, bool update_per_bucket) {
+  BackendOptions options;
+  options.update_per_bucket = update_per_bucket;
+  CheckedSchedule c{lower(g, options), {}};
+  check_dependencies(g, c.lowered.schedule);
+  c.plan = cuda::plan_streams(g, c.lowered.schedule, options);
+  test::check_stream_order(c.lowered.schedule, c.plan);
+  return c;
+}
+
 // The data-parallel rank's MLP of the checks below: 0 plain SGD, 1 momentum,
 // 2 Adam, 3 fp32 master weights with clipping, 4 fp32 master weights reducing
 // the f16 gradients before their casts (precision.all_reduce: compute), no
@@ -388,13 +404,9 @@ TEST_CASE("data parallel: update_per_bucket gives each bucket its own update lau
     const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
     for (const bool per_bucket : {false, true}) {
       INFO("update_per_bucket " << per_bucket);
-      BackendOptions options;
-      options.update_per_bucket = per_bucket;
-      const Lowered l = lower(p.train, options);
-      const Schedule& s = l.schedule;
-      check_dependencies(p.train, s);
-      const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, options);
-      test::check_stream_order(s, plan);
+      const CheckedSchedule checked = checked_schedule(p.train, per_bucket);
+      const Schedule& s = checked.lowered.schedule;
+      const cuda::StreamPlan& plan = checked.plan;
       std::vector<std::size_t> reduces, updates;
       for (std::size_t i = 0; i < s.launches.size(); ++i) {
         const std::string name(s.launches[i].lowering->name());
@@ -441,13 +453,9 @@ TEST_CASE("data parallel: a zero1 rank gathers its sharded weights on the commun
         t.optimizer.bucket_bytes = bucket_bytes;
         t.optimizer.shard_updates = true;
         const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
-        BackendOptions options;
-        options.update_per_bucket = per_bucket;
-        const Lowered l = lower(p.train, options);
-        const Schedule& s = l.schedule;
-        check_dependencies(p.train, s);
-        const cuda::StreamPlan plan = cuda::plan_streams(p.train, s, options);
-        test::check_stream_order(s, plan);
+        const CheckedSchedule checked = checked_schedule(p.train, per_bucket);
+        const Schedule& s = checked.lowered.schedule;
+        const cuda::StreamPlan& plan = checked.plan;
         std::size_t gathers = 0, sharded_gradients = 0;
         for (std::size_t i = 0; i < s.launches.size(); ++i) {
           const Launch& launch = s.launches[i];
