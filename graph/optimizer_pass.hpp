@@ -81,7 +81,6 @@ struct OptimizerSpec {
 // elements (vector-aligned for the update kernels at any element size).
 inline constexpr std::int64_t kShardAlignment = 64;
 
-
 // `step` is the graph's step counter (i32 [1] state, advanced after the
 // updates); Adam needs it, SGD ignores it. Throws GraphError when the spec is
 // unusable (nesterov without momentum, Adam without a step counter).

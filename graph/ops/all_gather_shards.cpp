@@ -8,8 +8,8 @@
 // forward of the layers before.
 //
 // The CPU reference is a group of one (a copy): a single rank owns every
-// range. Simulations of several ranks (tests/runtime/test_data_parallel.cpp)
-// keep every rank's parameters whole, so a copy is also what they need.
+// range. Simulations of several ranks (tests/runtime/simulated_ranks.hpp)
+// fill each range of every rank's output from the rank that owns it.
 #include <algorithm>
 
 #include <fmt/format.h>

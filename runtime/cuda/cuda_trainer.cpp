@@ -158,14 +158,15 @@ struct CudaTrainer::Impl {
     if (communicator) {
       // Each gradient bucket's all-reduce once outside capture, so NCCL sets
       // up its connections (lazily, on first use) before the graph records
-      // them. They read and write only arena slots no step has filled yet.
+      // them; and each sharded parameter's all-gather (ZeRO-1), which reads
+      // the parameter. They write only arena slots no step has filled yet.
       for (std::size_t i = 0; i < train->schedule().launches.size(); ++i)
         if (const auto name = train->schedule().launches[i].lowering->name();
             name == "nccl_all_reduce" || name == "nccl_all_gather")
           train->record_launch(i, stream.get());
       stream.synchronize();
       communicator->check_async();
-      end_part("NCCL warm-up (each gradient bucket's all-reduce once)");
+      end_part("NCCL warm-up (each gradient bucket's collective once)");
     }
 #endif
     if (s.cuda_graph) {
