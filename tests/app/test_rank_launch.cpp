@@ -412,7 +412,7 @@ TEST_CASE("checkpoints record the rank count, a resume at another one is refused
 }
 
 TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one all_reduce_mean per layer") {
-  // data_parallel.bucket_mb 0: a bucket per layer (the default, 25, joins these small layers into one).
+  // data_parallel.bucket_mb 0: a bucket per layer (the default, 4, joins these small layers into one).
   const auto config =
       app::load_config(sg::test::source_dir() / "configs/ci_small.yaml", {"data_parallel.bucket_mb=0"});
   app::InspectRequest r;
@@ -444,7 +444,7 @@ TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one 
   CHECK(count_buckets(cnn_text) == 4);
   // The default joins the CNN's 87 KB of gradients into one bucket.
   const auto joined = app::load_config(cnn_path, {});
-  CHECK(joined.data_parallel.bucket_mb == 25.0);
+  CHECK(joined.data_parallel.bucket_mb == 4.0);
   CHECK(count_buckets(app::run_inspect(joined, r)) == 1);
   CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.bucket_mb=-1"}),
                        doctest::Contains("data_parallel.bucket_mb"), app::ConfigError);
