@@ -11,6 +11,8 @@
 
 #include "graph/verifier.hpp"
 #include "models/mlp_program.hpp"
+#include "models/sequential_program.hpp"
+#include "tests/runtime/layer_specs.hpp"
 #include "tests/runtime/simulated_ranks.hpp"
 #include "tests/runtime/test_support.hpp"
 
@@ -174,6 +176,66 @@ TEST_CASE("zero1: N simulated ranks with sharded updates end with the weights of
     // Against one rank at N*B only the summation order differs (test_data_parallel.cpp's tolerances), but Adam
     // divides f16 gradients' rounding by sqrt(v) + eps: up to 3.3e-3 by norm seen with master weights.
     CHECK(test::relative_error(params, all_params(*reference)) < (c.master ? 1e-2 : 1e-3));
+    CHECK(test::relative_error(params, initial) > 1e-3);
+  }
+}
+
+// A model.sequential CNN: its second convolution's weight (16x8x3x3, 1152 elements) and the classifier's (6x256)
+// are sharded over 2 ranks; the first convolution's (72) and the biases stay all-reduced.
+TEST_CASE("zero1: a model.sequential CNN on 2 simulated ranks with sharded updates ends as the all-reducing ranks") {
+  auto rng = test::fresh_rng();
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    const std::int64_t ranks = 2, batch = 2 + std::int64_t(rng() % 4), rows = ranks * batch * 3 + 1;
+    INFO(optimizer_name(kind) << ", batch " << batch << ", seed " << test::last_seed());
+    const Data d = random_dataset(rng, rows, 64, 6);
+    const auto cnn = [&](std::int64_t rank, bool shard) {
+      SequentialTraining t;
+      t.model.input_shape = {1, 8, 8};
+      t.model.layers = {net_layer(LayerKind::conv2d, 8, 3, 1), net_layer(LayerKind::activation),
+                        net_layer(LayerKind::conv2d, 16, 3, 1), net_layer(LayerKind::activation),
+                        net_layer(LayerKind::max_pool2d, 0, 2), net_layer(LayerKind::flatten),
+                        net_layer(LayerKind::linear, 6)};
+      t.model.batch = batch;
+      t.model.compute_dtype = DType::f32;
+      t.model.weight_dtype = DType::f32;
+      t.optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
+      t.optimizer.kind = kind;
+      t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+      t.optimizer.shard_updates = shard;
+      t.optimizer.shard_min_bytes = 0;
+      t.data_rank = rank;
+      t.data_ranks = ranks;
+      t.eval_batch = 10;
+      t.init_seed = 3;
+      return executor(build_sequential_program(t, rows, 10, ProgramTarget::cpu), d);
+    };
+    std::vector<std::unique_ptr<CpuExecutor<float>>> sharded, reduced;
+    for (std::int64_t r = 0; r < ranks; ++r) {
+      sharded.push_back(cnn(r, true));
+      reduced.push_back(cnn(r, false));
+    }
+    const Graph& g = sharded.front()->graph();
+    CHECK(nodes_of(g, OpKind::all_gather_shards).size() == 2);
+    const auto initial = all_params(*reduced.front());
+    for (int s = 0; s < 5; ++s) {
+      step_ranks(sharded);
+      step_ranks(reduced);
+    }
+    // Rank 0's parameters: each sharded one gathered from its owners, as the backend's gather_shards does.
+    std::vector<float> params;
+    for (ValueId p : g.values_with_role(Role::param)) {
+      std::vector<float> v = sharded.front()->tensor(p).real;
+      const bool is_sharded = std::any_of(g.nodes().begin(), g.nodes().end(), [&](const Node& n) {
+        return n.op == OpKind::all_gather_shards && n.inputs[0] == p;
+      });
+      if (is_sharded)
+        for (std::size_t owner = 0; owner < sharded.size(); ++owner) {
+          const auto [begin, end] = shard_range(v.size(), ranks, owner);
+          for (std::size_t k = begin; k < end; ++k) v[k] = sharded[owner]->tensor(p).real[k];
+        }
+      params.insert(params.end(), v.begin(), v.end());
+    }
+    CHECK(params == all_params(*reduced.front()));
     CHECK(test::relative_error(params, initial) > 1e-3);
   }
 }
