@@ -138,6 +138,7 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
     differs("data_parallel.symmetric_memory", saved.data_parallel.symmetric_memory,
             config.data_parallel.symmetric_memory);
     differs("data_parallel.zero1", saved.data_parallel.zero1, config.data_parallel.zero1);
+    differs("data_parallel.zero1_min_mb", saved.data_parallel.zero1_min_mb, config.data_parallel.zero1_min_mb);
   }
   return point;
 }

@@ -139,10 +139,13 @@ struct DataParallelConfig {
   // The step's arena in NCCL symmetric memory, registered as one window: each bucket is one ncclSum of the
   // pre-scaled gradients on NCCL's symmetric (load/store over NVLink) kernels; false: the ring on plain memory.
   bool symmetric_memory = data_parallel_defaults::kSymmetricMemory;
-  // ZeRO-1: each parameter of 1 MiB or more reduced-scattered, updated by the rank that owns its share (the
-  // optimizer state's work split N ways), gathered back at the next step's start beside the forward; checkpoints
-  // hold every share (gathered on save). Not with optim.clip_grad_norm. docs/data_parallel.md says when it pays.
+  // ZeRO-1: each parameter of zero1_min_mb or more reduced-scattered, updated by the rank that owns its share
+  // (the optimizer state's work split N ways), gathered back at the next step's start beside the forward;
+  // checkpoints hold every share (gathered on save). Not with optim.clip_grad_norm. docs/data_parallel.md says
+  // when it pays.
   bool zero1 = false;
+  // Smaller parameters stay all-reduced with zero1 (their two collectives would cost more than half their update).
+  double zero1_min_mb = 16.0;
 };
 
 struct RunConfig {

@@ -171,6 +171,8 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
           "must be in [0, 1e6] MiB (0: one bucket per layer)");
   require(c.data_parallel.nccl_ctas >= 0 && c.data_parallel.nccl_ctas <= 64, "data_parallel.nccl_ctas",
           "must be in [0, 64] (0: NCCL's own choice)");
+  require(c.data_parallel.zero1_min_mb >= 0 && c.data_parallel.zero1_min_mb <= 1e6, "data_parallel.zero1_min_mb",
+          "must be in [0, 1e6] MiB");
   require(!(c.data_parallel.zero1 && c.optim.clip_grad_norm > 0), "data_parallel.zero1",
           "sharded updates cannot clip gradients (optim.clip_grad_norm): the global norm needs every rank's share");
   require(c.precision.weights == "fp32" || c.precision.weights == c.precision.compute, "precision.weights",

@@ -461,8 +461,12 @@ TEST_CASE("inspect --world-size shows one rank's graph: its batch slice and one 
   // ZeRO-1: off by default; on, a rank shards what is large enough (the report CNN: nothing, all buckets stay);
   // refused with clipping, before anything runs.
   CHECK_FALSE(joined.data_parallel.zero1);
-  const auto sharded = app::load_config(cnn_path, {"data_parallel.zero1=true"});
+  CHECK(joined.data_parallel.zero1_min_mb == 16.0);
+  const auto sharded = app::load_config(cnn_path, {"data_parallel.zero1=true", "data_parallel.zero1_min_mb=0"});
   CHECK(sharded.data_parallel.zero1);
+  CHECK(sharded.data_parallel.zero1_min_mb == 0.0);
+  CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.zero1_min_mb=-1"}),
+                       doctest::Contains("data_parallel.zero1_min_mb"), app::ConfigError);
   CHECK(count_buckets(app::run_inspect(sharded, r)) == 1);
   CHECK_THROWS_WITH_AS(app::load_config(cnn_path, {"data_parallel.zero1=true", "optim.clip_grad_norm=1"}),
                        doctest::Contains("data_parallel.zero1"), app::ConfigError);

@@ -452,6 +452,7 @@ TEST_CASE("data parallel: a zero1 rank gathers its sharded weights on the commun
         t.mlp.layers = {784, 1024, 1024, 10};  // W1 and W2 (1.5 and 2 MiB in f16) are sharded, W3 not
         t.optimizer.bucket_bytes = bucket_bytes;
         t.optimizer.shard_updates = true;
+        t.optimizer.shard_min_bytes = 1 << 20;
         const TrainingProgram p = build_mlp_program(t, 60000, 10000, ProgramTarget::cuda);
         const CheckedSchedule checked = checked_schedule(p.train, per_bucket);
         const Schedule& s = checked.lowered.schedule;

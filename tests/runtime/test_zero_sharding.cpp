@@ -129,7 +129,7 @@ TEST_CASE("zero1: the optimizer pass shards the parameters that divide into the 
 
 TEST_CASE("zero1: nothing is sharded below the size limit or for one rank and clipping is refused") {
   auto t = zero_mlp(8, OptimizerKind::sgd);
-  t.optimizer.shard_min_bytes = 1 << 20;  // the default: the small MLP's 8 KiB weights stay all-reduced
+  t.optimizer.shard_min_bytes = OptimizerSpec{}.shard_min_bytes;  // the default: the small MLP's 8 KiB weights
   CHECK(nodes_of(rank_program(t, 0, 2, true, 100).train, OpKind::all_gather_shards).empty());
   t.optimizer.shard_min_bytes = 0;
   CHECK(nodes_of(rank_program(t, 0, 1, true, 100).train, OpKind::all_gather_shards).empty());  // a world of one
