@@ -44,8 +44,7 @@ void check_sharded_updates(const sg::Graph& g, const Schedule& s) {
     for (NodeId id : l.nodes) {
       const Node& n = g.node(id);
       if (!is_update_rule(n.op)) continue;
-      const NodeId bucket = reducing_bucket(g, n.inputs[1]);
-      if (bucket < 0 || g.node(bucket).attr<AllReduceAttrs>().shards <= 1) continue;
+      if (gradient_shards(g, n.inputs[1]) <= 1) continue;
       const std::string_view by = l.lowering->name();
       if (by != "sgd_multi_tensor" && by != "update_multi_tensor")
         throw CudaError(fmt::format("the sharded update of {} was taken by {}, which updates whole parameters",
@@ -314,8 +313,7 @@ bool CudaProgram::gather_shards(cudaStream_t stream) const {
   std::vector<std::pair<ValueId, std::int64_t>> sharded;  // (parameter or its state, shards)
   for (const Node& n : graph_.nodes()) {
     if (!is_update_rule(n.op)) continue;
-    const NodeId bucket = reducing_bucket(graph_, n.inputs[1]);
-    const std::int64_t shards = bucket < 0 ? 0 : graph_.node(bucket).attr<AllReduceAttrs>().shards;
+    const std::int64_t shards = gradient_shards(graph_, n.inputs[1]);
     if (shards <= 1) continue;
     const Shape& shape = graph_.value(n.inputs[0]).shape;
     for (ValueId v : n.inputs) {

@@ -51,4 +51,12 @@ inline NodeId reducing_bucket(const Graph& g, ValueId grad) {
   }
 }
 
+// The ranks `grad` (as an update reads it) is sharded over: its bucket's
+// AllReduceAttrs::shards (ZeRO-1), 0 when it comes from no bucket or an
+// unsharded one.
+inline std::int64_t gradient_shards(const Graph& g, ValueId grad) {
+  const NodeId bucket = reducing_bucket(g, grad);
+  return bucket < 0 ? 0 : g.node(bucket).attr<AllReduceAttrs>().shards;
+}
+
 }  // namespace sg

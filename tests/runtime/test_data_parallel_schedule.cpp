@@ -475,11 +475,8 @@ TEST_CASE("data parallel: a zero1 rank gathers its sharded weights on the commun
               sharded_gradients += n.inputs.size();  // (one joined bucket with bucket_bytes)
               CHECK(name == "nccl_all_reduce");
             }
-            if (is_update_rule(n.op) && n.inputs.size() > 1) {
-              const NodeId bucket = reducing_bucket(p.train, n.inputs[1]);
-              if (bucket >= 0 && p.train.node(bucket).attr<AllReduceAttrs>().shards > 1)
-                CHECK((name == "sgd_multi_tensor" || name == "update_multi_tensor"));
-            }
+            if (is_update_rule(n.op) && n.inputs.size() > 1 && gradient_shards(p.train, n.inputs[1]) > 1)
+              CHECK((name == "sgd_multi_tensor" || name == "update_multi_tensor"));
           }
         }
         CHECK(gathers == 2);

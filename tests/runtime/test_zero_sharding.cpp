@@ -221,20 +221,8 @@ TEST_CASE("zero1: a model.sequential CNN on 2 simulated ranks with sharded updat
       step_ranks(sharded);
       step_ranks(reduced);
     }
-    // Rank 0's parameters: each sharded one gathered from its owners, as the backend's gather_shards does.
-    std::vector<float> params;
-    for (ValueId p : g.values_with_role(Role::param)) {
-      std::vector<float> v = sharded.front()->tensor(p).real;
-      const bool is_sharded = std::any_of(g.nodes().begin(), g.nodes().end(), [&](const Node& n) {
-        return n.op == OpKind::all_gather_shards && n.inputs[0] == p;
-      });
-      if (is_sharded)
-        for (std::size_t owner = 0; owner < sharded.size(); ++owner) {
-          const auto [begin, end] = shard_range(v.size(), ranks, owner);
-          for (std::size_t k = begin; k < end; ++k) v[k] = sharded[owner]->tensor(p).real[k];
-        }
-      params.insert(params.end(), v.begin(), v.end());
-    }
+    // Each sharded parameter gathered from its owners, as the backend's gather_shards does.
+    const auto params = gathered_params(sharded);
     CHECK(params == all_params(*reduced.front()));
     CHECK(test::relative_error(params, initial) > 1e-3);
   }

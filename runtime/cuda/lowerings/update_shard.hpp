@@ -20,9 +20,7 @@ struct ElementRange {
 // the parameter's elements. Throws CudaError when the graph's shards are not
 // this process group's ranks.
 inline ElementRange update_range(const BindContext& c, ValueId grad, std::int64_t count) {
-  const sg::Graph& g = c.graph();
-  const NodeId bucket = reducing_bucket(g, grad);
-  const std::int64_t shards = bucket < 0 ? 0 : g.node(bucket).attr<AllReduceAttrs>().shards;
+  const std::int64_t shards = gradient_shards(c.graph(), grad);
   if (shards <= 1) return {0, count};
   const auto group = c.group_rank();
   if (group.ranks != shards)
