@@ -57,8 +57,10 @@ std::vector<BackendOptionRow> make_table() {
                           "priority)"));
   t.push_back(BackendOptionRow{
       "conv_kernels", "core",
-      "who runs the convolutions: auto (ours where measured faster, cuDNN elsewhere) | cudnn | implicit_gemm (ours)",
-      {"auto", "cudnn", "implicit_gemm"},
+      "who runs the convolutions: auto (ours where measured faster, cuDNN elsewhere) | cudnn | implicit_gemm (ours) | "
+      "tensor_core (our channels-last tensor-core kernels where they take the shape; with autotune where timed faster "
+      "than cuDNN)",
+      {"auto", "cudnn", "implicit_gemm", "tensor_core"},
       [](const BackendOptions& o) { return BackendOptionValue(std::string(conv_kernels_name(o.conv_kernels))); },
       [](BackendOptions& o, const BackendOptionValue& v) { o.conv_kernels = conv_kernels_from_name(std::get<std::string>(v)); },
       nullptr});

@@ -30,14 +30,15 @@ std::string_view conv_kernels_name(ConvKernels kernels) {
     case ConvKernels::automatic: return "auto";
     case ConvKernels::cudnn: return "cudnn";
     case ConvKernels::implicit_gemm: return "implicit_gemm";
+    case ConvKernels::tensor_core: return "tensor_core";
   }
   throw std::invalid_argument("conv_kernels_name: not a ConvKernels");
 }
 
 ConvKernels conv_kernels_from_name(std::string_view name) {
-  for (ConvKernels k : {ConvKernels::automatic, ConvKernels::cudnn, ConvKernels::implicit_gemm})
+  for (ConvKernels k : {ConvKernels::automatic, ConvKernels::cudnn, ConvKernels::implicit_gemm, ConvKernels::tensor_core})
     if (conv_kernels_name(k) == name) return k;
-  throw std::invalid_argument("conv kernels '" + std::string(name) + "' is not one of auto, cudnn, implicit_gemm");
+  throw std::invalid_argument("conv kernels '" + std::string(name) + "' is not one of auto, cudnn, implicit_gemm, tensor_core");
 }
 
 std::string_view activation_layout_name(ActivationLayout layout) {

@@ -21,8 +21,8 @@ WholeStepMode whole_step_mode_from_name(std::string_view name);  // throws std::
 // automatic: ours where they measured faster (few channels), cuDNN's graph
 // API elsewhere; cudnn / implicit_gemm: that one first wherever it takes the
 // convolution (ops/cuda/conv_implicit_gemm.cu is ours).
-enum class ConvKernels : std::uint8_t { automatic, cudnn, implicit_gemm };
-std::string_view conv_kernels_name(ConvKernels kernels);      // "auto", "cudnn", "implicit_gemm"
+enum class ConvKernels : std::uint8_t { automatic, cudnn, implicit_gemm, tensor_core };
+std::string_view conv_kernels_name(ConvKernels kernels);      // "auto", "cudnn", "implicit_gemm", "tensor_core"
 ConvKernels conv_kernels_from_name(std::string_view name);    // throws std::invalid_argument
 
 // The layout of the convolution layers' activations (graph/channels_last_pass.hpp):

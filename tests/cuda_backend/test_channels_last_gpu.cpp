@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "models/sequential_program.hpp"
+#include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/trainer.hpp"
 #include "runtime/tensor_blob.hpp"
@@ -78,6 +79,29 @@ test::StepsRun train(const SequentialTraining& t, const Dataset& data, Activatio
   return test::run_steps(*trainer, kSteps);
 }
 
+// The channels-last GPU trainer of `t` with `kernels` running its convolutions, and its CPU twin.
+std::unique_ptr<Trainer> channels_last_trainer(const SequentialTraining& t, const Dataset& data,
+                                               ConvKernels kernels = ConvKernels::automatic) {
+  TrainerSpec spec;
+  spec.program = build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
+  spec.backend.activation_layout = ActivationLayout::channels_last;
+  spec.backend.conv_kernels = kernels;
+  return cuda::make_cuda_trainer(spec, data);
+}
+std::unique_ptr<Trainer> cpu_trainer(const SequentialTraining& t, const Dataset& data) {
+  TrainerSpec spec;
+  spec.program = build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cpu);
+  return make_cpu_trainer(spec, data);
+}
+
+// Launches of our channels-last tensor-core convolutions in a GPU trainer's step.
+int tensor_core_launches(const Trainer& gpu) {
+  int n = 0;
+  for (const Launch& l : dynamic_cast<const cuda::CudaTrainer&>(gpu).training_program().schedule().launches)
+    n += l.lowering->name() == "tensor_core_conv";
+  return n;
+}
+
 void check_follows(const SequentialTraining& t, std::int64_t image_values) {
   std::mt19937_64 rng(36);
   const Dataset data = test::random_dataset(t.model.batch * 6, image_values, 10, rng);
@@ -133,14 +157,8 @@ TEST_CASE("channels-last batch_norm (the rows path) follows the CPU backend: a r
     const SequentialTraining t = batch_norm_residual(kind);
     std::mt19937_64 rng(38);
     const Dataset data = test::random_dataset(t.model.batch * 6, 28 * 28, 10, rng);
-    TrainerSpec gpu_spec;
-    gpu_spec.program =
-        build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cuda);
-    gpu_spec.backend.activation_layout = ActivationLayout::channels_last;
-    const auto gpu = cuda::make_cuda_trainer(gpu_spec, data);
-    TrainerSpec cpu_spec;
-    cpu_spec.program = build_sequential_program(t, data.train.images.count, data.test.images.count, ProgramTarget::cpu);
-    const auto cpu = make_cpu_trainer(cpu_spec, data);
+    const auto gpu = channels_last_trainer(t, data);
+    const auto cpu = cpu_trainer(t, data);
     INFO(gpu->description());
     REQUIRE(gpu->description().find("channels-last") != std::string::npos);
     gpu->train(1);
@@ -151,4 +169,37 @@ TEST_CASE("channels-last batch_norm (the rows path) follows the CPU backend: a r
     const test::StepsRun last = train(t, data, ActivationLayout::channels_last);
     CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
   }
+}
+
+// Our channels-last tensor-core convolutions (ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp,
+// forced by backend.conv_kernels: tensor_core) inside the captured step:
+// the residual CNN at 16 and 32 channels (three forwards and three backward
+// data passes are theirs; the 1-channel first layer stays with cuDNN)
+// against the CPU backend, as above, and the mnist_cnn_fast network's
+// second layer (5x5, 32 -> 64, bias + ReLU in the epilogue) against the
+// NCHW step.
+TEST_CASE("channels-last tensor-core convolutions in the training step follow the CPU backend and the NCHW step") {
+  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    INFO(optimizer_name(kind));
+    SequentialTraining t = batch_norm_residual(kind);
+    t.model.layers = test::batch_norm_residual_layers(16);
+    std::mt19937_64 rng(39);
+    const Dataset data = test::random_dataset(t.model.batch * 6, 28 * 28, 10, rng);
+    const auto gpu = channels_last_trainer(t, data, ConvKernels::tensor_core);
+    CHECK(tensor_core_launches(*gpu) == 6);
+    const auto cpu = cpu_trainer(t, data);
+    gpu->train(1);
+    cpu->train(1);
+    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
+    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+  }
+  SequentialTraining t = mnist_sized(OptimizerKind::adamw);
+  std::mt19937_64 rng(40);
+  const Dataset data = test::random_dataset(t.model.batch * 6, 28 * 28, 10, rng);
+  const test::StepsRun nchw = train(t, data, ActivationLayout::nchw);
+  const auto trainer = channels_last_trainer(t, data, ConvKernels::tensor_core);
+  CHECK(tensor_core_launches(*trainer) == 2);
+  const test::StepsRun last = test::run_steps(*trainer, kSteps);
+  CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
+  test::check_saved_states_close(nchw.first_state, last.first_state, 3e-2);
 }

@@ -153,3 +153,37 @@ TEST_CASE("auto keeps NCHW where an avg_pool2d or dropout2d interrupts a region 
   CHECK_FALSE(plain.channels_last);
   CHECK(choose(plain, ActivationLayout::channels_last) == "NCHW (no convolution layers)");
 }
+
+// backend.conv_kernels: tensor_core opts into our channels-last tensor-core
+// convolutions (ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp): the 32 -> 64 layer's forward
+// (with its bias and ReLU) and backward data are theirs; the one-channel
+// layer (not a multiple of 16 channels) and the weight gradients stay as
+// under `auto`. Under `auto`, autotune or not, they never run.
+TEST_CASE("conv_kernels: tensor_core runs the channels-last convolutions it fits on our tensor-core kernels") {
+  TrainingProgram p = program(two_conv_cnn());
+  CHECK(choose(p, ActivationLayout::channels_last) == "channels-last (backend.activation_layout: channels_last)");
+  const Graph& g = p.train;
+  BackendOptions o;
+  o.conv_kernels = ConvKernels::tensor_core;
+  const Lowered lowered = lower(g, o);
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::conv2d && n.op != OpKind::conv2d_backward_data && n.op != OpKind::conv2d_backward_filter)
+      continue;
+    CAPTURE(op_name(n.op));
+    CAPTURE(n.id);
+    const std::string how = lowering_of(lowered.schedule, n.id);
+    const bool one_channel = n.op == OpKind::conv2d && g.value(n.inputs[0]).shape[3] == 1;
+    if (n.op == OpKind::conv2d_backward_filter)
+      CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "conv_wgrad_bias" : "conv_cudnn"));
+    else
+      CHECK(how == (one_channel ? "conv_cudnn" : "tensor_core_conv"));
+  }
+  const auto counts = launch_counts(g, lowered.schedule);
+  CHECK(counts.at("tensor_core_conv[forward+bias+relu,stride=1,padding=2,channels_last]") == 1);
+  CHECK(counts.at("tensor_core_conv[dgrad,stride=1,padding=2,channels_last]") == 1);
+  for (const bool autotune : {false, true}) {
+    BackendOptions automatic;
+    automatic.autotune = autotune;
+    for (const Launch& l : lower(g, automatic).schedule.launches) CHECK(name_of(l).rfind("tensor_core_conv", 0) != 0);
+  }
+}

@@ -19,7 +19,8 @@ namespace {
 
 std::vector<SlottedLowering> our_conv_lowerings(const BackendOptions& o) {
   std::vector<SlottedLowering> l;
-  if (o.conv_kernels != ConvKernels::automatic) return l;
+  // (tensor_core adds the channels-last tensor-core kernels; these stay for what they take.)
+  if (o.conv_kernels != ConvKernels::automatic && o.conv_kernels != ConvKernels::tensor_core) return l;
   // Before column_sum and channel_sum would take the bias gradient alone.
   l.push_back({FastPathSlot::backward_patterns, make_conv_wgrad_bias_lowering(measured::kOurConvMaxChannelProduct)});
   l.push_back({FastPathSlot::convolution, make_conv_implicit_gemm_lowering(measured::kOurConvMaxChannelProduct)});

@@ -154,7 +154,9 @@ std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& 
     why = "turned off (backend.whole_step: false)";
     return std::nullopt;
   }
-  if (o.conv_kernels != ConvKernels::automatic) {  // cudnn / implicit_gemm ask for those per-launch convolutions
+  // cudnn / implicit_gemm ask for those per-launch convolutions (tensor_core names the per-launch kernels of
+  // channels-last convolutions: the fused step's own stay).
+  if (o.conv_kernels == ConvKernels::cudnn || o.conv_kernels == ConvKernels::implicit_gemm) {
     why = "backend.conv_kernels asks for per-launch convolutions";
     return std::nullopt;
   }
