@@ -48,7 +48,7 @@ std::string why_not_node(const sg::Graph& g, const Node& n) {
   return nhwc_conv_why_not(pass_of(n.op), nhwc_shape(z));
 }
 
-// How much faster than cuDNN ours must time to be bound under `auto`.
+// With autotune: ours is bound only where it timed below this fraction of cuDNN's time.
 constexpr float kMargin = 0.9f;
 
 // The choice autotune made in this process, by problem: a tile, or -1 for cuDNN.
