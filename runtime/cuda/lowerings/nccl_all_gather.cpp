@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/update_shard.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 
 namespace sg::cuda {
@@ -35,9 +36,7 @@ class NcclAllGatherLowering final : public CudaLowering {
     const Node& n = g.node(l.nodes.front());
     const Value& param = g.value(n.inputs[0]);
     const std::int64_t shards = n.attr<AllReduceAttrs>().shards;
-    if (comm->world_size() != shards)
-      throw CudaError(fmt::format("{} is sharded {} ways in a group of {} ranks: the graph was built for another "
-                                  "world size", param.name, shards, comm->world_size()));
+    check_shard_count(shards, comm->world_size(), param.name);
     const std::size_t count = static_cast<std::size_t>(element_count(param.shape) / shards);
     const std::size_t bytes = count * dtype_size(param.dtype);
     const char* own = static_cast<const char*>(c.ptr(param.id)) + static_cast<std::size_t>(comm->rank()) * bytes;

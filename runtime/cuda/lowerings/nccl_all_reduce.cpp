@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/cuda/lowerings/update_shard.hpp"
 #include "runtime/cuda/nccl_communicator.hpp"
 #include "runtime/plan/memory_plan.hpp"
 
@@ -85,9 +86,7 @@ std::unique_ptr<RecordedLaunch> record_symmetric(const NcclCommunicator* comm, c
 std::unique_ptr<RecordedLaunch> record_reduce_scatter(const NcclCommunicator* comm,
                                                       const std::vector<BucketTensor>& tensors, std::size_t bytes,
                                                       bool pre_scaled, std::int64_t shards) {
-  if (comm->world_size() != shards)
-    throw CudaError(fmt::format("a bucket sharded {} ways in a group of {} ranks: the graph was built for another "
-                                "world size", shards, comm->world_size()));
+  check_shard_count(shards, comm->world_size(), "a gradient bucket");
   const auto rank = static_cast<std::size_t>(comm->rank());
   const ncclRedOp_t op = pre_scaled ? ncclSum : ncclAvg;
   const bool grouped = !comm->symmetric_memory();

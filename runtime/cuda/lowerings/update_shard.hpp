@@ -3,6 +3,7 @@
 // a sharded gradient (ZeRO-1, issue 38: its bucket's AllReduceAttrs::shards)
 // this rank's range, the only one its reduce-scatter left the mean in.
 #include <cstdint>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,14 @@ struct ElementRange {
   std::int64_t begin = 0, count = 0;
 };
 
+// Throws CudaError unless a graph's `shards` are the process group's `ranks`
+// (`what`: the sharded tensor or bucket, for the message).
+inline void check_shard_count(std::int64_t shards, std::int64_t ranks, const std::string& what) {
+  if (shards != ranks)
+    throw CudaError(fmt::format("{} is sharded {} ways in a process group of {} ranks: the graph was built for another "
+                                "world size", what, shards, ranks));
+}
+
 // `grad` as the update reads it (before or after a widening cast); `count`
 // the parameter's elements. Throws CudaError when the graph's shards are not
 // this process group's ranks.
@@ -23,9 +32,7 @@ inline ElementRange update_range(const BindContext& c, ValueId grad, std::int64_
   const std::int64_t shards = gradient_shards(c.graph(), grad);
   if (shards <= 1) return {0, count};
   const auto group = c.group_rank();
-  if (group.ranks != shards)
-    throw CudaError(fmt::format("a sharded update of {} shards in a process group of {} ranks: the graph was built "
-                                "for another world size", shards, group.ranks));
+  check_shard_count(shards, group.ranks, "an updated parameter");
   return {group.rank * (count / shards), count / shards};
 }
 

@@ -10,9 +10,6 @@
 
 namespace sg::cuda::nhwc_conv {
 
-// Stages in the K-step ring of shared memory.
-constexpr int kStages = 4;
-
 // 16 bytes into shared memory, or 16 zero bytes where `valid` is false (the
 // source is then not read).
 __device__ __forceinline__ void copy16_or_zero(std::uint32_t dst, const void* src, bool valid) {

@@ -25,8 +25,9 @@ namespace sg::cuda {
 namespace {
 
 using nhwc_conv::copy16_or_zero;
-using nhwc_conv::kStages;
 using nhwc_conv::pack2;
+
+constexpr int kStages = 4;  // K steps in the shared-memory ring
 
 // The sizes a kernel reads, as ints (plan_nhwc_conv checks they fit).
 struct Dims {

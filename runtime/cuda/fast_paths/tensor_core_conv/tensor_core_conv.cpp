@@ -119,6 +119,9 @@ class TensorCoreConvLowering final : public CudaLowering {
       if (auto it = chosen_tiles().find(key); it != chosen_tiles().end()) chosen = it->second;
     }
     std::string why = "chosen by timing earlier in this process";
+#ifdef STEPGRAPH_HAVE_CUDNN
+    std::shared_ptr<const CudnnConv> timed_cudnn;  // kept to bind where it wins
+#endif
     if (!chosen) {
       // Every tile on the launch's buffers (the filter rewritten into a buffer of its own here).
       DeviceBuffer rewritten(plan.filter_elements() * 2);
@@ -135,9 +138,10 @@ class TensorCoreConvLowering final : public CudaLowering {
       }
       why = fmt::format("fastest tile of {} timed ({} us)", nhwc_conv_tile_count(), times);
 #ifdef STEPGRAPH_HAVE_CUDNN
-      const auto conv = cudnn_conv(n, z, dtype, o, c);
-      DeviceBuffer workspace(conv->workspace_bytes());
-      const float cudnn_us = median_us(c.stream(), [&](cudaStream_t s) { conv->run(tensors(n, o), workspace.data(), s); });
+      timed_cudnn = cudnn_conv(n, z, dtype, o, c);
+      DeviceBuffer workspace(timed_cudnn->workspace_bytes());
+      const float cudnn_us =
+          median_us(c.stream(), [&](cudaStream_t s) { timed_cudnn->run(tensors(n, o), workspace.data(), s); });
       why += fmt::format("; cuDNN's fastest engine {:.1f} us", cudnn_us);
       if (!(best < kMargin * cudnn_us)) chosen = -1;
 #endif
@@ -146,7 +150,7 @@ class TensorCoreConvLowering final : public CudaLowering {
     }
 #ifdef STEPGRAPH_HAVE_CUDNN
     if (*chosen < 0) {
-      auto conv = cudnn_conv(n, z, dtype, o, c);
+      auto conv = timed_cudnn ? timed_cudnn : cudnn_conv(n, z, dtype, o, c);
       void* const* workspace = c.workspace(conv->workspace_bytes());
       const ConvTensors t = tensors(n, o);
       std::string label = conv->label() + " (kept over ours: " + why + ")";
