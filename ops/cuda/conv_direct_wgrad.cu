@@ -12,6 +12,7 @@
 
 #include "ops/cuda/conv_direct.hpp"
 #include "ops/cuda/conv_direct_common.cuh"
+#include "ops/cuda/wgrad_partials.cuh"
 
 namespace sg::cuda::conv_direct {
 namespace {
@@ -149,27 +150,6 @@ __global__ void __launch_bounds__(kDirectThreads)
   }
 }
 
-// Element e = o * outs + k of the partials is dw[o][k] (k < taps) or
-// db[o] (k == taps, with the bias): the sum of its `parts` partials, one
-// warp per element, lane l adding parts l, l + 32, ... in order, then a
-// fixed shuffle tree (the same bits every run). db is rounded to T, then
-// widened when B is float (the graph's T sum and its cast).
-template <typename T, typename B>
-__global__ void direct_wgrad_finish(const float* partials, int parts, int elements, int outs, int taps, T* dw, B* db) {
-  const int lane = threadIdx.x % 32;
-  for (int e = (blockIdx.x * blockDim.x + threadIdx.x) / 32; e < elements; e += gridDim.x * blockDim.x / 32) {
-    float v = 0.f;
-#pragma unroll 4
-    for (int q = lane; q < parts; q += 32) v += partials[q * elements + e];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    if (lane != 0) continue;
-    const int o = e / outs, k = e - o * outs;
-    if (k < taps) dw[o * taps + k] = from_float<T>(v);
-    else db[o] = from_float<B>(to_float(from_float<T>(v)));
-  }
-}
-
 DirectDims direct_wgrad_dims(const ConvShape& s) {
   const int oh = int(s.oh()), ow = int(s.ow()), st = int(s.stride), kh = int(s.kh), kw = int(s.kw);
   return {int(s.n), int(s.c), int(s.h), int(s.w), int(s.o), kh, kw, st, int(s.padding), int(s.padding), oh, ow,
@@ -280,12 +260,12 @@ void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, 
   const int parts = static_cast<int>(tensor_cores ? mma_wgrad_parts(plan) : wgrad_parts(plan));
   const unsigned blocks = blocks_for(std::int64_t(elements) * 32);
   if (bias.widened)
-    direct_wgrad_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
-                                                         static_cast<float*>(bias.sums));
+    wgrad_partials_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
+                                                           static_cast<float*>(bias.sums));
   else
-    direct_wgrad_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
-                                                         static_cast<T*>(bias.sums));
-  SG_LAUNCH_CHECK("direct_wgrad_finish");
+    wgrad_partials_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
+                                                           static_cast<T*>(bias.sums));
+  SG_LAUNCH_CHECK("wgrad_partials_finish");
 }
 
 template void launch_wgrad<float>(const ImplicitGemmPlan&, const float*, const float*, float*, ConvBiasGradient,

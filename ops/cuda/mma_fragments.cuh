@@ -68,6 +68,18 @@ __device__ __forceinline__ std::uint32_t pack_half2(__half lo, __half hi) {
   return *reinterpret_cast<const std::uint32_t*>(&h);
 }
 
+// Two floats rounded to T (__half or __nv_bfloat16) as one register, lo in the low half.
+template <typename T>
+__device__ __forceinline__ std::uint32_t pack_floats(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+
 __device__ __forceinline__ float2 unpack_half2(std::uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
 }

@@ -146,6 +146,8 @@ TEST_CASE("the normal schedule names each declined fast path with a reason") {
       CHECK((why == "not decided without a GPU: it asks the device whether the step fits" ||
              why.find("bytes of shared memory") != std::string::npos));
       CHECK(reason_of(declined, "our_conv") == "");  // its first conv is 1->32: ours runs it
+      // (NCHW here: channels-last, few_channel_conv's kernels would run that layer.)
+      CHECK(reason_of(declined, "few_channel_conv") == "conv2d node 6: NCHW activations (these kernels take channels-last)");
     }
   NamedGraph off{"MLP, whole_step off", bench_mlp(128, 64, OptimizerKind::sgd, DType::f16), BackendOptions{}};
   off.options.whole_step = false;

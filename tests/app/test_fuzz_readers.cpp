@@ -154,13 +154,19 @@ void fuzz(const std::string& kind, const std::vector<std::string>& dictionary, s
   CHECK(rejected > 0);
 }
 
+// The mutants' files, in one folder removed when the test program ends
+// (each run left one behind in the temp dir before).
 fs::path scratch(const std::string& name) {
-  static const auto dir = [] {
-    const auto d = fs::temp_directory_path() / ("stepgraph-fuzz-" + std::to_string(std::random_device{}()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir / name;
+  struct Folder {
+    fs::path path = fs::temp_directory_path() / ("stepgraph-fuzz-" + std::to_string(std::random_device{}()));
+    Folder() { fs::create_directories(path); }
+    ~Folder() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  };
+  static const Folder folder;
+  return folder.path / name;
 }
 
 void write(const fs::path& p, const std::string& bytes) { test::write_file(p, bytes); }

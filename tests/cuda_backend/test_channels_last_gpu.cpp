@@ -94,13 +94,14 @@ std::unique_ptr<Trainer> cpu_trainer(const SequentialTraining& t, const Dataset&
   return make_cpu_trainer(spec, data);
 }
 
-// Launches of our channels-last tensor-core convolutions in a GPU trainer's step.
-int tensor_core_launches(const Trainer& gpu) {
+// Launches of lowering `name` in a GPU trainer's step.
+int launches_of(const Trainer& gpu, std::string_view name) {
   int n = 0;
   for (const Launch& l : dynamic_cast<const cuda::CudaTrainer&>(gpu).training_program().schedule().launches)
-    n += l.lowering->name() == "tensor_core_conv";
+    n += l.lowering->name() == name;
   return n;
 }
+int tensor_core_launches(const Trainer& gpu) { return launches_of(gpu, "tensor_core_conv"); }
 
 void check_follows(const SequentialTraining& t, std::int64_t image_values) {
   std::mt19937_64 rng(36);
@@ -174,7 +175,7 @@ TEST_CASE("channels-last batch_norm (the rows path) follows the CPU backend: a r
 // Our channels-last tensor-core convolutions (ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp,
 // forced by backend.conv_kernels: tensor_core) inside the captured step:
 // the residual CNN at 16 and 32 channels (three forwards and three backward
-// data passes are theirs; the 1-channel first layer stays with cuDNN)
+// data passes are theirs; the 1-channel first layer is few_channel_conv's)
 // against the CPU backend, as above, and the mnist_cnn_fast network's
 // second layer (5x5, 32 -> 64, bias + ReLU in the epilogue) against the
 // NCHW step.
@@ -202,4 +203,32 @@ TEST_CASE("channels-last tensor-core convolutions in the training step follow th
   const test::StepsRun last = test::run_steps(*trainer, kSteps);
   CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
   test::check_saved_states_close(nchw.first_state, last.first_state, 3e-2);
+}
+
+// Our few-channel convolutions (ops/cuda/fast_paths/few_channel_conv/, under
+// `auto`) inside the captured step against the CPU backend: RGB images whose
+// first layer is 3 -> 8 (5x5, bias, then ReLU: the bias gradient in the
+// weight gradient's pass, widened to the fp32 master's), and one-channel
+// images whose first layer is 1 -> 16 (7x7, stride 2, no bias: the weight
+// gradient alone).
+TEST_CASE("channels-last few-channel first layers in the training step follow the CPU backend") {
+  for (const bool rgb : {true, false}) {
+    INFO((rgb ? "RGB, 3 -> 8, 5x5" : "one channel, 1 -> 16, 7x7 stride 2"));
+    SequentialTraining t = small_images(OptimizerKind::adamw);
+    t.model.input_shape = rgb ? Shape{3, 12, 12} : Shape{1, 15, 15};
+    t.model.layers[0] = rgb ? test::net_layer(LayerKind::conv2d, 8, 5, 2) : test::net_layer(LayerKind::conv2d, 16, 7, 3, 2);
+    t.model.layers[0].bias = rgb;
+    std::mt19937_64 rng(41);
+    const Dataset data = test::random_dataset(t.model.batch * 6, t.model.input_shape[0] * t.model.input_shape[1] *
+                                                                     t.model.input_shape[2], 10, rng);
+    const auto gpu = channels_last_trainer(t, data);
+    INFO(gpu->description());
+    CHECK(launches_of(*gpu, "few_channel_conv") == 1);
+    CHECK(launches_of(*gpu, "few_channel_wgrad") == 1);
+    const auto cpu = cpu_trainer(t, data);
+    gpu->train(1);
+    cpu->train(1);
+    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
+    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+  }
 }

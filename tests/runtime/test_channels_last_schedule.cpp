@@ -1,10 +1,10 @@
 // Which form the CUDA backend runs (runtime/cuda/activation_layout_choice.hpp)
 // and how the channels-last step is lowered, without a GPU: an MNIST CNN of
 // two 5x5 convs (32 and 64 channels, AdamW, fp32 master weights) goes
-// channels-last under `auto`; its convolutions run in cuDNN with
-// channels-last tensors except the one-channel layer's weight gradient (our
-// kernel reads the channels-last dY, and adds its bias's gradient in the
-// same pass), the region's exit and its gradient ride in the last pooling's
+// channels-last under `auto`; its second layer's convolutions run in cuDNN
+// with channels-last tensors, the one-channel layer's forward and weight
+// gradient on our few-channel kernels (fast path few_channel_conv: the bias's
+// gradient in the weight gradient's pass), the region's exit and its gradient ride in the last pooling's
 // launches, the other conv bias gradient is a column sum over all its rows
 // (column_sum), and every gradient cast rides in
 // the update launch. A batch_norm or a dropout2d inside the region keeps the
@@ -74,13 +74,16 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
     CAPTURE(n.id);
     const std::string how = lowering_of(lowered.schedule, n.id);
     switch (n.op) {
-      case OpKind::conv2d:
+      case OpKind::conv2d:  // the one-channel layer's by our few-channel kernel
+        CHECK(n.attr<Conv2dAttrs>().channels_last);
+        CHECK(how == (g.value(n.inputs[0]).shape[3] == 1 ? "few_channel_conv" : "conv_cudnn"));
+        break;
       case OpKind::conv2d_backward_data:
         CHECK(n.attr<Conv2dAttrs>().channels_last);
         CHECK(how == "conv_cudnn");
         break;
       case OpKind::conv2d_backward_filter:  // the one-channel layer's by our kernel, with its bias's sums
-        CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "conv_wgrad_bias" : "conv_cudnn"));
+        CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "few_channel_wgrad" : "conv_cudnn"));
         break;
       case OpKind::to_channels_first:
         CHECK(how == "max_pool2d");
@@ -91,7 +94,7 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
       case OpKind::reduce_rows:  // the conv biases' over N*H*W rows (the first in its weight gradient's pass);
                                  // the linear layers' in their weight gradient's tile, with both updates
         CHECK(how == (g.value(n.inputs[0]).shape[0] <= 128 ? "wgrad_update"
-                      : g.value(n.inputs[0]).shape[1] == 32 ? "conv_wgrad_bias"
+                      : g.value(n.inputs[0]).shape[1] == 32 ? "few_channel_wgrad"
                                                              : "column_sum"));
         break;
       case OpKind::cast:
@@ -104,8 +107,13 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
   const auto counts = launch_counts(g, lowered.schedule);
   CHECK(counts.count("channels_permute") == 0);
   CHECK(counts.at("column_sum") == 1);
-  CHECK(counts.at("conv_wgrad_bias[wgrad+bias,stride=1,padding=2,channels_last]") == 1);
+  CHECK(counts.at("few_channel_conv[forward+bias+relu,stride=1,padding=2,channels_last]") == 1);
+  CHECK(counts.at("few_channel_wgrad[wgrad+bias,stride=1,padding=2,channels_last]") == 1);
   CHECK(counts.count("elementwise") == 0);
+  // conv_kernels: cudnn takes the few-channel kernels away: cuDNN runs every convolution.
+  BackendOptions cudnn;
+  cudnn.conv_kernels = ConvKernels::cudnn;
+  for (const Launch& l : lower(g, cudnn).schedule.launches) CHECK(name_of(l).rfind("few_channel", 0) != 0);
 }
 
 TEST_CASE("auto keeps NCHW where an avg_pool2d or dropout2d interrupts a region or our kernels run few channels") {
@@ -157,8 +165,8 @@ TEST_CASE("auto keeps NCHW where an avg_pool2d or dropout2d interrupts a region 
 // backend.conv_kernels: tensor_core opts into our channels-last tensor-core
 // convolutions (ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp): the 32 -> 64 layer's forward
 // (with its bias and ReLU) and backward data are theirs; the one-channel
-// layer (not a multiple of 16 channels) and the weight gradients stay as
-// under `auto`. Under `auto`, autotune or not, they never run.
+// layer (not a multiple of 16 channels: the few-channel kernels') and the
+// weight gradients stay as under `auto`. Under `auto`, autotune or not, they never run.
 TEST_CASE("conv_kernels: tensor_core runs the channels-last convolutions it fits on our tensor-core kernels") {
   TrainingProgram p = program(two_conv_cnn());
   CHECK(choose(p, ActivationLayout::channels_last) == "channels-last (backend.activation_layout: channels_last)");
@@ -174,9 +182,9 @@ TEST_CASE("conv_kernels: tensor_core runs the channels-last convolutions it fits
     const std::string how = lowering_of(lowered.schedule, n.id);
     const bool one_channel = n.op == OpKind::conv2d && g.value(n.inputs[0]).shape[3] == 1;
     if (n.op == OpKind::conv2d_backward_filter)
-      CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "conv_wgrad_bias" : "conv_cudnn"));
+      CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "few_channel_wgrad" : "conv_cudnn"));
     else
-      CHECK(how == (one_channel ? "conv_cudnn" : "tensor_core_conv"));
+      CHECK(how == (one_channel ? "few_channel_conv" : "tensor_core_conv"));
   }
   const auto counts = launch_counts(g, lowered.schedule);
   CHECK(counts.at("tensor_core_conv[forward+bias+relu,stride=1,padding=2,channels_last]") == 1);

@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
           v0 = fmaxf(v0, 0.f);
           v1 = fmaxf(v1, 0.f);
         }
-        *reinterpret_cast<std::uint32_t*>(out + col) = pack2<T>(v0, v1);
+        *reinterpret_cast<std::uint32_t*>(out + col) = pack_floats<T>(v0, v1);
       }
     }
   }

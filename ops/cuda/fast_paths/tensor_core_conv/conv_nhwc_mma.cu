@@ -25,7 +25,6 @@ namespace sg::cuda {
 namespace {
 
 using nhwc_conv::copy16_or_zero;
-using nhwc_conv::pack2;
 
 constexpr int kStages = 4;  // K steps in the shared-memory ring
 
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(TileT::kThreads)
           v0 = fmaxf(v0, 0.f);
           v1 = fmaxf(v1, 0.f);
         }
-        *reinterpret_cast<std::uint32_t*>(y + static_cast<std::int64_t>(row) * d.o + col) = pack2<T>(v0, v1);
+        *reinterpret_cast<std::uint32_t*>(y + static_cast<std::int64_t>(row) * d.o + col) = pack_floats<T>(v0, v1);
       }
   }
 }

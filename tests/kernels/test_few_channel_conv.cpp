@@ -1,0 +1,169 @@
+// The few-channel channels-last convolutions (ops/cuda/fast_paths/few_channel_conv/)
+// called directly against the CPU reference in double: the forward (+bias,
+// +relu) and the weight gradient (+ the bias gradient, in T or widened to
+// f32), f16 and bf16, on random shapes (1-4 input channels, 8-128 output
+// channels, 1x1 to 7x7 kernels, strides 1 and 2, padding 0..k-1, odd sizes,
+// batch 1-5) and on the shipped networks' first layers. Outputs are
+// poisoned (NaN) first, so an element left unwritten fails; a second run
+// must give the same bits.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <random>
+#include <vector>
+
+#include "ops/cuda/fast_paths/few_channel_conv/few_channel_conv.hpp"
+#include "tests/kernels/channels_last_test_support.hpp"
+
+using namespace sg;
+using namespace sg::test::channels_last;
+
+namespace {
+
+struct Case {
+  cuda::FewChannelConvShape shape;
+  bool bias = false, relu = false;
+};
+
+std::string describe(const Case& k) {
+  const cuda::FewChannelConvShape& f = k.shape;
+  return fmt::format("n={} {}x{} c={} o={} k={}x{} stride={} padding={}{}{}", f.n, f.h, f.w, f.c, f.o, f.kh, f.kw,
+                     f.stride, f.padding, k.bias ? " +bias" : "", k.relu ? " +relu" : "");
+}
+
+ref::Conv2dGeometry geometry(const cuda::FewChannelConvShape& f) {
+  return {f.n, f.c, f.h, f.w, f.o, f.kh, f.kw, f.stride, f.padding};
+}
+
+std::vector<float> draw(std::size_t count, std::mt19937_64& rng, float (*round)(float)) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(count);
+  for (float& e : v) e = round(u(rng));
+  return v;
+}
+
+template <typename T>
+double tolerance() {
+  return std::is_same_v<T, __half> ? 2e-3 : 1.2e-2;
+}
+
+// The forward on the GPU against the reference; "" when it matches.
+template <typename T>
+std::string check_forward(const Case& k, std::mt19937_64& rng, int band) {
+  const cuda::FewChannelConvShape& f = k.shape;
+  const std::int64_t hw = f.h * f.w, ohw = f.oh() * f.ow();
+  const std::vector<float> x = draw(std::size_t(f.n * f.c * hw), rng, round_to<T>);
+  const std::vector<float> w = draw(std::size_t(f.o * f.c * f.kh * f.kw), rng, round_to<T>);
+  const std::vector<float> b = draw(std::size_t(f.o), rng, round_to<T>);
+  const std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end());
+  std::vector<double> want(std::size_t(f.n * f.o * ohw));
+  ref::conv2d(xd.data(), wd.data(), k.bias ? bd.data() : nullptr, geometry(f), want.data());
+  if (k.relu)
+    for (double& e : want) e = e > 0 ? e : 0;
+  // The input one element past its alignment: the kernels read it element by element.
+  const Tensor<T> input(to_nhwc(x, f.n, hw, f.c), 1), filter(w, 0), bias(b, 0), output(want.size());
+  const cuda::FewChannelForwardPlan plan = cuda::plan_few_channel_forward(f, 132, band);
+  const auto run = [&] {
+    cuda::launch_few_channel_forward(plan, input.get(), filter.get(), k.bias ? bias.get() : nullptr, k.relu,
+                                     output.get(), nullptr);
+    return to_nchw(output.download(), f.n, ohw, f.o);
+  };
+  const std::vector<float> got = run();
+  const double err = sg::test::relative_error(got, want);
+  if (!(err < tolerance<T>())) return fmt::format("{}: relative error {:.3g}", plan.describe(), err);
+  const std::string again = bit_difference(run(), got);
+  return again.empty() ? "" : plan.describe() + ": a second run differs: " + again;
+}
+
+// The weight gradient (and the bias gradient, as B) against the reference.
+template <typename T, typename B>
+std::string check_wgrad(const Case& k, std::mt19937_64& rng, int band) {
+  const cuda::FewChannelConvShape& f = k.shape;
+  const std::int64_t hw = f.h * f.w, ohw = f.oh() * f.ow();
+  const std::vector<float> x = draw(std::size_t(f.n * f.c * hw), rng, round_to<T>);
+  const std::vector<float> dy = draw(std::size_t(f.n * f.o * ohw), rng, round_to<T>);
+  const std::vector<double> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
+  std::vector<double> want(std::size_t(f.o * f.c * f.kh * f.kw)), want_db(std::size_t(f.o), 0.0);
+  ref::conv2d_backward_filter(dyd.data(), xd.data(), geometry(f), want.data());
+  for (std::int64_t n = 0; n < f.n; ++n)
+    for (std::int64_t o = 0; o < f.o; ++o)
+      for (std::int64_t p = 0; p < ohw; ++p) want_db[std::size_t(o)] += dyd[std::size_t((n * f.o + o) * ohw + p)];
+  const Tensor<T> input(to_nhwc(x, f.n, hw, f.c), 1), grad(to_nhwc(dy, f.n, ohw, f.o), 0), dw(want.size());
+  const Tensor<B> db(std::size_t(f.o));
+  const cuda::FewChannelWgrad kernel(f, k.bias, 132, band);
+  const auto run = [&] {
+    kernel.run(grad.get(), input.get(), dw.get(), k.bias ? db.get() : static_cast<B*>(nullptr), nullptr);
+    std::vector<float> out = dw.download();
+    if (k.bias)
+      for (float v : db.download()) out.push_back(v);
+    return out;
+  };
+  const std::vector<float> got = run();
+  const std::vector<float> got_dw(got.begin(), got.begin() + std::ptrdiff_t(want.size()));
+  double err = sg::test::relative_error(got_dw, want);
+  if (k.bias) err = std::max(err, sg::test::relative_error(std::vector<float>(got.begin() + std::ptrdiff_t(want.size()), got.end()), want_db));
+  if (!(err < tolerance<T>())) return fmt::format("{}: relative error {:.3g}", kernel.describe(), err);
+  const std::string again = bit_difference(run(), got);
+  return again.empty() ? "" : kernel.describe() + ": a second run differs: " + again;
+}
+
+// band 0: the planned bands.
+template <typename T>
+void check_case(const Case& k, std::mt19937_64& rng, int band = 0) {
+  INFO(type_name<T>(), " ", describe(k), " band ", band);
+  REQUIRE(cuda::few_channel_conv_why_not(k.shape) == "");
+  const std::string forward = check_forward<T>(k, rng, band);
+  CHECK_MESSAGE(forward.empty(), "forward: " << forward);
+  const std::string wgrad = check_wgrad<T, T>(k, rng, band);
+  CHECK_MESSAGE(wgrad.empty(), "weight gradient: " << wgrad);
+  if (k.bias) {
+    const std::string widened = check_wgrad<T, float>(k, rng, band);
+    CHECK_MESSAGE(widened.empty(), "weight gradient, f32 bias gradient: " << widened);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("few-channel NHWC conv forward and weight gradient match the CPU reference on random shapes") {
+  std::mt19937_64 rng = sg::test::fresh_rng();
+  INFO("random seed ", sg::test::last_seed());
+  for (int i = 0; i < 16; ++i) {
+    Case k;
+    const std::int64_t kh = pick(rng, 1, 7), kw = i % 4 == 0 ? pick(rng, 1, 7) : kh;
+    const std::int64_t stride = pick(rng, 1, 2), padding = pick(rng, 0, std::min(kh, kw) - 1);
+    k.shape = {pick(rng, 1, 5), pick(rng, kh, 23), pick(rng, kw, 23), pick(rng, 1, 4), 8 * pick(rng, 1, 16),
+               kh, kw, stride, padding};
+    k.bias = i % 2 == 0;
+    k.relu = i % 3 != 0;
+    check_case<__half>(k, rng);
+    check_case<__nv_bfloat16>(k, rng);
+  }
+}
+
+TEST_CASE("few-channel NHWC conv on the shipped networks' first layers") {
+  std::mt19937_64 rng(5);
+  // mnist_cnn_fast (5x5, 1 -> 32, bias + relu), mnist_resnet (3x3, 1 -> 32,
+  // no bias), an RGB stem (7x7 stride 2, 3 -> 64) at batch 3.
+  for (const Case& k : {Case{{3, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, Case{{3, 28, 28, 1, 32, 3, 3, 1, 1}},
+                        Case{{3, 40, 36, 3, 64, 7, 7, 2, 3}, true, true}})
+    check_case<__half>(k, rng);
+  // A batch of 130 (more blocks than 2 x 132 multiprocessors ask for).
+  check_case<__nv_bfloat16>({{130, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, rng);
+  // Forced bands: one row (tiles past a band's pixels), and 9 rows of 28 (a last band of one row).
+  for (const int band : {1, 9}) check_case<__half>({{2, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, rng, band);
+}
+
+TEST_CASE("the few-channel NHWC conv refuses what it is not built for, with the reason") {
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 5, 32, 3, 3, 1, 1}) == "5 input channels (these kernels take 1-4)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 12, 3, 3, 1, 1}) ==
+        "12 output channels (these kernels take multiples of 8 up to 128)");
+  CHECK(cuda::few_channel_conv_why_not({1, 16, 16, 1, 8, 9, 9, 1, 1}) == "a 9x9 kernel (these kernels take up to 7x7)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 8, 3, 3, 3, 1}) == "stride 3 (these kernels take 1 or 2)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 8, 3, 3, 1, 3}) ==
+        "padding 3 with a 3x3 kernel (these kernels take less than the kernel)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 136, 3, 3, 1, 1}) ==
+        "136 output channels (these kernels take multiples of 8 up to 128)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 3, 64, 3, 3, 1, 1}) == "");
+  CHECK_THROWS(cuda::plan_few_channel_forward({1, 8, 8, 5, 32, 3, 3, 1, 1}, 132));
+  CHECK_THROWS(cuda::FewChannelWgrad({1, 8, 8, 1, 12, 3, 3, 1, 1}, false, 132));
+}
