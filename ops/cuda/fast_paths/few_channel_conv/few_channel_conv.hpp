@@ -73,7 +73,7 @@ class FewChannelWgrad {
  private:
   FewChannelConvShape shape_;
   bool bias_gradient_;
-  int band_rows_ = 1, bands_ = 1, per_chunk_ = 1, chunks_ = 1, shared_bytes_ = 0;
+  int band_rows_ = 1, bands_ = 1, shared_bytes_ = 0;  // the tap chunks come from the shape (wgrad_geometry)
   DeviceBuffer partials_;  // [blocks][o * (c*kh*kw [+ 1])] f32
 };
 

@@ -172,12 +172,10 @@ FewChannelWgrad::FewChannelWgrad(const FewChannelConvShape& s, bool bias_gradien
   const std::string why = few_channel_conv_why_not(s);
   if (!why.empty()) throw CudaError("few-channel convolution: " + why);
   const WgradGeometry w = wgrad_geometry(s, bias_gradient);
-  per_chunk_ = w.per_chunk;
-  chunks_ = w.chunks;
   // Bands for about two blocks a multiprocessor: each band is one more partial to add.
   const std::int64_t oh = s.oh();
   const std::int64_t bands =
-      std::clamp<std::int64_t>((2 * std::int64_t(multiprocessors) + s.n * chunks_ - 1) / (s.n * chunks_), 1, oh);
+      std::clamp<std::int64_t>((2 * std::int64_t(multiprocessors) + s.n * w.chunks - 1) / (s.n * w.chunks), 1, oh);
   std::int64_t band = band_rows > 0 ? std::min<std::int64_t>(band_rows, oh) : (oh + bands - 1) / bands;
   while (band > 1 && shared_bytes(s, int(band)) > kMaxShared) band = (band + 1) / 2;
   band_rows_ = int(band);
@@ -187,9 +185,10 @@ FewChannelWgrad::FewChannelWgrad(const FewChannelConvShape& s, bool bias_gradien
 }
 
 std::string FewChannelWgrad::describe() const {
+  const few_channel::WgradGeometry w = few_channel::wgrad_geometry(shape_, bias_gradient_);
   return fmt::format("few-channel wgrad{} on tensor cores: {} bands of {} rows an image, {} tap chunk(s) of {} n-tiles, "
                      "{} ordered partials, {} B shared",
-                     bias_gradient_ ? "+bias" : "", bands_, band_rows_, chunks_, per_chunk_, shape_.n * bands_,
+                     bias_gradient_ ? "+bias" : "", bands_, band_rows_, w.chunks, w.per_chunk, shape_.n * bands_,
                      shared_bytes_);
 }
 
@@ -201,7 +200,7 @@ void FewChannelWgrad::run(const T* dy, const T* x, T* dw, B* db, cudaStream_t st
   const FewChannelConvShape& s = shape_;
   const WgradGeometry w = wgrad_geometry(s, bias_gradient_);
   const WgradDims wd{dims_for(s, band_rows_, wgrad_cols(s)), w.outs, int(s.c * s.kh * s.kw), bias_gradient_};
-  const dim3 grid(static_cast<unsigned>(bands_), static_cast<unsigned>(s.n), static_cast<unsigned>(chunks_));
+  const dim3 grid(static_cast<unsigned>(bands_), static_cast<unsigned>(s.n), static_cast<unsigned>(w.chunks));
   float* partials = partials_.as<float>();
   const auto go = [&](auto kernel) {
     conv_direct::allow_shared(kernel, shared_bytes_);
