@@ -1,8 +1,9 @@
 #pragma once
-// Softmax cross-entropy of one row by a warp or half a warp. Shared by the
-// loss kernel, the fused output-layer backward and the whole-network kernels
-// (whole step, resident step, CNN step) so they round at the same points and
-// give the same bits.
+// Softmax cross-entropy of one row by a warp or half a warp, and the batch's
+// loss by one block (row_loss_by_thread, block_total). Shared by the loss
+// kernel, the classifier head, the fused output-layer backward and the
+// whole-network kernels (whole step, resident step, CNN step) so they round
+// at the same points and give the same bits.
 #include <cfloat>
 #include <cstdint>
 
@@ -56,6 +57,32 @@ __device__ __forceinline__ float softmax_xent_lanes(const T* row, std::int64_t c
                                                     float inv_rows, T* dlogits) {
   return softmax_xent_lanes_to<Lanes>(row, cols, label, inv_rows, dlogits != nullptr,
                                       [=](std::int64_t c, float g) { dlogits[c] = from_float<T>(g); });
+}
+
+// Adds the per-warp partials in warp order and stores the result from thread 0.
+template <int Warps, typename Out>
+__device__ void block_total(float warp_partial, Out* out, float scale) {
+  __shared__ float partials[Warps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) partials[warp] = warp_partial;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < Warps; ++w) total += partials[w];
+    *out = static_cast<Out>(total * scale);
+  }
+}
+
+// One row's loss by one thread: logsumexp - logit[label].
+template <typename T>
+__device__ float row_loss_by_thread(const T* row, std::int64_t cols, std::int32_t label) {
+  float mx = -FLT_MAX;
+#pragma unroll 4
+  for (std::int64_t c = 0; c < cols; ++c) mx = fmaxf(mx, to_float(row[c]));
+  float sum = 0.f;
+#pragma unroll 4
+  for (std::int64_t c = 0; c < cols; ++c) sum += __expf(to_float(row[c]) - mx);
+  return logf(sum) + mx - to_float(row[label]);
 }
 
 // One row by the whole warp (returns the loss on lane 0).

@@ -22,32 +22,6 @@ constexpr int kXentWarps = 8;          // per block of the loss kernel
 constexpr int kXentThreads = kXentWarps * 32;
 constexpr unsigned kMaxGradientBlocks = 4096;
 
-// Adds the per-warp partials in warp order and stores the result from thread 0.
-template <int Warps, typename Out>
-__device__ void block_total(float warp_partial, Out* out, float scale) {
-  __shared__ float partials[Warps];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) partials[warp] = warp_partial;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.f;
-    for (int w = 0; w < Warps; ++w) total += partials[w];
-    *out = static_cast<Out>(total * scale);
-  }
-}
-
-// One row's loss by one thread: logsumexp - logit[label].
-template <typename T>
-__device__ float row_loss_by_thread(const T* row, std::int64_t cols, std::int32_t label) {
-  float mx = -FLT_MAX;
-#pragma unroll 4
-  for (std::int64_t c = 0; c < cols; ++c) mx = fmaxf(mx, to_float(row[c]));
-  float sum = 0.f;
-#pragma unroll 4
-  for (std::int64_t c = 0; c < cols; ++c) sum += __expf(to_float(row[c]) - mx);
-  return logf(sum) + mx - to_float(row[label]);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kXentThreads) softmax_xent_kernel(const T* logits, const std::int32_t* labels,
                                                                     std::int64_t rows, std::int64_t cols, float* loss,

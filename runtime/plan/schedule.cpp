@@ -163,6 +163,7 @@ Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowe
                      : m->runs_at_last_unit ? std::max(c.position, part.anchor)
                                             : std::min(c.position, part.anchor);
       }
+      if (m->runs_at_unit >= 0) c.position = cover.units().at(static_cast<std::size_t>(m->runs_at_unit)).anchor;
       if (m->graph_order) std::sort(c.launch.nodes.begin(), c.launch.nodes.end());
       c.launch.detail = std::move(m->detail);
       c.launch.scratch = m->scratch;

@@ -74,6 +74,11 @@ struct Match {
   // takes earlier nodes whose outputs only it reads (the update stage's
   // gradient casts), so its other inputs exist by then.
   bool runs_at_last_unit = false;
+  // Run where this unit (one of `units`) sits instead: a launch that takes
+  // earlier nodes whose outputs only it reads (the classifier head's pooling)
+  // but also reads values produced between them and that unit (the weights'
+  // casts). -1: first or last as above.
+  int runs_at_unit = -1;
 };
 
 // The partial cover a lowering's match sees.

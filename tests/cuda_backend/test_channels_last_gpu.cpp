@@ -23,6 +23,7 @@
 #include "runtime/tensor_blob.hpp"
 #include "tests/runtime/channels_last_networks.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/core_only_skips.hpp"
 #include "tests/support/training_helpers.hpp"
 
 using namespace sg;
@@ -162,6 +163,11 @@ TEST_CASE("channels-last batch_norm (the rows path) follows the CPU backend: a r
     const auto cpu = cpu_trainer(t, data);
     INFO(gpu->description());
     REQUIRE(gpu->description().find("channels-last") != std::string::npos);
+    // The global pool, the classifier, the loss and the way back to channels-last: one launch, no permute.
+    if (!core_only_forced_for_tests()) {
+      CHECK(launches_of(*gpu, "classifier_head") == 1);
+      CHECK(launches_of(*gpu, "channels_permute") == 0);
+    }
     gpu->train(1);
     cpu->train(1);
     test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);

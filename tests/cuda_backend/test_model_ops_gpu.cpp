@@ -17,6 +17,7 @@
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/tensor_blob.hpp"
+#include "tests/cuda_backend/gpu_reference_check.hpp"
 #include "tests/cuda_backend/launch_paths_check.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/training_helpers.hpp"
@@ -24,60 +25,12 @@
 
 using namespace sg;
 using sg::test::all_parameters;
+using sg::test::check_gpu_matches_cpu;
 using sg::test::cpu_spec;
 using sg::test::cuda_spec;
 using sg::test::losses;
 using sg::test::MlpTrainerSpec;
 using sg::test::random_dataset;
-
-namespace {
-
-std::vector<float> download(const cuda::CudaProgram& p, const Value& v) {
-  io::TensorBlob blob{v.name, v.dtype, v.shape,
-                      std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
-  SG_CUDA_CHECK(cudaDeviceSynchronize());
-  SG_CUDA_CHECK(cudaMemcpy(blob.bytes.data(), p.device_ptr(v.id), blob.bytes.size(), cudaMemcpyDeviceToHost));
-  return floats_from_blob(blob);
-}
-
-// Runs `g` once on the GPU and on the CPU (f64) with the same random inputs
-// (floating inputs and labels U(lo, hi) rounded to their dtype; integer
-// labels in [0, classes); the step counter = `step`), then compares every
-// marked output by relative error.
-void check_gpu_matches_cpu(const Graph& g, std::mt19937_64& rng, double tolerance, double lo, double hi,
-                           std::int64_t classes = 2, std::int32_t step = 0) {
-  cuda::Stream stream;
-  cuda::LtHandle lt;
-  cuda::DeviceValues params;
-  cuda::CudaProgram program(g, params, lt, {}, stream.get());
-  CpuExecutor<double> cpu(g);
-  for (const auto& v : g.values()) {
-    if (v.role != Role::input && v.role != Role::label && v.role != Role::state) continue;
-    if (v.dtype == DType::i32) {
-      std::vector<std::int32_t> ints(static_cast<std::size_t>(element_count(v.shape)));
-      for (auto& x : ints) x = v.role == Role::state ? step : static_cast<std::int32_t>(rng() % classes);
-      cpu.tensor(v.id).i32 = ints;
-      program.owned(v.name).upload(ints.data(), ints.size() * sizeof(std::int32_t));
-      continue;
-    }
-    std::vector<float> host(static_cast<std::size_t>(element_count(v.shape)));
-    sg::test::fill_uniform(host, rng, lo, hi);
-    auto blob = blob_from_floats(v.name, v.shape, v.dtype, host);
-    host = floats_from_blob(blob);  // what the GPU sees (rounded to its dtype)
-    program.owned(v.name).upload(blob.bytes.data(), blob.bytes.size());
-    cpu.tensor(v.id).real.assign(host.begin(), host.end());
-  }
-  program.poison_arena(stream.get());
-  program.record(stream.get());
-  stream.synchronize();
-  cpu.run();
-  for (ValueId out : g.outputs()) {
-    INFO("output " << g.value(out).name);
-    CHECK(sg::test::relative_error(download(program, g.value(out)), cpu.tensor(out).real) < tolerance);
-  }
-}
-
-}  // namespace
 
 TEST_CASE("gelu_tanh, silu, tanh, sigmoid and their gradients match the CPU reference on the GPU") {
   auto rng = sg::test::fresh_rng();

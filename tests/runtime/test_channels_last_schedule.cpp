@@ -17,6 +17,7 @@
 
 #include "models/sequential_program.hpp"
 #include "runtime/cuda/activation_layout_choice.hpp"
+#include "runtime/cuda/fast_paths/fast_path.hpp"
 #include "tests/runtime/channels_last_networks.hpp"
 #include "tests/runtime/schedule_test_support.hpp"
 
@@ -194,4 +195,44 @@ TEST_CASE("conv_kernels: tensor_core runs the channels-last convolutions it fits
     automatic.autotune = autotune;
     for (const Launch& l : lower(g, automatic).schedule.launches) CHECK(name_of(l).rfind("tensor_core_conv", 0) != 0);
   }
+}
+
+// Fast path classifier_head (issue 37): a CNN ending "global average pool, linear, softmax cross-entropy" runs
+// the pool (with the region's exit), the classifier, the loss, its data gradient and the pool's backward (with
+// the way back into the region) as one launch in either layout; a classifier over a flatten stays per-op.
+TEST_CASE("the global-pool classifier and its backward run as one classifier_head launch in either layout") {
+  SequentialTraining residual = two_conv_cnn();
+  residual.model.layers = test::batch_norm_residual_layers(16);
+  for (const ActivationLayout layout : {ActivationLayout::channels_last, ActivationLayout::nchw}) {
+    TrainingProgram p = program(residual);
+    choose(p, layout);
+    const Graph& g = p.train;
+    const Lowered lowered = lower(g, BackendOptions{});
+    const auto counts = launch_counts(g, lowered.schedule);
+    const std::string layout_name = layout == ActivationLayout::nchw ? "NCHW" : "channels-last";
+    CAPTURE(layout_name);
+    CHECK(counts.at("classifier_head[" + layout_name + " global pool -> 10 classes, dX through the pool's backward]") ==
+          1);
+    CHECK(counts.count("channels_permute") == 0);
+    CHECK(counts.count("avg_pool2d") == 0);
+    CHECK(counts.count("softmax_xent") == 0);
+    for (OpKind op : {OpKind::global_avg_pool2d, OpKind::global_avg_pool2d_backward, OpKind::softmax_xent})
+      for (const Node& n : g.nodes())
+        if (n.op == op) CHECK(lowering_of(lowered.schedule, n.id) == "classifier_head");
+    // The weight and bias gradients read what the launch writes: the pooled features and the dlogits.
+    for (const Launch& l : lowered.schedule.launches)
+      if (name_of(l) == "classifier_head") CHECK(l.writes.size() == 4);  // features, loss, dlogits, the pool's dX
+    BackendOptions core;
+    core.core_only = true;
+    for (const Launch& l : lower(g, core).schedule.launches) CHECK(name_of(l) != "classifier_head");
+  }
+  // Over a flatten (the two-conv CNN): the per-op kernels, and the record says why.
+  TrainingProgram flat = program(two_conv_cnn());
+  choose(flat, ActivationLayout::automatic);
+  const Lowered lowered = lower(flat.train, BackendOptions{});
+  for (const Launch& l : lowered.schedule.launches) CHECK(name_of(l) != "classifier_head");
+  bool said = false;
+  for (const auto& d : cuda::declined_fast_paths(flat.train, lowered.schedule, BackendOptions{}, false))
+    if (d.name == "classifier_head") said = d.reason.find("not a global average pool") != std::string::npos;
+  CHECK(said);
 }
