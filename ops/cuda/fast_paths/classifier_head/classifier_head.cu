@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(kBlockThreads) classifier_head_kernel(HeadDims
 
 std::string classifier_head_why_not(const ClassifierHeadShape& s) {
   using namespace classifier_head;
-  if (s.classes < 1 || s.classes > kMaxClasses) return fmt::format("{} classes (the kernel takes 1-{})", s.classes, kMaxClasses);
+  if (s.classes < 1 || s.classes > kMaxClasses)
+    return fmt::format("{} classes (the kernel takes 1-{})", s.classes, kMaxClasses);
   if (s.features < 1 || s.features > kMaxFeatures)
     return fmt::format("{} features (the kernel takes 1-{})", s.features, kMaxFeatures);
   if (s.rows < 1 || s.plane < 1) return "no rows";
@@ -280,7 +281,8 @@ classifier_head::HeadDims dims_of(const ClassifierHeadShape& s, int rows_per_blo
 
 }  // namespace
 
-ClassifierHead::ClassifierHead(const ClassifierHeadShape& s, int multiprocessors) : shape_(s), finished_(sizeof(unsigned)) {
+ClassifierHead::ClassifierHead(const ClassifierHeadShape& s, int multiprocessors)
+    : shape_(s), finished_(sizeof(unsigned)) {
   using namespace classifier_head;
   if (const std::string why = classifier_head_why_not(s); !why.empty()) throw CudaError("classifier head: " + why);
   // About two blocks a multiprocessor (the pooled activations are the bytes), fewer rows where shared memory runs out.

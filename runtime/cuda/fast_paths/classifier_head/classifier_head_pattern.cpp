@@ -111,7 +111,9 @@ std::optional<HeadNodes> find_classifier_head(const Cover& cover, const CoverUni
   const DType t = g.value(logits).dtype;
   std::vector<ValueId> same_type = {mm.inputs[0], w, dlogits};
   if (h.bias_add >= 0) same_type.push_back(g.node(h.bias_add).inputs[1]);
-  if ((t != DType::f16 && t != DType::bf16 && t != DType::f32) || std::any_of(same_type.begin(), same_type.end(), [&](ValueId v) { return g.value(v).dtype != t; }))
+  const bool one_type =
+      std::all_of(same_type.begin(), same_type.end(), [&](ValueId v) { return g.value(v).dtype == t; });
+  if ((t != DType::f16 && t != DType::bf16 && t != DType::f32) || !one_type)
     return fail(fmt::format("the layer's tensors are not all f16, bf16 or f32 ({} logits)", dtype_name(t)));
   find_pooling(cover, mm.inputs[0], h);
   if (h.pool < 0)

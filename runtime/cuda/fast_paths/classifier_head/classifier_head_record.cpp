@@ -39,7 +39,8 @@ class ClassifierHeadLowering final : public CudaLowering {
     for (int u : h->units)
       for (NodeId n : cover.units()[static_cast<std::size_t>(u)].nodes) nodes.push_back(n);
     const sg::Graph& g = cover.graph();
-    // The loss pass reads every block's logits; dX's matmul reads the dlogits: in memory even when nothing else reads them.
+    // The kernel writes the logits (its loss pass reads every block's back) and the dlogits: both need memory
+    // even where nothing outside reads them.
     for (ValueId v : {g.node(h->xent).inputs[0], g.node(h->xent_backward).outputs[0]})
       if (!read_outside(g, v, nodes)) m.scratch.push_back(v);
     m.detail = *h;
@@ -72,7 +73,8 @@ class ClassifierHeadLowering final : public CudaLowering {
     p.dlogits = c.ptr(g.node(h.xent_backward).outputs[0]);
     if (h.dgrad >= 0) p.dx = out_ptr(g.node(h.dgrad).outputs[0]);
     if (h.pool_backward >= 0) p.pool_grad = c.ptr(g.node(h.to_last >= 0 ? h.to_last : h.pool_backward).outputs[0]);
-    auto head = std::make_shared<const ClassifierHead>(h.shape, current_device_attribute(cudaDevAttrMultiProcessorCount));
+    const int multiprocessors = current_device_attribute(cudaDevAttrMultiProcessorCount);
+    auto head = std::make_shared<const ClassifierHead>(h.shape, multiprocessors);
     const bool dependent = c.options().dependent_launch;
     std::function<void(cudaStream_t)> run;
     with_float_type(g.value(features).dtype, [&](auto tag) {
