@@ -22,11 +22,22 @@ FewChannelConvShape few_channel_shape(const ConvSizes& z) {
   return {z.n, z.h, z.w, z.c, z.k, z.r, z.s, z.stride, z.padding};
 }
 
-// "" when these kernels take a convolution of `t` with sizes z.
-std::string few_channel_why_not(const ConvSizes& z, DType t) {
-  if (t != DType::f16 && t != DType::bf16) return fmt::format("{} activations (these kernels take f16 / bf16)", dtype_name(t));
+namespace {
+
+bool half_type(DType t) { return t == DType::f16 || t == DType::bf16; }
+
+// "" when these kernels take a convolution of sizes z (its dtype checked apart).
+std::string few_channel_sizes_why_not(const ConvSizes& z) {
   if (!z.channels_last) return "NCHW activations (these kernels take channels-last)";
   return few_channel_conv_why_not(few_channel_shape(z));
+}
+
+}  // namespace
+
+// "" when these kernels take a convolution of `t` with sizes z.
+std::string few_channel_why_not(const ConvSizes& z, DType t) {
+  if (!half_type(t)) return fmt::format("{} activations (these kernels take f16 / bf16)", dtype_name(t));
+  return few_channel_sizes_why_not(z);
 }
 
 namespace {
@@ -37,9 +48,7 @@ class FewChannelForwardLowering final : public CudaLowering {
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     if (cover.graph().node(unit.nodes.front()).op != OpKind::conv2d) return std::nullopt;
-    return match_conv(
-        cover, unit, [](DType t) { return t == DType::f16 || t == DType::bf16; },
-        [](const ConvSizes& z) { return few_channel_why_not(z, DType::f16).empty(); });
+    return match_conv(cover, unit, half_type, [](const ConvSizes& z) { return few_channel_sizes_why_not(z).empty(); });
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override { return describe_conv(g, l); }
@@ -82,9 +91,7 @@ class FewChannelWgradLowering final : public CudaLowering {
       return match_wgrad_bias(cover, unit, [](const ConvSizes& z, DType t) { return few_channel_why_not(z, t).empty(); });
     const sg::Graph& g = cover.graph();
     if (g.node(unit.nodes.front()).op != OpKind::conv2d_backward_filter) return std::nullopt;
-    return match_conv(
-        cover, unit, [](DType t) { return t == DType::f16 || t == DType::bf16; },
-        [](const ConvSizes& z) { return few_channel_why_not(z, DType::f16).empty(); });
+    return match_conv(cover, unit, half_type, [](const ConvSizes& z) { return few_channel_sizes_why_not(z).empty(); });
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
