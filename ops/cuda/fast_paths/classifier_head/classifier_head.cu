@@ -258,7 +258,7 @@ std::string classifier_head_why_not(const ClassifierHeadShape& s) {
     return fmt::format("{} classes (the kernel takes 1-{})", s.classes, kMaxClasses);
   if (s.features < 1 || s.features > kMaxFeatures)
     return fmt::format("{} features (the kernel takes 1-{})", s.features, kMaxFeatures);
-  if (s.rows < 1 || s.plane < 1) return "no rows";
+  if (s.rows < 1 || s.plane < 1) return "no rows or an empty plane";
   if (s.rows * std::max(s.features * s.plane, s.classes) >= (std::int64_t(1) << 31)) return "over 2^31 elements";
   return "";
 }
@@ -285,12 +285,12 @@ ClassifierHead::ClassifierHead(const ClassifierHeadShape& s, int multiprocessors
     : shape_(s), finished_(sizeof(unsigned)) {
   using namespace classifier_head;
   if (const std::string why = classifier_head_why_not(s); !why.empty()) throw CudaError("classifier head: " + why);
-  // About two blocks a multiprocessor (the pooled activations are the bytes), fewer rows where shared memory runs out.
   // The most any element type's layout takes (run() picks 16-byte vectors where the tensors allow).
   const auto most_bytes = [&](int rows) {
     return std::max({shared_bytes<float>(dims_of(s, rows, false, 1)), shared_bytes<float>(dims_of(s, rows, true, 4)),
                      shared_bytes<__half>(dims_of(s, rows, true, 8))});
   };
+  // About two blocks a multiprocessor (the pooled activations are the bytes), fewer rows where shared memory runs out.
   int rows = int(std::max<std::int64_t>(1, (s.rows + 2 * multiprocessors - 1) / (2 * std::int64_t(multiprocessors))));
   while (rows > 1 && most_bytes(rows) > kMaxShared) --rows;
   rows_per_block_ = rows;

@@ -17,11 +17,10 @@ const CoverUnit* free_unit(const Cover& cover, NodeId n) {
   return cover.taken(u.id) ? nullptr : &u;
 }
 
-// v's sole reader when it is a free lone node of `op` reading v first.
+// v's sole reader when it is a free lone node of `op` (free_sole_reader's node), else -1.
 NodeId lone_reader(const Cover& cover, ValueId v, OpKind op) {
-  const NodeId r = sole_reader(cover.graph(), v);
-  if (r < 0 || cover.graph().node(r).op != op || cover.graph().node(r).inputs[0] != v) return -1;
-  return free_lone_unit(cover, r) ? r : -1;
+  const CoverUnit* u = free_sole_reader(cover, v, op);
+  return u ? u->nodes.front() : -1;
 }
 
 // v's producer when it is a free lone node of `op` and v is read only by `reader`.
