@@ -26,11 +26,8 @@ void fill_boundary(const Graph& g, Launch& l) {
           std::find(l.reads.begin(), l.reads.end(), in) == l.reads.end())
         l.reads.push_back(in);
     }
-    for (ValueId out : n.outputs) {
-      bool external = std::find(g.outputs().begin(), g.outputs().end(), out) != g.outputs().end();
-      for (NodeId reader : g.consumers(out)) external = external || !contains(l.nodes, reader);
-      if (external) l.writes.push_back(out);
-    }
+    for (ValueId out : n.outputs)
+      if (read_outside(g, out, l.nodes)) l.writes.push_back(out);
     for (int slot : in_place_inputs(n))
       l.updates.push_back(n.inputs[static_cast<std::size_t>(slot)]);
   }
@@ -141,6 +138,13 @@ void Cover::take(const Match& match) {
     taken_[static_cast<std::size_t>(u)] = true;
   }
   masks_.insert(masks_.end(), match.reads_mask_of.begin(), match.reads_mask_of.end());
+}
+
+bool read_outside(const Graph& g, ValueId v, const std::vector<NodeId>& nodes) {
+  if (std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end()) return true;
+  for (NodeId reader : g.consumers(v))
+    if (!contains(nodes, reader)) return true;
+  return false;
 }
 
 Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowerings) {

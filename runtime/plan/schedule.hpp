@@ -125,6 +125,10 @@ class Lowering {
 // when a node is left that no lowering takes.
 Schedule build_schedule(const Graph& graph, const std::vector<const Lowering*>& lowerings);
 
+// Whether v is a graph output or read by a node outside `nodes`: a value a
+// launch of those nodes must write (Launch::writes).
+bool read_outside(const Graph& graph, ValueId v, const std::vector<NodeId>& nodes);
+
 // Replays the schedule and throws GraphError if a launch reads a value before
 // it is written or after it was updated in place.
 void check_schedule_order(const Graph& graph, const Schedule& schedule);

@@ -14,14 +14,6 @@
 namespace sg::cuda {
 namespace {
 
-// Whether v is read by a node outside the launch's `nodes` (or is a graph output).
-bool read_outside(const sg::Graph& g, ValueId v, const std::vector<NodeId>& nodes) {
-  if (is_graph_output(g, v)) return true;
-  for (NodeId r : g.consumers(v))
-    if (std::find(nodes.begin(), nodes.end(), r) == nodes.end()) return true;
-  return false;
-}
-
 class ClassifierHeadLowering final : public CudaLowering {
  public:
   explicit ClassifierHeadLowering(const BackendOptions& o) : options_(o) {}
