@@ -116,7 +116,7 @@ class CnnStepWalker {
     for (NodeId id : g_.consumers(h)) {
       const Node& n = g_.node(id);
       if (n.inputs.empty() || n.inputs[0] != h) continue;
-      const bool forward = n.op == OpKind::conv2d || n.op == OpKind::max_pool2d || n.op == OpKind::relu ||
+      const bool forward = n.op == OpKind::conv2d || n.op == OpKind::max_pool2d || activation_ops(n.op) ||
                            n.op == OpKind::dropout2d || n.op == OpKind::dropout || n.op == OpKind::flatten ||
                            n.op == OpKind::reshape ||
                            (n.op == OpKind::matmul && !n.attr<MatmulAttrs>().trans_a && n.attr<MatmulAttrs>().trans_b);
@@ -157,6 +157,15 @@ class CnnStepWalker {
         break;
       case OpKind::relu:
         layer.kind = Kind::relu;
+        layer.output = next->outputs[0];
+        break;
+      case OpKind::gelu:
+      case OpKind::gelu_tanh:
+      case OpKind::silu:
+      case OpKind::tanh:
+      case OpKind::sigmoid:
+        layer.kind = Kind::activation;
+        layer.activation = next->op;
         layer.output = next->outputs[0];
         break;
       case OpKind::dropout2d:
@@ -240,9 +249,12 @@ class CnnStepWalker {
           throw NoMatch{"a max_pool2d_backward not of its max_pool2d"};
         return n->outputs[0];
       }
-      case Kind::relu: {
-        const Node* n = one(OpKind::relu_backward);
-        if (n->inputs[1] != layer.output) throw NoMatch{"a relu_backward not of its relu"};
+      case Kind::relu:
+      case Kind::activation: {
+        const ActivationOps ops = *activation_ops(layer.kind == Kind::relu ? OpKind::relu : layer.activation);
+        const Node* n = one(ops.backward);
+        if (n->inputs[1] != (ops.backward_reads_input ? layer.input : layer.output))
+          throw NoMatch{fmt::format("a {} not of its {}", op_name(ops.backward), op_name(ops.forward))};
         return n->outputs[0];
       }
       case Kind::dropout:

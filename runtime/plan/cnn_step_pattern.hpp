@@ -1,8 +1,8 @@
 #pragma once
 // Recognises a fused graph that is exactly the training step of a small
 // sequential CNN (issue 22): the batch fetch, a chain of per-example layers
-// (conv2d with bias, max_pool2d, relu, dropout2d, dropout, flatten/reshape,
-// linear), softmax cross-entropy on the last linear layer, the autodiff
+// (conv2d with bias, max_pool2d, relu or another activation, dropout2d,
+// dropout, flatten/reshape, linear), softmax cross-entropy on the last linear layer, the autodiff
 // backward of that chain, one optimizer update per parameter (SGD or an
 // update rule's op) of its fp32 master copy, and the step advance. A backend may then run the whole step per
 // example, each example's activations kept on chip (ops/cuda/fast_paths/cnn_step/cnn_step.hpp).
@@ -22,7 +22,9 @@
 
 namespace sg {
 
-enum class CnnStepLayerKind : std::uint8_t { conv2d, max_pool2d, relu, dropout2d, dropout, view, linear };
+// relu apart from the other activations: the kernels run it inside a
+// pooling or linear layer before it.
+enum class CnnStepLayerKind : std::uint8_t { conv2d, max_pool2d, relu, activation, dropout2d, dropout, view, linear };
 
 struct CnnStepLayer {
   CnnStepLayerKind kind = CnnStepLayerKind::view;
@@ -36,6 +38,7 @@ struct CnnStepLayer {
   Conv2dAttrs conv;             // conv2d
   Pool2dAttrs pool;             // max_pool2d
   DropoutAttrs dropout;         // dropout, dropout2d
+  OpKind activation = OpKind::relu;  // activation: its forward op (gelu, gelu_tanh, silu, tanh, sigmoid)
 };
 
 struct CnnStepPlan {

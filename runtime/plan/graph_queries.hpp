@@ -1,12 +1,33 @@
 #pragma once
 // Structural lookups the step matchers (mlp_step_pattern, cnn_step_pattern)
 // and the update lowerings walk a graph with: the one node of an op, the one
-// reader of a value, the all-reduce bucket a gradient comes from.
+// reader of a value, the all-reduce bucket a gradient comes from, the
+// activations' backward ops.
 #include <cstddef>
+#include <optional>
 
 #include "graph/graph.hpp"
 
 namespace sg {
+
+// The element-wise activations the fused step kernels compute, and the
+// backward op autodiff emits for each (graph/ops/<activation>.cpp), which
+// reads the forward's output (relu, tanh, sigmoid) or its input (gelu,
+// gelu_tanh, silu) beside the incoming gradient.
+struct ActivationOps {
+  OpKind forward, backward;
+  bool backward_reads_input;
+};
+inline constexpr ActivationOps kActivationOps[] = {
+    {OpKind::relu, OpKind::relu_backward, false},          {OpKind::gelu, OpKind::gelu_backward, true},
+    {OpKind::gelu_tanh, OpKind::gelu_tanh_backward, true}, {OpKind::silu, OpKind::silu_backward, true},
+    {OpKind::tanh, OpKind::tanh_backward, false},          {OpKind::sigmoid, OpKind::sigmoid_backward, false}};
+// `forward`'s entry, or none when it is no such activation.
+inline std::optional<ActivationOps> activation_ops(OpKind forward) {
+  for (const ActivationOps& a : kActivationOps)
+    if (a.forward == forward) return a;
+  return std::nullopt;
+}
 
 // The only node of kind `op` in the graph; null when there is none or several.
 inline const Node* sole_node(const Graph& g, OpKind op) {

@@ -8,16 +8,6 @@
 namespace sg {
 namespace {
 
-// The activations a whole-step kernel computes between hidden layers, and
-// the backward op autodiff emits for each (graph/ops/<activation>.cpp).
-struct ActivationOps {
-  OpKind forward, backward;
-};
-constexpr ActivationOps kActivations[] = {
-    {OpKind::relu, OpKind::relu_backward}, {OpKind::gelu, OpKind::gelu_backward},
-    {OpKind::gelu_tanh, OpKind::gelu_tanh_backward}, {OpKind::silu, OpKind::silu_backward},
-    {OpKind::tanh, OpKind::tanh_backward}, {OpKind::sigmoid, OpKind::sigmoid_backward}};
-
 // Walks the graph from the batch fetch, collecting every node it expects;
 // any surprise ends the match.
 class StepWalker {
@@ -147,10 +137,10 @@ class StepWalker {
   }
   const Node* reader(ValueId v, OpKind op, std::size_t slot) const { return sole_reader(g_, v, op, slot); }
 
-  // The one hidden-layer activation node (kActivations) reading `z`.
+  // The one hidden-layer activation node (kActivationOps) reading `z`.
   const Node* activation_reader(ValueId z) const {
     const Node* found = nullptr;
-    for (const ActivationOps& a : kActivations)
+    for (const ActivationOps& a : kActivationOps)
       if (const Node* n = reader(z, a.forward, 0)) {
         if (found) return nullptr;
         found = n;
@@ -159,9 +149,8 @@ class StepWalker {
   }
 
   static OpKind backward_of(OpKind forward) {
-    for (const ActivationOps& a : kActivations)
-      if (a.forward == forward) return a.backward;
-    return OpKind::relu_backward;  // (unreachable: `forward` came from kActivations)
+    const std::optional<ActivationOps> a = activation_ops(forward);
+    return a ? a->backward : OpKind::relu_backward;  // (always found: `forward` came from kActivationOps)
   }
 
   // The optimizer update of `param` from `grad`: the one node reading the

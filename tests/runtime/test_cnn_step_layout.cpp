@@ -180,12 +180,19 @@ TEST_CASE("a CNN graph the fused step does not run says why (no GPU: structural 
   const std::string why = cnn_step_blocker(report_cnn_cuda_graph(clipped), sg::BackendOptions{});
   CHECK(why.rfind("the graph is not a plain CNN training step: ", 0) == 0);
   CHECK(why.size() > std::string("the graph is not a plain CNN training step: ").size());  // the matcher's reason
-  // Any optimizer is the kernels' (AdamW and RMSprop reach the device's
-  // check, which a machine without a GPU cannot pass); Nesterov SGD is not.
+  // Any optimizer is the kernels' (AdamW, RMSprop and Nesterov SGD reach
+  // the device's check, which a machine without a GPU cannot pass), in fp16
+  // or bf16.
   auto nesterov = report_cnn();
   nesterov.optimizer.momentum = 0.9;
   nesterov.optimizer.nesterov = true;
-  CHECK(cnn_step_blocker(report_cnn_cuda_graph(nesterov), sg::BackendOptions{}).find("Nesterov") != std::string::npos);
+  bool bf16 = true;
+  CHECK(cnn_step_structural_blocker(report_cnn_cuda_graph(nesterov), sg::BackendOptions{}, &bf16) == "");
+  CHECK_FALSE(bf16);
+  auto in_bf16 = nesterov;
+  in_bf16.model.compute_dtype = sg::DType::bf16;
+  CHECK(cnn_step_structural_blocker(report_cnn_cuda_graph(in_bf16), sg::BackendOptions{}, &bf16) == "");
+  CHECK(bf16);
   auto f16_weights = report_cnn();
   f16_weights.model.weight_dtype = sg::DType::f16;
   CHECK(cnn_step_blocker(report_cnn_cuda_graph(f16_weights), sg::BackendOptions{}).find("master") != std::string::npos);

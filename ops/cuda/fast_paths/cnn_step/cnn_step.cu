@@ -7,6 +7,7 @@
 // operands are gathered from the activations through index tables and whose
 // work is cut evenly over the warps; everything else is a plain loop over
 // the layer's elements.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <fmt/format.h>
@@ -28,6 +29,8 @@
 namespace sg::cuda {
 namespace {
 
+// T: the compute dtype's element (__half or __nv_bfloat16; CnnStepArgs::bf16).
+template <class T>
 __global__ void __launch_bounds__(kExampleThreads, 1)
     cnn_step_examples(const __grid_constant__ CnnStepArgs args, const __grid_constant__ CnnStepLaunch launch) {
   extern __shared__ float4 shared4[];
@@ -49,7 +52,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
              reinterpret_cast<char*>(&arguments.args) + kAfterLayers, sizeof(CnnStepArgs) - kAfterLayers);
   copy_words(b, &launch, &arguments.launch, sizeof(CnnStepLaunch));
   const std::int32_t step = *args.step;
-  int label = fetch_example(b, args, launch, step, blockIdx.x);
+  int label = fetch_example<T>(b, args, launch, step, blockIdx.x);
   for (int p = 1; p < kImageParts; ++p) copy_image_part(b, args, launch, p);
   for (int i = b.tid; i < launch.zeroed_floats; i += b.threads) b.smem[launch.zeroed_offset + i] = 0.f;
   static_assert(kImageParts == 3, "the waits below and in layer_ready count three groups");
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
   const CnnStepLaunch& l = arguments.launch;
   float* const smem = b.smem;
   const auto table = [&](int offset) { return reinterpret_cast<const int2*>(smem + offset); };
-  const auto weights = [&](int li) { return reinterpret_cast<const __half*>(smem + l.weight_offset[li]); };
+  const auto weights = [&](int li) { return reinterpret_cast<const T*>(smem + l.weight_offset[li]); };
   const auto keep_mask = [&](int li) { return reinterpret_cast<bool*>(smem + l.mask_offset[li]); };
   float* const slots = smem + l.reduce_offset;  // the conv GEMMs' slots; a linear layer's gradient through its ReLU
   float* const grads = a.workspace + std::int64_t(blockIdx.x) * l.slice_floats;  // this block's slice
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
     const bool first = example == int(blockIdx.x);
     int phase = 2;
     if (!first) {  // (the first was fetched with the arguments)
-      label = fetch_example(b, a, l, step, example);
+      label = fetch_example<T>(b, a, l, step, example);
       __syncthreads();
     }
 
@@ -88,21 +91,24 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
       switch (L.op) {
         case CnnLayerOp::conv2d:
           if (L.padding > 0)
-            conv_forward<true>(b, L, in, out, weights(li), smem + l.bias_offset[li], table(l.windows_offset[li]),
+            conv_forward<T, true>(b, L, in, out, weights(li), smem + l.bias_offset[li], table(l.windows_offset[li]),
                                table(l.taps_offset[li]), slots);
           else
-            conv_forward<false>(b, L, in, out, weights(li), smem + l.bias_offset[li], table(l.windows_offset[li]),
+            conv_forward<T, false>(b, L, in, out, weights(li), smem + l.bias_offset[li], table(l.windows_offset[li]),
                                 table(l.taps_offset[li]), slots);
           break;
         case CnnLayerOp::max_pool2d: max_pool_forward(b, L, in, out, with_relu); break;
         case CnnLayerOp::relu:
           for (int i = b.tid; i < n; i += b.threads) out[i] = in[i] > 0.f ? in[i] : 0.f;
           break;
+        case CnnLayerOp::activation:
+          with_layer_activation(L.activation, [&](auto act) { activation_forward_as<T, act.value>(b, n, in, out); });
+          break;
         case CnnLayerOp::dropout:  // the keep bits stay for the backward (keep_mask)
           for (int i = b.tid; i < n; i += b.threads) {
             const bool keep = kept(L, example, i, step);
             keep_mask(li)[i] = keep;
-            out[i] = keep ? rounded(in[i] * L.dropout.scale) : 0.f;
+            out[i] = keep ? rounded<T>(in[i] * L.dropout.scale) : 0.f;
           }
           break;
         case CnnLayerOp::dropout2d: {  // one draw per channel
@@ -110,7 +116,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
           for (int c = b.tid; c < L.out_c; c += b.threads) keep_mask(li)[c] = kept(L, example, c * plane, step);
           __syncthreads();
           for (int i = b.tid; i < n; i += b.threads)
-            out[i] = keep_mask(li)[i / plane] ? rounded(in[i] * L.dropout.scale) : 0.f;
+            out[i] = keep_mask(li)[i / plane] ? rounded<T>(in[i] * L.dropout.scale) : 0.f;
           break;
         }
         case CnnLayerOp::linear: linear_forward(b, L, in, out, weights(li), smem + l.bias_offset[li], with_relu); break;
@@ -125,7 +131,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
     if (b.warp == 0) {  // (softmax_row.cuh, as the xent kernel computes them)
       const float inv_rows = a.gradient_scale / float(a.batch);
       const float loss = softmax_xent_lanes_to<32>(smem + l.act_offset[a.layers], classes, label, inv_rows, true,
-                                                   [&](std::int64_t j, float v) { g[j] = rounded(v); });
+                                                   [&](std::int64_t j, float v) { g[j] = rounded<T>(v); });
       if (b.lane == 0) example_loss[example] = loss;
     }
     __syncthreads();
@@ -145,18 +151,18 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
       switch (L.op) {
         case CnnLayerOp::conv2d:
         {
-          // dY^T's fp16 rows: in the input gradient's buffer until that is written, where they fit
+          // dY^T's rows of T: in the input gradient's buffer until that is written, where they fit
           float* const scratch = l.dy_offset < 0 ? g_in : smem + l.dy_offset;
           float* const dW = grads + l.slice_offset[L.weight];
           float* const db = grads + l.slice_offset[L.bias];
           const int2* windows = table(l.windows_offset[li]);
           const int2* taps = table(l.taps_offset[li]);
-          if (L.padding > 0) conv_weight_gradient<true>(b, L, g, in, windows, taps, scratch, slots, dW, db, first);
-          else conv_weight_gradient<false>(b, L, g, in, windows, taps, scratch, slots, dW, db, first);
+          if (L.padding > 0) conv_weight_gradient<T, true>(b, L, g, in, windows, taps, scratch, slots, dW, db, first);
+          else conv_weight_gradient<T, false>(b, L, g, in, windows, taps, scratch, slots, dW, db, first);
           if (L.input_gradient) {
             __syncthreads();  // the weight gradient reads its tables and scratch until here
             mark_phase(a.phase_clock, phase++, first);
-            const auto* wt = reinterpret_cast<const __half*>(smem + l.weight_t_offset[li]);
+            const auto* wt = reinterpret_cast<const T*>(smem + l.weight_t_offset[li]);
             conv_data_gradient(b, L, g, smem + l.border_offset[li], g_in, wt, table(l.data_rows_offset[li]),
                                table(l.data_columns_offset[li]), slots);
           }
@@ -170,17 +176,21 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
                           factored ? nullptr : grads + l.slice_offset[L.bias], first, relu_out, slots);
           break;
         }
-        case CnnLayerOp::max_pool2d: max_pool_backward(b, L, g, in, g_in, relu_out); break;
+        case CnnLayerOp::max_pool2d: max_pool_backward<T>(b, L, g, in, g_in, relu_out); break;
         case CnnLayerOp::relu:
           for (int i = b.tid; i < n; i += b.threads) g_in[i] = out[i] > 0.f ? g[i] : 0.f;
           break;
+        case CnnLayerOp::activation:
+          with_layer_activation(L.activation,
+                                [&](auto act) { activation_backward_as<T, act.value>(b, n, g, in, out, g_in); });
+          break;
         case CnnLayerOp::dropout:
-          for (int i = b.tid; i < n; i += b.threads) g_in[i] = keep_mask(li)[i] ? rounded(g[i] * L.dropout.scale) : 0.f;
+          for (int i = b.tid; i < n; i += b.threads) g_in[i] = keep_mask(li)[i] ? rounded<T>(g[i] * L.dropout.scale) : 0.f;
           break;
         case CnnLayerOp::dropout2d: {
           const int plane = L.out_h * L.out_w;
           for (int i = b.tid; i < n; i += b.threads)
-            g_in[i] = keep_mask(li)[i / plane] ? rounded(g[i] * L.dropout.scale) : 0.f;
+            g_in[i] = keep_mask(li)[i / plane] ? rounded<T>(g[i] * L.dropout.scale) : 0.f;
           break;
         }
         case CnnLayerOp::view: break;
@@ -199,7 +209,7 @@ std::size_t dynamic_shared_limit() {
   SG_CUDA_CHECK(cudaGetDevice(&device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes{};
-  SG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, cnn_step_examples));
+  SG_CUDA_CHECK(cudaFuncGetAttributes(&attributes, cnn_step_examples<__half>));  // (the same for bf16)
   return std::size_t(limit) - attributes.sharedSizeBytes;
 }
 
@@ -224,11 +234,12 @@ std::string cnn_step_unsupported(const CnnStepArgs& a) {
 
 CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& a) {
   const SharedLayout s = shared_layout(a);
-  SG_CUDA_CHECK(cudaFuncSetAttribute(cnn_step_examples, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s.bytes)));
+  const auto kernel = a.bf16 ? cnn_step_examples<__nv_bfloat16> : cnn_step_examples<__half>;
+  SG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(s.bytes)));
   int device = 0, sms = 0, per_sm = 0;
   SG_CUDA_CHECK(cudaGetDevice(&device));
   SG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, cnn_step_examples, kExampleThreads, s.bytes));
+  SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kExampleThreads, s.bytes));
   // Every block resident at once, each taking the same number of examples.
   const int resident = std::max(1, sms * std::max(1, per_sm));
   const int per_block = (a.batch + resident - 1) / resident;
@@ -241,7 +252,10 @@ CnnStepLaunch plan_cnn_step_launch(const CnnStepArgs& a) {
 namespace cnn_step_parts {
 
 void launch_cnn_step_examples(const CnnStepArgs& a, const CnnStepLaunch& l, cudaStream_t stream) {
-  cnn_step_examples<<<l.blocks, l.threads, l.shared_bytes, stream>>>(a, l);
+  if (a.bf16)
+    cnn_step_examples<__nv_bfloat16><<<l.blocks, l.threads, l.shared_bytes, stream>>>(a, l);
+  else
+    cnn_step_examples<__half><<<l.blocks, l.threads, l.shared_bytes, stream>>>(a, l);
   SG_LAUNCH_CHECK("cnn_step_examples");
 }
 

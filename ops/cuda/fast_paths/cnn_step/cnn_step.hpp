@@ -18,7 +18,7 @@
 //      partial gradients, and kernel 2 applies any update rule
 //      (ops/cuda/update_rules/) to their sums, or SGD (momentum, weight
 //      decay; ops/cuda/sgd_step.cuh, as every SGD kernel). It also writes
-//      the new weights' fp16 casts (the graph's cast nodes) into the
+//      the new weights' fp16 or bf16 casts (the graph's cast nodes) into the
 //      parameter image: the layouts kernel 1's
 //      layers read, which every block of the next step copies into its
 //      shared memory as they are (built per block from the fp32 weights,
@@ -26,7 +26,7 @@
 // At the report CNN's sizes an example's layers are a few hundred thousand
 // multiply-adds: too small to fill a GPU per layer, where every launch costs
 // more than its work, but one block each keeps every SM busy for the step.
-// Every intermediate is rounded to fp16 where the graph has an fp16 value, so
+// Every intermediate is rounded to fp16 (bf16) where the graph has an fp16 (bf16) value, so
 // this follows the per-launch schedule's math (tests compare both with the
 // CPU backend). Dropout and dropout2d draw the same Philox bits as theirs.
 //
@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/dropout.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/update_rules/update_rule.hpp"
@@ -55,7 +56,9 @@ constexpr int kCnnStepMaxLayers = 24;
 constexpr int kCnnStepMaxTensors = 16;
 constexpr int kImageParts = 3;
 
-enum class CnnLayerOp : std::uint8_t { conv2d, max_pool2d, relu, dropout2d, dropout, view, linear };
+// relu apart from the other activations (activation, CnnLayer::activation):
+// a ReLU after a pooling or linear layer runs inside it (CnnStepLaunch::relu).
+enum class CnnLayerOp : std::uint8_t { conv2d, max_pool2d, relu, dropout2d, dropout, view, linear, activation };
 
 // One per-example layer: [in_c, in_h, in_w] -> [out_c, out_h, out_w]; a flat
 // layer of F features has c = F and h = w = 1.
@@ -67,6 +70,7 @@ struct CnnLayer {
   int weight = -1, bias = -1;                               // tensor indices (conv2d, linear)
   bool input_gradient = false;                              // the backward computes the input's gradient
   DropoutParams dropout;                                    // dropout, dropout2d
+  Activation activation = Activation::relu;                 // activation (activation.cuh's math)
 };
 
 struct CnnStepArgs {
@@ -74,6 +78,11 @@ struct CnnStepArgs {
   // The logits' gradient is (softmax - onehot) * gradient_scale / batch: 1,
   // or 1/ranks where a rank's gradients are pre-scaled (issue 38).
   float gradient_scale = 1.f;
+  // The compute dtype: bf16 activations and weight casts, else fp16.
+  bool bf16 = false;
+  // SGD with Nesterov momentum (sgd_step.cuh's sgd_nesterov_step; every
+  // tensor has a velocity), else plain momentum. Not read under an update rule.
+  bool nesterov = false;
   int layers = 0;
   CnnLayer layer[kCnnStepMaxLayers];
   // Parameters: fp32 master tensors, their SGD velocities (null without
@@ -108,7 +117,7 @@ struct CnnStepArgs {
   // kernel 1 read it.
   float* workspace = nullptr;
   // The parameter image, cnn_step_image_bytes: the bytes of kernel 1's
-  // shared memory from CnnStepLaunch::image_offset on (fp16 weight layouts,
+  // shared memory from CnnStepLaunch::image_offset on (fp16 or bf16 weight layouts,
   // rounded biases, zeros in every padding).
   float* image = nullptr;
   // cnn_step_index_tables, copied in with the image's first part: they
@@ -130,7 +139,7 @@ struct CnnStepLaunch {
   int act_offset[kCnnStepMaxLayers + 1] = {};  // [0]: the input image; [l+1]: layer l's output
   int grad_offset[2] = {};                     // two gradient buffers, used in turn
   // The parameter image, copied in once per block (kernel 1 changes no
-  // parameter): conv2d / linear layer li's fp16 weights at weight_offset[li],
+  // parameter): conv2d / linear layer li's fp16 or bf16 weights at weight_offset[li],
   // a conv's data-gradient layout at weight_t_offset[li], its rounded bias at
   // bias_offset[li]; image_floats from image_offset on, in layer order, in
   // kImageParts parts: the first parameter layer's, the other conv layers',
@@ -155,7 +164,7 @@ struct CnnStepLaunch {
   int taps_offset[kCnnStepMaxLayers] = {};
   int data_rows_offset[kCnnStepMaxLayers] = {};
   int data_columns_offset[kCnnStepMaxLayers] = {};
-  int dy_offset = -1;                        // dY^T as fp16 rows (-1: in the input gradient's buffer)
+  int dy_offset = -1;                        // dY^T as fp16 or bf16 rows (-1: in the input gradient's buffer)
   // A ReLU right after a pooling or linear layer runs inside it: relu[li] is
   // kReluAfter for such a layer and kReluRunByLayerBefore for the ReLU.
   std::uint8_t relu[kCnnStepMaxLayers] = {};

@@ -6,6 +6,7 @@
 // conv_implicit_gemm.cu / conv_direct.cu: those are f32 FMAs over a whole NCHW
 // batch in global memory; only the window geometry (conv_window.cuh) is the
 // same computation. In an unnamed namespace, as in the kernel's own file.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
@@ -18,19 +19,12 @@
 namespace sg::cuda {
 namespace {
 
-// Two fp32 values (fp16-representable: the graph's fp16 values) as the
-// packed fp16 pair an mma operand register holds.
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const std::uint32_t*>(&h);
-}
-
 // A block's gradient sum: the first example of the block writes, later ones add.
 __device__ __forceinline__ void accumulate(float* p, float v, bool first) { *p = first ? v : *p + v; }
 
 // Each convolution of an example is an implicit GEMM C[M][N] = sum_k A[m][k]
-// B[k][n] (mma.m16n8k16: fp16 operands, which the graph's fp16 values are
-// exactly, and fp32 sums), its A gathered from an activation in shared
+// B[k][n] (mma.m16n8k16: fp16 or bf16 operands, T, which the graph's values
+// are exactly, and fp32 sums), its A gathered from an activation in shared
 // memory, so nothing is unfolded:
 //   forward          C = out [pos][co]   A = in unfolded [pos][tap]           B = W [tap][co]
 //   weight gradient  C = dW^T [tap][co]  A = in unfolded^T [tap][pos]         B = dY^T [pos][co]
@@ -45,12 +39,14 @@ __device__ __forceinline__ void accumulate(float* p, float v, bool first) { *p =
 // In a lane's fragments, rows are g = lane/4 and g+8, columns (k) 2t, 2t+1,
 // 2t+8, 2t+9 with t = lane%4; `column_of(t, j)` is the j-th of those.
 __device__ __forceinline__ int column_of(int t, int j) { return 2 * t + (j & 1) + (j >> 1) * 8; }
-// A lane's A registers from its values v[row r][j-th column].
+// A lane's A registers from its values v[row r][j-th column] (T-representable:
+// the graph's fp16 or bf16 values), packed as the T pairs mma reads.
+template <class T>
 __device__ __forceinline__ void a_fragment(const float (&v)[2][4], std::uint32_t (&a)[4]) {
-  a[0] = pack2(v[0][0], v[0][1]);
-  a[1] = pack2(v[1][0], v[1][1]);
-  a[2] = pack2(v[0][2], v[0][3]);
-  a[3] = pack2(v[1][2], v[1][3]);
+  a[0] = pack_floats<T>(v[0][0], v[0][1]);
+  a[1] = pack_floats<T>(v[1][0], v[1][1]);
+  a[2] = pack_floats<T>(v[0][2], v[0][3]);
+  a[3] = pack_floats<T>(v[1][2], v[1][3]);
 }
 // Where a lane's accumulator c[i] sits in C: row m0 + g + 8 (i / 2), column n0 + 2t + i % 2.
 __device__ __forceinline__ int c_row(int m0, int g, int i) { return m0 + g + (i >> 1) * 8; }
@@ -65,14 +61,15 @@ __device__ __forceinline__ float gather(const float* src, int h, int w, int2 row
   return row.y != kNoIndex && column.y != kNoIndex ? src[row.x + column.x] : 0.f;
 }
 
-// B from staged fp16 rows: column n of B is row n, its k contiguous with
+// B from staged rows of T: column n of B is row n, its k contiguous with
 // zeros past K. Columns past N give C columns that are never stored, so they
 // read the last row again instead of rows of zeros.
+template <class T>
 struct StagedRows {
-  const __half* w;
+  const T* w;
   int stride, last_row;
   __device__ __forceinline__ void operator()(int n, int k, std::uint32_t& b0, std::uint32_t& b1) const {
-    const __half* p = w + min(n, last_row) * stride + k;
+    const T* p = w + min(n, last_row) * stride + k;
     b0 = *reinterpret_cast<const std::uint32_t*>(p);
     b1 = *reinterpret_cast<const std::uint32_t*>(p + 8);
   }
@@ -89,7 +86,7 @@ struct StagedRows {
 // row and column indices (M and K rounded up to 16), `b_of` gives a lane's
 // B registers and `store(m, n, c)` takes each element of C. Every thread of
 // the block calls it.
-template <int NT, bool Padded, class BOf, class Store>
+template <class T, int NT, bool Padded, class BOf, class Store>
 __device__ void block_gemm(const Block& b, int M, int N, int K, const float* src, int src_h, int src_w,
                            const int2* rows, const int2* columns, BOf b_of, Store store, float* slots) {
   const int g = b.lane >> 2, t = b.lane & 3;
@@ -125,12 +122,12 @@ __device__ void block_gemm(const Block& b, int M, int N, int K, const float* src
         for (int r = 0; r < 2; ++r) v[r][j] = gather<Padded>(src, src_h, src_w, row[r], column);
       }
       std::uint32_t a[4];
-      a_fragment(v, a);
+      a_fragment<T>(v, a);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         std::uint32_t b0, b1;
         b_of(n0 + 8 * nt + g, k0 + 2 * t, b0, b1);
-        mma_16x8x16(c[nt], a, b0, b1);
+        mma_16x8x16<T>(c[nt], a, b0, b1);
       }
     }
     if (s1 < steps) {  // the unit goes on in the next warp
@@ -173,24 +170,25 @@ __device__ void block_gemm(const Block& b, int M, int N, int K, const float* src
   finish(held_m0, held_n0, c);
 }
 
-template <bool Padded>
-__device__ void conv_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const __half* weights,
+template <class T, bool Padded>
+__device__ void conv_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const T* weights,
                              const float* bias, const int2* windows, const int2* taps, float* slots) {
   const int K = L.in_c * L.kernel_h * L.kernel_w, N = L.out_c, M = L.out_h * L.out_w;
-  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, windows, taps, StagedRows{weights, forward_stride(L), N - 1},
-                    [&](int m, int n, float c) { out[n * M + m] = rounded(c + bias[n]); }, slots);
+  block_gemm<T, kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, windows, taps,
+                                      StagedRows<T>{weights, forward_stride(L), N - 1},
+                                      [&](int m, int n, float c) { out[n * M + m] = rounded<T>(c + bias[n]); }, slots);
 }
 
 // Conv weight and bias gradients of one example, added to the block's slice.
-// dY^T, B of the GEMM, is first staged as fp16 rows [co][pos] in `scratch`.
-template <bool Padded>
+// dY^T, B of the GEMM, is first staged as rows of T [co][pos] in `scratch`.
+template <class T, bool Padded>
 __device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const float* gy, const float* in,
                                      const int2* windows, const int2* taps, float* scratch, float* slots, float* dW,
                                      float* db, bool first) {
   const int M = L.in_c * L.kernel_h * L.kernel_w, N = L.out_c, K = L.out_h * L.out_w, ks = dy_stride(L);
-  __half* dy = reinterpret_cast<__half*>(scratch);
+  T* dy = reinterpret_cast<T*>(scratch);
   for (int co = b.warp; co < N; co += b.warps)  // zeros past K
-    for (int k = b.lane; k < ks; k += 32) dy[co * ks + k] = __float2half_rn(k < K ? gy[co * K + k] : 0.f);
+    for (int k = b.lane; k < ks; k += 32) dy[co * ks + k] = to_compute<T>(k < K ? gy[co * K + k] : 0.f);
   for (int co = b.warp; co < N; co += b.warps) {  // bias: a warp per channel
     float sum = 0.f;
     for (int k = b.lane; k < K; k += 32) sum += gy[co * K + k];
@@ -198,16 +196,17 @@ __device__ void conv_weight_gradient(const Block& b, const CnnLayer& L, const fl
     if (b.lane == 0) accumulate(db + co, sum, first);
   }
   __syncthreads();
-  block_gemm<kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, taps, windows, StagedRows{dy, ks, N - 1},
-                    [&](int m, int n, float c) { accumulate(dW + n * M + m, c, first); }, slots);
+  block_gemm<T, kColumnTiles, Padded>(b, M, N, K, in, L.in_h, L.in_w, taps, windows, StagedRows<T>{dy, ks, N - 1},
+                                      [&](int m, int n, float c) { accumulate(dW + n * M + m, c, first); }, slots);
 }
 
 // The data gradient: a correlation of dY, dilated by the stride and with a
 // zero border, with the flipped kernel; no operand needs a check. The
 // layer's copy `bordered` keeps the zeros kernel 1 writes once per block: each
 // example writes only dY's elements into it.
+template <class T>
 __device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const float* gy, float* bordered, float* g_in,
-                                   const __half* weights, const int2* rows, const int2* columns, float* slots) {
+                                   const T* weights, const int2* rows, const int2* columns, float* slots) {
   const int kk = L.kernel_h * L.kernel_w, K = L.out_c * kk, N = L.in_c, M = L.in_h * L.in_w;
   const int bh = transposed_padding(L.kernel_h, L.padding), bw = transposed_padding(L.kernel_w, L.padding);
   const int height = L.in_h + L.kernel_h - 1, width = L.in_w + L.kernel_w - 1, bplane = height * width;
@@ -221,8 +220,9 @@ __device__ void conv_data_gradient(const Block& b, const CnnLayer& L, const floa
       }
     }
   __syncthreads();
-  block_gemm<kColumnTiles, false>(b, M, N, K, bordered, 0, 0, rows, columns, StagedRows{weights, data_stride(L), N - 1},
-                   [&](int m, int n, float c) { g_in[n * M + m] = rounded(c); }, slots);
+  block_gemm<T, kColumnTiles, false>(b, M, N, K, bordered, 0, 0, rows, columns,
+                                     StagedRows<T>{weights, data_stride(L), N - 1},
+                                     [&](int m, int n, float c) { g_in[n * M + m] = rounded<T>(c); }, slots);
 }
 
 }  // namespace

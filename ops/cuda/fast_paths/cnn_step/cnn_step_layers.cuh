@@ -2,13 +2,15 @@
 // The CNN step's other layers and the copies into a block's shared memory
 // (kernel 1, cnn_step.cu, which alone includes this): the parameter image's
 // asynchronous copies, the example's fetch, max pooling (pool_window.cuh),
-// dropout's keep bits, the linear layers. In an unnamed namespace, as in the
+// the activations, dropout's keep bits, the linear layers. In an unnamed namespace, as in the
 // kernel's own file.
 #include <cuda_fp16.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/fast_paths/cnn_step/cnn_step_shapes.cuh"
 #include "ops/cuda/pool_window.cuh"
@@ -81,6 +83,7 @@ __device__ void max_pool_forward(const Block& b, const CnnLayer& L, const float*
 // dX: each input element gets the gradients of the windows whose argmax it
 // is. Windows that do not overlap (stride = kernel) scatter: zero dX, then
 // each window writes its one element.
+template <class T>
 __device__ void max_pool_backward(const Block& b, const CnnLayer& L, const float* gy, const float* in, float* g_in,
                                   const float* relu_out) {
   const int in_plane = L.in_h * L.in_w, k = L.kernel_h, s = L.stride;
@@ -102,7 +105,35 @@ __device__ void max_pool_backward(const Block& b, const CnnLayer& L, const float
     for (int oy = rows.lo; oy <= rows.hi; ++oy)
       for (int ox = cols.lo; ox <= cols.hi; ++ox)
         if (pool_window(p, L, oy, ox).at == at) sum += through_relu(relu_out, gy, (c * L.out_h + oy) * L.out_w + ox);
-    g_in[i] = rounded(sum);
+    g_in[i] = rounded<T>(sum);
+  }
+}
+
+// An activation layer other than relu over the example's n values (the
+// math of activation.cuh, as the element-wise kernels), each result rounded
+// to T. The backward reads the forward's input or output
+// (backward_reads_input).
+template <class T, Activation A>
+__device__ void activation_forward_as(const Block& b, int n, const float* in, float* out) {
+  for (int i = b.tid; i < n; i += b.threads) out[i] = rounded<T>(ActivationMath<A>::forward(in[i]));
+}
+template <class T, Activation A>
+__device__ void activation_backward_as(const Block& b, int n, const float* gy, const float* in, const float* out,
+                                       float* g_in) {
+  const float* v = kBackwardReadsInput<A> ? in : out;
+  for (int i = b.tid; i < n; i += b.threads) g_in[i] = rounded<T>(ActivationMath<A>::backward(gy[i], v[i]));
+}
+// Calls f(std::integral_constant<Activation, a>) for the layer's activation.
+template <class F>
+__device__ void with_layer_activation(Activation a, F&& f) {
+  using A = Activation;
+  switch (a) {
+    case A::gelu: f(std::integral_constant<A, A::gelu>{}); break;
+    case A::gelu_tanh: f(std::integral_constant<A, A::gelu_tanh>{}); break;
+    case A::silu: f(std::integral_constant<A, A::silu>{}); break;
+    case A::tanh: f(std::integral_constant<A, A::tanh>{}); break;
+    case A::sigmoid: f(std::integral_constant<A, A::sigmoid>{}); break;
+    case A::relu: f(std::integral_constant<A, A::relu>{}); break;
   }
 }
 
@@ -117,14 +148,15 @@ __device__ __forceinline__ bool kept(const CnnLayer& L, int example, int i, std:
 }
 
 // out[j] = bias[j] + sum_i in[i] W[j][i]: a warp per output.
-__device__ void linear_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const __half* weights,
+template <class T>
+__device__ void linear_forward(const Block& b, const CnnLayer& L, const float* in, float* out, const T* weights,
                                const float* bias, bool with_relu) {
   const int n_in = L.in_c * L.in_h * L.in_w;
   for (int j = b.warp; j < L.out_c; j += b.warps) {
     float s = 0.f;
-    for (int i = b.lane; i < n_in; i += 32) s += in[i] * __half2float(weights[j * n_in + i]);
+    for (int i = b.lane; i < n_in; i += 32) s += in[i] * from_compute<T>(weights[j * n_in + i]);
     s = warp_sum(s);
-    if (b.lane == 0) out[j] = with_relu ? relu(rounded(s + bias[j])) : rounded(s + bias[j]);
+    if (b.lane == 0) out[j] = with_relu ? relu(rounded<T>(s + bias[j])) : rounded<T>(s + bias[j]);
   }
 }
 
@@ -133,8 +165,9 @@ __device__ void linear_forward(const Block& b, const CnnLayer& L, const float* i
 // (`factors`: dZ, then x) and the update kernel sums the products over the
 // batch; with several, the block adds the product to its slice (dW, db), so
 // the update kernel reads one sum per block instead of one pair per example.
+template <class T>
 __device__ void linear_backward(const Block& b, const CnnLayer& L, const float* gy, const float* in, float* g_in,
-                                const __half* weights, float* factors, float* dW, float* db, bool first,
+                                const T* weights, float* factors, float* dW, float* db, bool first,
                                 const float* relu_out, float* masked) {
   const int n_in = L.in_c * L.in_h * L.in_w;
   if (relu_out) {  // the gradient through the ReLU once, for the loops below
@@ -155,17 +188,18 @@ __device__ void linear_backward(const Block& b, const CnnLayer& L, const float* 
     float even = 0.f, odd = 0.f;  // two chains of adds in flight
     int j = 0;
     for (; j + 1 < L.out_c; j += 2) {
-      even += gy[j] * __half2float(weights[j * n_in + i]);
-      odd += gy[j + 1] * __half2float(weights[(j + 1) * n_in + i]);
+      even += gy[j] * from_compute<T>(weights[j * n_in + i]);
+      odd += gy[j + 1] * from_compute<T>(weights[(j + 1) * n_in + i]);
     }
-    if (j < L.out_c) even += gy[j] * __half2float(weights[j * n_in + i]);
-    g_in[i] = rounded(even + odd);
+    if (j < L.out_c) even += gy[j] * from_compute<T>(weights[j * n_in + i]);
+    g_in[i] = rounded<T>(even + odd);
   }
 }
 
 // One example's fetch (as launch_batch_fetch: x * scale + shift, rounded to
-// fp16) into the input's place in shared memory; returns its label. The
+// T) into the input's place in shared memory; returns its label. The
 // caller's barrier publishes the pixels.
+template <class T>
 __device__ int fetch_example(const Block& b, const CnnStepArgs& a, const CnnStepLaunch& l, std::int32_t step,
                              int example) {
   const CnnLayer& first = a.layer[0];
@@ -173,7 +207,7 @@ __device__ int fetch_example(const Block& b, const CnnStepArgs& a, const CnnStep
   const std::int64_t global = std::int64_t(a.batch) * a.ranks;  // as ref::batch_indices
   const std::int64_t row = a.perm[(std::int64_t(step) % (a.rows / global)) * global + std::int64_t(a.rank) * a.batch + example];
   const std::uint8_t* src = a.images + row * pixels;
-  for (int i = b.tid; i < pixels; i += b.threads) b.smem[l.act_offset[0] + i] = rounded(float(src[i]) * a.scale + a.shift);
+  for (int i = b.tid; i < pixels; i += b.threads) b.smem[l.act_offset[0] + i] = rounded<T>(float(src[i]) * a.scale + a.shift);
   return a.labels[row];
 }
 

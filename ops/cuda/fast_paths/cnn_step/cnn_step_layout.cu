@@ -40,7 +40,7 @@ SharedLayout shared_layout(const CnnStepArgs& a) {
   s.launch.grad_offset[0] = take(grad);
   s.launch.grad_offset[1] = take(grad);
   // The parameter image (copied in as it is), in layer order: every layer's
-  // fp16 weights (forward / linear layout, then a conv's data-gradient
+  // 16-bit (fp16 or bf16) weights (forward / linear layout, then a conv's data-gradient
   // layout) and rounded bias, in kImageParts parts (CnnStepLaunch::part_start).
   s.launch.image_offset = at;
   int part = 0;
@@ -163,7 +163,10 @@ std::vector<std::string> cnn_step_phase_names(const CnnStepArgs& a) {
   std::vector<std::string> names{
       "arguments, the first example's pixels and the image's first part into shared memory"};
   const auto op_text = [&](int i) {
-    return relu_fused_into(a, i) ? fmt::format("{}+relu", kOps[int(a.layer[i].op)]) : std::string(kOps[int(a.layer[i].op)]);
+    const CnnLayer& L = a.layer[i];
+    const std::string op =
+        L.op == CnnLayerOp::activation ? std::string(activation_op_name(L.activation)) : kOps[int(L.op)];
+    return relu_fused_into(a, i) ? op + "+relu" : op;
   };
   for (int i = 0; i < a.layers; ++i)
     if (a.layer[i].op != CnnLayerOp::view && !fused_relu(a, i))

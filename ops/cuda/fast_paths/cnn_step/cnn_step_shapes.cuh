@@ -2,14 +2,16 @@
 // What the CNN step's three translation units share (cnn_step.cu: kernel 1;
 // cnn_step_update.cu: the update kernel and the image rebuild;
 // cnn_step_layout.cu: the host-side layout): the block shape, the rounding
-// of the graph's fp16 values, the conv GEMMs' index encoding, the staged
+// of the graph's fp16 or bf16 values, the conv GEMMs' index encoding, the staged
 // weights' strides, the workspace's addressing. In an unnamed namespace with
 // every function inline: each translation unit keeps its own copy, as when
 // they were one file.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/conv_window.cuh"
 #include "ops/cuda/fast_paths/cnn_step/cnn_step.hpp"
@@ -20,8 +22,27 @@ namespace {
 constexpr int kExampleThreads = 512;  // kernel 1: a block per example
 constexpr int kUpdateThreads = 256;
 
-// The value an fp16 tensor of the graph holds.
-__device__ __forceinline__ float rounded(float x) { return __half2float(__float2half_rn(x)); }
+// The compute dtype's element (CnnStepArgs::bf16): kernel 1 is compiled for
+// each, since its tensor-core instructions name the type.
+template <class T>
+__device__ __forceinline__ T to_compute(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return __float2half_rn(x);
+}
+template <class T>
+__device__ __forceinline__ float from_compute(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
+  else return __half2float(x);
+}
+// The value a tensor of the graph's compute dtype T holds.
+template <class T>
+__device__ __forceinline__ float rounded(float x) {
+  return from_compute<T>(to_compute<T>(x));
+}
+// The same, the dtype chosen at run time (the update kernel's element-wise code).
+__device__ __forceinline__ float rounded(float x, bool bf16) {
+  return bf16 ? rounded<__nv_bfloat16>(x) : rounded<__half>(x);
+}
 
 __host__ __device__ constexpr int round_up(int x, int m) { return (x + m - 1) / m * m; }
 

@@ -1,10 +1,11 @@
 // Kernel 2 of the CNN step (cnn_step.hpp): the blocks' gradient slices (or
 // the examples' linear-layer factors) summed in a fixed order, the update of
 // the fp32 master weights by SGD (sgd_step.cuh) or by any update rule
-// (update_rules/), their fp16 casts into the parameter image, the batch's
+// (update_rules/), their fp16 or bf16 casts into the parameter image, the batch's
 // mean loss and the step advance, or (data parallel) the summed gradients
 // stored for the update stage; and the kernel that rebuilds the image from
 // the fp32 parameters.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -26,9 +27,9 @@ namespace sg::cuda {
 namespace {
 
 // Where tensor t's elements sit in the parameter image: element i of a conv
-// weight [co][ci][tap] (a linear one [out][in], as one tap) at half
+// weight [co][ci][tap] (a linear one [out][in], as one tap) at 16-bit element
 // forward + co * forward_stride + (ci, tap), and where the layer computes
-// its input gradient also at half data + ci * data_stride + co * taps + tap;
+// its input gradient also at element data + ci * data_stride + co * taps + tap;
 // a bias element at float bias + i. Offsets from the image's start.
 struct ImageTarget {
   int forward = -1, data = -1, bias = -1;
@@ -56,20 +57,26 @@ __host__ __device__ inline ImageTarget image_target(const CnnStepArgs& a, const 
 }
 
 // Element i of a tensor, `value` (its fp32 master), into the image as the
-// graph's cast makes it: fp16 weights, biases rounded to fp16 values.
+// graph's cast makes it: fp16 (bf16) weights, biases rounded to fp16 (bf16)
+// values; T is the compute dtype's element.
+template <class T>
 __device__ __forceinline__ void store_in_image(float* image, const ImageTarget& x, int i, float value) {
   if (x.bias >= 0) {
-    image[x.bias + i] = rounded(value);
+    image[x.bias + i] = rounded<T>(value);
     return;
   }
-  auto* h = reinterpret_cast<__half*>(image);
-  const __half v = __float2half_rn(value);
+  auto* h = reinterpret_cast<T*>(image);
+  const T v = to_compute<T>(value);
   const int co = i / x.row, r = i - co * x.row;
   h[x.forward + co * x.forward_stride + r] = v;
   if (x.data >= 0) {
     const int ci = r / x.taps, tap = r - ci * x.taps;
     h[x.data + ci * x.data_stride + co * x.taps + tap] = v;
   }
+}
+__device__ __forceinline__ void store_in_image(float* image, const ImageTarget& x, int i, float value, bool bf16) {
+  if (bf16) store_in_image<__nv_bfloat16>(image, x, i, value);
+  else store_in_image<__half>(image, x, i, value);
 }
 
 // kSumParts lanes per parameter element, each summing a contiguous part of
@@ -253,13 +260,15 @@ __global__ void __launch_bounds__(kUpdateThreads)
   // The parts' sums in one order for every element: (p0 + p1) + (p2 + p3).
   float sum = part_sum + __shfl_xor_sync(0xffffffffu, part_sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  if (updates && kOut) table.gradient_out[t][i] = rounded(sum);
+  const float gradient = rounded(sum, a.bf16);  // as the graph's wgrad value
+  if (updates && kOut) table.gradient_out[t][i] = gradient;
   if (updates && !kOut) {
     if constexpr (kSgd) {
-      w = sgd_step(w, rounded(sum), velocity != nullptr, v, scalars);
+      w = a.nesterov && velocity ? sgd_nesterov_step(w, gradient, v, scalars)
+                                 : sgd_step(w, gradient, velocity != nullptr, v, scalars);
     } else if constexpr (!kOut) {
       const typename Update::Rule rule(u.hyper, scalars.lr, step_at_start(a, l, blocks), nullptr);
-      w = rule(w, rounded(sum), [&](int s) -> float& { return state[s]; });
+      w = rule(w, gradient, [&](int s) -> float& { return state[s]; });
     }
     table.param[t][i] = w;
     if constexpr (kSgd) {
@@ -267,7 +276,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
     } else if constexpr (!kOut) {
       each_slot<typename Update::Rule>(u.hyper, [&](auto s) { states.slot[t][s.value][i] = state[s.value]; });
     }
-    store_in_image(a.image, table.target[t], i, w);
+    store_in_image(a.image, table.target[t], i, w, a.bf16);
   }
   __syncthreads();
   mark_phase(a.phase_clock, phase + 1, true);
@@ -283,7 +292,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
        e += std::int64_t(gridDim.x) * blockDim.x) {
     const int t = table.tensor_of(e);
     const int i = int(e - table.offset[t]);
-    store_in_image(a.image, table.target[t], i, table.param[t][i]);
+    store_in_image(a.image, table.target[t], i, table.param[t][i], a.bf16);
   }
 }
 

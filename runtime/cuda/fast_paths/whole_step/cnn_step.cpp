@@ -1,6 +1,6 @@
 // Lowering: a graph that is exactly a small sequential CNN's training step
-// (runtime/plan/cnn_step_pattern.hpp: fp16 activations, fp32 master weights,
-// SGD or any update rule) as two kernels per step
+// (runtime/plan/cnn_step_pattern.hpp: fp16 or bf16 activations, fp32 master
+// weights, SGD with or without Nesterov momentum, or any update rule) as two kernels per step
 // (ops/cuda/fast_paths/cnn_step/cnn_step.hpp): every example's forward and
 // backward in one block with its activations in shared memory, then the
 // summed gradients' updates. A data-parallel rank's step (its gradients
@@ -17,6 +17,7 @@
 
 #include "ops/cuda/fast_paths/cnn_step/cnn_step.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "runtime/cuda/lowerings/activation_nodes.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/update_rule_table.hpp"
 #include "runtime/plan/cnn_step_pattern.hpp"
@@ -39,6 +40,7 @@ CnnLayerOp op_of(Kind k) {
     case Kind::conv2d: return CnnLayerOp::conv2d;
     case Kind::max_pool2d: return CnnLayerOp::max_pool2d;
     case Kind::relu: return CnnLayerOp::relu;
+    case Kind::activation: return CnnLayerOp::activation;
     case Kind::dropout2d: return CnnLayerOp::dropout2d;
     case Kind::dropout: return CnnLayerOp::dropout;
     case Kind::view: return CnnLayerOp::view;
@@ -56,8 +58,8 @@ std::vector<NodeId> update_nodes(const CnnStepPlan& plan) {
 }
 
 // Why the update kernel cannot apply the plan's updates ("" when it can):
-// it applies one optimizer to every tensor, SGD (momentum, weight decay; not
-// Nesterov) or an update rule of update_rule_table.hpp without clipping,
+// it applies one optimizer to every tensor, SGD (momentum, Nesterov, weight
+// decay) or an update rule of update_rule_table.hpp without clipping,
 // every state fp32 and the step counter the fetch's.
 std::string update_blocker(const sg::Graph& g, const CnnStepPlan& plan) {
   const std::vector<NodeId> nodes = update_nodes(plan);
@@ -70,8 +72,8 @@ std::string update_blocker(const sg::Graph& g, const CnnStepPlan& plan) {
     const Node& n = g.node(id);
     std::vector<ValueId> states;
     if (n.op == OpKind::sgd_update) {
-      if (n.attr<SgdUpdateAttrs>().nesterov) return "optimizer SGD with Nesterov momentum: the update kernel applies SGD without it";
       if (n.inputs.size() > 2) states.push_back(n.inputs[2]);
+      else if (n.attr<SgdUpdateAttrs>().nesterov) return "SGD with Nesterov momentum but no velocity";
     } else if (const std::optional<UpdateInputs> u = update_inputs(n)) {
       if (u->clip_scale >= 0) return "gradient clipping (its scale exists only after every gradient)";
       if (u->step >= 0 && u->step != plan.step) return "the update reads another step counter than the batch fetch";
@@ -92,6 +94,10 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
   CnnStepArgs a;
   a.batch = static_cast<int>(plan.batch);
   a.gradient_scale = static_cast<float>(plan.gradient_scale);
+  a.bf16 = g.value(plan.layers.front().input).dtype == DType::bf16;
+  const std::vector<NodeId> updates = update_nodes(plan);
+  a.nesterov = !updates.empty() && g.node(updates.front()).op == OpKind::sgd_update &&
+               g.node(updates.front()).attr<SgdUpdateAttrs>().nesterov;
   a.rows = g.value(plan.perm).shape[0];
   a.rank = static_cast<int>(plan.rank);
   a.ranks = static_cast<int>(plan.ranks);
@@ -120,7 +126,7 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
     example_shape(g.value(p.input).shape, L.in_c, L.in_h, L.in_w);
     example_shape(g.value(p.output).shape, L.out_c, L.out_h, L.out_w);
     L.input_gradient = p.input_gradient;
-    if (g.value(p.output).dtype != DType::f16) why = "activations are not fp16";
+    if (g.value(p.output).dtype != (a.bf16 ? DType::bf16 : DType::f16)) why = "activations are not all fp16 or all bf16";
     if (p.kind == Kind::conv2d) {
       const Shape& w = g.value(p.weight).shape;
       L.kernel_h = static_cast<int>(w[2]);
@@ -134,6 +140,7 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
     }
     if (p.kind == Kind::dropout || p.kind == Kind::dropout2d)
       L.dropout = dropout_params_of(p.dropout);
+    if (p.kind == Kind::activation) L.activation = *forward_activation(p.activation);
     if (p.kind == Kind::conv2d || p.kind == Kind::linear) {
       L.weight = tensor(p.weight);
       L.bias = tensor(p.bias);
@@ -143,13 +150,16 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
   const CnnLayer& first = a.layer[0];
   if (g.value(plan.images).shape.size() != 2 || g.value(plan.images).shape[1] != std::int64_t(first.in_c) * first.in_h * first.in_w)
     why = "the image rows are not the first layer's input";
-  if (g.value(plan.layers.front().input).dtype != DType::f16) why = "activations are not fp16";
+  if (g.value(plan.layers.front().input).dtype != DType::f16 && !a.bf16) why = "activations are not fp16 or bf16";
   if (std::string update = update_blocker(g, plan); !update.empty()) why = update;
   return a;
 }
 
 // The plan when the fused step runs `g` under `o`; otherwise none and why not.
-std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& o, std::string& why) {
+// Without `ask_device` the device's shared memory is not asked; `args`, when
+// given, gets the kernels' sizes.
+std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& o, std::string& why,
+                                      bool ask_device = true, CnnStepArgs* args = nullptr) {
   if (!o.whole_step) {
     why = "turned off (backend.whole_step: false)";
     return std::nullopt;
@@ -166,7 +176,8 @@ std::optional<CnnStepPlan> fused_plan(const sg::Graph& g, const BackendOptions& 
     return std::nullopt;
   }
   const CnnStepArgs a = shape_of(g, *found.plan, why);
-  if (why.empty()) why = cnn_step_unsupported(a);  // asks the device
+  if (args) *args = a;
+  if (why.empty() && ask_device) why = cnn_step_unsupported(a);
   if (!why.empty()) return std::nullopt;
   return std::move(found.plan);
 }
@@ -234,6 +245,7 @@ std::string layer_text(const sg::Graph& g, const CnnStepLayer& l) {
     }
     case Kind::max_pool2d: return fmt::format("maxpool{}/s{}", l.pool.kernel, l.pool.stride);
     case Kind::relu: return "relu";
+    case Kind::activation: return std::string(op_name(l.activation));
     case Kind::dropout2d: return fmt::format("dropout2d({})", l.dropout.p);
     case Kind::dropout: return fmt::format("dropout({})", l.dropout.p);
     case Kind::view: return "view";
@@ -348,6 +360,14 @@ class CnnStepLowering final : public CudaLowering {
 std::string cnn_step_blocker(const sg::Graph& graph, const BackendOptions& options) {
   std::string why;
   fused_plan(graph, options, why);
+  return why;
+}
+
+std::string cnn_step_structural_blocker(const sg::Graph& graph, const BackendOptions& options, bool* bf16) {
+  std::string why;
+  CnnStepArgs a;
+  fused_plan(graph, options, why, /*ask_device=*/false, &a);
+  if (bf16) *bf16 = a.bf16;
   return why;
 }
 

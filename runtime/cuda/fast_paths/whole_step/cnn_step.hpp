@@ -11,5 +11,9 @@ namespace sg::cuda {
 // does). Only a graph that passes every structural check asks the device
 // (its shared memory).
 std::string cnn_step_blocker(const sg::Graph& graph, const BackendOptions& options);
+// The structural checks alone (no device query): "" when only the device's
+// shared memory can still refuse the graph. `bf16` tells which kernel instance
+// (the compute dtype) would run it.
+std::string cnn_step_structural_blocker(const sg::Graph& graph, const BackendOptions& options, bool* bf16 = nullptr);
 
 }  // namespace sg::cuda
