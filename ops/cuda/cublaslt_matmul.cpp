@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/gpu_timing.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
@@ -130,9 +131,11 @@ class CandidateTimer {
     if (has_aux(shape.epilogue)) set_attr(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, scratch_.aux.data());
   }
 
-  // Mean microseconds per run over `runs` back-to-back runs; infinity where
+  // Mean microseconds per run over `runs` back-to-back runs, GPU time alone
+  // (queued behind a busy-wait: gpu_timing.hpp says why); infinity where
   // cuBLASLt refuses to launch the algorithm.
   float mean_us(const cublasLtMatmulAlgo_t& algo, int runs) const {
+    enqueue_busy_wait(stream_, 20.0 + 10.0 * runs);  // cuBLASLt enqueues a run in a few us
     start_.record(stream_);
     for (int i = 0; i < runs; ++i) {
       const auto status = cublasLtMatmul(handle_.get(), desc_.op, scratch_.alpha, scratch_.b.data(), desc_.a,

@@ -13,12 +13,6 @@ namespace {
 
 __global__ void empty_kernel() {}
 
-__global__ void busy_wait_kernel(long long cycles) {
-  const long long start = clock64();
-  while (clock64() - start < cycles) {
-  }
-}
-
 void launch_empties(int count, cudaStream_t stream) {
   for (int i = 0; i < count; ++i) empty_kernel<<<1, 1, 0, stream>>>();
   SG_LAUNCH_CHECK("empty_kernel");
@@ -66,13 +60,6 @@ double measure_matmul_tflops(const Stream& stream) {
 }
 
 }  // namespace
-
-void enqueue_busy_wait(cudaStream_t stream, double microseconds) {
-  int khz = 0;
-  SG_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
-  busy_wait_kernel<<<1, 1, 0, stream>>>(static_cast<long long>(microseconds * khz / 1e3));
-  SG_LAUNCH_CHECK("busy_wait_kernel");
-}
 
 Floors measure_floors() {
   Stream stream;

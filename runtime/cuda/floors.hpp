@@ -4,6 +4,8 @@
 // (both of an empty kernel), and device-to-device copy bandwidth.
 #include <cuda_runtime.h>
 
+#include "ops/cuda/gpu_timing.hpp"  // enqueue_busy_wait, which the profiles time behind
+
 namespace sg::cuda {
 
 struct Floors {
@@ -14,10 +16,5 @@ struct Floors {
 };
 
 Floors measure_floors();
-
-// Keeps the GPU busy for about `microseconds` on `stream`, so that work the
-// host enqueues meanwhile runs back to back (used to time kernels without
-// host launch gaps between them).
-void enqueue_busy_wait(cudaStream_t stream, double microseconds);
 
 }  // namespace sg::cuda

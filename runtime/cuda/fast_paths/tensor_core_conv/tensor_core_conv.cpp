@@ -23,6 +23,7 @@
 
 #include "ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp"
 #include "ops/cuda/cuda_resources.hpp"
+#include "ops/cuda/gpu_timing.hpp"
 #include "runtime/cuda/lowerings/conv_nodes.hpp"
 #ifdef STEPGRAPH_HAVE_CUDNN
 #include "ops/cuda/conv_cudnn.hpp"
@@ -59,22 +60,12 @@ std::map<std::string, int>& chosen_tiles() {
 }
 
 // Microseconds per run: the median of three timings of 10 runs back to back
-// (after one untimed run), so a launch's host cost weighs as it does in a graph.
+// (after one untimed run), GPU time alone (ops/cuda/gpu_timing.hpp): a
+// replayed graph pays no host cost per launch, ours or cuDNN's.
 template <typename Run>
 float median_us(cudaStream_t stream, Run&& run) {
-  constexpr int kRuns = 10;
-  const Event start, stop;
   run(stream);
-  std::vector<float> times;
-  for (int rep = 0; rep < 3; ++rep) {
-    start.record(stream);
-    for (int i = 0; i < kRuns; ++i) run(stream);
-    stop.record(stream);
-    stop.synchronize();
-    times.push_back(Event::elapsed_ms(start, stop) * 1000.0f / kRuns);
-  }
-  std::sort(times.begin(), times.end());
-  return times[1];
+  return gpu_time_us(stream, 10, 3, run);
 }
 
 class TensorCoreConvLowering final : public CudaLowering {
