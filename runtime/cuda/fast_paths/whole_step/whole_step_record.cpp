@@ -2,10 +2,10 @@
 // step as one launch per step: an MLP as one kernel (a cooperative grid or
 // one cluster: whole_step; the weights resident in one cluster's shared
 // memory across steps: resident_step), a small sequential CNN as two
-// (cnn_step). fp16. The MLP kernels apply plain SGD in-kernel, or store
+// (cnn_step). The MLP kernels (fp16) apply plain SGD in-kernel, or store
 // every gradient for the update stage's launch after them (any update rule);
-// the CNN step's update kernel applies SGD or any update rule to its summed
-// partial gradients.
+// the CNN step (fp16 or bf16) applies SGD (momentum, Nesterov) or any update
+// rule to its summed partial gradients in its update kernel.
 #include <algorithm>
 #include <stdexcept>
 
