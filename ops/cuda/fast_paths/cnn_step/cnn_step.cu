@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
                                 [&](auto act) { activation_backward_as<T, act.value>(b, n, g, in, out, g_in); });
           break;
         case CnnLayerOp::dropout:
-          for (int i = b.tid; i < n; i += b.threads) g_in[i] = keep_mask(li)[i] ? rounded<T>(g[i] * L.dropout.scale) : 0.f;
+          for (int i = b.tid; i < n; i += b.threads)
+            g_in[i] = keep_mask(li)[i] ? rounded<T>(g[i] * L.dropout.scale) : 0.f;
           break;
         case CnnLayerOp::dropout2d: {
           const int plane = L.out_h * L.out_w;

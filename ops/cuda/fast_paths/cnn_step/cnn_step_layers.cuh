@@ -207,7 +207,8 @@ __device__ int fetch_example(const Block& b, const CnnStepArgs& a, const CnnStep
   const std::int64_t global = std::int64_t(a.batch) * a.ranks;  // as ref::batch_indices
   const std::int64_t row = a.perm[(std::int64_t(step) % (a.rows / global)) * global + std::int64_t(a.rank) * a.batch + example];
   const std::uint8_t* src = a.images + row * pixels;
-  for (int i = b.tid; i < pixels; i += b.threads) b.smem[l.act_offset[0] + i] = rounded<T>(float(src[i]) * a.scale + a.shift);
+  for (int i = b.tid; i < pixels; i += b.threads)
+    b.smem[l.act_offset[0] + i] = rounded<T>(float(src[i]) * a.scale + a.shift);
   return a.labels[row];
 }
 

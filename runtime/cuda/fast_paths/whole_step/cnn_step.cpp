@@ -126,7 +126,8 @@ CnnStepArgs shape_of(const sg::Graph& g, const CnnStepPlan& plan, std::string& w
     example_shape(g.value(p.input).shape, L.in_c, L.in_h, L.in_w);
     example_shape(g.value(p.output).shape, L.out_c, L.out_h, L.out_w);
     L.input_gradient = p.input_gradient;
-    if (g.value(p.output).dtype != (a.bf16 ? DType::bf16 : DType::f16)) why = "activations are not all fp16 or all bf16";
+    if (g.value(p.output).dtype != (a.bf16 ? DType::bf16 : DType::f16))
+      why = "activations are not all fp16 or all bf16";
     if (p.kind == Kind::conv2d) {
       const Shape& w = g.value(p.weight).shape;
       L.kernel_h = static_cast<int>(w[2]);
