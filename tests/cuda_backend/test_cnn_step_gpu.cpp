@@ -130,21 +130,39 @@ void check_same_state(Trainer& a, Trainer& b, double tolerance) {
   }
 }
 
+// The fused step, the per-launch schedule and the CPU backend on one random
+// dataset of four batches (held on the heap: the trainers may keep a
+// reference to it); the first must run as cnn_step, the second not.
+struct ThreeTrainers {
+  std::unique_ptr<const Dataset> data;
+  std::unique_ptr<Trainer> fused, per_launch, cpu;
+};
+ThreeTrainers three_trainers(const RandomCnn& r, std::mt19937_64& rng) {
+  const std::int64_t batch = r.training.model.batch;
+  const auto& shape = r.training.model.input_shape;
+  ThreeTrainers t;
+  t.data = std::make_unique<const Dataset>(
+      test::random_dataset(batch * 4, shape[0] * shape[1] * shape[2], r.classes, rng));
+  t.fused = make_trainer(r, *t.data, ProgramTarget::cuda);
+  t.per_launch = make_trainer(r, *t.data, ProgramTarget::cuda, /*whole_step=*/false);
+  t.cpu = make_trainer(r, *t.data, ProgramTarget::cpu);
+  INFO(t.fused->description());
+  REQUIRE(t.fused->description().find("cnn_step") != std::string::npos);
+  REQUIRE(t.per_launch->description().find("cnn_step") == std::string::npos);
+  return t;
+}
+
 // One step: every parameter and state as the CPU backend's and the
 // per-launch schedule's (the same masks and the same gradients up to
 // summation order and rounding: the velocities hold the first gradients);
 // then ten more steps' losses (a new epoch permutation after the fourth) as
 // the CPU's. `tolerance` is the state's relative error by norm.
 void check_follows_cpu_and_per_launch(const RandomCnn& r, std::mt19937_64& rng, double tolerance) {
-  const std::int64_t batch = r.training.model.batch;
-  const auto& shape = r.training.model.input_shape;
-  const Dataset data = test::random_dataset(batch * 4, shape[0] * shape[1] * shape[2], r.classes, rng);
-  const auto fused = make_trainer(r, data, ProgramTarget::cuda);
-  const auto per_launch = make_trainer(r, data, ProgramTarget::cuda, /*whole_step=*/false);
-  const auto cpu = make_trainer(r, data, ProgramTarget::cpu);
+  const ThreeTrainers t = three_trainers(r, rng);
+  Trainer* const fused = t.fused.get();
+  Trainer* const per_launch = t.per_launch.get();
+  Trainer* const cpu = t.cpu.get();
   INFO(fused->description());
-  REQUIRE(fused->description().find("cnn_step") != std::string::npos);
-  REQUIRE(per_launch->description().find("cnn_step") == std::string::npos);
   fused->train(1);
   per_launch->train(1);
   cpu->train(1);
@@ -300,14 +318,11 @@ TEST_CASE("random CNNs under AdamW, Adam and RMSprop: the fused step's update ru
     CAPTURE(c.momentum);
     CAPTURE(c.centered);
     CAPTURE(r.text);
-    const auto& shape = r.training.model.input_shape;
-    const Dataset data = test::random_dataset(c.batch * 4, shape[0] * shape[1] * shape[2], r.classes, rng);
-    const auto fused = make_trainer(r, data, ProgramTarget::cuda);
-    const auto per_launch = make_trainer(r, data, ProgramTarget::cuda, /*whole_step=*/false);
-    const auto cpu = make_trainer(r, data, ProgramTarget::cpu);
+    const ThreeTrainers t = three_trainers(r, rng);
+    Trainer* const fused = t.fused.get();
+    Trainer* const per_launch = t.per_launch.get();
+    Trainer* const cpu = t.cpu.get();
     INFO(fused->description());
-    REQUIRE(fused->description().find("cnn_step") != std::string::npos);
-    REQUIRE(per_launch->description().find("cnn_step") == std::string::npos);
     // The first step: states and changes as the CPU's and the per-launch
     // schedule's. Then two more (bias correction at t = 2 and 3): changes as
     // the per-launch schedule's, which applies the same rule to the same
