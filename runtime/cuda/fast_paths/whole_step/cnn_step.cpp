@@ -364,11 +364,11 @@ std::string cnn_step_blocker(const sg::Graph& graph, const BackendOptions& optio
   return why;
 }
 
-std::string cnn_step_structural_blocker(const sg::Graph& graph, const BackendOptions& options, bool* bf16) {
+std::string cnn_step_structural_blocker(const sg::Graph& graph, const BackendOptions& options, CnnStepFit* fit) {
   std::string why;
   CnnStepArgs a;
   fused_plan(graph, options, why, /*ask_device=*/false, &a);
-  if (bf16) *bf16 = a.bf16;
+  if (fit && why.empty()) *fit = {a.bf16, cnn_step_shared_bytes(a)};
   return why;
 }
 
