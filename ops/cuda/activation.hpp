@@ -9,6 +9,12 @@
 #include <string_view>
 #include <type_traits>
 
+#if defined(__CUDACC__)
+#define SG_ACTIVATION_HD __host__ __device__
+#else
+#define SG_ACTIVATION_HD
+#endif
+
 namespace sg::cuda {
 
 enum class Activation : std::uint8_t { relu, gelu, gelu_tanh, silu, tanh, sigmoid };
@@ -36,9 +42,15 @@ constexpr std::string_view activation_op_name(Activation a) {
 }
 
 // Calls f(std::integral_constant<Activation, a>{}) for the runtime tag `a`:
-// the one place a launcher turns the tag into a kernel instantiation.
+// the one place a launcher turns the tag into a kernel instantiation, or a
+// kernel (the fused CNN step's activation layers) into its math's.
+// (nvcc's check of host calls from host-device code is off here: `f` is a
+// host lambda in launchers and a device one in kernels.)
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
 template <typename F>
-decltype(auto) with_activation(Activation a, F&& f) {
+SG_ACTIVATION_HD decltype(auto) with_activation(Activation a, F&& f) {
   using A = Activation;
   switch (a) {
     case A::gelu: return f(std::integral_constant<A, A::gelu>{});

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
           for (int i = b.tid; i < n; i += b.threads) out[i] = in[i] > 0.f ? in[i] : 0.f;
           break;
         case CnnLayerOp::activation:
-          with_layer_activation(L.activation, [&](auto act) { activation_forward_as<T, act.value>(b, n, in, out); });
+          with_activation(L.activation, [&](auto act) { activation_forward_as<T, act.value>(b, n, in, out); });
           break;
         case CnnLayerOp::dropout:  // the keep bits stay for the backward (keep_mask)
           for (int i = b.tid; i < n; i += b.threads) {
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(kExampleThreads, 1)
           for (int i = b.tid; i < n; i += b.threads) g_in[i] = out[i] > 0.f ? g[i] : 0.f;
           break;
         case CnnLayerOp::activation:
-          with_layer_activation(L.activation,
-                                [&](auto act) { activation_backward_as<T, act.value>(b, n, g, in, out, g_in); });
+          with_activation(L.activation,
+                          [&](auto act) { activation_backward_as<T, act.value>(b, n, g, in, out, g_in); });
           break;
         case CnnLayerOp::dropout:
           for (int i = b.tid; i < n; i += b.threads)

@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/async_copy.cuh"
@@ -122,19 +121,6 @@ __device__ void activation_backward_as(const Block& b, int n, const float* gy, c
                                        float* g_in) {
   const float* v = kBackwardReadsInput<A> ? in : out;
   for (int i = b.tid; i < n; i += b.threads) g_in[i] = rounded<T>(ActivationMath<A>::backward(gy[i], v[i]));
-}
-// Calls f(std::integral_constant<Activation, a>) for the layer's activation.
-template <class F>
-__device__ void with_layer_activation(Activation a, F&& f) {
-  using A = Activation;
-  switch (a) {
-    case A::gelu: f(std::integral_constant<A, A::gelu>{}); break;
-    case A::gelu_tanh: f(std::integral_constant<A, A::gelu_tanh>{}); break;
-    case A::silu: f(std::integral_constant<A, A::silu>{}); break;
-    case A::tanh: f(std::integral_constant<A, A::tanh>{}); break;
-    case A::sigmoid: f(std::integral_constant<A, A::sigmoid>{}); break;
-    case A::relu: f(std::integral_constant<A, A::relu>{}); break;
-  }
 }
 
 // The keep bit of element `i` of this example (dropout: per element of the
