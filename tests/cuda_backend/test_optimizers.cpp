@@ -35,12 +35,15 @@ std::vector<float> uniform(std::size_t n, std::mt19937_64& rng, double lo = -1, 
 
 std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// `large`: one more tensor of over 2^20 elements, so the launch takes the
+// larger chunks a block (multi_tensor_update.cu).
 template <typename W, typename G>
-void check_adam_multi(std::mt19937_64& rng, bool decoupled, bool clip) {
+void check_adam_multi(std::mt19937_64& rng, bool decoupled, bool clip, bool large = false) {
   const int count = 1 + static_cast<int>(rng() % 4);
   std::vector<std::size_t> sizes;
   for (int i = 0; i < count; ++i) sizes.push_back(1 + rng() % 9000);  // odd sizes: the scalar path
   sizes.push_back(4 * (1 + rng() % 3000));                            // a multiple of 4: the vector path
+  if (large) sizes.push_back((std::size_t(1) << 20) + 4 * (rng() % 5000));
   const float lr = 0.003f;
   const cuda::AdamHyper hyper{0.9f, 0.99f, 1e-6f, 0.02f, decoupled};
   auto scalars = sg::test::device_update_scalars({cuda::make_update_scalars(lr, 0.f, hyper.weight_decay)});
@@ -102,6 +105,8 @@ TEST_CASE("multi-tensor Adam/AdamW equals the CPU reference (f32 and f16 weights
       check_adam_multi<__half, __half>(rng, decoupled, clip);
       check_adam_multi<float, __half>(rng, decoupled, clip);
     }
+  INFO("with a tensor of over 2^20 elements");
+  check_adam_multi<float, __half>(rng, true, false, true);
 }
 
 TEST_CASE("bias gradient + Adam in one kernel equals reduce_rows + the CPU reference") {

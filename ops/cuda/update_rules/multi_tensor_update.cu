@@ -1,6 +1,6 @@
 // The multi-tensor update over any rule (multi_tensor_update.hpp). Adam's
-// launch is what it was before the rules (issue 21): the same chunks, blocks,
-// loads and arithmetic, so the same bits.
+// launch is what it was before the rules (issue 21): the same loads and
+// arithmetic, so the same bits.
 #include <algorithm>
 
 #include "ops/cuda/cuda_check.hpp"
@@ -16,7 +16,14 @@ namespace sg::cuda {
 namespace {
 
 constexpr int kUpdateThreads = 256;
-constexpr std::int64_t kUpdateChunk = kUpdateThreads * 16;  // elements per block
+// Elements per block: 16 a thread (four quads in turn) where the launch has
+// over kSmallUpdate elements (784-1024-1024-10's 1.8M, measured at this
+// chunk), else 4 (one quad: a block is one memory round trip). A CNN's
+// convolution weights (~100k elements) made ~30 blocks of four round trips
+// each, 8-10 us a launch at the end of the step; SGD's kernel uses 1024 too.
+constexpr std::int64_t kLargeChunk = kUpdateThreads * 16;
+constexpr std::int64_t kSmallChunk = kUpdateThreads * 4;
+constexpr std::int64_t kSmallUpdate = std::int64_t(1) << 20;
 
 struct UpdateEntry {
   void* w;
@@ -34,7 +41,7 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
                                                                            const std::int32_t* step,
                                                                            const float* clip_scale, HyperOf<Rule> hyper,
                                                                            std::int32_t* advance_step,
-                                                                           unsigned* finished) {
+                                                                           unsigned* finished, std::int64_t chunk) {
   constexpr int S = Rule::kStates;
   wait_for_previous_kernel();  // (a dependent launch: the gradients come from the kernels before)
   int e = 0;
@@ -43,8 +50,8 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
   const Rule rule(hyper, scalars->lr, step, clip_scale);
   W* w = static_cast<W*>(entry.w);
   const G* g = static_cast<const G*>(entry.g);
-  const std::int64_t begin = (std::int64_t(blockIdx.x) - entry.first_block) * kUpdateChunk;
-  const std::int64_t end = begin + kUpdateChunk < entry.n ? begin + kUpdateChunk : entry.n;
+  const std::int64_t begin = (std::int64_t(blockIdx.x) - entry.first_block) * chunk;
+  const std::int64_t end = begin + chunk < entry.n ? begin + chunk : entry.n;
   const bool vector = entry.n % 4 == 0 && aligned(w, 4 * sizeof(W)) && aligned(g, 4 * sizeof(G)) &&
                       slots_aligned16<Rule>(entry.state, hyper);
   if (vector) {
@@ -80,11 +87,14 @@ template <class Rule, typename W, typename G>
 MultiTensorUpdate<Rule, W, G>::MultiTensorUpdate(const std::vector<UpdateTensor<W, G>>& tensors, HyperOf<Rule> hyper)
     : count_(static_cast<int>(tensors.size())), hyper_(hyper) {
   if (tensors.empty()) throw CudaError("MultiTensorUpdate: no tensors");
+  std::int64_t elements = 0;
+  for (const auto& t : tensors) elements += t.n;
+  chunk_ = elements > kSmallUpdate ? kLargeChunk : kSmallChunk;
   std::vector<UpdateEntry> entries;
   std::int64_t block = 0;
   for (const auto& t : tensors) {
     entries.push_back({t.w, t.g, t.state, t.n, block});
-    block += std::max<std::int64_t>(1, (t.n + kUpdateChunk - 1) / kUpdateChunk);
+    block += std::max<std::int64_t>(1, (t.n + chunk_ - 1) / chunk_);
   }
   blocks_ = static_cast<int>(block);
   table_ = DeviceBuffer(entries.size() * sizeof(UpdateEntry));
@@ -99,7 +109,7 @@ void MultiTensorUpdate<Rule, W, G>::launch(const UpdateScalars* scalars, const s
                                            bool dependent) const {
   launch_dependent(multi_tensor_update_kernel<Rule, W, G>, {dim3(blocks_), dim3(kUpdateThreads)}, stream, dependent,
                    table_.as<UpdateEntry>(), count_, scalars, step, clip_scale, hyper_, advance_step,
-                   finished_.as<unsigned>());
+                   finished_.as<unsigned>(), chunk_);
 }
 
 #define SG_MULTI_TENSOR_TYPES(Rule)                         \

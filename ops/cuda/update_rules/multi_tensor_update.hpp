@@ -46,6 +46,7 @@ class MultiTensorUpdate {
   DeviceBuffer table_;     // entries with their first block
   DeviceBuffer finished_;  // blocks done this launch (reset by the last one)
   int count_ = 0, blocks_ = 0;
+  std::int64_t chunk_ = 0;  // elements a block
   HyperOf<Rule> hyper_;
 };
 
