@@ -258,13 +258,12 @@ void launch_wgrad(const ImplicitGemmPlan& plan, const T* dy, const T* x, T* dw, 
   }
   const int elements = static_cast<int>(s.o * per_group);
   const int parts = static_cast<int>(tensor_cores ? mma_wgrad_parts(plan) : wgrad_parts(plan));
-  const unsigned blocks = blocks_for(std::int64_t(elements) * 32);
   if (bias.widened)
-    wgrad_partials_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
-                                                           static_cast<float*>(bias.sums));
+    launch_wgrad_partials_finish(workspace, parts, elements, int(per_group), int(ckk), dw,
+                                 static_cast<float*>(bias.sums), stream);
   else
-    wgrad_partials_finish<<<blocks, kThreads, 0, stream>>>(workspace, parts, elements, int(per_group), int(ckk), dw,
-                                                           static_cast<T*>(bias.sums));
+    launch_wgrad_partials_finish(workspace, parts, elements, int(per_group), int(ckk), dw, static_cast<T*>(bias.sums),
+                                 stream);
   SG_LAUNCH_CHECK("wgrad_partials_finish");
 }
 
