@@ -238,3 +238,39 @@ TEST_CASE("channels-last few-channel first layers in the training step follow th
     test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
   }
 }
+
+// A first layer whose activation is read by the next convolution (no pooling
+// between, as bench/networks/wide_adam.yaml): the activation's backward
+// rides in the few-channel weight gradient (its gate), not in a launch of
+// its own, and the step follows the CPU backend, for
+// ReLU, exact GELU (its backward reads the pre-activation) and tanh.
+TEST_CASE("a few-channel first layer's activation backward in its weight gradient follows the CPU backend") {
+  for (const MlpActivation a : {MlpActivation::relu, MlpActivation::gelu, MlpActivation::tanh}) {
+    SequentialTraining t = small_images(OptimizerKind::adam);
+    t.model.input_shape = {1, 12, 12};
+    t.model.layers = {test::net_layer(LayerKind::conv2d, 16, 3, 1), test::activation_layer(a),
+                      test::net_layer(LayerKind::conv2d, 16, 3, 1), test::net_layer(LayerKind::activation),
+                      test::net_layer(LayerKind::max_pool2d, 0, 2, 0, 2), test::net_layer(LayerKind::flatten),
+                      test::net_layer(LayerKind::linear, 10)};
+    std::mt19937_64 rng(42);
+    const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
+    const auto gpu = channels_last_trainer(t, data);
+    INFO(gpu->description());
+    const cuda::CudaProgram& program = dynamic_cast<const cuda::CudaTrainer&>(*gpu).training_program();
+    int gated = 0;
+    for (const Launch& l : program.schedule().launches) {
+      // (GELU's and tanh's forwards stay element-wise launches: the few-channel forward fuses ReLU only.)
+      if (a == MlpActivation::relu) CHECK(l.lowering->name() != "elementwise");
+      if (l.lowering->name() != "few_channel_wgrad") continue;
+      const std::string what = l.lowering->describe(program.graph(), l);
+      CAPTURE(what);
+      gated += what.rfind(std::string(activation_name(a)) + "_backward+wgrad+bias", 0) == 0;
+    }
+    CHECK(gated == 1);
+    const auto cpu = cpu_trainer(t, data);
+    gpu->train(1);
+    cpu->train(1);
+    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
+    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+  }
+}

@@ -3,12 +3,14 @@
 // +relu) and the weight gradient (+ the bias gradient, in T or widened to
 // f32), f16 and bf16, on random shapes (1-4 input channels, 8-128 output
 // channels, 1x1 to 7x7 kernels, strides 1 and 2, padding 0..k-1, odd sizes,
-// batch 1-5) and on the shipped networks' first layers. Outputs are
+// batch 1-5) and on the shipped networks' first layers; the weight gradient
+// also through each activation's backward (its gate). Outputs are
 // poisoned (NaN) first, so an element left unwritten fails; a second run
 // must give the same bits.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -75,24 +77,51 @@ std::string check_forward(const Case& k, std::mt19937_64& rng, int band) {
   return again.empty() ? "" : plan.describe() + ": a second run differs: " + again;
 }
 
-// The weight gradient (and the bias gradient, as B) against the reference.
+// The reference's backward of activation a: dy * act'(v), v the value its op reads.
+void activation_backward(cuda::Activation a, const std::vector<double>& dy, const std::vector<double>& v,
+                         std::vector<double>& dx) {
+  const std::int64_t n = std::int64_t(dy.size());
+  dx.resize(dy.size());
+  switch (a) {
+    case cuda::Activation::relu: ref::relu_backward(dy.data(), v.data(), n, dx.data()); break;
+    case cuda::Activation::gelu: ref::gelu_backward(dy.data(), v.data(), n, dx.data()); break;
+    case cuda::Activation::gelu_tanh: ref::gelu_tanh_backward(dy.data(), v.data(), n, dx.data()); break;
+    case cuda::Activation::silu: ref::silu_backward(dy.data(), v.data(), n, dx.data()); break;
+    case cuda::Activation::tanh: ref::tanh_backward(dy.data(), v.data(), n, dx.data()); break;
+    case cuda::Activation::sigmoid: ref::sigmoid_backward(dy.data(), v.data(), n, dx.data()); break;
+  }
+}
+
+// The weight gradient (and the bias gradient, as B) against the reference;
+// with `gate`, of act_backward(dY, saved) rounded to T (the activation's
+// backward staged in the kernel), saved drawn around 0 so ReLU's gate cuts.
 template <typename T, typename B>
-std::string check_wgrad(const Case& k, std::mt19937_64& rng, int band) {
+std::string check_wgrad(const Case& k, std::mt19937_64& rng, int band,
+                        std::optional<cuda::Activation> gate = std::nullopt) {
   const cuda::FewChannelConvShape& f = k.shape;
   const std::int64_t hw = f.h * f.w, ohw = f.oh() * f.ow();
   const std::vector<float> x = draw(std::size_t(f.n * f.c * hw), rng, round_to<T>);
-  const std::vector<float> dy = draw(std::size_t(f.n * f.o * ohw), rng, round_to<T>);
+  const std::vector<float> incoming = draw(std::size_t(f.n * f.o * ohw), rng, round_to<T>);
+  const std::vector<float> saved = draw(incoming.size(), rng, round_to<T>);
+  std::vector<float> dy = incoming;
+  if (gate) {
+    std::vector<double> gated;
+    activation_backward(*gate, {incoming.begin(), incoming.end()}, {saved.begin(), saved.end()}, gated);
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round_to<T>(float(gated[i]));
+  }
   const std::vector<double> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
   std::vector<double> want(std::size_t(f.o * f.c * f.kh * f.kw)), want_db(std::size_t(f.o), 0.0);
   ref::conv2d_backward_filter(dyd.data(), xd.data(), geometry(f), want.data());
   for (std::int64_t n = 0; n < f.n; ++n)
     for (std::int64_t o = 0; o < f.o; ++o)
       for (std::int64_t p = 0; p < ohw; ++p) want_db[std::size_t(o)] += dyd[std::size_t((n * f.o + o) * ohw + p)];
-  const Tensor<T> input(to_nhwc(x, f.n, hw, f.c), 1), grad(to_nhwc(dy, f.n, ohw, f.o), 0), dw(want.size());
+  const Tensor<T> input(to_nhwc(x, f.n, hw, f.c), 1), grad(to_nhwc(gate ? incoming : dy, f.n, ohw, f.o), 0),
+      kept(to_nhwc(saved, f.n, ohw, f.o), 0), dw(want.size());
   const Tensor<B> db(std::size_t(f.o));
-  const cuda::FewChannelWgrad kernel(f, k.bias, 132, band);
+  const cuda::FewChannelWgrad kernel(f, k.bias, 132, band, gate);
   const auto run = [&] {
-    kernel.run(grad.get(), input.get(), dw.get(), k.bias ? db.get() : static_cast<B*>(nullptr), nullptr);
+    kernel.run(grad.get(), input.get(), dw.get(), k.bias ? db.get() : static_cast<B*>(nullptr), nullptr,
+               gate ? kept.get() : nullptr);
     std::vector<float> out = dw.download();
     if (k.bias)
       for (float v : db.download()) out.push_back(v);
@@ -121,6 +150,10 @@ void check_case(const Case& k, std::mt19937_64& rng, int band = 0) {
     CHECK_MESSAGE(widened.empty(), "weight gradient, f32 bias gradient: " << widened);
   }
 }
+
+constexpr cuda::Activation kActivations[] = {cuda::Activation::relu, cuda::Activation::gelu,
+                                             cuda::Activation::gelu_tanh, cuda::Activation::silu,
+                                             cuda::Activation::tanh, cuda::Activation::sigmoid};
 
 }  // namespace
 
@@ -151,6 +184,33 @@ TEST_CASE("few-channel NHWC conv on the shipped networks' first layers") {
   check_case<__nv_bfloat16>({{130, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, rng);
   // Forced bands: one row (tiles past a band's pixels), and 9 rows of 28 (a last band of one row).
   for (const int band : {1, 9}) check_case<__half>({{2, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, rng, band);
+}
+
+// The activation after the layer, its backward staged by the weight
+// gradient's kernel (the gate), for each activation on random shapes.
+TEST_CASE("few-channel NHWC weight gradient through each activation's backward matches the CPU reference") {
+  std::mt19937_64 rng = sg::test::fresh_rng();
+  INFO("random seed ", sg::test::last_seed());
+  int i = 0;
+  for (const cuda::Activation a : kActivations)
+    for (const bool bias : {false, true}) {
+      INFO(cuda::activation_op_name(a), bias ? " with the bias gradient" : "");
+      Case k;
+      const std::int64_t kh = pick(rng, 1, 5), stride = pick(rng, 1, 2), padding = pick(rng, 0, kh - 1);
+      k.shape = {pick(rng, 1, 4), pick(rng, kh, 23), pick(rng, kh, 23), pick(rng, 1, 4), 8 * pick(rng, 1, 16),
+                 kh, kh, stride, padding};
+      k.bias = bias;
+      INFO(describe(k));
+      const int band = ++i % 3 == 0 ? 1 : 0;
+      const std::string half = check_wgrad<__half, __half>(k, rng, band, a);
+      CHECK_MESSAGE(half.empty(), "f16: " << half);
+      const std::string wide = check_wgrad<__nv_bfloat16, float>(k, rng, band, a);
+      CHECK_MESSAGE(wide.empty(), "bf16, f32 bias gradient: " << wide);
+    }
+  // bench/networks/wide_adam.yaml's first layer (batch 64) with its ReLU gate, on the planned bands.
+  const std::string shipped = check_wgrad<__half, float>({{64, 28, 28, 1, 64, 3, 3, 1, 1}, true, true}, rng, 0,
+                                                         cuda::Activation::relu);
+  CHECK_MESSAGE(shipped.empty(), "64 x 28 x 28, 1 -> 64, 3x3: " << shipped);
 }
 
 TEST_CASE("the few-channel NHWC conv refuses what it is not built for, with the reason") {

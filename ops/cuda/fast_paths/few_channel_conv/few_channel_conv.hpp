@@ -20,8 +20,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/cuda_resources.hpp"
 
 namespace sg::cuda {
@@ -40,8 +42,8 @@ struct FewChannelConvShape {
 // for shared memory).
 inline constexpr std::int64_t kFewChannelMax = 4;
 std::string few_channel_conv_why_not(const FewChannelConvShape& shape);
-// The weight gradient's shared memory for bands of `rows` output rows.
-std::int64_t few_channel_wgrad_shared_bytes(const FewChannelConvShape& shape, int rows);
+// The weight gradient's shared memory for bands of `rows` output rows (`gated`: with an activation gate).
+std::int64_t few_channel_wgrad_shared_bytes(const FewChannelConvShape& shape, int rows, bool gated = false);
 
 // The forward's launch: bands of `band_rows` output rows per block.
 struct FewChannelForwardPlan {
@@ -60,19 +62,26 @@ void launch_few_channel_forward(const FewChannelForwardPlan& plan, const T* x, c
 // The weight gradient [+ the bias gradient] of one launch site: it owns its
 // partials (not two of its launches at once). db, when non-null, is the sum
 // rounded to T and stored as B: T, or float where a cast to f32 follows.
+// With `gate`, the gradient the convolution's output gets is
+// act_backward(dY, saved) (activation.cuh) rounded to T: the activation
+// after the convolution, whose backward then needs no launch of its own;
+// `saved` is what that backward reads (the activation's output, or its
+// input for gelu, gelu_tanh and silu), [n, oh, ow, o] like dY.
 class FewChannelWgrad {
  public:
   // band_rows 0: chosen from the shape (the tests force others).
-  FewChannelWgrad(const FewChannelConvShape& shape, bool bias_gradient, int multiprocessors, int band_rows = 0);
+  FewChannelWgrad(const FewChannelConvShape& shape, bool bias_gradient, int multiprocessors, int band_rows = 0,
+                  std::optional<Activation> gate = std::nullopt);
 
   template <typename T, typename B>
-  void run(const T* dy, const T* x, T* dw, B* db, cudaStream_t stream) const;
+  void run(const T* dy, const T* x, T* dw, B* db, cudaStream_t stream, const T* saved = nullptr) const;
 
   std::string describe() const;
 
  private:
   FewChannelConvShape shape_;
   bool bias_gradient_;
+  std::optional<Activation> gate_;
   int band_rows_ = 1, bands_ = 1, shared_bytes_ = 0;  // the tap chunks come from the shape (wgrad_geometry)
   DeviceBuffer partials_;  // [blocks][o * (c*kh*kw [+ 1])] f32
 };

@@ -8,9 +8,16 @@
 // staged input at the pixels' bases plus each thread's tap offsets. The
 // warps' accumulators are then added in a fixed tree (4 + 4, 2 + 2, 1 + 1)
 // into the block's partial, and wgrad_partials_finish adds the partials in
-// block order: the same bits every run.
+// block order: the same bits every run. dY is staged by cp.async (every
+// copy of the band in flight at once; a load-then-store loop had a few in
+// flight a thread). With an activation gate, the activation's saved value
+// is staged beside it and dY becomes act_backward(dY, saved) rounded to T in
+// shared memory, as the graph's activation-backward node would have stored
+// it: that node needs no launch and its output no buffer.
 #include <fmt/format.h>
 
+#include "ops/cuda/activation.cuh"
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_common.cuh"
 #include "ops/cuda/wgrad_partials.cuh"
 
@@ -48,7 +55,33 @@ struct WgradDims {
   Dims d;
   int outs, ckk;
   bool bias;
+  const void* gate;         // the activation's saved value beside dY [n,oh,ow,o], or null
+  Activation activation;    // the gate's activation
 };
+
+// 8 channels of dY at `d` through the activation's backward with its saved
+// values at `v` (both staged), rounded to T in place.
+template <typename T>
+__device__ __forceinline__ void gate_vector(T* d, const T* v, Activation a) {
+  uint4 dq = *reinterpret_cast<const uint4*>(d);
+  const uint4 vq = *reinterpret_cast<const uint4*>(v);
+  T* de = reinterpret_cast<T*>(&dq);
+  const T* ve = reinterpret_cast<const T*>(&vq);
+  with_activation(a, [&](auto tag) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      de[e] = from_float<T>(ActivationMath<decltype(tag)::value>::backward(to_float(de[e]), to_float(ve[e])));
+  });
+  *reinterpret_cast<uint4*>(d) = dq;
+}
+
+// Where the gate's staging starts (T elements, 16-byte aligned): after dY's
+// [most padded pixels][ds], the input band and the pixels' bases.
+__host__ __device__ inline int gate_offset(const Dims& d, int ds) {
+  const int most = (d.band_rows * d.ow + 15) / 16 * 16;
+  const int end = (most * ds + staged_input_elements(d) + 1) / 2 * 2 + most * 2;  // T elements: bases are 2 each
+  return (end + 7) / 8 * 8;
+}
 
 // MT: 16-channel m-tiles; NTC: the 8-tap n-tiles of a chunk.
 template <int MT, int NTC, typename T>
@@ -62,10 +95,17 @@ __global__ void __launch_bounds__(kBlockThreads) few_channel_wgrad_kernel(WgradD
   const int most = (d.band_rows * d.ow + 15) / 16 * 16;  // the first band's padded pixels: every band's at most
   T* sx = sdy + most * ds;                                // [c][in_rows][pitch]
   int* bases = reinterpret_cast<int*>(few_channel_shared) + (most * ds + staged_input_elements(d) + 1) / 2;  // [padded]
-  const uint4* src = reinterpret_cast<const uint4*>(dy + (std::int64_t(n) * d.oh + first_row) * d.ow * d.o);
+  T* sgate = reinterpret_cast<T*>(few_channel_shared) + gate_offset(d, ds);  // [pixels][ds], with a gate
+  const std::int64_t band = (std::int64_t(n) * d.oh + first_row) * d.ow * d.o;
+  const uint4* src = reinterpret_cast<const uint4*>(dy + band);
+  const uint4* gate = wd.gate ? reinterpret_cast<const uint4*>(static_cast<const T*>(wd.gate) + band) : nullptr;
+  const std::uint32_t sdy_at = shared_address(sdy), sgate_at = shared_address(sgate);
   for_each_cell(pixels, vectors, [=](int p, int v) {
-    *reinterpret_cast<uint4*>(sdy + p * ds + v * 8) = src[p * vectors + v];
+    const int at = (p * ds + v * 8) * int(sizeof(T));
+    copy_async16(sdy_at + at, src + p * vectors + v);
+    if (gate) copy_async16(sgate_at + at, gate + p * vectors + v);
   });
+  commit_copies();
   // Zeros in the channels past o and the pixels past the band (K steps of 16).
   const int spare = MT * 2 - vectors;
   if (spare > 0)
@@ -81,7 +121,15 @@ __global__ void __launch_bounds__(kBlockThreads) few_channel_wgrad_kernel(WgradD
     const int row = p / d.ow, ox = p - row * d.ow;
     bases[p] = p < pixels ? (row * d.pitch + ox) * d.stride : 0;
   }
+  wait_copies<0>();
   __syncthreads();
+  if (gate) {
+    // Each thread gates the cells it copied: its own copies, complete after its wait.
+    for_each_cell(pixels, vectors, [=](int p, int v) {
+      gate_vector(sdy + p * ds + v * 8, sgate + p * ds + v * 8, wd.activation);
+    });
+    __syncthreads();
+  }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   // This thread's taps (column g of each n-tile), where they read; the bias's column reads ones.
   int offset[NTC];
@@ -151,23 +199,26 @@ __global__ void __launch_bounds__(kBlockThreads) few_channel_wgrad_kernel(WgradD
       }
 }
 
-// The shared memory of a block of `rows` output rows: the staging, or the warps' tree, whichever is more.
-std::int64_t shared_bytes(const FewChannelConvShape& s, int rows) {
+// The shared memory of a block of `rows` output rows: the staging (with the
+// gate's, when gated), or the warps' tree, whichever is more.
+std::int64_t shared_bytes(const FewChannelConvShape& s, int rows, bool gated) {
   const Dims d = dims_for(s, rows, wgrad_cols(s));
-  const std::int64_t padded = (std::int64_t(rows) * s.ow() + 15) / 16 * 16;
-  const std::int64_t staging = (padded * dy_stride(m_tiles(s)) + staged_input_elements(d) + 1) / 2 * 4 + padded * 4;
-  return std::max<std::int64_t>(staging, std::int64_t(kWarps / 2) * kAccTiles * 4 * 32 * 4);
+  const std::int64_t padded = (std::int64_t(rows) * s.ow() + 15) / 16 * 16, ds = dy_stride(m_tiles(s));
+  const std::int64_t staging = (padded * ds + staged_input_elements(d) + 1) / 2 * 4 + padded * 4;
+  const std::int64_t with_gate = gated ? (gate_offset(d, int(ds)) + padded * ds) * 2 : staging;
+  return std::max<std::int64_t>(with_gate, std::int64_t(kWarps / 2) * kAccTiles * 4 * 32 * 4);
 }
 
 }  // namespace
 }  // namespace few_channel
 
-std::int64_t few_channel_wgrad_shared_bytes(const FewChannelConvShape& s, int rows) {
-  return few_channel::shared_bytes(s, rows);
+std::int64_t few_channel_wgrad_shared_bytes(const FewChannelConvShape& s, int rows, bool gated) {
+  return few_channel::shared_bytes(s, rows, gated);
 }
 
-FewChannelWgrad::FewChannelWgrad(const FewChannelConvShape& s, bool bias_gradient, int multiprocessors, int band_rows)
-    : shape_(s), bias_gradient_(bias_gradient) {
+FewChannelWgrad::FewChannelWgrad(const FewChannelConvShape& s, bool bias_gradient, int multiprocessors, int band_rows,
+                                 std::optional<Activation> gate)
+    : shape_(s), bias_gradient_(bias_gradient), gate_(gate) {
   using namespace few_channel;
   const std::string why = few_channel_conv_why_not(s);
   if (!why.empty()) throw CudaError("few-channel convolution: " + why);
@@ -177,29 +228,34 @@ FewChannelWgrad::FewChannelWgrad(const FewChannelConvShape& s, bool bias_gradien
   const std::int64_t bands =
       std::clamp<std::int64_t>((2 * std::int64_t(multiprocessors) + s.n * w.chunks - 1) / (s.n * w.chunks), 1, oh);
   std::int64_t band = band_rows > 0 ? std::min<std::int64_t>(band_rows, oh) : (oh + bands - 1) / bands;
-  while (band > 1 && shared_bytes(s, int(band)) > kMaxShared) band = (band + 1) / 2;
+  while (band > 1 && shared_bytes(s, int(band), gate_.has_value()) > kMaxShared) band = (band + 1) / 2;
   band_rows_ = int(band);
   bands_ = int((oh + band - 1) / band);
-  shared_bytes_ = int(shared_bytes(s, band_rows_));
+  shared_bytes_ = int(shared_bytes(s, band_rows_, gate_.has_value()));
   partials_ = DeviceBuffer(static_cast<std::size_t>(s.n * bands_ * s.o * w.outs) * sizeof(float));
 }
 
 std::string FewChannelWgrad::describe() const {
   const few_channel::WgradGeometry w = few_channel::wgrad_geometry(shape_, bias_gradient_);
-  return fmt::format("few-channel wgrad{} on tensor cores: {} bands of {} rows an image, {} tap chunk(s) of {} n-tiles, "
-                     "{} ordered partials, {} B shared",
+  return fmt::format("few-channel wgrad{}{} on tensor cores: {} bands of {} rows an image, {} tap chunk(s) of {} "
+                     "n-tiles, {} ordered partials, {} B shared",
+                     gate_ ? fmt::format(" of {}_backward(dY)", activation_op_name(*gate_)) : "",
                      bias_gradient_ ? "+bias" : "", bands_, band_rows_, w.chunks, w.per_chunk, shape_.n * bands_,
                      shared_bytes_);
 }
 
 template <typename T, typename B>
-void FewChannelWgrad::run(const T* dy, const T* x, T* dw, B* db, cudaStream_t stream) const {
+void FewChannelWgrad::run(const T* dy, const T* x, T* dw, B* db, cudaStream_t stream, const T* gate) const {
   using namespace few_channel;
-  if (reinterpret_cast<std::uintptr_t>(dy) % 16 != 0) throw CudaError("few-channel weight gradient: dY is not 16-byte aligned");
+  if (reinterpret_cast<std::uintptr_t>(dy) % 16 != 0 || reinterpret_cast<std::uintptr_t>(gate) % 16 != 0)
+    throw CudaError("few-channel weight gradient: dY or the activation's saved value is not 16-byte aligned");
+  if (gate_.has_value() != (gate != nullptr))
+    throw CudaError("few-channel weight gradient: the activation gate was planned otherwise");
   if (bias_gradient_ != (db != nullptr)) throw CudaError("few-channel weight gradient: the bias gradient was planned otherwise");
   const FewChannelConvShape& s = shape_;
   const WgradGeometry w = wgrad_geometry(s, bias_gradient_);
-  const WgradDims wd{dims_for(s, band_rows_, wgrad_cols(s)), w.outs, int(s.c * s.kh * s.kw), bias_gradient_};
+  const WgradDims wd{dims_for(s, band_rows_, wgrad_cols(s)), w.outs, int(s.c * s.kh * s.kw), bias_gradient_, gate,
+                     gate_.value_or(Activation::relu)};
   const dim3 grid(static_cast<unsigned>(bands_), static_cast<unsigned>(s.n), static_cast<unsigned>(w.chunks));
   float* partials = partials_.as<float>();
   const auto go = [&](auto kernel) {
@@ -220,14 +276,13 @@ void FewChannelWgrad::run(const T* dy, const T* x, T* dw, B* db, cudaStream_t st
   }
   SG_LAUNCH_CHECK("few_channel_wgrad_kernel");
   const int elements = int(s.o) * w.outs;
-  wgrad_partials_finish<<<blocks_for(std::int64_t(elements) * 32), sg::cuda::kThreads, 0, stream>>>(
-      partials, int(s.n * bands_), elements, w.outs, wd.ckk, dw, db);
+  launch_wgrad_partials_finish(partials, int(s.n * bands_), elements, w.outs, wd.ckk, dw, db, stream);
   SG_LAUNCH_CHECK("wgrad_partials_finish");
 }
 
 #define SG_FEW_CHANNEL_WGRAD(T)                                                                        \
-  template void FewChannelWgrad::run<T, T>(const T*, const T*, T*, T*, cudaStream_t) const;           \
-  template void FewChannelWgrad::run<T, float>(const T*, const T*, T*, float*, cudaStream_t) const;
+  template void FewChannelWgrad::run<T, T>(const T*, const T*, T*, T*, cudaStream_t, const T*) const;           \
+  template void FewChannelWgrad::run<T, float>(const T*, const T*, T*, float*, cudaStream_t, const T*) const;
 SG_FEW_CHANNEL_WGRAD(__half)
 SG_FEW_CHANNEL_WGRAD(__nv_bfloat16)
 

@@ -5,7 +5,9 @@
 //   few_channel_conv:  the forward [+ bias] [+ the relu after it];
 //   few_channel_wgrad: the weight gradient, with the bias gradient of the
 //     same dY (and its cast) in the same pass where the graph has one
-//     (conv_bias_gradient.hpp), else alone.
+//     (conv_bias_gradient.hpp), else alone; and the backward of the
+//     activation after the convolution, where only this launch reads its
+//     output (its kernel stages dY through it: no launch, no buffer).
 // Its data gradient, where the graph has one (a first layer's input needs
 // none), stays with the core's convolutions.
 #include <cuda_bf16.h>
@@ -14,7 +16,9 @@
 #include <memory>
 
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_conv.hpp"
+#include "runtime/cuda/lowerings/activation_nodes.hpp"
 #include "runtime/cuda/lowerings/conv_bias_gradient.hpp"
+#include "runtime/cuda/lowerings/lone_units.hpp"
 
 namespace sg::cuda {
 
@@ -78,8 +82,53 @@ class FewChannelForwardLowering final : public CudaLowering {
   }
 };
 
+// The nodes of a weight-gradient launch: the weight gradient, the bias
+// gradient's sum and cast where taken (with_bias), and the activation
+// backward whose output dY is, where the launch computes it while staging.
+struct FewChannelWgradNodes {
+  WgradBiasNodes wgrad;
+  NodeId gate = -1;
+};
+
+// The free lone activation-backward node producing the weight gradient's dY
+// when only this launch reads dY (the weight gradient, and the view the bias
+// sum reads, itself read by nothing else), in dY's dtype; with the view's
+// unit. Not after a max-pooling's backward (see below).
+struct GateUnits {
+  NodeId backward = -1;
+  std::vector<int> units;
+};
+std::optional<GateUnits> activation_gate(const Cover& cover, const Node& wgrad, NodeId sum) {
+  const sg::Graph& g = cover.graph();
+  const Value& dy = g.value(wgrad.inputs[0]);
+  const CoverUnit* bw = free_lone_unit(cover, dy.producer);
+  if (!bw || !backward_activation(g.node(dy.producer).op) || is_graph_output(g, dy.id)) return std::nullopt;
+  const Node& b = g.node(dy.producer);
+  // A max-pooling's backward writes the activation's gradient in its own
+  // pass (max_pool2d_backward.cpp: a ReLU's, and any activation's when
+  // channels-last, as here); staged here instead, the pooling would write
+  // its gradient and this launch read it back with the saved value.
+  const NodeId incoming = g.value(b.inputs[0]).producer;
+  if (incoming >= 0 && g.node(incoming).op == OpKind::max_pool2d_backward) return std::nullopt;
+  for (ValueId in : b.inputs)
+    if (g.value(in).dtype != dy.dtype || g.value(in).shape != dy.shape) return std::nullopt;
+  GateUnits gate{b.id, {bw->id}};
+  for (NodeId r : g.consumers(dy.id)) {
+    if (r == wgrad.id) continue;
+    // (the [N*H*W, C] view the channels-last bias sum reads)
+    const Node& view = g.node(r);
+    const CoverUnit* vu = free_lone_unit(cover, r);
+    if (sum < 0 || !vu || view.op != OpKind::reshape || is_graph_output(g, view.outputs[0])) return std::nullopt;
+    const auto& readers = g.consumers(view.outputs[0]);
+    if (readers.size() != 1 || readers[0] != sum) return std::nullopt;
+    gate.units.push_back(vu->id);
+  }
+  return gate;
+}
+
 // with_bias: the bias-gradient unit with its weight gradient (slot
 // backward_patterns, ahead of column_sum); else a lone weight gradient.
+// Either takes the activation backward before them (activation_gate).
 class FewChannelWgradLowering final : public CudaLowering {
  public:
   explicit FewChannelWgradLowering(bool with_bias) : with_bias_(with_bias) {}
@@ -87,30 +136,57 @@ class FewChannelWgradLowering final : public CudaLowering {
   std::string_view name() const override { return "few_channel_wgrad"; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
-    if (with_bias_)
-      return match_wgrad_bias(cover, unit, [](const ConvSizes& z, DType t) { return few_channel_why_not(z, t).empty(); });
     const sg::Graph& g = cover.graph();
-    if (g.node(unit.nodes.front()).op != OpKind::conv2d_backward_filter) return std::nullopt;
-    return match_conv(cover, unit, half_type, [](const ConvSizes& z) { return few_channel_sizes_why_not(z).empty(); });
+    std::optional<Match> m;
+    FewChannelWgradNodes nodes;
+    if (with_bias_) {
+      m = match_wgrad_bias(cover, unit, [](const ConvSizes& z, DType t) { return few_channel_why_not(z, t).empty(); });
+      if (!m) return std::nullopt;
+      nodes.wgrad = std::any_cast<WgradBiasNodes>(m->detail);
+    } else {
+      if (g.node(unit.nodes.front()).op != OpKind::conv2d_backward_filter) return std::nullopt;
+      m = match_conv(cover, unit, half_type, [](const ConvSizes& z) { return few_channel_sizes_why_not(z).empty(); });
+      if (!m) return std::nullopt;
+      nodes.wgrad.wgrad = unit.nodes.front();
+    }
+    if (auto gate = activation_gate(cover, g.node(nodes.wgrad.wgrad), nodes.wgrad.sum)) {
+      nodes.gate = gate->backward;
+      m->units.insert(m->units.end(), gate->units.begin(), gate->units.end());
+    }
+    m->detail = nodes;
+    return m;
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
-    return with_bias_ ? describe_wgrad_bias(g, l) : describe_conv(g, l);
+    const auto& nodes = detail_of<FewChannelWgradNodes>(l);
+    const auto& a = g.node(nodes.wgrad.wgrad).attr<Conv2dAttrs>();
+    return fmt::format("{}wgrad{}{},stride={},padding={}{}",
+                       nodes.gate >= 0 ? fmt::format("{}+", op_name(g.node(nodes.gate).op)) : "",
+                       nodes.wgrad.sum >= 0 ? "+bias" : "", nodes.wgrad.cast >= 0 ? "+cast" : "", a.stride, a.padding,
+                       a.channels_last ? ",channels_last" : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
-    const Node& w = g.node(with_bias_ ? detail_of<WgradBiasNodes>(l).wgrad : detail_of<ConvNodes>(l).conv);
-    NodeId bias_node = -1;
-    bool widened = false;
-    if (with_bias_) {
-      const auto& nodes = detail_of<WgradBiasNodes>(l);
-      widened = nodes.cast >= 0;
-      bias_node = widened ? nodes.cast : nodes.sum;
+    const auto& nodes = detail_of<FewChannelWgradNodes>(l);
+    const Node& w = g.node(nodes.wgrad.wgrad);
+    const bool widened = nodes.wgrad.cast >= 0;
+    const NodeId bias_node = widened ? nodes.wgrad.cast : nodes.wgrad.sum;
+    // Gated: dY is the launch's own (no buffer); it reads the activation backward's inputs instead.
+    std::optional<Activation> gate;
+    const void* dy = nullptr;
+    const void* saved = nullptr;
+    if (nodes.gate >= 0) {
+      const Node& b = g.node(nodes.gate);
+      gate = backward_activation(b.op);
+      dy = c.ptr(b.inputs[0]);
+      saved = c.ptr(b.inputs[1]);
+    } else {
+      dy = c.ptr(w.inputs[0]);
     }
     auto kernel = std::make_shared<const FewChannelWgrad>(few_channel_shape(conv_sizes(g, w)), with_bias_,
-                                                          current_device_attribute(cudaDevAttrMultiProcessorCount));
-    const void* dy = c.ptr(w.inputs[0]);
+                                                          current_device_attribute(cudaDevAttrMultiProcessorCount), 0,
+                                                          gate);
     const void* x = c.ptr(w.inputs[1]);
     void* dw = c.ptr(w.outputs[0]);
     void* db = bias_node >= 0 ? c.ptr(g.node(bias_node).outputs[0]) : nullptr;
@@ -120,11 +196,12 @@ class FewChannelWgradLowering final : public CudaLowering {
       if constexpr (!std::is_same_v<T, float>) {
         const T* dyt = static_cast<const T*>(dy);
         const T* xt = static_cast<const T*>(x);
+        const T* savedt = static_cast<const T*>(saved);
         T* dwt = static_cast<T*>(dw);
         if (widened)
-          run = [=](cudaStream_t s) { kernel->run(dyt, xt, dwt, static_cast<float*>(db), s); };
+          run = [=](cudaStream_t s) { kernel->run(dyt, xt, dwt, static_cast<float*>(db), s, savedt); };
         else
-          run = [=](cudaStream_t s) { kernel->run(dyt, xt, dwt, static_cast<T*>(db), s); };
+          run = [=](cudaStream_t s) { kernel->run(dyt, xt, dwt, static_cast<T*>(db), s, savedt); };
       }
     });
     if (!run) throw CudaError("few_channel_wgrad: f16 / bf16 only");
