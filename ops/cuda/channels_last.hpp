@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/activation.hpp"
 #include "ops/cuda/cuda_resources.hpp"
 #include "ops/cuda/kernels.hpp"
 
@@ -51,6 +52,7 @@ void launch_max_pool2d_nhwc_forward(const T* x, const ChannelsLastPool& g, T* po
 // The backward chain dy [n, oh, ow, c] -> dx [n, h, w, c], PoolBackwardTensors'
 // roles (pooling.hpp) without the dropout:
 //   [relu_backward(., relu_before)] -> max_pool2d_backward(., x) -> [relu_backward(., relu_after)]
+// (or the backward of another activation after_activation in place of the last)
 // Each step rounded to T as the graph stores it; intermediates written only
 // through non-null pointers. dx is the chain's result: pool_grad, or
 // relu_after_grad when there is a relu_after.
@@ -64,6 +66,11 @@ struct ChannelsLastPoolBackward {
   T* pool_grad = nullptr;          // [n, h, w, c], optional unless it is the result
   T* relu_after_grad = nullptr;    // [n, h, w, c], optional unless it is the result
   T* dx = nullptr;                 // the chain's result: one of the two above
+  // The activation before the pooling, when not a ReLU: relu_after then
+  // holds what its backward reads (activation.hpp: the forward's input for
+  // gelu, gelu_tanh and silu, its output for tanh and sigmoid) and
+  // relu_after_grad receives act_backward(pool_grad, relu_after).
+  Activation after_activation = Activation::relu;
 };
 
 // Each incoming gradient goes to the FIRST maximum of its window in row-major

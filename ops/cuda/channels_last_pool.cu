@@ -21,6 +21,7 @@
 #include <string>
 #include <type_traits>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/channels_last.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
@@ -99,30 +100,44 @@ __device__ __forceinline__ void store_channels(T* p, const T (&v)[V]) {
 // for V channels at once: best[e] is channel e's first maximum, pos[e] its
 // pixel in the window (i * kernel + j). window_max's rule per channel, the
 // pixels in the same row-major order: a NaN wins over numbers (the first of
-// several), a tie keeps the earlier pixel.
-template <int V, typename T, typename I>
-__device__ __forceinline__ void window_max_channels(const T* corner, const NhwcSizes<I>& g, float (&best)[V],
-                                                    int (&pos)[V]) {
-  T raw[V];
-  load_channels<V>(corner, raw);
+// several), a tie keeps the earlier pixel. K > 0: the kernel is K x K, known
+// here, so every load of the window is issued before the first compare (a
+// loop over a run-time kernel waited for each load in turn).
+template <int V, typename T>
+__device__ __forceinline__ void take_if_above(const T (&raw)[V], int p, float (&best)[V], int (&pos)[V]) {
 #pragma unroll
   for (int e = 0; e < V; ++e) {
-    best[e] = to_float(raw[e]);
+    const float v = to_float(raw[e]);
+    if (best[e] == best[e] && !(v <= best[e])) {  // best a number, v above it or NaN
+      best[e] = v;
+      pos[e] = p;
+    }
+  }
+}
+template <int K, int V, typename T, typename I>
+__device__ __forceinline__ void window_max_channels(const T* corner, const NhwcSizes<I>& g, float (&best)[V],
+                                                    int (&pos)[V]) {
+  T first[V];
+  load_channels<V>(corner, first);
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    best[e] = to_float(first[e]);
     pos[e] = 0;
   }
-  for (I i = 0; i < g.kernel; ++i)
-    for (I j = 0; j < g.kernel; ++j) {
-      load_channels<V>(corner + (i * g.w + j) * g.c, raw);
-      const int p = int(i * g.kernel + j);
+  if constexpr (K > 0) {
+    T raw[K * K][V];
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float v = to_float(raw[e]);
-        if (best[e] == best[e] && !(v <= best[e])) {  // best a number, v above it or NaN
-          best[e] = v;
-          pos[e] = p;
-        }
+    for (int p = 1; p < K * K; ++p) load_channels<V>(corner + (I(p / K) * g.w + I(p % K)) * g.c, raw[p]);
+#pragma unroll
+    for (int p = 1; p < K * K; ++p) take_if_above<V>(raw[p], p, best, pos);
+  } else {
+    T raw[V];
+    for (I i = 0; i < g.kernel; ++i)
+      for (I j = 0; j < g.kernel; ++j) {
+        load_channels<V>(corner + (i * g.w + j) * g.c, raw);
+        take_if_above<V>(raw, int(i * g.kernel + j), best, pos);
       }
-    }
+  }
 }
 
 // relu_backward (ref::relu_backward) with the relu's output read: the
@@ -145,32 +160,62 @@ __device__ __forceinline__ void output_grad(const ChannelsLastPoolBackward<T>& t
 }
 
 // The rest of the chain at input element `at` (V channels): the pooling's
-// gradient `sum` rounded to T, then the relu before the pooling's backward
-// (relu_after), each written where asked.
+// gradient `sum` rounded to T, then the backward of the activation before
+// the pooling (relu_after: a ReLU's, or after_activation's; the ReLU's rule
+// is ref::relu_backward's, NaN included), each written where asked.
+// (`after`: the relu's outputs at `at`, loaded by the caller.)
 template <int V, typename T, typename I>
-__device__ __forceinline__ void finish_input(const ChannelsLastPoolBackward<T>& t, I at, const float (&sum)[V]) {
-  T after[V] = {}, pooled[V], activated[V];
-  if (t.relu_after) load_channels<V>(t.relu_after + at, after);
+__device__ __forceinline__ void finish_input(const ChannelsLastPoolBackward<T>& t, I at, const float (&sum)[V],
+                                             const T (&after)[V]) {
+  T pooled[V], activated[V];
 #pragma unroll
-  for (int e = 0; e < V; ++e) {
-    pooled[e] = from_float<T>(sum[e]);
-    activated[e] = from_float<T>(through_relu(to_float(pooled[e]), t.relu_after != nullptr, after[e]));
+  for (int e = 0; e < V; ++e) pooled[e] = from_float<T>(sum[e]);
+  if (t.relu_after) {
+    with_activation(t.after_activation, [&](auto a) {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        activated[e] =
+            from_float<T>(ActivationMath<decltype(a)::value>::backward(to_float(pooled[e]), to_float(after[e])));
+    });
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) activated[e] = pooled[e];
   }
   if (t.pool_grad) store_channels<V>(t.pool_grad + at, pooled);
   if (t.relu_after_grad) store_channels<V>(t.relu_after_grad + at, activated);
 }
+template <int V, typename T, typename I>
+__device__ __forceinline__ void finish_input(const ChannelsLastPoolBackward<T>& t, I at, const float (&sum)[V]) {
+  T after[V] = {};
+  if (t.relu_after) load_channels<V>(t.relu_after + at, after);
+  finish_input<V>(t, at, sum, after);
+}
 
-template <typename T, int V, typename I>
+// One thread per output pixel and channel pack. Written channels-first
+// (pooled_first), a warp takes consecutive pixels of one pack, so each of
+// its V stores is a run along a plane (taking consecutive packs of a pixel,
+// as for channels-last, spread every store over V planes: 2-byte writes to
+// as many sectors); K: window_max_channels.
+template <typename T, int V, typename I, int K>
 __global__ void __launch_bounds__(kThreads)
     max_pool2d_nhwc_forward_kernel(const T* x, NhwcSizes<I> g, T* pooled, T* activated) {
-  const I packs = g.c / V, total = g.n * g.oh * g.ow * packs;
+  const I packs = g.c / V, plane = g.oh * g.ow, total = g.n * plane * packs;
   const I stride = I(gridDim.x) * I(blockDim.x);
   for (I q = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); q < total; q += stride) {
-    const I pixel = q / packs, pack = q - pixel * packs;  // output pixel (image * oh + oy) * ow + ox
+    I pixel, pack;  // output pixel (image * oh + oy) * ow + ox, and the channel pack
+    if (g.pooled_first) {
+      const I image = q / (plane * packs), r = q - image * plane * packs;
+      pack = r / plane;
+      pixel = image * plane + (r - pack * plane);
+    } else {
+      pixel = q / packs;
+      pack = q - pixel * packs;
+    }
     const I r = pixel / g.ow, ox = pixel - r * g.ow, image = r / g.oh, oy = r - image * g.oh;
     float best[V];
     int pos[V];
-    window_max_channels<V>(x + ((image * g.h + oy * g.stride) * g.w + ox * g.stride) * g.c + pack * V, g, best, pos);
+    window_max_channels<K, V>(x + ((image * g.h + oy * g.stride) * g.w + ox * g.stride) * g.c + pack * V, g, best,
+                              pos);
     // best is one of the window's stored values: converting back is exact.
     T out_pooled[V], out_activated[V];
 #pragma unroll
@@ -188,10 +233,10 @@ __global__ void __launch_bounds__(kThreads)
 // the top). A thread reads all it needs of its pixels before it writes them,
 // and writes only its own: a result written over its input (a planned buffer
 // reused in place) stays right.
-template <typename T, int V, typename I>
+template <typename T, int V, typename I, int K>
 __global__ void __launch_bounds__(kThreads)
     max_pool2d_nhwc_backward_tiled_kernel(ChannelsLastPoolBackward<T> t, NhwcSizes<I> g) {
-  const I packs = g.c / V, total = g.n * g.oh * g.ow * packs, k = g.kernel;
+  const I packs = g.c / V, total = g.n * g.oh * g.ow * packs, k = K > 0 ? I(K) : g.kernel;
   const I stride = I(gridDim.x) * I(blockDim.x);
   for (I q = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); q < total; q += stride) {
     const I pixel = q / packs, pack = q - pixel * packs;
@@ -208,10 +253,29 @@ __global__ void __launch_bounds__(kThreads)
     const I corner = ((image * g.h + oy * k) * g.w + ox * k) * g.c + pack * V;
     float best[V];
     int pos[V];
-    window_max_channels<V>(t.x + corner, g, best, pos);
+    window_max_channels<K, V>(t.x + corner, g, best, pos);
     // The window's pixels, and for the last window of a row (column) the
     // columns (rows) after it that no window covers.
     const I rows = oy == g.oh - 1 ? g.h - oy * k : k, cols = ox == g.ow - 1 ? g.w - ox * k : k;
+    if constexpr (K > 0) {
+      if (rows == k && cols == k) {
+        // A known window and nothing past it: the relu's outputs at all its
+        // pixels loaded before the first store (every read before any write, as below).
+        T after[K * K][V] = {};
+        if (t.relu_after)
+#pragma unroll
+          for (int p = 0; p < K * K; ++p)
+            load_channels<V>(t.relu_after + corner + (I(p / K) * g.w + I(p % K)) * g.c, after[p]);
+#pragma unroll
+        for (int p = 0; p < K * K; ++p) {
+          float sum[V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) sum[e] = p == pos[e] ? 0.f + grad[e] : 0.f;  // the gather's f32 sum
+          finish_input<V>(t, corner + (I(p / K) * g.w + I(p % K)) * g.c, sum, after[p]);
+        }
+        continue;
+      }
+    }
     for (I i = 0; i < rows; ++i)
       for (I j = 0; j < cols; ++j) {
         const bool inside = i < k && j < k;
@@ -253,8 +317,8 @@ __global__ void __launch_bounds__(kThreads)
       for (I ox = cols.lo; ox <= cols.hi; ++ox) {
         float best[V];
         int pos[V];
-        window_max_channels<V>(t.x + ((image * g.h + oy * g.stride) * g.w + ox * g.stride) * g.c + pack * V, g, best,
-                               pos);
+        window_max_channels<0, V>(t.x + ((image * g.h + oy * g.stride) * g.w + ox * g.stride) * g.c + pack * V, g,
+                                  best, pos);
         const int here = int((y - oy * g.stride) * g.kernel + (xx - ox * g.stride));  // this pixel in the window
         bool any = false;
 #pragma unroll
@@ -306,8 +370,12 @@ void launch_max_pool2d_nhwc_forward(const T* x, const ChannelsLastPool& g, T* po
   with_pack_and_index<T>(g, {x, pooled, activated}, [&](auto v, auto index) {
     constexpr int V = decltype(v)::value;
     using I = decltype(index);
-    max_pool2d_nhwc_forward_kernel<T, V, I>
-        <<<blocks_for(g.n * g.oh() * g.ow() * (g.c / V)), kThreads, 0, stream>>>(x, NhwcSizes<I>(g), pooled, activated);
+    const unsigned blocks = blocks_for(g.n * g.oh() * g.ow() * (g.c / V));
+    const NhwcSizes<I> sizes(g);
+    if (g.kernel == 2)
+      max_pool2d_nhwc_forward_kernel<T, V, I, 2><<<blocks, kThreads, 0, stream>>>(x, sizes, pooled, activated);
+    else
+      max_pool2d_nhwc_forward_kernel<T, V, I, 0><<<blocks, kThreads, 0, stream>>>(x, sizes, pooled, activated);
   });
   SG_LAUNCH_CHECK("max_pool2d_nhwc_forward_kernel");
 }
@@ -328,8 +396,10 @@ void launch_max_pool2d_nhwc_backward(const ChannelsLastPoolBackward<T>& t, const
     constexpr int V = decltype(v)::value;
     using I = decltype(index);
     const unsigned blocks = blocks_for((tiled ? g.n * g.oh() * g.ow() : g.n * g.h * g.w) * (g.c / V));
-    if (tiled)
-      max_pool2d_nhwc_backward_tiled_kernel<T, V, I><<<blocks, kThreads, 0, stream>>>(t, NhwcSizes<I>(g));
+    if (tiled && g.kernel == 2)
+      max_pool2d_nhwc_backward_tiled_kernel<T, V, I, 2><<<blocks, kThreads, 0, stream>>>(t, NhwcSizes<I>(g));
+    else if (tiled)
+      max_pool2d_nhwc_backward_tiled_kernel<T, V, I, 0><<<blocks, kThreads, 0, stream>>>(t, NhwcSizes<I>(g));
     else
       max_pool2d_nhwc_backward_kernel<T, V, I><<<blocks, kThreads, 0, stream>>>(t, NhwcSizes<I>(g));
   };

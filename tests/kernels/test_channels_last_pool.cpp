@@ -5,7 +5,7 @@
 // adds in the reference's order, so it must match bit for bit in f32, f16
 // and bf16, every intermediate rounded to T as the graph stores it: on c =
 // 1, 3, 8, 32, 64, 13 channels, 28/14/7/5 planes, 2x2 and 3x3 windows that
-// tile and 3x3 at stride 2 that overlap, with random values, ties, constant
+// tile and 3x3 at stride 2 and 2x2 at stride 1 that overlap, with random values, ties, constant
 // planes and NaNs, with pointers off their 16-byte alignment (the
 // element-by-element path), and with the pooled-sized tensors channels-first
 // (a region's exit fused into the pooling). Outputs are poisoned with NaN
@@ -113,8 +113,9 @@ void check_backward(const PoolCase& p, Values values, std::size_t offset, bool i
 const std::vector<std::int64_t> kChannels = {1, 3, 8, 32, 64, 13};
 const std::vector<std::int64_t> kPlanes = {28, 14, 7, 5};
 // kernel / stride: tiling 2x2 and 3x3 (with rows and columns left over on
-// odd planes), and 3x3 at stride 2, overlapping.
-const std::vector<std::pair<std::int64_t, std::int64_t>> kWindows = {{2, 2}, {3, 3}, {3, 2}};
+// odd planes), and 3x3 at stride 2 and 2x2 at stride 1, overlapping (2x2
+// windows take the kernels' compiled-in window).
+const std::vector<std::pair<std::int64_t, std::int64_t>> kWindows = {{2, 2}, {3, 3}, {3, 2}, {2, 1}};
 const std::vector<Values> kValues = {Values::uniform, Values::ties, Values::constant, Values::nan};
 
 // f(case, values) over every shape, window and value kind.
@@ -126,7 +127,61 @@ void for_each_pool_case(std::mt19937_64& rng, F&& f) {
         for (const Values values : kValues) f(PoolCase{pick(rng, 1, 2), hw, c, kernel, stride}, values);
 }
 
+// The backward of another activation before the pooling (after_activation:
+// relu_after holds what its backward reads) against the reference chain;
+// the activations' f32 math (CUDA's erff/expf/tanhf against the host's)
+// may round one ulp apart, so by relative error, not bits.
+template <typename T>
+void check_backward_activation(const PoolCase& p, cuda::Activation a, std::mt19937_64& rng) {
+  CAPTURE(fmt::format("{} {} {}", type_name<T>(), p.describe(), cuda::activation_op_name(a)));
+  const std::size_t in = static_cast<std::size_t>(p.in()), out = static_cast<std::size_t>(p.out());
+  const std::vector<float> x = draw<T>(in, Values::ties, rng), dy = draw<T>(out, Values::uniform, rng);
+  std::vector<float> saved = draw<T>(in, Values::uniform, rng);
+  for (float& v : saved) v = round_to<T>(2.f * v);
+  const cuda::ChannelsLastPool g = p.geometry();
+  std::vector<float> nchw(in), want(in);
+  ref::max_pool2d_backward(to_nchw(dy, p.n, g.oh() * g.ow(), p.c).data(), to_nchw(x, p.n, p.hw * p.hw, p.c).data(),
+                           p.n * p.c, p.hw, p.hw, p.kernel, p.stride, nchw.data());
+  std::vector<float> pool_grad = to_nhwc(nchw, p.n, p.hw * p.hw, p.c);
+  for (float& v : pool_grad) v = round_to<T>(v);
+  const std::int64_t n = std::int64_t(in);
+  switch (a) {
+    case cuda::Activation::relu: ref::relu_backward(pool_grad.data(), saved.data(), n, want.data()); break;
+    case cuda::Activation::gelu: ref::gelu_backward(pool_grad.data(), saved.data(), n, want.data()); break;
+    case cuda::Activation::gelu_tanh: ref::gelu_tanh_backward(pool_grad.data(), saved.data(), n, want.data()); break;
+    case cuda::Activation::silu: ref::silu_backward(pool_grad.data(), saved.data(), n, want.data()); break;
+    case cuda::Activation::tanh: ref::tanh_backward(pool_grad.data(), saved.data(), n, want.data()); break;
+    case cuda::Activation::sigmoid: ref::sigmoid_backward(pool_grad.data(), saved.data(), n, want.data()); break;
+  }
+  for (float& v : want) v = round_to<T>(v);
+  const Tensor<T> d_x(x, 0), d_dy(p.pooled_layout(dy), 0), d_saved(saved, 0), out_pool(in, 0), out_after(in, 0);
+  cuda::ChannelsLastPoolBackward<T> t;
+  t.dy = d_dy.get();
+  t.x = d_x.get();
+  t.relu_after = d_saved.get();
+  t.after_activation = a;
+  t.pool_grad = out_pool.get();
+  t.relu_after_grad = t.dx = out_after.get();
+  cuda::launch_max_pool2d_nhwc_backward(t, g, nullptr);
+  CHECK(bit_difference(out_pool.download(), pool_grad) == "");
+  const double tolerance = sizeof(T) == 4 ? 1e-5 : std::is_same_v<T, __half> ? 2e-3 : 1e-2;
+  CHECK(sg::test::relative_error(out_after.download(), want) < tolerance);
+}
+
 }  // namespace
+
+TEST_CASE("max_pool2d_nhwc backward through each activation before the pooling matches the reference chain") {
+  auto rng = sg::test::fresh_rng();
+  CAPTURE(sg::test::last_seed());
+  for_each_type([&](auto tag) {
+    using T = decltype(tag);
+    for (const PoolCase& p : {PoolCase{2, 14, 32, 2, 2}, PoolCase{1, 7, 13, 3, 3}, PoolCase{2, 5, 8, 3, 2},
+                              PoolCase{1, 14, 64, 2, 2, true}})
+      for (const cuda::Activation a : {cuda::Activation::relu, cuda::Activation::gelu, cuda::Activation::gelu_tanh,
+                                       cuda::Activation::silu, cuda::Activation::tanh, cuda::Activation::sigmoid})
+        check_backward_activation<T>(p, a, rng);
+  });
+}
 
 TEST_CASE("max_pool2d_nhwc forward [+ relu] matches ref::max_pool2d per plane bit for bit") {
   auto rng = sg::test::fresh_rng();

@@ -12,6 +12,7 @@
 // few-channel convolutions that our NCHW kernels run, and `nchw` /
 // `channels_last` force either form.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -161,6 +162,55 @@ TEST_CASE("auto keeps NCHW where an avg_pool2d or dropout2d interrupts a region 
   TrainingProgram plain = program(mlp);
   CHECK_FALSE(plain.channels_last);
   CHECK(choose(plain, ActivationLayout::channels_last) == "NCHW (no convolution layers)");
+}
+
+// A first layer whose activation the next convolution reads (no pooling
+// between: bench/networks/wide_adam.yaml's 1 -> 64 -> 64): the few-channel
+// weight gradient takes the activation's backward (its kernel stages dY
+// through it), so that backward has no launch and its output no buffer.
+// After a pooling, the pooling's backward takes it instead.
+TEST_CASE("the few-channel weight gradient takes the activation backward before it") {
+  for (const MlpActivation a : {MlpActivation::relu, MlpActivation::gelu, MlpActivation::sigmoid}) {
+    CAPTURE(activation_name(a));
+    SequentialTraining t = two_conv_cnn();
+    t.model.batch = 64;
+    LayerSpec act = test::net_layer(LayerKind::activation);
+    act.activation = a;
+    t.model.layers = {test::net_layer(LayerKind::conv2d, 64, 3, 1), act, test::net_layer(LayerKind::conv2d, 64, 3, 1),
+                      test::net_layer(LayerKind::activation), test::net_layer(LayerKind::max_pool2d, 0, 2),
+                      test::net_layer(LayerKind::flatten), test::net_layer(LayerKind::linear, 10)};
+    TrainingProgram p = program(t);
+    CHECK(choose(p, ActivationLayout::channels_last) == "channels-last (backend.activation_layout: channels_last)");
+    const Graph& g = p.train;
+    const Lowered lowered = lower(g, BackendOptions{});
+    int backwards = 0;
+    for (const Node& n : g.nodes()) {
+      if (n.op != OpKind::relu_backward && n.op != OpKind::gelu_backward && n.op != OpKind::sigmoid_backward) continue;
+      // The first layer's: its output is the few-channel layer's dY (the later ones ride in the pooling's backward).
+      const NodeId wgrad = g.consumers(n.outputs[0]).empty() ? -1 : g.consumers(n.outputs[0]).front();
+      if (wgrad < 0 || g.node(wgrad).op != OpKind::conv2d_backward_filter) continue;
+      if (g.value(g.node(wgrad).inputs[1]).shape[3] != 1) continue;
+      ++backwards;
+      CHECK(lowering_of(lowered.schedule, n.id) == "few_channel_wgrad");
+    }
+    CHECK(backwards == 1);
+    const auto counts = launch_counts(g, lowered.schedule);
+    CHECK(counts.at(fmt::format("few_channel_wgrad[{}_backward+wgrad+bias,stride=1,padding=1,channels_last]",
+                                activation_name(a))) == 1);
+    // The backward's only launch was the element-wise one (ReLU's forward is the few-channel forward's epilogue).
+    if (a == MlpActivation::relu) CHECK(counts.count("elementwise") == 0);
+    // With a pooling between, the pooling's backward takes the activation's
+    // backward (channels-last: any activation), and the weight gradient reads its result.
+    t.model.layers.insert(t.model.layers.begin() + 2, test::net_layer(LayerKind::max_pool2d, 0, 2));
+    TrainingProgram pooled = program(t);
+    CHECK(choose(pooled, ActivationLayout::channels_last) ==
+          "channels-last (backend.activation_layout: channels_last)");
+    const Lowered with_pool = lower(pooled.train, BackendOptions{});
+    const auto pooled_counts = launch_counts(pooled.train, with_pool.schedule);
+    CHECK(pooled_counts.at(fmt::format("max_pool2d_backward[k=2,s=2+{}_backward,channels_last]", activation_name(a))) ==
+          1);
+    CHECK(pooled_counts.at("few_channel_wgrad[wgrad+bias,stride=1,padding=1,channels_last]") == 1);
+  }
 }
 
 // backend.conv_kernels: tensor_core opts into our channels-last tensor-core

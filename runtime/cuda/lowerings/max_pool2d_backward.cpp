@@ -2,14 +2,16 @@
 // (ops/cuda/pooling.hpp), with its lone element-wise neighbours folded into
 // the launch: the relu_backward producing its incoming gradient (forward
 // "pool, relu"), the relu_backward reading its result (forward "relu,
-// pool") and the dropout2d_backward after that (forward "dropout2d, [relu,]
-// pool"). The CNN's backward of "dropout2d, max-pool, ReLU" is then one
-// launch from the relu's gradient to the conv's. The argmax is recomputed
+// pool"; channels-last: any activation's backward there) and the
+// dropout2d_backward after that (forward "dropout2d, [relu,] pool"). The
+// CNN's backward of "dropout2d, max-pool, ReLU" is then one launch from the
+// relu's gradient to the conv's. The argmax is recomputed
 // from the pooling's input (the op takes X, not an index buffer), the
 // dropout2d mask from Philox; intermediates are written only where a node
 // outside the launch reads them.
 #include "ops/cuda/channels_last.hpp"
 #include "ops/cuda/pooling.hpp"
+#include "runtime/cuda/lowerings/activation_nodes.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -20,6 +22,14 @@ struct PoolBackwardNodes {
   NodeId relu_before = -1, pool = -1, relu_after = -1, dropout = -1;
   NodeId to_last = -1;  // channels-last: the to_channels_last giving dY, read here from its NCHW input
 };
+
+// The activation backwards the launch takes after the pooling's: ReLU's
+// (both layouts), every activation's with the channels-last kernel.
+std::vector<OpKind> activation_backward_ops(bool channels_last) {
+  if (!channels_last) return {OpKind::relu_backward};
+  return {OpKind::relu_backward, OpKind::gelu_backward, OpKind::gelu_tanh_backward, OpKind::silu_backward,
+          OpKind::tanh_backward, OpKind::sigmoid_backward};
+}
 
 // The lone free reader of `v` with op `op` that takes `v` as its first input, if any.
 const CoverUnit* free_gradient_reader(const Cover& cover, ValueId v, OpKind op) {
@@ -67,13 +77,17 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
       }
     }
     ValueId result = pool.outputs[0];
-    // A relu_backward after it reads the relu's output, which must exist where the launch runs.
-    if (const CoverUnit* u = free_gradient_reader(cover, result, OpKind::relu_backward)) {
-      const Node& relu = g.node(u->nodes.front());
-      if (g.value(relu.inputs[1]).dtype == t && g.value(relu.inputs[1]).producer < position) {
-        nodes.relu_after = relu.id;
-        result = relu.outputs[0];
+    // A relu_backward after it (channels-last: any activation's backward)
+    // reads the activation's saved value, which must exist where the launch runs.
+    for (const OpKind op : activation_backward_ops(pool.attr<Pool2dAttrs>().channels_last)) {
+      const CoverUnit* u = free_gradient_reader(cover, result, op);
+      if (!u) continue;
+      const Node& act = g.node(u->nodes.front());
+      if (g.value(act.inputs[1]).dtype == t && g.value(act.inputs[1]).producer < position) {
+        nodes.relu_after = act.id;
+        result = act.outputs[0];
         m.units.push_back(u->id);
+        break;
       }
     }
     if (const CoverUnit* u = free_gradient_reader(cover, result, OpKind::dropout2d_backward);
@@ -90,7 +104,7 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
     const auto& a = g.node(nodes.pool).attr<Pool2dAttrs>();
     return fmt::format("{}{}k={},s={}{}{}{}", nodes.to_last >= 0 ? "to_channels_last+" : "",
                        nodes.relu_before >= 0 ? "relu_backward+" : "", a.kernel, a.stride,
-                       nodes.relu_after >= 0 ? "+relu_backward" : "",
+                       nodes.relu_after >= 0 ? fmt::format("+{}", op_name(g.node(nodes.relu_after).op)) : "",
                        nodes.dropout >= 0 ? "+dropout2d_backward" : "", a.channels_last ? ",channels_last" : "");
   }
 
@@ -145,9 +159,10 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
                                          static_cast<T*>(p.relu_before_grad), static_cast<T*>(p.pool_grad),
                                          static_cast<T*>(p.relu_after_grad),  static_cast<T*>(p.dx)};
       if (channels_last) {
-        const ChannelsLastPoolBackward<T> t{typed.dy,         typed.relu_before, typed.x,
-                                            typed.relu_after, typed.relu_before_grad, typed.pool_grad,
-                                            typed.relu_after_grad, typed.dx};
+        ChannelsLastPoolBackward<T> t{typed.dy,         typed.relu_before, typed.x,
+                                      typed.relu_after, typed.relu_before_grad, typed.pool_grad,
+                                      typed.relu_after_grad, typed.dx};
+        if (nodes.relu_after >= 0) t.after_activation = *backward_activation(g.node(nodes.relu_after).op);
         run = [=](cudaStream_t s) { launch_max_pool2d_nhwc_backward(t, last, s); };
       } else {
         run = [=](cudaStream_t s) { launch_max_pool2d_backward(typed, step, geometry, dropout, s); };
