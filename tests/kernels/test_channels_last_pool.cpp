@@ -11,6 +11,7 @@
 // (a region's exit fused into the pooling). Outputs are poisoned with NaN
 // first, so an element left unwritten shows.
 #include "tests/kernels/channels_last_test_support.hpp"
+#include "tests/support/activation_reference.hpp"
 
 using namespace sg;
 using namespace sg::test::channels_last;
@@ -129,8 +130,8 @@ void for_each_pool_case(std::mt19937_64& rng, F&& f) {
 
 // The backward of another activation before the pooling (after_activation:
 // relu_after holds what its backward reads) against the reference chain;
-// the activations' f32 math (CUDA's erff/expf/tanhf against the host's)
-// may round one ulp apart, so by relative error, not bits.
+// the kernels' f32 math against the reference's f64 may round apart, so by
+// relative error, not bits.
 template <typename T>
 void check_backward_activation(const PoolCase& p, cuda::Activation a, std::mt19937_64& rng) {
   CAPTURE(fmt::format("{} {} {}", type_name<T>(), p.describe(), cuda::activation_op_name(a)));
@@ -139,21 +140,14 @@ void check_backward_activation(const PoolCase& p, cuda::Activation a, std::mt199
   std::vector<float> saved = draw<T>(in, Values::uniform, rng);
   for (float& v : saved) v = round_to<T>(2.f * v);
   const cuda::ChannelsLastPool g = p.geometry();
-  std::vector<float> nchw(in), want(in);
+  std::vector<float> nchw(in), want;
   ref::max_pool2d_backward(to_nchw(dy, p.n, g.oh() * g.ow(), p.c).data(), to_nchw(x, p.n, p.hw * p.hw, p.c).data(),
                            p.n * p.c, p.hw, p.hw, p.kernel, p.stride, nchw.data());
   std::vector<float> pool_grad = to_nhwc(nchw, p.n, p.hw * p.hw, p.c);
   for (float& v : pool_grad) v = round_to<T>(v);
-  const std::int64_t n = std::int64_t(in);
-  switch (a) {
-    case cuda::Activation::relu: ref::relu_backward(pool_grad.data(), saved.data(), n, want.data()); break;
-    case cuda::Activation::gelu: ref::gelu_backward(pool_grad.data(), saved.data(), n, want.data()); break;
-    case cuda::Activation::gelu_tanh: ref::gelu_tanh_backward(pool_grad.data(), saved.data(), n, want.data()); break;
-    case cuda::Activation::silu: ref::silu_backward(pool_grad.data(), saved.data(), n, want.data()); break;
-    case cuda::Activation::tanh: ref::tanh_backward(pool_grad.data(), saved.data(), n, want.data()); break;
-    case cuda::Activation::sigmoid: ref::sigmoid_backward(pool_grad.data(), saved.data(), n, want.data()); break;
-  }
-  for (float& v : want) v = round_to<T>(v);
+  const std::vector<double> through =
+      sg::test::activation_backward(a, {pool_grad.begin(), pool_grad.end()}, {saved.begin(), saved.end()});
+  for (const double v : through) want.push_back(round_to<T>(float(v)));
   const Tensor<T> d_x(x, 0), d_dy(p.pooled_layout(dy), 0), d_saved(saved, 0), out_pool(in, 0), out_after(in, 0);
   cuda::ChannelsLastPoolBackward<T> t;
   t.dy = d_dy.get();
@@ -177,9 +171,7 @@ TEST_CASE("max_pool2d_nhwc backward through each activation before the pooling m
     using T = decltype(tag);
     for (const PoolCase& p : {PoolCase{2, 14, 32, 2, 2}, PoolCase{1, 7, 13, 3, 3}, PoolCase{2, 5, 8, 3, 2},
                               PoolCase{1, 14, 64, 2, 2, true}})
-      for (const cuda::Activation a : {cuda::Activation::relu, cuda::Activation::gelu, cuda::Activation::gelu_tanh,
-                                       cuda::Activation::silu, cuda::Activation::tanh, cuda::Activation::sigmoid})
-        check_backward_activation<T>(p, a, rng);
+      for (const cuda::Activation a : sg::test::kActivations) check_backward_activation<T>(p, a, rng);
   });
 }
 

@@ -16,6 +16,7 @@
 
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_conv.hpp"
 #include "tests/kernels/channels_last_test_support.hpp"
+#include "tests/support/activation_reference.hpp"
 
 using namespace sg;
 using namespace sg::test::channels_last;
@@ -77,21 +78,6 @@ std::string check_forward(const Case& k, std::mt19937_64& rng, int band) {
   return again.empty() ? "" : plan.describe() + ": a second run differs: " + again;
 }
 
-// The reference's backward of activation a: dy * act'(v), v the value its op reads.
-void activation_backward(cuda::Activation a, const std::vector<double>& dy, const std::vector<double>& v,
-                         std::vector<double>& dx) {
-  const std::int64_t n = std::int64_t(dy.size());
-  dx.resize(dy.size());
-  switch (a) {
-    case cuda::Activation::relu: ref::relu_backward(dy.data(), v.data(), n, dx.data()); break;
-    case cuda::Activation::gelu: ref::gelu_backward(dy.data(), v.data(), n, dx.data()); break;
-    case cuda::Activation::gelu_tanh: ref::gelu_tanh_backward(dy.data(), v.data(), n, dx.data()); break;
-    case cuda::Activation::silu: ref::silu_backward(dy.data(), v.data(), n, dx.data()); break;
-    case cuda::Activation::tanh: ref::tanh_backward(dy.data(), v.data(), n, dx.data()); break;
-    case cuda::Activation::sigmoid: ref::sigmoid_backward(dy.data(), v.data(), n, dx.data()); break;
-  }
-}
-
 // The weight gradient (and the bias gradient, as B) against the reference;
 // with `gate`, of act_backward(dY, saved) rounded to T (the activation's
 // backward staged in the kernel), saved drawn around 0 so ReLU's gate cuts.
@@ -105,8 +91,8 @@ std::string check_wgrad(const Case& k, std::mt19937_64& rng, int band,
   const std::vector<float> saved = draw(incoming.size(), rng, round_to<T>);
   std::vector<float> dy = incoming;
   if (gate) {
-    std::vector<double> gated;
-    activation_backward(*gate, {incoming.begin(), incoming.end()}, {saved.begin(), saved.end()}, gated);
+    const std::vector<double> gated = sg::test::activation_backward(*gate, {incoming.begin(), incoming.end()},
+                                                                    {saved.begin(), saved.end()});
     for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = round_to<T>(float(gated[i]));
   }
   const std::vector<double> xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
@@ -151,10 +137,6 @@ void check_case(const Case& k, std::mt19937_64& rng, int band = 0) {
   }
 }
 
-constexpr cuda::Activation kActivations[] = {cuda::Activation::relu, cuda::Activation::gelu,
-                                             cuda::Activation::gelu_tanh, cuda::Activation::silu,
-                                             cuda::Activation::tanh, cuda::Activation::sigmoid};
-
 }  // namespace
 
 TEST_CASE("few-channel NHWC conv forward and weight gradient match the CPU reference on random shapes") {
@@ -192,7 +174,7 @@ TEST_CASE("few-channel NHWC weight gradient through each activation's backward m
   std::mt19937_64 rng = sg::test::fresh_rng();
   INFO("random seed ", sg::test::last_seed());
   int i = 0;
-  for (const cuda::Activation a : kActivations)
+  for (const cuda::Activation a : sg::test::kActivations)
     for (const bool bias : {false, true}) {
       INFO(cuda::activation_op_name(a), bias ? " with the bias gradient" : "");
       Case k;
@@ -226,4 +208,8 @@ TEST_CASE("the few-channel NHWC conv refuses what it is not built for, with the 
   CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 3, 64, 3, 3, 1, 1}) == "");
   CHECK_THROWS(cuda::plan_few_channel_forward({1, 8, 8, 5, 32, 3, 3, 1, 1}, 132));
   CHECK_THROWS(cuda::FewChannelWgrad({1, 8, 8, 1, 12, 3, 3, 1, 1}, false, 132));
+  // The gate stages a second dY-sized band: a 256-pixel row of 128 channels fits alone, not twice.
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 256, 1, 128, 3, 3, 1, 1}) == "");
+  CHECK_FALSE(cuda::few_channel_wgrad_gate_fits({1, 8, 256, 1, 128, 3, 3, 1, 1}));
+  CHECK(cuda::few_channel_wgrad_gate_fits({64, 28, 28, 1, 64, 3, 3, 1, 1}));
 }

@@ -44,6 +44,9 @@ inline constexpr std::int64_t kFewChannelMax = 4;
 std::string few_channel_conv_why_not(const FewChannelConvShape& shape);
 // The weight gradient's shared memory for bands of `rows` output rows (`gated`: with an activation gate).
 std::int64_t few_channel_wgrad_shared_bytes(const FewChannelConvShape& shape, int rows, bool gated = false);
+// Whether the weight gradient of a shape these kernels take (few_channel_conv_why_not "") can also stage an
+// activation's saved value beside dY (FewChannelWgrad's gate): one output row of both within the shared-memory budget.
+bool few_channel_wgrad_gate_fits(const FewChannelConvShape& shape);
 
 // The forward's launch: bands of `band_rows` output rows per block.
 struct FewChannelForwardPlan {

@@ -216,6 +216,10 @@ std::int64_t few_channel_wgrad_shared_bytes(const FewChannelConvShape& s, int ro
   return few_channel::shared_bytes(s, rows, gated);
 }
 
+bool few_channel_wgrad_gate_fits(const FewChannelConvShape& s) {
+  return few_channel::shared_bytes(s, 1, true) <= few_channel::kMaxShared;
+}
+
 FewChannelWgrad::FewChannelWgrad(const FewChannelConvShape& s, bool bias_gradient, int multiprocessors, int band_rows,
                                  std::optional<Activation> gate)
     : shape_(s), bias_gradient_(bias_gradient), gate_(gate) {

@@ -103,6 +103,7 @@ std::optional<GateUnits> activation_gate(const Cover& cover, const Node& wgrad, 
   const Value& dy = g.value(wgrad.inputs[0]);
   const CoverUnit* bw = free_lone_unit(cover, dy.producer);
   if (!bw || !backward_activation(g.node(dy.producer).op) || is_graph_output(g, dy.id)) return std::nullopt;
+  if (!few_channel_wgrad_gate_fits(few_channel_shape(conv_sizes(g, wgrad)))) return std::nullopt;
   const Node& b = g.node(dy.producer);
   // A max-pooling's backward writes the activation's gradient in its own
   // pass (max_pool2d_backward.cpp: a ReLU's, and any activation's when
