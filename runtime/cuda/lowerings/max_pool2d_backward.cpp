@@ -23,20 +23,14 @@ struct PoolBackwardNodes {
   NodeId to_last = -1;  // channels-last: the to_channels_last giving dY, read here from its NCHW input
 };
 
-// The activation backwards the launch takes after the pooling's: ReLU's
-// (both layouts), every activation's with the channels-last kernel.
-std::vector<OpKind> activation_backward_ops(bool channels_last) {
-  if (!channels_last) return {OpKind::relu_backward};
-  return {OpKind::relu_backward, OpKind::gelu_backward, OpKind::gelu_tanh_backward, OpKind::silu_backward,
-          OpKind::tanh_backward, OpKind::sigmoid_backward};
-}
-
-// The lone free reader of `v` with op `op` that takes `v` as its first input, if any.
-const CoverUnit* free_gradient_reader(const Cover& cover, ValueId v, OpKind op) {
+// The lone free reader of `v` that takes `v` as its first input, keeps its
+// dtype and that `accepts`, if any.
+template <typename Accepts>
+const CoverUnit* free_gradient_reader(const Cover& cover, ValueId v, Accepts&& accepts) {
   const sg::Graph& g = cover.graph();
   for (NodeId reader : g.consumers(v)) {
     const Node& n = g.node(reader);
-    if (n.op != op || n.inputs[0] != v || g.value(n.outputs[0]).dtype != g.value(v).dtype) continue;
+    if (n.inputs[0] != v || g.value(n.outputs[0]).dtype != g.value(v).dtype || !accepts(n)) continue;
     if (const CoverUnit* u = free_lone_unit(cover, reader)) return u;
   }
   return nullptr;
@@ -77,21 +71,22 @@ class MaxPool2dBackwardLowering final : public CudaLowering {
       }
     }
     ValueId result = pool.outputs[0];
-    // A relu_backward after it (channels-last: any activation's backward)
-    // reads the activation's saved value, which must exist where the launch runs.
-    for (const OpKind op : activation_backward_ops(pool.attr<Pool2dAttrs>().channels_last)) {
-      const CoverUnit* u = free_gradient_reader(cover, result, op);
-      if (!u) continue;
-      const Node& act = g.node(u->nodes.front());
-      if (g.value(act.inputs[1]).dtype == t && g.value(act.inputs[1]).producer < position) {
-        nodes.relu_after = act.id;
-        result = act.outputs[0];
-        m.units.push_back(u->id);
-        break;
-      }
+    // A relu_backward after it (channels-last: any activation's backward,
+    // activation_nodes.hpp) reads the activation's saved value, which must
+    // exist where the launch runs.
+    const bool channels_last = pool.attr<Pool2dAttrs>().channels_last;
+    const auto activation_backward = [&](const Node& n) {
+      const auto a = backward_activation(n.op);
+      return a && (*a == Activation::relu || channels_last) && g.value(n.inputs[1]).dtype == t &&
+             g.value(n.inputs[1]).producer < position;
+    };
+    if (const CoverUnit* u = free_gradient_reader(cover, result, activation_backward)) {
+      nodes.relu_after = u->nodes.front();
+      result = g.node(nodes.relu_after).outputs[0];
+      m.units.push_back(u->id);
     }
-    if (const CoverUnit* u = free_gradient_reader(cover, result, OpKind::dropout2d_backward);
-        u && !pool.attr<Pool2dAttrs>().channels_last) {
+    const auto dropout_backward = [](const Node& n) { return n.op == OpKind::dropout2d_backward; };
+    if (const CoverUnit* u = free_gradient_reader(cover, result, dropout_backward); u && !channels_last) {
       nodes.dropout = u->nodes.front();
       m.units.push_back(u->id);
     }
