@@ -49,6 +49,18 @@ template <typename T>
 void launch_max_pool2d_nhwc_forward(const T* x, const ChannelsLastPool& g, T* pooled, T* activated,
                                     cudaStream_t stream);
 
+// The activation before the pooling in the same pass: z is its input,
+// activated_input (optional: where the backward reads it) receives act(z)
+// rounded to T (activation.cuh's math, as the element-wise kernel), pooled
+// and activated as above over those values. The windows must tile the
+// input (activation_pool_tiles), so each element is written once.
+SG_CHANNELS_LAST_HD inline bool activation_pool_tiles(const ChannelsLastPool& g) {
+  return g.kernel == g.stride && g.h % g.kernel == 0 && g.w % g.kernel == 0;
+}
+template <typename T>
+void launch_activation_max_pool2d_nhwc_forward(const T* z, Activation act, const ChannelsLastPool& g,
+                                               T* activated_input, T* pooled, T* activated, cudaStream_t stream);
+
 // The backward chain dy [n, oh, ow, c] -> dx [n, h, w, c], PoolBackwardTensors'
 // roles (pooling.hpp) without the dropout:
 //   [relu_backward(., relu_before)] -> max_pool2d_backward(., x) -> [relu_backward(., relu_after)]

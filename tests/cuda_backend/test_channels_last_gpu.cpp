@@ -274,3 +274,36 @@ TEST_CASE("a few-channel first layer's activation backward in its weight gradien
     test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
   }
 }
+
+// GELU and tanh each applied in the pass of the max pooling after them
+// (windows that tile: 12 -> 6 -> 3), the pooling's backward taking their
+// backward: the step follows the CPU backend.
+TEST_CASE("activations applied in the pooling's pass follow the CPU backend") {
+  SequentialTraining t = small_images(OptimizerKind::adamw);
+  t.model.input_shape = {1, 12, 12};
+  t.model.layers = {test::net_layer(LayerKind::conv2d, 16, 3, 1),
+                    test::activation_layer(MlpActivation::gelu),
+                    test::net_layer(LayerKind::max_pool2d, 0, 2),
+                    test::net_layer(LayerKind::conv2d, 16, 3, 1),
+                    test::activation_layer(MlpActivation::tanh),
+                    test::net_layer(LayerKind::max_pool2d, 0, 2),
+                    test::net_layer(LayerKind::flatten),
+                    test::net_layer(LayerKind::linear, 10)};
+  std::mt19937_64 rng(43);
+  const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
+  const auto gpu = channels_last_trainer(t, data);
+  INFO(gpu->description());
+  const cuda::CudaProgram& program = dynamic_cast<const cuda::CudaTrainer&>(*gpu).training_program();
+  int fused = 0;
+  for (const Launch& l : program.schedule().launches) {
+    CHECK(l.lowering->name() != "elementwise");
+    if (l.lowering->name() != "max_pool2d") continue;
+    fused += l.lowering->describe(program.graph(), l).find("+k=2") != std::string::npos;
+  }
+  CHECK(fused == 2);
+  const auto cpu = cpu_trainer(t, data);
+  gpu->train(1);
+  cpu->train(1);
+  test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
+  test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+}

@@ -8,8 +8,9 @@
 // tile and 3x3 at stride 2 and 2x2 at stride 1 that overlap, with random values, ties, constant
 // planes and NaNs, with pointers off their 16-byte alignment (the
 // element-by-element path), and with the pooled-sized tensors channels-first
-// (a region's exit fused into the pooling). Outputs are poisoned with NaN
-// first, so an element left unwritten shows.
+// (a region's exit fused into the pooling), and an activation before the
+// pooling applied in its pass. Outputs are poisoned with NaN first, so an
+// element left unwritten shows.
 #include "tests/kernels/channels_last_test_support.hpp"
 #include "tests/support/activation_reference.hpp"
 
@@ -162,6 +163,30 @@ void check_backward_activation(const PoolCase& p, cuda::Activation a, std::mt199
   CHECK(sg::test::relative_error(out_after.download(), want) < tolerance);
 }
 
+// The activation before the pooling in the same pass: its output against
+// the reference activation (by relative error: f32 math on either side),
+// the pooled values bit for bit against ref::max_pool2d of that very output,
+// and the pooled values alone (no activation output written) the same.
+template <typename T>
+void check_activation_forward(const PoolCase& p, cuda::Activation a, std::mt19937_64& rng) {
+  CAPTURE(fmt::format("{} {} {}", type_name<T>(), p.describe(), cuda::activation_op_name(a)));
+  const std::vector<float> z = draw<T>(static_cast<std::size_t>(p.in()), Values::uniform, rng);
+  std::vector<float> want;
+  for (const double v : sg::test::activation_forward(a, {z.begin(), z.end()})) want.push_back(round_to<T>(float(v)));
+  const Tensor<T> d_z(z, 0), out_x(z.size(), 0), out_pooled(static_cast<std::size_t>(p.out()), 0),
+      pooled_alone(static_cast<std::size_t>(p.out()), 0);
+  REQUIRE(cuda::activation_pool_tiles(p.geometry()));
+  cuda::launch_activation_max_pool2d_nhwc_forward(d_z.get(), a, p.geometry(), out_x.get(), out_pooled.get(),
+                                                  static_cast<T*>(nullptr), nullptr);
+  const std::vector<float> x = out_x.download();
+  const double tolerance = sizeof(T) == 4 ? 1e-5 : std::is_same_v<T, __half> ? 2e-3 : 1e-2;
+  CHECK(sg::test::relative_error(x, want) < tolerance);
+  CHECK(bit_difference(out_pooled.download(), p.pooled_layout(reference_pool(x, p))) == "");
+  cuda::launch_activation_max_pool2d_nhwc_forward(d_z.get(), a, p.geometry(), static_cast<T*>(nullptr),
+                                                  pooled_alone.get(), static_cast<T*>(nullptr), nullptr);
+  CHECK(bit_difference(pooled_alone.download(), out_pooled.download()) == "");
+}
+
 }  // namespace
 
 TEST_CASE("max_pool2d_nhwc backward through each activation before the pooling matches the reference chain") {
@@ -173,6 +198,22 @@ TEST_CASE("max_pool2d_nhwc backward through each activation before the pooling m
                               PoolCase{1, 14, 64, 2, 2, true}})
       for (const cuda::Activation a : sg::test::kActivations) check_backward_activation<T>(p, a, rng);
   });
+}
+
+TEST_CASE("an activation and the max pooling after it in one pass match the reference") {
+  auto rng = sg::test::fresh_rng();
+  CAPTURE(sg::test::last_seed());
+  for_each_type([&](auto tag) {
+    using T = decltype(tag);
+    for (const PoolCase& p : {PoolCase{2, 14, 32, 2, 2}, PoolCase{1, 6, 13, 3, 3}, PoolCase{2, 28, 8, 2, 2, true},
+                              PoolCase{1, 4, 3, 2, 2}})
+      for (const cuda::Activation a : sg::test::kActivations) check_activation_forward<T>(p, a, rng);
+  });
+  // Windows that do not tile the input are refused.
+  const Tensor<float> z(std::size_t(2 * 7 * 7 * 8), 0), out(std::size_t(2 * 3 * 3 * 8), 0);
+  CHECK_THROWS(cuda::launch_activation_max_pool2d_nhwc_forward(z.get(), cuda::Activation::gelu, {2, 7, 7, 8, 2, 2},
+                                                               static_cast<float*>(nullptr), out.get(),
+                                                               static_cast<float*>(nullptr), nullptr));
 }
 
 TEST_CASE("max_pool2d_nhwc forward [+ relu] matches ref::max_pool2d per plane bit for bit") {

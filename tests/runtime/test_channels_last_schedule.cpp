@@ -213,6 +213,36 @@ TEST_CASE("the few-channel weight gradient takes the activation backward before 
   }
 }
 
+// An activation that no convolution epilogue takes (GELU, tanh, ...)
+// before a pooling whose windows tile its input runs in the pooling's pass
+// (bench/networks/gelu3_adamw.yaml's layers): no element-wise forward
+// launch; a ReLU stays in the convolution's epilogue, and windows that do
+// not tile (7 -> 3) keep the element-wise launch.
+TEST_CASE("the activation before a channels-last pooling runs in the pooling's pass") {
+  for (const MlpActivation a : {MlpActivation::gelu, MlpActivation::tanh, MlpActivation::relu}) {
+    CAPTURE(activation_name(a));
+    SequentialTraining t = two_conv_cnn();
+    LayerSpec act = test::net_layer(LayerKind::activation);
+    act.activation = a;
+    t.model.layers = {test::net_layer(LayerKind::conv2d, 16, 3, 1), act, test::net_layer(LayerKind::max_pool2d, 0, 2),
+                      test::net_layer(LayerKind::conv2d, 32, 3, 1), act, test::net_layer(LayerKind::max_pool2d, 0, 2),
+                      test::net_layer(LayerKind::conv2d, 32, 3, 1), act, test::net_layer(LayerKind::max_pool2d, 0, 2),
+                      test::net_layer(LayerKind::flatten), test::net_layer(LayerKind::linear, 10)};
+    TrainingProgram p = program(t);
+    CHECK(choose(p, ActivationLayout::channels_last) == "channels-last (backend.activation_layout: channels_last)");
+    const auto counts = launch_counts(p.train, lower(p.train, BackendOptions{}).schedule);
+    const std::string name(activation_name(a));
+    // (launch_counts names an element-wise launch by its op.)
+    if (a == MlpActivation::relu) {
+      CHECK(counts.at("max_pool2d[k=2,s=2,channels_last]") == 2);
+      CHECK(counts.count("relu") == 0);
+      continue;
+    }
+    CHECK(counts.at(fmt::format("max_pool2d[{}+k=2,s=2,channels_last]", name)) == 2);  // 28 -> 14 -> 7
+    CHECK(counts.at(name) == 1);  // the third layer's (7 -> 3 does not tile)
+  }
+}
+
 // backend.conv_kernels: tensor_core opts into our channels-last tensor-core
 // convolutions (ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp): the 32 -> 64 layer's forward
 // (with its bias and ReLU) and backward data are theirs; the one-channel
