@@ -3,9 +3,10 @@
 // into the launch when they are lone nodes (the CNN's "dropout2d, max-pool,
 // ReLU"); channels-last, the lone activation (not a ReLU) producing its
 // input instead, applied as the windows load (windows that tile the input:
-// each element written once). The launch still writes every value a node outside it reads: the
-// dropout2d output (the pooling's backward takes its argmax from it), the
-// relu output, and the pooled values only where something reads them.
+// each element written once). The launch still writes every value a node
+// outside it reads: the dropout2d output (the pooling's backward takes its
+// argmax from it), the activation's and the relu's outputs, and the pooled
+// values only where something reads them.
 #include "ops/cuda/channels_last.hpp"
 #include "ops/cuda/pooling.hpp"
 #include "runtime/cuda/lowerings/activation_nodes.hpp"
