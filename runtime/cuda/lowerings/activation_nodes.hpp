@@ -11,6 +11,7 @@
 
 #include "ops/cuda/activation.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
+#include "runtime/plan/graph_queries.hpp"
 
 namespace sg::cuda {
 
@@ -26,16 +27,12 @@ inline std::optional<Activation> forward_activation(OpKind op) {
   }
 }
 
+// The activation whose backward `op` is: the plan layer's table of forward
+// and backward ops (graph_queries.hpp: kActivationOps) names the pairs.
 inline std::optional<Activation> backward_activation(OpKind op) {
-  switch (op) {
-    case OpKind::relu_backward: return Activation::relu;
-    case OpKind::gelu_backward: return Activation::gelu;
-    case OpKind::gelu_tanh_backward: return Activation::gelu_tanh;
-    case OpKind::silu_backward: return Activation::silu;
-    case OpKind::tanh_backward: return Activation::tanh;
-    case OpKind::sigmoid_backward: return Activation::sigmoid;
-    default: return std::nullopt;
-  }
+  for (const ActivationOps& a : kActivationOps)
+    if (a.backward == op) return forward_activation(a.forward);
+  return std::nullopt;
 }
 
 // A dgrad dX = act'(dY W) as one launch: the matmul and the activation's
