@@ -95,12 +95,24 @@ std::unique_ptr<Trainer> cpu_trainer(const SequentialTraining& t, const Dataset&
   return make_cpu_trainer(spec, data);
 }
 
+// A GPU trainer's training step as lowered.
+const cuda::CudaProgram& program_of(const Trainer& gpu) {
+  return dynamic_cast<const cuda::CudaTrainer&>(gpu).training_program();
+}
+
 // Launches of lowering `name` in a GPU trainer's step.
 int launches_of(const Trainer& gpu, std::string_view name) {
   int n = 0;
-  for (const Launch& l : dynamic_cast<const cuda::CudaTrainer&>(gpu).training_program().schedule().launches)
-    n += l.lowering->name() == name;
+  for (const Launch& l : program_of(gpu).schedule().launches) n += l.lowering->name() == name;
   return n;
+}
+
+// One step on each, the states compared by norm, then five more steps' losses.
+void check_follows_cpu(Trainer& gpu, Trainer& cpu) {
+  gpu.train(1);
+  cpu.train(1);
+  test::check_states_close(gpu, cpu, 1e-2, 1e-3);
+  test::check_losses_follow(gpu, cpu, 5, 2e-2);
 }
 int tensor_core_launches(const Trainer& gpu) { return launches_of(gpu, "tensor_core_conv"); }
 
@@ -168,10 +180,7 @@ TEST_CASE("channels-last batch_norm (the rows path) follows the CPU backend: a r
       CHECK(launches_of(*gpu, "classifier_head") == 1);
       CHECK(launches_of(*gpu, "channels_permute") == 0);
     }
-    gpu->train(1);
-    cpu->train(1);
-    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
-    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+    check_follows_cpu(*gpu, *cpu);
     const test::StepsRun nchw = train(t, data, ActivationLayout::nchw);
     const test::StepsRun last = train(t, data, ActivationLayout::channels_last);
     CHECK(test::relative_error(nchw.losses, last.losses) < 2e-2);
@@ -195,10 +204,7 @@ TEST_CASE("channels-last tensor-core convolutions in the training step follow th
     const auto gpu = channels_last_trainer(t, data, ConvKernels::tensor_core);
     CHECK(tensor_core_launches(*gpu) == 6);
     const auto cpu = cpu_trainer(t, data);
-    gpu->train(1);
-    cpu->train(1);
-    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
-    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+    check_follows_cpu(*gpu, *cpu);
   }
   SequentialTraining t = mnist_sized(OptimizerKind::adamw);
   std::mt19937_64 rng(40);
@@ -232,10 +238,7 @@ TEST_CASE("channels-last few-channel first layers in the training step follow th
     CHECK(launches_of(*gpu, "few_channel_conv") == 1);
     CHECK(launches_of(*gpu, "few_channel_wgrad") == 1);
     const auto cpu = cpu_trainer(t, data);
-    gpu->train(1);
-    cpu->train(1);
-    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
-    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+    check_follows_cpu(*gpu, *cpu);
   }
 }
 
@@ -256,7 +259,7 @@ TEST_CASE("a few-channel first layer's activation backward in its weight gradien
     const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
     const auto gpu = channels_last_trainer(t, data);
     INFO(gpu->description());
-    const cuda::CudaProgram& program = dynamic_cast<const cuda::CudaTrainer&>(*gpu).training_program();
+    const cuda::CudaProgram& program = program_of(*gpu);
     int gated = 0;
     for (const Launch& l : program.schedule().launches) {
       // (GELU's and tanh's forwards stay element-wise launches: the few-channel forward fuses ReLU only.)
@@ -268,10 +271,7 @@ TEST_CASE("a few-channel first layer's activation backward in its weight gradien
     }
     CHECK(gated == 1);
     const auto cpu = cpu_trainer(t, data);
-    gpu->train(1);
-    cpu->train(1);
-    test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
-    test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+    check_follows_cpu(*gpu, *cpu);
   }
 }
 
@@ -293,7 +293,7 @@ TEST_CASE("activations applied in the pooling's pass follow the CPU backend") {
   const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
   const auto gpu = channels_last_trainer(t, data);
   INFO(gpu->description());
-  const cuda::CudaProgram& program = dynamic_cast<const cuda::CudaTrainer&>(*gpu).training_program();
+  const cuda::CudaProgram& program = program_of(*gpu);
   int fused = 0;
   for (const Launch& l : program.schedule().launches) {
     CHECK(l.lowering->name() != "elementwise");
@@ -302,8 +302,5 @@ TEST_CASE("activations applied in the pooling's pass follow the CPU backend") {
   }
   CHECK(fused == 2);
   const auto cpu = cpu_trainer(t, data);
-  gpu->train(1);
-  cpu->train(1);
-  test::check_states_close(*gpu, *cpu, 1e-2, 1e-3);
-  test::check_losses_follow(*gpu, *cpu, 5, 2e-2);
+  check_follows_cpu(*gpu, *cpu);
 }
