@@ -4,17 +4,20 @@
 // f32), f16 and bf16, on random shapes (1-4 input channels, 8-128 output
 // channels, 1x1 to 7x7 kernels, strides 1 and 2, padding 0..k-1, odd sizes,
 // batch 1-5) and on the shipped networks' first layers; the weight gradient
-// also through each activation's backward (its gate). Outputs are
-// poisoned (NaN) first, so an element left unwritten fails; a second run
-// must give the same bits.
+// also through each activation's backward (its gate); the forward with the
+// batch fetch and the parameters' casts in its launch against the launches
+// it replaces. Outputs are poisoned (NaN) first, so an element left
+// unwritten fails; a second run must give the same bits.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <random>
 #include <vector>
 
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_conv.hpp"
+#include "ops/cuda/kernels.hpp"
 #include "tests/kernels/channels_last_test_support.hpp"
 #include "tests/support/activation_reference.hpp"
 
@@ -137,7 +140,75 @@ void check_case(const Case& k, std::mt19937_64& rng, int band = 0) {
   }
 }
 
+// The forward reading the dataset's u8 rows and the fp32 master parameters
+// (FewChannelForwardArgs: fetch, params_f32) against batch_fetch, the casts
+// and the plain forward: y, X and the labels bit for bit. One channel (the
+// table's rows are X's images), `ranks` ranks' slices of a shuffled table.
+template <typename T>
+void check_fetching_forward(const cuda::FewChannelConvShape& f, std::int64_t rank, std::int64_t ranks,
+                            std::mt19937_64& rng) {
+  INFO(type_name<T>(), " ", describe({f, true, true}), " rank ", rank, " of ", ranks);
+  const std::int64_t cols = f.h * f.w * f.c, rows = f.n * ranks * 3 + 1, ohw = f.oh() * f.ow();
+  std::vector<float> table(static_cast<std::size_t>(rows * cols)), labels(static_cast<std::size_t>(rows)),
+      perm(static_cast<std::size_t>(rows));
+  for (float& v : table) v = float(rng() % 256);
+  for (float& v : labels) v = float(rng() % 10);
+  for (std::size_t i = 0; i < perm.size(); ++i) perm[i] = float(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> w(static_cast<std::size_t>(f.o * f.c * f.kh * f.kw)), b(static_cast<std::size_t>(f.o));
+  for (float& v : w) v = u(rng);  // fp32 master values: not representable in T
+  for (float& v : b) v = u(rng);
+  std::vector<float> w_t(w), b_t(b);
+  for (float& v : w_t) v = round_to<T>(v);
+  for (float& v : b_t) v = round_to<T>(v);
+  const float scale = 1.f / 255.f / 0.3081f, shift = -0.1307f / 0.3081f;
+  const Tensor<std::uint8_t> d_table(table, 0), d_labels(labels, 0);
+  const Tensor<std::int32_t> d_perm(perm, 0), d_step(std::vector<float>{5.f}, 0);
+  const Tensor<float> master_w(w, 0), master_b(b, 0);
+  const Tensor<T> cast_w(w_t, 0), cast_b(b_t, 0);
+  // The launches it replaces.
+  const Tensor<T> x(std::size_t(f.n * cols)), y_want(std::size_t(f.n * ohw * f.o));
+  const Tensor<std::int32_t> labels_want(std::size_t(f.n));
+  cuda::launch_batch_fetch(d_perm.get(), rows, d_step.get(), f.n, d_table.get(), cols, scale, shift, x.get(),
+                           d_labels.get(), labels_want.get(), nullptr, rank, ranks);
+  const cuda::FewChannelForwardPlan plan = cuda::plan_few_channel_forward(f, 132);
+  cuda::launch_few_channel_forward(plan, x.get(), cast_w.get(), cast_b.get(), true, y_want.get(), nullptr);
+  // One launch.
+  const Tensor<T> x_out(std::size_t(f.n * cols)), y(std::size_t(f.n * ohw * f.o));
+  const Tensor<std::int32_t> labels_out(std::size_t(f.n));
+  cuda::FewChannelForwardArgs a;
+  a.fetch = {d_perm.get(), rows, d_step.get(), rank, ranks, d_table.get(), scale, shift, d_labels.get(), x_out.get(),
+             labels_out.get()};
+  a.w = master_w.get();
+  a.bias = master_b.get();
+  a.params_f32 = true;
+  a.relu = true;
+  a.y = y.get();
+  cuda::launch_few_channel_forward<T>(plan, a, nullptr);
+  CHECK(bit_difference(y.download(), y_want.download()) == "");
+  CHECK(bit_difference(x_out.download(), x.download()) == "");
+  CHECK(labels_out.download() == labels_want.download());
+  // Without X's output (an eval graph): the same y.
+  const Tensor<T> y_alone(std::size_t(f.n * ohw * f.o));
+  a.fetch.x_out = nullptr;
+  a.y = y_alone.get();
+  cuda::launch_few_channel_forward<T>(plan, a, nullptr);
+  CHECK(bit_difference(y_alone.download(), y_want.download()) == "");
+}
+
 }  // namespace
+
+TEST_CASE("few-channel NHWC forward with the batch fetch and the fp32 parameters' casts in its launch") {
+  std::mt19937_64 rng = sg::test::fresh_rng();
+  INFO("random seed ", sg::test::last_seed());
+  // mnist_cnn_fast's and wide_adam's first layers, odd sizes with stride 2, forced one-row bands (every band
+  // writes its own rows of X, the last one the rest), two ranks' slices.
+  check_fetching_forward<__half>({128, 28, 28, 1, 32, 5, 5, 1, 2}, 0, 1, rng);
+  check_fetching_forward<__nv_bfloat16>({64, 28, 28, 1, 64, 3, 3, 1, 1}, 0, 1, rng);
+  check_fetching_forward<__half>({5, 23, 17, 1, 16, 3, 3, 2, 1}, 1, 2, rng);
+  check_fetching_forward<__nv_bfloat16>({3, 19, 21, 1, 8, 5, 5, 2, 0}, 0, 3, rng);
+}
 
 TEST_CASE("few-channel NHWC conv forward and weight gradient match the CPU reference on random shapes") {
   std::mt19937_64 rng = sg::test::fresh_rng();

@@ -3,8 +3,10 @@
 // two 5x5 convs (32 and 64 channels, AdamW, fp32 master weights) goes
 // channels-last under `auto`; its second layer's convolutions run in cuDNN
 // with channels-last tensors, the one-channel layer's forward and weight
-// gradient on our few-channel kernels (fast path few_channel_conv: the bias's
-// gradient in the weight gradient's pass), the region's exit and its gradient ride in the last pooling's
+// gradient on our few-channel kernels (fast path few_channel_conv: the batch
+// fetch, the image's views and the layer's parameter casts in the forward's
+// launch, the bias's gradient in the weight gradient's pass), the region's
+// exit and its gradient ride in the last pooling's
 // launches, the other conv bias gradient is a column sum over all its rows
 // (column_sum), and every gradient cast rides in
 // the update launch. A batch_norm or a dropout2d inside the region keeps the
@@ -90,8 +92,8 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
       case OpKind::to_channels_first:
         CHECK(how == "max_pool2d");
         break;
-      case OpKind::to_channels_last:
-        CHECK(how == (g.value(n.inputs[0]).shape[1] == 1 ? "view" : "max_pool2d_backward"));
+      case OpKind::to_channels_last:  // the image's (a view) in the first layer's launch
+        CHECK(how == (g.value(n.inputs[0]).shape[1] == 1 ? "few_channel_conv" : "max_pool2d_backward"));
         break;
       case OpKind::reduce_rows:  // the conv biases' over N*H*W rows (the first in its weight gradient's pass);
                                  // the linear layers' in their weight gradient's tile, with both updates
@@ -109,7 +111,10 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
   const auto counts = launch_counts(g, lowered.schedule);
   CHECK(counts.count("channels_permute") == 0);
   CHECK(counts.at("column_sum") == 1);
-  CHECK(counts.at("few_channel_conv[forward+bias+relu,stride=1,padding=2,channels_last]") == 1);
+  CHECK(counts.at("few_channel_conv[forward+bias+relu,stride=1,padding=2,channels_last,+batch fetch,+fp32 "
+                  "parameters' casts]") == 1);
+  CHECK(counts.count("batch_fetch") == 0);
+  CHECK(name_of(lowered.schedule.launches.front()) == "few_channel_conv");
   CHECK(counts.at("few_channel_wgrad[wgrad+bias,stride=1,padding=2,channels_last]") == 1);
   CHECK(counts.count("elementwise") == 0);
   // conv_kernels: cudnn takes the few-channel kernels away: cuDNN runs every convolution.
@@ -211,6 +216,61 @@ TEST_CASE("the few-channel weight gradient takes the activation backward before 
           1);
     CHECK(pooled_counts.at("few_channel_wgrad[wgrad+bias,stride=1,padding=1,channels_last]") == 1);
   }
+}
+
+// The first layer's forward takes the step's batch fetch where the images
+// reach it through views, and the casts of its fp32 master filter and bias
+// where it alone reads them (first_layer_inputs.hpp): the step's first
+// launch is the convolution, and the other casts run beside it. It writes
+// the images only where a later launch reads them (the training graph's
+// weight gradient, not the eval graph); an augmentation between keeps the
+// fetch apart, fp16 weights need no cast.
+TEST_CASE("the first layer's forward takes the batch fetch and its fp32 parameters' casts") {
+  const auto first_layer = [](const Schedule& s) -> const Launch& {
+    for (const Launch& l : s.launches)
+      if (name_of(l) == "few_channel_conv") return l;
+    FAIL("no few_channel_conv launch");
+    return s.launches.front();
+  };
+  const auto writes_named = [](const Graph& g, const Launch& l, const char* name) {
+    return std::any_of(l.writes.begin(), l.writes.end(), [&](ValueId v) { return g.value(v).name == name; });
+  };
+  TrainingProgram p = program(two_conv_cnn());
+  choose(p, ActivationLayout::automatic);
+  for (const bool eval : {false, true}) {
+    CAPTURE(eval);
+    const Graph& g = eval ? p.eval : p.train;
+    const Lowered lowered = lower(g, BackendOptions{});  // (owns the lowerings the launches name)
+    const Schedule& s = lowered.schedule;
+    const Launch& conv = first_layer(s);
+    CHECK(&conv == &s.launches.front());
+    const auto counts = launch_counts(g, s);
+    CHECK(counts.count("batch_fetch") == 0);
+    CHECK(counts.at("cast_params[6 tensors]") == 1);  // the other layers' casts, beside it
+    CHECK(writes_named(g, conv, "y"));
+    CHECK(writes_named(g, conv, "reshape_nhwc") == !eval);  // the images: the weight gradient reads them
+    for (ValueId v : conv.reads) CHECK(is_graph_owned(g.value(v).role));  // tables and fp32 parameters only
+  }
+  // An augmentation between the fetch and the layer: only the casts.
+  SequentialTraining augmented = two_conv_cnn();
+  augmented.model.augment_translate = 2;
+  TrainingProgram a = program(augmented);
+  choose(a, ActivationLayout::automatic);
+  const Lowered augment_lowered = lower(a.train, BackendOptions{});
+  const Schedule& with_augment = augment_lowered.schedule;
+  CHECK(launch_counts(a.train, with_augment).at("batch_fetch") == 1);
+  CHECK(name_of(first_layer(with_augment)) == "few_channel_conv");
+  CHECK(first_layer(with_augment).lowering->describe(a.train, first_layer(with_augment)).find(
+            "+batch fetch,") == std::string::npos);
+  // fp16 weights: no cast to take, the fetch still taken.
+  SequentialTraining half = two_conv_cnn();
+  half.model.weight_dtype = DType::f16;
+  TrainingProgram h = program(half);
+  choose(h, ActivationLayout::automatic);
+  const Lowered fp16_lowered = lower(h.train, BackendOptions{});
+  const Schedule& fp16 = fp16_lowered.schedule;
+  CHECK(fp16.launches.front().lowering->describe(h.train, fp16.launches.front()) ==
+        "forward+bias+relu,stride=1,padding=2,channels_last,+batch fetch");
 }
 
 // An activation that no convolution epilogue takes (GELU, tanh, ...)

@@ -93,8 +93,7 @@ std::optional<Match> match_conv(const Cover& cover, const CoverUnit& unit, Accep
 }
 
 // "forward+bias+relu,stride=1,padding=0", "dgrad,...", "wgrad,...".
-inline std::string describe_conv(const sg::Graph& g, const Launch& l) {
-  const auto& nodes = detail_of<ConvNodes>(l);
+inline std::string describe_conv(const sg::Graph& g, const ConvNodes& nodes) {
   const Node& n = g.node(nodes.conv);
   const auto& a = n.attr<Conv2dAttrs>();
   std::string what = n.op == OpKind::conv2d                 ? (n.inputs.size() == 3 ? "forward+bias" : "forward")
@@ -102,6 +101,9 @@ inline std::string describe_conv(const sg::Graph& g, const Launch& l) {
                                                             : "wgrad";
   if (nodes.relu >= 0) what += "+relu";
   return fmt::format("{},stride={},padding={}{}", what, a.stride, a.padding, a.channels_last ? ",channels_last" : "");
+}
+inline std::string describe_conv(const sg::Graph& g, const Launch& l) {
+  return describe_conv(g, detail_of<ConvNodes>(l));
 }
 
 }  // namespace sg::cuda

@@ -76,6 +76,20 @@ __device__ __forceinline__ void stage_input_band(const T* x, const Dims& d, int 
   });
 }
 
+// The same from the dataset's u8 image [h, w, c] (FewChannelFetch: the
+// batch fetch's scaling, its expression exactly, so the bits are its own).
+template <typename T>
+__device__ __forceinline__ void stage_fetched_band(const std::uint8_t* image, float scale, float shift, const Dims& d,
+                                                   int first_in_row, T* s) {
+  for_each_cell(d.in_rows, d.pitch, [=](int r, int q) {
+    const int iy = first_in_row + r, ix = q - d.padding;
+    const bool inside = iy >= 0 && iy < d.h && ix >= 0 && ix < d.w;
+    for (int ch = 0; ch < d.c; ++ch)
+      s[(ch * d.in_rows + r) * d.pitch + q] =
+          inside ? from_float<T>(float(image[(iy * d.w + ix) * d.c + ch]) * scale + shift) : from_float<T>(0.f);
+  });
+}
+
 // Where tap k of a filter [c][kh][kw] reads the staged input, from the
 // element of its output pixel's first tap; taps past the filter (the
 // padding of K to the mma's 16 or 8) read that first element: a finite

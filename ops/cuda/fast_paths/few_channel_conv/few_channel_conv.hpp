@@ -62,6 +62,43 @@ template <typename T>
 void launch_few_channel_forward(const FewChannelForwardPlan& plan, const T* x, const T* w, const T* bias, bool relu,
                                 T* y, cudaStream_t stream);
 
+// The step's batch fetch (batch_fetch.cu) taken into the forward: block
+// (band, image i) reads image perm[(step % batches) * global + rank * n + i]
+// of the u8 table (batches = rows / global, global = n * ranks), each pixel
+// from_float<T>(float(u8) * scale + shift) as batch_fetch writes it, stages
+// its band from there, writes its own rows of X to x_out (when non-null: a
+// later launch reads X) and, in band 0, the image's label. The table's rows
+// must be X's images in X's layout (one channel: a row of the NCHW batch is
+// channels-last already).
+struct FewChannelFetch {
+  const std::int32_t* perm = nullptr;
+  std::int64_t rows = 0;  // images in the table (perm's length)
+  const std::int32_t* step = nullptr;
+  std::int64_t rank = 0, ranks = 1;
+  const std::uint8_t* images = nullptr;  // [rows, h * w * c]
+  float scale = 1.f, shift = 0.f;
+  const std::uint8_t* labels = nullptr;  // [rows]
+  void* x_out = nullptr;                 // T [n, h, w, c], or null
+  std::int32_t* labels_out = nullptr;    // [n]
+};
+
+// Everything a forward launch reads and writes, for the general entry below.
+struct FewChannelForwardArgs {
+  const void* x = nullptr;  // T [n, h, w, c]; unread (may be null) with a fetch
+  FewChannelFetch fetch;    // fetch.images non-null: the batch fetch in the launch
+  const void* w = nullptr;  // [o, c, kh, kw]: T, or f32 with params_f32
+  const void* bias = nullptr;  // [o] like w, or null
+  // w and bias are the fp32 master values, each rounded to T as it is
+  // staged (from_float, as the parameters' cast kernel rounds): the cast in
+  // the launch, whose f16/bf16 copy no launch then reads.
+  bool params_f32 = false;
+  bool relu = false;
+  void* y = nullptr;  // T [n, oh, ow, o], 16-byte aligned
+};
+template <typename T>
+void launch_few_channel_forward(const FewChannelForwardPlan& plan, const FewChannelForwardArgs& args,
+                                cudaStream_t stream);
+
 // The weight gradient [+ the bias gradient] of one launch site: it owns its
 // partials (not two of its launches at once). db, when non-null, is the sum
 // rounded to T and stored as B: T, or float where a cast to f32 follows.

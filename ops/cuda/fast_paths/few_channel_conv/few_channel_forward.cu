@@ -6,7 +6,9 @@
 // + 8, ...: each thread gathers its A elements (pixel g and g + 8, taps 2t,
 // 2t + 1, 2t + 8, 2t + 9 of a K step) from the staged input, the B fragments
 // come from W by ldmatrix, and the epilogue adds the bias, applies the relu
-// and stores channel pairs.
+// and stores channel pairs. With a FewChannelFetch the block first finds
+// its image in the dataset's u8 table and stages from there (the step's
+// batch fetch in the same launch: few_channel_conv.hpp).
 #include <fmt/format.h>
 
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_common.cuh"
@@ -28,10 +30,32 @@ std::int64_t forward_shared_bytes(const FewChannelConvShape& s, const Dims& d) {
   return (std::int64_t(padded_o(s)) * w_stride(kpad) + staged_input_elements(d) + 1) / 2 * 4 + kpad * 4;
 }
 
+// The fetched image's rows this block writes to X (when a later launch
+// reads X): band b owns input rows [b, b + 1) * band_rows * stride, the
+// last band every row from its first to the image's end.
+template <typename T>
+__device__ void write_fetched_rows(const std::uint8_t* image, const FewChannelFetch& f, const Dims& d,
+                                   int image_index) {
+  const int owned = d.band_rows * d.stride, first = int(blockIdx.x) * owned;
+  const int last = blockIdx.x + 1 == gridDim.x ? d.h : min(d.h, first + owned);
+  T* out = static_cast<T*>(f.x_out) + std::int64_t(image_index) * d.h * d.w * d.c;
+  for (int e = first * d.w * d.c + int(threadIdx.x); e < last * d.w * d.c; e += int(blockDim.x))
+    out[e] = from_float<T>(float(image[e]) * f.scale + f.shift);
+}
+
+// A parameter element as T: the value, or the fp32 master value rounded (FewChannelForwardArgs::params_f32).
+template <typename T>
+__device__ __forceinline__ T parameter(const void* p, int i, bool f32) {
+  return f32 ? from_float<T>(static_cast<const float*>(p)[i]) : static_cast<const T*>(p)[i];
+}
+
 // NT: the output channels' 8-wide tiles a thread accumulates (the next even count at or above o / 8).
 template <int NT, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
-    few_channel_forward_kernel(Dims d, int kpad, const T* x, const T* w, const T* bias, bool relu, T* y) {
+    few_channel_forward_kernel(Dims d, int kpad, FewChannelForwardArgs args) {
+  const T* x = static_cast<const T*>(args.x);
+  const FewChannelFetch& f = args.fetch;
+  T* y = static_cast<T*>(args.y);
   extern __shared__ float4 few_channel_shared[];
   const int ws = w_stride(kpad), ckk = d.c * d.kh * d.kw;
   T* sw = reinterpret_cast<T*>(few_channel_shared);  // [NT * 8][ws]
@@ -40,9 +64,18 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int first_row = blockIdx.x * d.band_rows, n = blockIdx.y;
   const int pixels = min(d.band_rows, d.oh - first_row) * d.ow;
   for_each_cell(NT * 8, kpad, [=](int o, int k) {
-    sw[o * ws + k] = o < d.o && k < ckk ? w[o * ckk + k] : from_float<T>(0.f);
+    sw[o * ws + k] = o < d.o && k < ckk ? parameter<T>(args.w, o * ckk + k, args.params_f32) : from_float<T>(0.f);
   });
-  stage_input_band(x + std::int64_t(n) * d.h * d.w * d.c, d, first_row * d.stride - d.padding, sx);
+  if (f.images) {
+    const std::int64_t global = std::int64_t(d.n) * f.ranks;
+    const std::int64_t row = f.perm[std::int64_t(*f.step) % (f.rows / global) * global + f.rank * d.n + n];
+    const std::uint8_t* image = f.images + row * d.h * d.w * d.c;
+    stage_fetched_band(image, f.scale, f.shift, d, first_row * d.stride - d.padding, sx);
+    if (f.x_out) write_fetched_rows<T>(image, f, d, n);
+    if (blockIdx.x == 0 && threadIdx.x == 0) f.labels_out[n] = f.labels[row];
+  } else {
+    stage_input_band(x + std::int64_t(n) * d.h * d.w * d.c, d, first_row * d.stride - d.padding, sx);
+  }
   for (int k = threadIdx.x; k < kpad; k += blockDim.x) taps[k] = tap_offset(d, k);
   __syncthreads();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -76,9 +109,10 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int nt = 0; nt < NT; ++nt) {
       const int o = nt * 8 + 2 * t;
       if (o >= d.o) break;
-      const float b0 = bias ? to_float(bias[o]) : 0.f, b1 = bias ? to_float(bias[o + 1]) : 0.f;
+      const float b0 = args.bias ? to_float(parameter<T>(args.bias, o, args.params_f32)) : 0.f,
+                  b1 = args.bias ? to_float(parameter<T>(args.bias, o + 1, args.params_f32)) : 0.f;
       float v[4] = {acc[nt][0] + b0, acc[nt][1] + b1, acc[nt][2] + b0, acc[nt][3] + b1};
-      if (relu)
+      if (args.relu)
 #pragma unroll
         for (float& e : v) e = fmaxf(e, 0.f);
       if (q0 < pixels) *reinterpret_cast<std::uint32_t*>(y + (out_first + q0) * d.o + o) = pack_floats<T>(v[0], v[1]);
@@ -88,13 +122,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 template <typename T>
-void launch_forward(const FewChannelForwardPlan& p, const Dims& d, const T* x, const T* w, const T* bias, bool relu, T* y,
-                   cudaStream_t stream) {
+void launch_forward(const FewChannelForwardPlan& p, const Dims& d, const FewChannelForwardArgs& args,
+                    cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.bands), static_cast<unsigned>(d.n));
   const int kpad = padded_k(p.shape);
   const auto go = [&](auto kernel) {
     conv_direct::allow_shared(kernel, p.shared_bytes);
-    kernel<<<grid, kBlockThreads, p.shared_bytes, stream>>>(d, kpad, x, w, bias, relu, y);
+    kernel<<<grid, kBlockThreads, p.shared_bytes, stream>>>(d, kpad, args);
   };
   switch (padded_o(p.shape) / 8) {
     case 2: go(few_channel_forward_kernel<2, T>); break;
@@ -155,12 +189,30 @@ std::string FewChannelForwardPlan::describe() const {
 }
 
 template <typename T>
-void launch_few_channel_forward(const FewChannelForwardPlan& p, const T* x, const T* w, const T* bias, bool relu, T* y,
+void launch_few_channel_forward(const FewChannelForwardPlan& p, const FewChannelForwardArgs& args,
                                 cudaStream_t stream) {
   using namespace few_channel;
-  if (reinterpret_cast<std::uintptr_t>(y) % 16 != 0) throw CudaError("few-channel convolution: y is not 16-byte aligned");
-  const Dims d = dims_for(p.shape, p.band_rows, forward_cols(p.shape));
-  launch_forward(p, d, x, w, bias, relu, y, stream);
+  if (reinterpret_cast<std::uintptr_t>(args.y) % 16 != 0)
+    throw CudaError("few-channel convolution: y is not 16-byte aligned");
+  const FewChannelFetch& f = args.fetch;
+  if (f.images && (!f.perm || !f.step || !f.labels || !f.labels_out || f.ranks < 1 || f.rank < 0 ||
+                   f.rank >= f.ranks || f.rows < p.shape.n * f.ranks))
+    throw CudaError("few-channel convolution: the batch fetch needs the permutation, the step, both tables, the "
+                    "labels' output, 0 <= rank < ranks and a table of at least one global batch");
+  if (!f.images && !args.x) throw CudaError("few-channel convolution: no input (x or a batch fetch)");
+  launch_forward<T>(p, dims_for(p.shape, p.band_rows, forward_cols(p.shape)), args, stream);
+}
+
+template <typename T>
+void launch_few_channel_forward(const FewChannelForwardPlan& p, const T* x, const T* w, const T* bias, bool relu, T* y,
+                                cudaStream_t stream) {
+  FewChannelForwardArgs args;
+  args.x = x;
+  args.w = w;
+  args.bias = bias;
+  args.relu = relu;
+  args.y = y;
+  launch_few_channel_forward<T>(p, args, stream);
 }
 
 template void launch_few_channel_forward<__half>(const FewChannelForwardPlan&, const __half*, const __half*,
@@ -168,5 +220,10 @@ template void launch_few_channel_forward<__half>(const FewChannelForwardPlan&, c
 template void launch_few_channel_forward<__nv_bfloat16>(const FewChannelForwardPlan&, const __nv_bfloat16*,
                                                         const __nv_bfloat16*, const __nv_bfloat16*, bool,
                                                         __nv_bfloat16*, cudaStream_t);
+
+template void launch_few_channel_forward<__half>(const FewChannelForwardPlan&, const FewChannelForwardArgs&,
+                                                 cudaStream_t);
+template void launch_few_channel_forward<__nv_bfloat16>(const FewChannelForwardPlan&, const FewChannelForwardArgs&,
+                                                        cudaStream_t);
 
 }  // namespace sg::cuda

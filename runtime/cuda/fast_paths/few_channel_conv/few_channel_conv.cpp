@@ -2,7 +2,9 @@
 // few_channel_conv_record.cpp): a channels-last f16 / bf16 convolution of
 // few input channels (an image network's first layer) by our tensor-core
 // kernels (ops/cuda/fast_paths/few_channel_conv/):
-//   few_channel_conv:  the forward [+ bias] [+ the relu after it];
+//   few_channel_conv:  the forward [+ bias] [+ the relu after it] [+ the
+//     step's batch fetch and the master parameters' casts before it, where it
+//     is the first layer: first_layer_inputs.hpp];
 //   few_channel_wgrad: the weight gradient, with the bias gradient of the
 //     same dY (and its cast) in the same pass where the graph has one
 //     (conv_bias_gradient.hpp), else alone; and the backward of the
@@ -16,6 +18,7 @@
 #include <memory>
 
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_conv.hpp"
+#include "runtime/cuda/fast_paths/few_channel_conv/first_layer_inputs.hpp"
 #include "runtime/cuda/lowerings/activation_nodes.hpp"
 #include "runtime/cuda/lowerings/conv_bias_gradient.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
@@ -46,36 +49,48 @@ std::string few_channel_why_not(const ConvSizes& z, DType t) {
 
 namespace {
 
+// The forward's nodes: the convolution [+ relu], and what it takes before it.
+struct FewChannelForwardNodes {
+  ConvNodes conv;
+  FirstLayerInputs inputs;
+};
+
 class FewChannelForwardLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "few_channel_conv"; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
-    if (cover.graph().node(unit.nodes.front()).op != OpKind::conv2d) return std::nullopt;
-    return match_conv(cover, unit, half_type, [](const ConvSizes& z) { return few_channel_sizes_why_not(z).empty(); });
+    const Node& conv = cover.graph().node(unit.nodes.front());
+    if (conv.op != OpKind::conv2d) return std::nullopt;
+    auto m =
+        match_conv(cover, unit, half_type, [](const ConvSizes& z) { return few_channel_sizes_why_not(z).empty(); });
+    if (!m) return std::nullopt;
+    FewChannelForwardNodes nodes{std::any_cast<ConvNodes>(m->detail), {}};
+    nodes.inputs = take_first_layer_inputs(cover, conv, unit.id, *m);
+    m->detail = nodes;
+    return m;
   }
 
-  std::string describe(const sg::Graph& g, const Launch& l) const override { return describe_conv(g, l); }
+  std::string describe(const sg::Graph& g, const Launch& l) const override {
+    const auto& nodes = detail_of<FewChannelForwardNodes>(l);
+    return describe_conv(g, nodes.conv) + (nodes.inputs.fetches() ? ",+batch fetch" : "") +
+           (nodes.inputs.weight_cast >= 0 ? ",+fp32 parameters' casts" : "");
+  }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const sg::Graph& g = c.graph();
-    const auto& nodes = detail_of<ConvNodes>(l);
-    const Node& n = g.node(nodes.conv);
+    const auto& nodes = detail_of<FewChannelForwardNodes>(l);
+    const Node& n = g.node(nodes.conv.conv);
     const FewChannelForwardPlan plan = plan_few_channel_forward(
         few_channel_shape(conv_sizes(g, n)), current_device_attribute(cudaDevAttrMultiProcessorCount));
-    const void* x = c.ptr(n.inputs[0]);
-    const void* w = c.ptr(n.inputs[1]);
-    const void* bias = n.inputs.size() == 3 ? c.ptr(n.inputs[2]) : nullptr;
-    const bool relu = nodes.relu >= 0;
-    void* y = c.ptr(g.node(relu ? nodes.relu : nodes.conv).outputs[0]);
+    FewChannelForwardArgs args = bind_first_layer_inputs(nodes.inputs, n, l, c);
+    args.relu = nodes.conv.relu >= 0;
+    args.y = c.ptr(g.node(args.relu ? nodes.conv.relu : nodes.conv.conv).outputs[0]);
     std::function<void(cudaStream_t)> run;
     with_float_type(g.value(n.outputs[0]).dtype, [&](auto tag) {
       using T = decltype(tag);
       if constexpr (!std::is_same_v<T, float>)
-        run = [=](cudaStream_t s) {
-          launch_few_channel_forward(plan, static_cast<const T*>(x), static_cast<const T*>(w),
-                                     static_cast<const T*>(bias), relu, static_cast<T*>(y), s);
-        };
+        run = [=](cudaStream_t s) { launch_few_channel_forward<T>(plan, args, s); };
     });
     if (!run) throw CudaError("few_channel_conv: f16 / bf16 only");
     return std::make_unique<BoundLaunch>(std::move(run), plan.describe());

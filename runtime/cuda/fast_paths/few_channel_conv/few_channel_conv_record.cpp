@@ -24,7 +24,8 @@ std::vector<SlottedLowering> few_channel_conv_lowerings(const BackendOptions& o)
   if (!kernels_allowed(o)) return l;
   // Before conv_wgrad_bias and column_sum would take the bias gradient.
   l.push_back({FastPathSlot::backward_patterns, make_few_channel_wgrad_lowering(true)});
-  l.push_back({FastPathSlot::convolution, make_few_channel_forward_lowering()});
+  // Before batch_fetch, the views and cast_params take what a first layer's forward takes with it.
+  l.push_back({FastPathSlot::backward_patterns, make_few_channel_forward_lowering()});
   l.push_back({FastPathSlot::convolution, make_few_channel_wgrad_lowering(false)});
   return l;
 }

@@ -13,6 +13,7 @@
 #include "ops/cuda/fast_paths/small_batch_forward/small_batch_forward.hpp"
 #include "ops/cuda/fast_paths/measured_costs.hpp"
 #include "runtime/cuda/lowerings/activation_nodes.hpp"
+#include "runtime/cuda/lowerings/fetch_nodes.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
 namespace sg::cuda {
@@ -100,22 +101,19 @@ class SmallBatchForwardLowering final : public CudaLowering {
     if (nodes.indices < 0) {
       f.x = static_cast<const __half*>(c.ptr(mm.inputs[0]));
     } else {
-      const Node& indices = g.node(nodes.indices);
-      const Node& images = g.node(nodes.images);
-      const Node& labels = g.node(nodes.labels);
-      const Value& perm = g.value(indices.inputs[0]);
-      f.fetch.perm = static_cast<const std::int32_t*>(c.ptr(perm.id));
-      f.fetch.rows = perm.shape[0];
-      f.fetch.step = static_cast<const std::int32_t*>(c.ptr(indices.inputs[1]));
-      f.fetch.images = static_cast<const std::uint8_t*>(c.ptr(images.inputs[0]));
-      f.fetch.scale = float(images.attr<GatherRowsAttrs>().scale);
-      f.fetch.shift = float(images.attr<GatherRowsAttrs>().shift);
-      f.fetch.labels = static_cast<const std::uint8_t*>(c.ptr(labels.inputs[0]));
+      const BoundFetch b = bind_fetch({nodes.indices, nodes.images, nodes.labels}, c);
+      f.fetch.perm = b.perm;
+      f.fetch.rows = b.rows;
+      f.fetch.step = b.step;
+      f.fetch.images = b.images;
+      f.fetch.scale = b.scale;
+      f.fetch.shift = b.shift;
+      f.fetch.labels = b.labels;
+      f.fetch.labels_out = b.labels_out;
       // x has a buffer only where a later launch reads it (the first layer's weight
       // gradient); an eval graph's x lives only inside this launch.
-      const ValueId x = images.outputs[0];
+      const ValueId x = g.node(nodes.images).outputs[0];
       if (std::find(l.writes.begin(), l.writes.end(), x) != l.writes.end()) f.fetch.x_out = static_cast<__half*>(c.ptr(x));
-      f.fetch.labels_out = static_cast<std::int32_t*>(c.ptr(labels.outputs[0]));
       // When the step's last launch lets the next kernel start only after
       // its own wait (the one-pass column-strip kernel, which then also
       // updates the first layer), the step counter's writer has completed by
@@ -148,24 +146,18 @@ class SmallBatchForwardLowering final : public CudaLowering {
     const sg::Graph& g = cover.graph();
     const NodeId gather = g.value(mm.inputs[0]).producer;
     const CoverUnit* fetch = gather >= 0 ? cover.free_group_with(gather, FusionKind::batch_fetch) : nullptr;
-    if (!fetch || fetch->nodes.size() != 3 || g.value(g.node(gather).inputs[0]).dtype != DType::u8) return nullptr;
+    const auto nodes = fetch ? u8_fetch_nodes(g, *fetch) : std::nullopt;
+    if (!nodes || nodes->images != gather) return nullptr;
     // The launch runs where the fetch sits: the weight and bias must exist by then
     // (not so for fp32 master weights, whose fp16 casts come after the fetch).
     for (ValueId v : {mm.inputs[1], f.bias})
       if (g.value(v).producer >= fetch->anchor) return nullptr;
-    ForwardNodes folded = f;
-    folded.images = gather;
-    for (NodeId id : fetch->nodes) {
-      const Node& n = g.node(id);
-      if (n.op == OpKind::batch_indices) folded.indices = id;
-      else if (id != gather) folded.labels = id;
-    }
-    if (folded.indices < 0 || folded.labels < 0 || g.value(g.node(folded.labels).inputs[0]).dtype != DType::u8 ||
-        g.value(g.node(folded.labels).outputs[0]).dtype != DType::i32 ||
-        g.node(folded.indices).attr<BatchIndicesAttrs>().batch != g.value(mm.inputs[0]).shape[0] ||
-        g.node(folded.indices).attr<BatchIndicesAttrs>().ranks != 1)  // a data-parallel shard: batch_fetch's kernel
+    const auto& shard = g.node(nodes->indices).attr<BatchIndicesAttrs>();
+    if (shard.batch != g.value(mm.inputs[0]).shape[0] || shard.ranks != 1)  // a data-parallel shard: batch_fetch's
       return nullptr;
-    f = folded;
+    f.indices = nodes->indices;
+    f.images = nodes->images;
+    f.labels = nodes->labels;
     return fetch;
   }
 };
