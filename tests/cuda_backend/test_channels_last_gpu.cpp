@@ -100,11 +100,18 @@ const cuda::CudaProgram& program_of(const Trainer& gpu) {
   return dynamic_cast<const cuda::CudaTrainer&>(gpu).training_program();
 }
 
-// Launches of lowering `name` in a GPU trainer's step.
-int launches_of(const Trainer& gpu, std::string_view name) {
+// Launches of lowering `name` in a GPU trainer's step whose description (the dump's, e.g.
+// "relu_backward+wgrad+bias,...") `described` accepts.
+template <typename Described>
+int launches_of(const Trainer& gpu, std::string_view name, Described&& described) {
+  const cuda::CudaProgram& program = program_of(gpu);
   int n = 0;
-  for (const Launch& l : program_of(gpu).schedule().launches) n += l.lowering->name() == name;
+  for (const Launch& l : program.schedule().launches)
+    n += l.lowering->name() == name && described(l.lowering->describe(program.graph(), l));
   return n;
+}
+int launches_of(const Trainer& gpu, std::string_view name) {
+  return launches_of(gpu, name, [](const std::string&) { return true; });
 }
 
 // One step on each, the states compared by norm, then five more steps' losses.
@@ -259,17 +266,11 @@ TEST_CASE("a few-channel first layer's activation backward in its weight gradien
     const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
     const auto gpu = channels_last_trainer(t, data);
     INFO(gpu->description());
-    const cuda::CudaProgram& program = program_of(*gpu);
-    int gated = 0;
-    for (const Launch& l : program.schedule().launches) {
-      // (GELU's and tanh's forwards stay element-wise launches: the few-channel forward fuses ReLU only.)
-      if (a == MlpActivation::relu) CHECK(l.lowering->name() != "elementwise");
-      if (l.lowering->name() != "few_channel_wgrad") continue;
-      const std::string what = l.lowering->describe(program.graph(), l);
-      CAPTURE(what);
-      gated += what.rfind(std::string(activation_name(a)) + "_backward+wgrad+bias", 0) == 0;
-    }
-    CHECK(gated == 1);
+    // (GELU's and tanh's forwards stay element-wise launches: the few-channel forward fuses ReLU only.)
+    if (a == MlpActivation::relu) CHECK(launches_of(*gpu, "elementwise") == 0);
+    const std::string gate = std::string(activation_name(a)) + "_backward+wgrad+bias";
+    CHECK(launches_of(*gpu, "few_channel_wgrad", [&](const std::string& what) { return what.rfind(gate, 0) == 0; }) ==
+          1);
     const auto cpu = cpu_trainer(t, data);
     check_follows_cpu(*gpu, *cpu);
   }
@@ -293,14 +294,9 @@ TEST_CASE("activations applied in the pooling's pass follow the CPU backend") {
   const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
   const auto gpu = channels_last_trainer(t, data);
   INFO(gpu->description());
-  const cuda::CudaProgram& program = program_of(*gpu);
-  int fused = 0;
-  for (const Launch& l : program.schedule().launches) {
-    CHECK(l.lowering->name() != "elementwise");
-    if (l.lowering->name() != "max_pool2d") continue;
-    fused += l.lowering->describe(program.graph(), l).find("+k=2") != std::string::npos;
-  }
-  CHECK(fused == 2);
+  CHECK(launches_of(*gpu, "elementwise") == 0);
+  const auto pools_2x2 = [](const std::string& what) { return what.find("+k=2") != std::string::npos; };
+  CHECK(launches_of(*gpu, "max_pool2d", pools_2x2) == 2);
   const auto cpu = cpu_trainer(t, data);
   check_follows_cpu(*gpu, *cpu);
 }
