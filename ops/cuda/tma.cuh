@@ -56,6 +56,24 @@ __device__ __forceinline__ void wait(std::uint64_t* barrier, unsigned parity) {
 }
 
 // ---- copies ----
+// Global -> shared: `bytes` contiguous bytes (a multiple of 16; both addresses 16-byte aligned), a bulk copy
+// without a tensor map; completes its bytes on `barrier`.
+__device__ __forceinline__ void load_bytes(void* dst, const void* src, unsigned bytes, std::uint64_t* barrier) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   shared_address(dst)),
+               "l"(src), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
+}
+// The same bytes into the same shared-memory offset of every block of the cluster in `cta_mask`; each
+// copy completes its bytes on the barrier at `barrier`'s offset in its block.
+__device__ __forceinline__ void load_bytes_to_blocks(void* dst, const void* src, unsigned bytes,
+                                                     std::uint64_t* barrier, std::uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], "
+      "%4;" ::"r"(shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(barrier)), "h"(cta_mask)
+      : "memory");
+}
 // Global -> shared: the box at (column c0, row c1) of `map`; completes bytes on `barrier`.
 __device__ __forceinline__ void load_tile(const CUtensorMap* map, std::uint64_t* barrier, void* tile, int c0, int c1) {
   asm volatile(

@@ -2,7 +2,8 @@
 // called directly against the CPU reference in double: forward (+bias,
 // +relu) at strides 1 and 2 and backward data, every tile, f16 and bf16, on
 // random shapes (odd sizes, 16-144 channels, 1x1 to 5x5 kernels, padding
-// 0..k-1) and on the shipped CNNs' layers at a small batch. Outputs are
+// 0..k-1) and on the shipped CNNs' layers at a small batch, each planned for
+// 132 multiprocessors and for 2 (a resident-filter block then walks several units). Outputs are
 // poisoned (NaN) first, so an element left unwritten fails; a second run
 // must give the same bits.
 #include <doctest/doctest.h>
@@ -26,7 +27,7 @@ struct Case {
 
 // The pass on the GPU against the reference; "" when it matches.
 template <typename T>
-std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, std::mt19937_64& rng) {
+std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_count, std::mt19937_64& rng) {
   const cuda::NhwcConvShape& f = k.shape;
   const std::int64_t hw = f.h * f.w, ohw = f.oh() * f.ow();
   ref::Conv2dGeometry g{f.n, f.c, f.h, f.w, f.o, f.kh, f.kw, f.stride, f.padding};
@@ -49,7 +50,7 @@ std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, std::mt
   const std::int64_t in_channels = data ? f.o : f.c, out_channels = data ? f.c : f.o;
   const Tensor<T> input(to_nhwc(in, f.n, data ? ohw : hw, in_channels), 0), filter(w, 0), bias(b, 0);
   const Tensor<T> output(want.size()), rewritten(static_cast<std::size_t>(f.o * f.c * f.kh * f.kw));
-  const cuda::NhwcConvPlan plan = cuda::plan_nhwc_conv(pass, f, tile, 132);
+  const cuda::NhwcConvPlan plan = cuda::plan_nhwc_conv(pass, f, tile, sm_count);
   const auto run = [&] {
     cuda::launch_nhwc_conv(plan, input.get(), filter.get(), k.bias ? bias.get() : nullptr, k.relu, output.get(),
                            rewritten.get(), nullptr);
@@ -75,10 +76,12 @@ template <typename T>
 void check_all_tiles(cuda::NhwcConvPass pass, const Case& k, std::mt19937_64& rng) {
   INFO(type_name<T>(), " ", describe(pass, k));
   REQUIRE(cuda::nhwc_conv_why_not(pass, k.shape) == "");
-  for (int tile = -1; tile < cuda::nhwc_conv_tile_count(); ++tile) {
-    const std::string problem = check_case<T>(pass, k, tile, rng);
-    CHECK_MESSAGE(problem.empty(), problem);
-  }
+  // 132 multiprocessors (an H200's), and 2: the resident form's blocks then walk several units each.
+  for (const int sm_count : {132, 2})
+    for (int tile = -1; tile < cuda::nhwc_conv_tile_count(); ++tile) {
+      const std::string problem = check_case<T>(pass, k, tile, sm_count, rng);
+      CHECK_MESSAGE(problem.empty(), problem);
+    }
 }
 
 std::vector<Case> random_cases(std::mt19937_64& rng, bool stride_one) {

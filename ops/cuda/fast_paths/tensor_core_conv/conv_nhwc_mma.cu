@@ -17,6 +17,7 @@
 #include "ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_common.cuh"
 #include "ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_halo.hpp"
 #include "ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp"
+#include "ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_resident.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/mma_fragments.cuh"
@@ -69,9 +70,12 @@ using Tile7 = Tile<32, 64, 1, 2>;
 constexpr int kTileRows[] = {128, 64, 128, 64, 128, 64, 32, 32};
 constexpr int kTileCols[] = {32, 32, 64, 64, 128, 128, 32, 64};
 constexpr int kGemmTiles = 8;
-constexpr int kTiles = kGemmTiles + 3;  // + the halo form:
+constexpr int kHaloTiles = 3;  // + the halo form:
 constexpr int kHaloCols[] = {32, 32, 64};  // its output channels a block
 constexpr int kHaloPieces[] = {4, 2, 2};   // and 16-row pieces a warp (blocks of 256 or 128 pixels)
+constexpr int kResidentCols[] = {32, 64};  // + the resident-filter form: its output channels a block
+constexpr int kFirstResident = kGemmTiles + kHaloTiles;
+constexpr int kTiles = kFirstResident + 2;
 
 template <int BK>
 __host__ __device__ constexpr int row_pitch() {
@@ -249,6 +253,9 @@ int nhwc_conv_tile_count() { return kTiles; }
 
 std::string NhwcConvPlan::describe() const {
   const std::string what = pass == NhwcConvPass::backward_data ? " (backward data as a forward over dY)" : "";
+  if (tile >= kFirstResident)
+    return fmt::format("tensor-core NHWC conv{}, resident filter of {} channels, {} output rows a unit, {} blocks",
+                       what, kResidentCols[tile - kFirstResident], halo_rows, resident_blocks);
   if (tile >= kGemmTiles)
     return fmt::format("tensor-core NHWC conv{}, halo of {} output rows x {} channels a block", what, halo_rows,
                        kHaloCols[tile - kGemmTiles]);
@@ -283,7 +290,17 @@ NhwcConvPlan plan_nhwc_conv(NhwcConvPass pass, const NhwcConvShape& f, int tile,
   p.k_step = p.gemm.c % 32 == 0 ? 32 : 16;
   if (tile >= kTiles) throw std::invalid_argument("plan_nhwc_conv: no such tile");
   if (tile < 0) tile = p.gemm.o <= 32 ? kGemmTiles : kGemmTiles + 2;  // the halo form first
-  if (tile >= kGemmTiles) {
+  if (tile >= kFirstResident) {
+    const nhwc_conv::ResidentSplit split =
+        nhwc_conv::resident_split(p.gemm, kResidentCols[tile - kFirstResident], sm_count);
+    if (split.tile_rows > 0) {
+      p.tile = tile;
+      p.halo_rows = split.tile_rows;
+      p.resident_blocks = split.blocks;
+      return p;
+    }
+    tile = -1;  // a GEMM tile, chosen below
+  } else if (tile >= kGemmTiles) {
     const int bn = kHaloCols[tile - kGemmTiles];
     p.halo_rows = nhwc_conv::halo_tile_rows(p.gemm, bn, kHaloPieces[tile - kGemmTiles]);
     if (p.halo_rows > 0) {
@@ -326,7 +343,10 @@ void launch_nhwc_conv(const NhwcConvPlan& p, const T* input, const T* filter, co
                static_cast<int>(g.c),      static_cast<int>(g.o),        static_cast<int>(g.kh),
                static_cast<int>(g.kw),     static_cast<int>(g.stride),   static_cast<int>(g.padding),
                static_cast<int>(g.oh()),   static_cast<int>(g.ow()),     static_cast<int>(g.n * g.oh() * g.ow())};
-  if (p.tile >= kGemmTiles)
+  if (p.tile >= kFirstResident)
+    nhwc_conv::launch_resident_conv(g, kResidentCols[p.tile - kFirstResident], {p.halo_rows, p.resident_blocks},
+                                    input, rewritten, bias, relu, output, stream);
+  else if (p.tile >= kGemmTiles)
     nhwc_conv::launch_halo_conv(g, kHaloCols[p.tile - kGemmTiles], kHaloPieces[p.tile - kGemmTiles], p.halo_rows,
                                 input, rewritten, bias, relu, output, stream);
   else if (p.k_step == 32)

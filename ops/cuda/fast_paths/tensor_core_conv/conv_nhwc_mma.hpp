@@ -34,9 +34,11 @@ enum class NhwcConvPass : std::uint8_t { forward, backward_data };
 
 // The block tiles the kernel is built for (rows = output pixels x columns =
 // output channels); nhwc_conv_tile_count() of them, indexed from 0. The last
-// two are the halo form (conv_nhwc_halo.cu: whole output rows of one image, the
-// input window copied once per block) with 32 and 64 channels; a shape it
-// does not fit falls back to the GEMM tile of the same width.
+// five are the halo form (conv_nhwc_halo.cu: whole output rows of one image, the
+// input window copied once per block; three tiles) and the resident-filter
+// form (conv_nhwc_resident.cu: the filter kept in shared memory while a block
+// walks units of output rows; 32 and 64 channels a block); a shape they do
+// not fit falls back to a GEMM tile.
 int nhwc_conv_tile_count();
 
 // How one pass runs: the forward-shaped problem the kernel computes (for the
@@ -46,7 +48,8 @@ struct NhwcConvPlan {
   NhwcConvShape gemm;
   int tile = 0;
   int k_step = 32;     // channels per K step: 32 where the input channels allow, else 16
-  int halo_rows = 0;   // the halo form's output rows per block (its tiles only)
+  int halo_rows = 0;   // the halo and resident forms' output rows per block or unit (their tiles only)
+  int resident_blocks = 0;  // the resident form's blocks along the units
   std::size_t filter_elements() const { return static_cast<std::size_t>(gemm.o * gemm.kh * gemm.kw * gemm.c); }
   std::string describe() const;  // "tensor-core NHWC conv, tile 128x64, K step 32"
 };
