@@ -160,16 +160,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kNTiles; ++j) {
         const int col = n0 + j * 8 + (lane & 3) * 2;
         if (col >= d.o) continue;
-        float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
-        if (bias) {
-          v0 += to_float(bias[col]);
-          v1 += to_float(bias[col + 1]);
-        }
-        if (relu) {
-          v0 = fmaxf(v0, 0.f);
-          v1 = fmaxf(v1, 0.f);
-        }
-        *reinterpret_cast<std::uint32_t*>(out + col) = pack_floats<T>(v0, v1);
+        store_channel_pair(out, col, acc[i][j][2 * half], acc[i][j][2 * half + 1], bias, relu);
       }
     }
   }
