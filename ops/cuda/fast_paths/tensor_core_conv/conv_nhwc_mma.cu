@@ -292,7 +292,9 @@ NhwcConvPlan plan_nhwc_conv(NhwcConvPass pass, const NhwcConvShape& f, int tile,
   if (tile < 0) tile = p.gemm.o <= 32 ? kGemmTiles : kGemmTiles + 2;  // the halo form first
   if (tile >= kFirstResident) {
     const nhwc_conv::ResidentSplit split =
-        nhwc_conv::resident_split(p.gemm, kResidentCols[tile - kFirstResident], sm_count);
+        nhwc_conv::resident_conv_runs_here()
+            ? nhwc_conv::resident_split(p.gemm, kResidentCols[tile - kFirstResident], sm_count)
+            : nhwc_conv::ResidentSplit{};
     if (split.tile_rows > 0) {
       p.tile = tile;
       p.halo_rows = split.tile_rows;

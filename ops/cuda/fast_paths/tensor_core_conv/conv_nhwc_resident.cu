@@ -306,6 +306,12 @@ void launch_k(const ResidentDims& d, int blocks, const T* x, const T* b_rows, co
 
 }  // namespace
 
+bool resident_conv_runs_here() {
+  static const bool runs = current_device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+                           current_device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
+  return runs;
+}
+
 ResidentSplit resident_split(const NhwcConvShape& g, int bn, int sm_count) {
   const std::int64_t oh = g.oh(), ow = g.ow();
   const std::int64_t column_blocks = (g.o + bn - 1) / bn;
@@ -313,10 +319,7 @@ ResidentSplit resident_split(const NhwcConvShape& g, int bn, int sm_count) {
   const std::int64_t slots = std::max<std::int64_t>(1, sm_count / column_blocks);
   ResidentSplit best;
   std::int64_t best_cost = -1;
-  // Built for sm_90a (the filter's multicast copies): other GPUs keep the other tiles.
-  if (g.kh > kMaxTapRows || current_device_attribute(cudaDevAttrComputeCapabilityMajor) != 9 ||
-      current_device_attribute(cudaDevAttrComputeCapabilityMinor) != 0)
-    return best;
+  if (g.kh > kMaxTapRows) return best;
   for (std::int64_t rows = std::min<std::int64_t>(oh, kMaxUnitPixels / std::max<std::int64_t>(ow, 1)); rows >= 1;
        --rows) {
     // Units of fewer than four pieces spend more on their halo, barriers and epilogue than on products.

@@ -21,6 +21,10 @@ struct ResidentSplit {
 };
 ResidentSplit resident_split(const NhwcConvShape& g, int bn, int sm_count);
 
+// Whether this process's GPU runs the resident form: it is built for sm_90a alone (the filter's
+// multicast copies), so elsewhere the planner keeps the other tiles. Read once per process.
+bool resident_conv_runs_here();
+
 // T = __half / __nv_bfloat16; bn = 32 or 64; b_rows the rewritten filter.
 template <typename T>
 void launch_resident_conv(const NhwcConvShape& g, int bn, const ResidentSplit& split, const T* x, const T* b_rows,
