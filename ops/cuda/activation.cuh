@@ -11,6 +11,7 @@
 //                                        forward output y for relu, tanh and
 //                                        sigmoid (activation.hpp)
 #include "ops/cuda/activation.hpp"
+#include "ops/cuda/launch_config.cuh"  // to_float
 
 namespace sg::cuda {
 
@@ -25,6 +26,14 @@ struct ActivationMath<Activation::relu> {
   __device__ static float forward(float x) { return fmaxf(x, 0.f); }
   __device__ static float backward(float dy, float y) { return y > 0.f ? dy : 0.f; }
 };
+
+// A ReLU's backward where the kernel may have no ReLU (`has_relu` false: `grad` itself), with the
+// ReLU's output `relu_out` (T) already read: ActivationMath<relu>::backward's rule (0 where the
+// output is not positive, NaN too), written as the pooling kernels always computed it.
+template <typename T>
+__device__ __forceinline__ float relu_backward_if(float grad, bool has_relu, T relu_out) {
+  return has_relu && !(to_float(relu_out) > 0.f) ? 0.f : grad;
+}
 
 // Exact GELU: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 (ref::gelu).
 template <>

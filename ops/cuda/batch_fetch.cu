@@ -4,6 +4,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch_config.cuh"
+#include "ops/cuda/scaled_pixel.cuh"
 
 namespace sg::cuda {
 namespace {
@@ -27,12 +28,12 @@ __global__ void batch_fetch_kernel(const std::int32_t* perm, std::int64_t n, con
       const auto* bytes = reinterpret_cast<const std::uint8_t*>(&packed);
       Vec16<T> out[16 / kVec<T>];
 #pragma unroll
-      for (int k = 0; k < 16; ++k) out[k / kVec<T>].v[k % kVec<T>] = from_float<T>(float(bytes[k]) * scale + shift);
+      for (int k = 0; k < 16; ++k) out[k / kVec<T>].v[k % kVec<T>] = scaled_pixel<T>(bytes[k], scale, shift);
 #pragma unroll
       for (int k = 0; k < 16 / kVec<T>; ++k) reinterpret_cast<Vec16<T>*>(dst + c)[k] = out[k];
     }
   } else {
-    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = from_float<T>(float(src[c]) * scale + shift);
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = scaled_pixel<T>(src[c], scale, shift);
   }
 }
 

@@ -29,13 +29,6 @@ namespace {
 
 using namespace channels_last_pool;
 
-// relu_backward (ref::relu_backward) with the relu's output read: the
-// gradient where it is positive, else 0 (NaN too); `has_relu` false: no relu.
-template <typename T>
-__device__ __forceinline__ float through_relu(float grad, bool has_relu, T relu_out) {
-  return has_relu && !(to_float(relu_out) > 0.f) ? 0.f : grad;
-}
-
 // The gradient reaching output pixel-pack `at`: dy through the relu after
 // the pooling, where there is one (relu_before).
 template <int V, typename T, typename I>
@@ -45,7 +38,7 @@ __device__ __forceinline__ void output_grad(const ChannelsLastPoolBackward<T>& t
   load_pooled<V>(t.dy, g, at, dy);
   if (t.relu_before) load_pooled<V>(t.relu_before, g, at, gate);
 #pragma unroll
-  for (int e = 0; e < V; ++e) grad[e] = through_relu(to_float(dy[e]), t.relu_before != nullptr, gate[e]);
+  for (int e = 0; e < V; ++e) grad[e] = relu_backward_if(to_float(dy[e]), t.relu_before != nullptr, gate[e]);
 }
 
 // The rest of the chain at input element `at` (V channels): the pooling's
@@ -142,7 +135,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int p = 0; p < K * K; ++p) {
           float sum[V];
 #pragma unroll
-          for (int e = 0; e < V; ++e) sum[e] = p == pos[e] ? 0.f + grad[e] : 0.f;  // the gather's f32 sum
+          for (int e = 0; e < V; ++e) sum[e] = tiled_window_gradient(p == pos[e], grad[e]);
           finish_input<V>(t, corner + (I(p / K) * g.w + I(p % K)) * g.c, sum, after[p]);
         }
         continue;
@@ -154,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
         const int p = int(i * k + j);
         float sum[V];
 #pragma unroll
-        for (int e = 0; e < V; ++e) sum[e] = inside && p == pos[e] ? 0.f + grad[e] : 0.f;  // the gather's f32 sum
+        for (int e = 0; e < V; ++e) sum[e] = tiled_window_gradient(inside && p == pos[e], grad[e]);
         finish_input<V>(t, corner + (i * g.w + j) * g.c, sum);
       }
   }

@@ -44,4 +44,12 @@ __device__ __forceinline__ WindowRange<I> windows_containing(I y, I kernel, I st
   return {y >= kernel ? (y - kernel) / stride + 1 : I(0), y / stride < out ? y / stride : out - 1};
 }
 
+// A window pixel's share of the output's gradient when windows tile the
+// input (each pixel in one window): `grad` where it holds the window's first
+// maximum, else 0. Written as the gather's f32 sum of its one term (0 + grad),
+// so a -0 gradient arrives as the gathering kernels' +0.
+__device__ __forceinline__ float tiled_window_gradient(bool first_max, float grad) {
+  return first_max ? 0.f + grad : 0.f;
+}
+
 }  // namespace sg::cuda

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/launch_config.cuh"
 #include "ops/cuda/packed_access.cuh"
@@ -77,11 +78,6 @@ template <typename T, typename I>
 __device__ __forceinline__ float through_relu(float grad, const T* relu_out, I at) {
   return relu_out && !(to_float(relu_out[at]) > 0.f) ? 0.f : grad;
 }
-// The same with the relu's output already read (`has_relu` false: no relu).
-template <typename T>
-__device__ __forceinline__ float through_relu_value(float grad, bool has_relu, T relu_out) {
-  return has_relu && !(to_float(relu_out) > 0.f) ? 0.f : grad;
-}
 
 template <typename T, typename I>
 __global__ void max_pool2d_backward_kernel(PoolBackwardTensors<T> t, const std::int32_t* step_counter, PoolSizes<I> g,
@@ -138,7 +134,7 @@ __global__ void max_pool2d_backward_tiled_kernel(PoolBackwardTensors<T> t, const
     for (I i = 0; i < g.kernel; ++i)
       for (I j = 0; j < g.kernel; ++j) {
         const I at = corner + i * g.w + j, k = plane * plane_size + at;
-        const T pooled = from_float<T>(at == argmax ? 0.f + grad : 0.f);  // the gather's f32 sum: 0 + its one term
+        const T pooled = from_float<T>(tiled_window_gradient(at == argmax, grad));
         if (t.pool_grad) t.pool_grad[k] = pooled;
         const T relu_after = from_float<T>(through_relu(to_float(pooled), t.relu_after, k));
         if (t.relu_after_grad) t.relu_after_grad[k] = relu_after;
@@ -237,7 +233,7 @@ __global__ void __launch_bounds__(kThreads)
     T grad_out[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      grad[j] = through_relu_value(to_float(dy[j]), relu_before, gate[j]);
+      grad[j] = relu_backward_if(to_float(dy[j]), relu_before, gate[j]);
       grad_out[j] = from_float<T>(grad[j]);
     }
     float xv[K * kRow];
@@ -261,8 +257,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < kRow; ++e) {
         const int j = e / K;  // the element's window (a constant once unrolled)
-        pooled[e] = from_float<T>(i * kRow + e == argmax[j] ? 0.f + grad[j] : 0.f);
-        activated[e] = from_float<T>(through_relu_value(to_float(pooled[e]), relu_after, after[i][e]));
+        pooled[e] = from_float<T>(tiled_window_gradient(i * kRow + e == argmax[j], grad[j]));
+        activated[e] = from_float<T>(relu_backward_if(to_float(pooled[e]), relu_after, after[i][e]));
         dx[e] = from_float<T>(dropped_value(activated[e], factor, true));
       }
       const int at = first + i * g.w;

@@ -11,6 +11,7 @@
 
 #include "ops/cuda/conv_direct_common.cuh"
 #include "ops/cuda/mma_fragments.cuh"
+#include "ops/cuda/scaled_pixel.cuh"
 #include "ops/cuda/fast_paths/few_channel_conv/few_channel_conv.hpp"
 
 namespace sg::cuda::few_channel {
@@ -76,8 +77,8 @@ __device__ __forceinline__ void stage_input_band(const T* x, const Dims& d, int 
   });
 }
 
-// The same from the dataset's u8 image [h, w, c] (FewChannelFetch: the
-// batch fetch's scaling, its expression exactly, so the bits are its own).
+// The same from the dataset's u8 image [h, w, c] (FewChannelFetch: scaled as
+// the batch fetch scales, through scaled_pixel.cuh, so the bits are its own).
 template <typename T>
 __device__ __forceinline__ void stage_fetched_band(const std::uint8_t* image, float scale, float shift, const Dims& d,
                                                    int first_in_row, T* s) {
@@ -86,7 +87,7 @@ __device__ __forceinline__ void stage_fetched_band(const std::uint8_t* image, fl
     const bool inside = iy >= 0 && iy < d.h && ix >= 0 && ix < d.w;
     for (int ch = 0; ch < d.c; ++ch)
       s[(ch * d.in_rows + r) * d.pitch + q] =
-          inside ? from_float<T>(float(image[(iy * d.w + ix) * d.c + ch]) * scale + shift) : from_float<T>(0.f);
+          inside ? scaled_pixel<T>(image[(iy * d.w + ix) * d.c + ch], scale, shift) : from_float<T>(0.f);
   });
 }
 

@@ -40,7 +40,7 @@ __device__ void write_fetched_rows(const std::uint8_t* image, const FewChannelFe
   const int last = blockIdx.x + 1 == gridDim.x ? d.h : min(d.h, first + owned);
   T* out = static_cast<T*>(f.x_out) + std::int64_t(image_index) * d.h * d.w * d.c;
   for (int e = first * d.w * d.c + int(threadIdx.x); e < last * d.w * d.c; e += int(blockDim.x))
-    out[e] = from_float<T>(float(image[e]) * f.scale + f.shift);
+    out[e] = scaled_pixel<T>(image[e], f.scale, f.shift);
 }
 
 // A parameter element as T: the value, or the fp32 master value rounded (FewChannelForwardArgs::params_f32).
