@@ -1,8 +1,10 @@
 #pragma once
 // Hopper asynchronous copies between global and shared memory (TMA bulk
-// tensor copies, sm_90) and the mbarriers that count their bytes, as the
-// one-pass batch-256 backward uses them (dgrad_wgrad_wgmma.cu). Tensor maps
-// come from tensor_map.hpp; tiles are 128-byte swizzled rows of 64 halves.
+// tensor copies and plain bulk copies, sm_90) and the mbarriers that count
+// their bytes, as the one-pass batch-256 backward (dgrad_wgrad_wgmma.cu) and
+// the resident-filter convolution (fast_paths/tensor_core_conv/
+// conv_nhwc_resident.cu) use them. Tensor maps come from tensor_map.hpp;
+// their tiles are 128-byte swizzled rows of 64 halves.
 #include <cuda.h>
 #include <cuda_fp16.h>
 
