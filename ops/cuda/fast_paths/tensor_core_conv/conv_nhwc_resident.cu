@@ -7,8 +7,9 @@
 // - the filter comes in by bulk copies, one mbarrier a row of taps, so the
 //   first unit's products start once the first row of taps and its halo
 //   landed; the two blocks of a cluster each copy half the rows into both
-//   (every block reads the same filter; timed per layer, the copies cost as
-//   much as the products, and sharing them was faster on every layer);
+//   (every block reads the same filter; timed per layer, the copies cost
+//   about as much as the products, and sharing them was faster on every
+//   layer);
 // - the next unit's halo is copied into the second buffer while this one's
 //   products run; halo rows are ow + 8k pixels apart, so an ldmatrix's eight
 //   pixels that cross an output row still fall in eight bank groups;
@@ -19,8 +20,8 @@
 // The K walk is the halo form's (tap by tap, 16 channels a step; a tap is the
 // same halo read at shifted pixel addresses), so every output element is one
 // thread's sum in the same fixed order: the same bits on every run.
-// Built for sm_90a only (ops/cuda/CMakeLists.txt): resident_split refuses
-// other GPUs.
+// Built for sm_90a only (ops/cuda/CMakeLists.txt): plan_nhwc_conv plans it
+// only where resident_conv_runs_here().
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
