@@ -3,9 +3,9 @@
 // +relu) at strides 1 and 2 and backward data, every tile, f16 and bf16, on
 // random shapes (odd sizes, 16-144 channels, 1x1 to 5x5 kernels, padding
 // 0..k-1) and on the shipped CNNs' layers at a small batch, each planned for
-// 132 multiprocessors and for 2 (a resident-filter block then walks several units). Outputs are
-// poisoned (NaN) first, so an element left unwritten fails; a second run
-// must give the same bits.
+// 132 multiprocessors and for 2 (a resident-filter block then walks several
+// units). Outputs are poisoned (NaN) first, so an element left unwritten
+// fails; a second run must give the same bits.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
