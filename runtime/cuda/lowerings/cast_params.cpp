@@ -16,15 +16,6 @@ struct CastNodes {
   std::vector<NodeId> casts;
 };
 
-// The working-copy dtype of a lone parameter cast this lowering runs, if `n` is one.
-std::optional<DType> param_cast_to(const sg::Graph& g, const Node& n) {
-  if (n.op != OpKind::cast) return std::nullopt;
-  const Value& in = g.value(n.inputs[0]);
-  const DType to = g.value(n.outputs[0]).dtype;
-  if (in.role != Role::param || in.dtype != DType::f32 || (to != DType::f16 && to != DType::bf16)) return std::nullopt;
-  return to;
-}
-
 class CastParamsLowering final : public CudaLowering {
  public:
   std::string_view name() const override { return "cast_params"; }

@@ -85,6 +85,14 @@ Match single_unit(const CoverUnit& unit) {
   return m;
 }
 
+std::optional<DType> param_cast_to(const sg::Graph& g, const Node& n) {
+  if (n.op != OpKind::cast) return std::nullopt;
+  const Value& in = g.value(n.inputs[0]);
+  const DType to = g.value(n.outputs[0]).dtype;
+  if (in.role != Role::param || in.dtype != DType::f32 || (to != DType::f16 && to != DType::bf16)) return std::nullopt;
+  return to;
+}
+
 DropoutParams dropout_params_of(const DropoutAttrs& a) {
   return {a.seed, a.stream, philox::dropout_threshold(a.p), static_cast<float>(1.0 / (1.0 - a.p))};
 }

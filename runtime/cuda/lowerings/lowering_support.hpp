@@ -75,6 +75,10 @@ DropoutParams dropout_params_of(const DropoutAttrs& a);
 // The one element of a match: the offered unit alone.
 Match single_unit(const CoverUnit& unit);
 
+// The working-copy dtype (f16 / bf16) when `n` casts an fp32 parameter to it (the casts fp32 master weights
+// get), else nothing.
+std::optional<DType> param_cast_to(const sg::Graph& g, const Node& n);
+
 // A whole-step kernel's phase profile (RecordedLaunch::profile_phases): runs
 // `step(clock)` `repeats` times, each storing GPU-clock nanoseconds at its
 // start and after each phase into `clock` (names.size() + 1 entries), and

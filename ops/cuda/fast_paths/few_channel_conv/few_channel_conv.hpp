@@ -65,7 +65,7 @@ void launch_few_channel_forward(const FewChannelForwardPlan& plan, const T* x, c
 // The step's batch fetch (batch_fetch.cu) taken into the forward: block
 // (band, image i) reads image perm[(step % batches) * global + rank * n + i]
 // of the u8 table (batches = rows / global, global = n * ranks), each pixel
-// from_float<T>(float(u8) * scale + shift) as batch_fetch writes it, stages
+// scaled as batch_fetch writes it (scaled_pixel.cuh), stages
 // its band from there, writes its own rows of X to x_out (when non-null: a
 // later launch reads X) and, in band 0, the image's label. The table's rows
 // must be X's images in X's layout (one channel: a row of the NCHW batch is

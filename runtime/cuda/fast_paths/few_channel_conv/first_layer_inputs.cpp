@@ -46,13 +46,12 @@ std::optional<FirstLayerInputs> fetch_behind(const Cover& cover, ValueId input) 
   return in;
 }
 
-// The lone cast of an fp32 parameter whose only reader is `reader`, or -1.
+// The lone cast of an fp32 parameter (param_cast_to) whose only reader is `reader`, or -1.
 NodeId master_cast(const Cover& cover, ValueId v, NodeId reader) {
   const sg::Graph& g = cover.graph();
   const NodeId p = g.value(v).producer;
-  if (p < 0 || g.node(p).op != OpKind::cast || !free_lone_unit(cover, p) || sole_reader(g, v) != reader) return -1;
-  const Value& source = g.value(g.node(p).inputs[0]);
-  return source.role == Role::param && source.dtype == DType::f32 ? p : -1;
+  if (p < 0 || !param_cast_to(g, g.node(p)) || !free_lone_unit(cover, p) || sole_reader(g, v) != reader) return -1;
+  return p;
 }
 
 }  // namespace
