@@ -136,6 +136,25 @@ void Graph::set_attrs(NodeId node, OpAttrs attrs) {
   nodes_[static_cast<std::size_t>(node)].attrs = std::move(attrs);
 }
 
+void Graph::rewire(NodeId node, std::vector<ValueId> inputs, OpAttrs attrs) {
+  if (!groups_.empty()) throw GraphError("inputs cannot change after fusion");
+  const Node& n = this->node(node);
+  std::vector<const Value*> in;
+  for (ValueId id : inputs) {
+    in.push_back(&value(id));
+    if (in.back()->producer >= node)
+      throw GraphError(fmt::format("rewire: node {} would read {} before it is produced", node, in.back()->name));
+  }
+  const auto specs = infer_outputs(n.op, in, attrs);
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (i >= n.outputs.size() || specs[i].shape != value(n.outputs[i]).shape ||
+        specs[i].dtype != value(n.outputs[i]).dtype)
+      throw GraphError(fmt::format("rewire: node {} ({}) would change its outputs", node, op_name(n.op)));
+  Node& changed = nodes_[static_cast<std::size_t>(node)];
+  changed.inputs = std::move(inputs);
+  changed.attrs = std::move(attrs);
+}
+
 void Graph::read_instead(NodeId reader, ValueId was, ValueId now) {
   if (!groups_.empty()) throw GraphError("inputs cannot change after fusion");
   const Value &old_value = value(was), &new_value = value(now);

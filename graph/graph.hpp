@@ -75,6 +75,11 @@ class Graph {
   // GraphError otherwise, when `now` would be read before it is produced, or
   // after fusion.
   void read_instead(NodeId reader, ValueId was, ValueId now);
+  // Node `node` reads `inputs` with `attrs` (of its op's kind), which must
+  // leave its outputs' shapes and dtypes as they are (a convolution reading
+  // its filter in another layout). Throws GraphError otherwise, when an input
+  // would be read before it is produced, or after fusion.
+  void rewire(NodeId node, std::vector<ValueId> inputs, OpAttrs attrs);
 
   // ---- queries
   const Value& value(ValueId id) const;

@@ -218,12 +218,16 @@ struct ClipGradAttrs {
 // channels_last: the activations (X, Y, dX, dY) are [N,H,W,C] instead, the
 // layout cuDNN's fastest engines read (graph/channels_last_pass.hpp writes
 // it); the weights stay [O,C,KH,KW], so parameters do not depend on it.
+// filter_channels_last: the filter W (or dW) is [O,KH,KW,C] instead, the
+// layout cuDNN's channels-last engines read without a transpose of their own
+// (graph/filter_layout_pass.hpp gives convolutions a copy in it).
 struct Conv2dAttrs {
   std::int64_t stride = 1;
   std::int64_t padding = 0;
   std::int64_t grad_h = 0;
   std::int64_t grad_w = 0;
   bool channels_last = false;
+  bool filter_channels_last = false;
   bool operator==(const Conv2dAttrs&) const = default;
 };
 // Square window pooling with no padding (output size floored), as

@@ -3,7 +3,9 @@
 #include <algorithm>
 
 #include "graph/channels_last_pass.hpp"
+#include "graph/filter_layout_pass.hpp"
 #include "graph/training_graph.hpp"
+#include "graph/verifier.hpp"
 
 namespace sg {
 
@@ -25,9 +27,15 @@ std::optional<ChannelsLastVariant> channels_last_variant(const SequentialSpec& t
   v.batch_norms = forward->batch_norms;
   const ValueId loss = forward->graph.value_named(names::loss);
   const ValueId step = forward->graph.value_named(names::step);
-  v.train = build_training_stages(std::move(forward->graph), loss, optimizer, fusion, step).fused;
+  // The filters' channels-last copies go in after autodiff: the weight
+  // gradients keep the parameters' layout (graph/filter_layout_pass.hpp).
+  v.train = build_training_stages(std::move(forward->graph), loss, optimizer, fusion, step).optimized;
+  use_channels_last_filters(v.train);
+  fuse(v.train, fusion);
+  verify_graph(v.train);
   v.train_data = mlp_data_bindings(v.train, train.batch);
   v.eval = rewrite_channels_last(build_sequential_eval(eval))->graph;
+  use_channels_last_filters(v.eval);
   fuse(v.eval, fusion);
   v.eval_data = mlp_data_bindings(v.eval, eval.batch);
   return v;

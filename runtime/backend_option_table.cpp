@@ -44,7 +44,8 @@ std::vector<BackendOptionRow> make_table() {
                           "data-parallel rank too: its all-reduces wait for the gradients they read)"));
   t.push_back(SG_BOOL_ROW(independent_launch_stream, "core",
                           "launches that depend on no earlier launch of the step (the parameter casts) run on the "
-                          "second stream from the step's start, beside the batch fetch"));
+                          "second stream from the step's start, beside the batch fetch, and so do those computed "
+                          "from the parameters alone (the filters' channels-last copies)"));
   t.push_back(SG_BOOL_ROW(communication_stream, "core",
                           "data parallel: each bucket's all-reduce on its own stream, overlapping the backward (off: "
                           "on the step's stream, in schedule order)"));

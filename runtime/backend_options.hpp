@@ -52,7 +52,9 @@ struct BackendOptions {
   bool weight_gradient_stream = true;
   bool gradient_stream_first = false;  // its kernels scheduled before the step stream's (else at the same priority)
   // Launches that depend on no earlier launch of the step (the parameter
-  // casts) on that second stream from the step's start, beside the batch fetch.
+  // casts) on that second stream from the step's start, beside the batch
+  // fetch; and those computed from the parameters alone (the filters'
+  // channels-last copies), forked after what they read.
   bool independent_launch_stream = true;
   // Data parallel: each bucket's all-reduce on the communication stream,
   // overlapping the backward of the layers before it (off: on the step's

@@ -6,6 +6,8 @@
 // channels_last the activations are [N,H,W,C], the bias gradient is the
 // column sums (reduce_rows) of dY seen as [N*H*W, C], and the CPU reference
 // is the NCHW one on the values reordered (ops/cpu/layout_reference.hpp).
+// With filter_channels_last W and dW are [O,KH,KW,C]: the same reordering,
+// a filter's O, C, KH, KW standing where an activation's N, C, H, W do.
 #include <fmt/format.h>
 
 #include "graph/ops/op_common.hpp"
@@ -15,7 +17,8 @@
 namespace sg::ops {
 namespace {
 
-// An activation's sizes in NCHW terms, whatever its layout.
+// An activation's sizes in NCHW terms, whatever its layout (and a filter's
+// O, C, KH, KW as N, C, H, W).
 struct Nchw {
   std::int64_t n, c, h, w;
 };
@@ -34,11 +37,10 @@ void expect_geometry(OpKind op, const Conv2dAttrs& a) {
 // The output extent along one axis, or a GraphError naming both values when
 // the kernel does not fit the padded input.
 std::int64_t output_extent(OpKind op, std::int64_t in, std::int64_t kernel, const Conv2dAttrs& a, const Value& x,
-                           const Value& w, const Nchw& xd) {
+                           const Value& w, const Nchw& xd, const Nchw& wd) {
   if (in + 2 * a.padding < kernel)
-    fail(op, fmt::format("kernel {}x{} of {} is larger than the padded input {}x{} (padding {}) of {}", w.shape[2],
-                         w.shape[3], describe(w), xd.h + 2 * a.padding, xd.w + 2 * a.padding, a.padding,
-                         describe(x)));
+    fail(op, fmt::format("kernel {}x{} of {} is larger than the padded input {}x{} (padding {}) of {}", wd.h, wd.w,
+                         describe(w), xd.h + 2 * a.padding, xd.w + 2 * a.padding, a.padding, describe(x)));
   return (in + 2 * a.padding - kernel) / a.stride + 1;
 }
 
@@ -52,20 +54,20 @@ std::vector<OutputSpec> infer_forward(const Inputs& in, const OpAttrs& attrs) {
   expect_floating(op, x);
   expect_same_dtype(op, x, w);
   expect_geometry(op, a);
-  const Nchw xd = nchw(x.shape, a.channels_last);
-  if (xd.c != w.shape[1])
+  const Nchw xd = nchw(x.shape, a.channels_last), wd = nchw(w.shape, a.filter_channels_last);
+  if (xd.c != wd.c)
     fail(op, fmt::format("channel mismatch: input {} has {} channels, weight {} expects {}", describe(x), xd.c,
-                         describe(w), w.shape[1]));
+                         describe(w), wd.c));
   if (in.size() == 3) {
     const Value& b = *in[2];
     expect_same_dtype(op, x, b);
-    if (b.shape != Shape{w.shape[0]})
-      fail(op, fmt::format("bias {} must be [{}], one per output channel of weight {}", describe(b), w.shape[0],
+    if (b.shape != Shape{wd.n})
+      fail(op, fmt::format("bias {} must be [{}], one per output channel of weight {}", describe(b), wd.n,
                            describe(w)));
   }
-  const std::int64_t oh = output_extent(op, xd.h, w.shape[2], a, x, w, xd);
-  const std::int64_t ow = output_extent(op, xd.w, w.shape[3], a, x, w, xd);
-  return {{activation_shape({xd.n, w.shape[0], oh, ow}, a.channels_last), x.dtype}};
+  const std::int64_t oh = output_extent(op, xd.h, wd.h, a, x, w, xd, wd);
+  const std::int64_t ow = output_extent(op, xd.w, wd.w, a, x, w, xd, wd);
+  return {{activation_shape({xd.n, wd.n, oh, ow}, a.channels_last), x.dtype}};
 }
 
 // dY must be the conv2d output of an input of grad_h x grad_w (backward
@@ -89,11 +91,11 @@ std::vector<OutputSpec> infer_backward_data(const Inputs& in, const OpAttrs& att
   expect_floating(op, dy);
   expect_same_dtype(op, dy, w);
   expect_geometry(op, a);
-  const Nchw d = nchw(dy.shape, a.channels_last);
-  if (d.c != w.shape[0])
+  const Nchw d = nchw(dy.shape, a.channels_last), wd = nchw(w.shape, a.filter_channels_last);
+  if (d.c != wd.n)
     fail(op, fmt::format("channel mismatch: gradient {} vs weight {}", describe(dy), describe(w)));
-  expect_dy_matches(op, dy, a.grad_h, a.grad_w, w.shape[2], w.shape[3], a);
-  return {{activation_shape({d.n, w.shape[1], a.grad_h, a.grad_w}, a.channels_last), dy.dtype}};
+  expect_dy_matches(op, dy, a.grad_h, a.grad_w, wd.h, wd.w, a);
+  return {{activation_shape({d.n, wd.c, a.grad_h, a.grad_w}, a.channels_last), dy.dtype}};
 }
 
 std::vector<OutputSpec> infer_backward_filter(const Inputs& in, const OpAttrs& attrs) {
@@ -111,7 +113,8 @@ std::vector<OutputSpec> infer_backward_filter(const Inputs& in, const OpAttrs& a
   if (a.grad_h < 1 || a.grad_w < 1) fail(op, fmt::format("kernel size {}x{} must be positive", a.grad_h, a.grad_w));
   const Nchw xd = nchw(x.shape, a.channels_last);
   expect_dy_matches(op, dy, xd.h, xd.w, a.grad_h, a.grad_w, a);
-  return {{{nchw(dy.shape, a.channels_last).c, xd.c, a.grad_h, a.grad_w}, dy.dtype}};
+  return {{activation_shape({nchw(dy.shape, a.channels_last).c, xd.c, a.grad_h, a.grad_w}, a.filter_channels_last),
+           dy.dtype}};
 }
 
 void gradient(const GradientContext& c) {
@@ -119,13 +122,13 @@ void gradient(const GradientContext& c) {
   const ValueId dy = *c.output_grad(0);
   const Value& x = c.graph().value(c.input(0));
   const Value& w = c.graph().value(c.input(1));
-  const Nchw xd = nchw(x.shape, a.channels_last);
+  const Nchw xd = nchw(x.shape, a.channels_last), wd = nchw(w.shape, a.filter_channels_last);
   if (c.needs_grad(0)) {
-    const Conv2dAttrs data{a.stride, a.padding, xd.h, xd.w, a.channels_last};
+    const Conv2dAttrs data{a.stride, a.padding, xd.h, xd.w, a.channels_last, a.filter_channels_last};
     c.contribute(0, c.emit(OpKind::conv2d_backward_data, {dy, c.input(1)}, data, c.input(0)).front());
   }
   if (c.needs_grad(1)) {
-    const Conv2dAttrs filter{a.stride, a.padding, w.shape[2], w.shape[3], a.channels_last};
+    const Conv2dAttrs filter{a.stride, a.padding, wd.h, wd.w, a.channels_last, a.filter_channels_last};
     c.contribute(1, c.emit(OpKind::conv2d_backward_filter, {dy, c.input(0)}, filter, c.input(1)).front());
   }
   if (c.node().inputs.size() != 3 || !c.needs_grad(2)) return;
@@ -139,18 +142,12 @@ void gradient(const GradientContext& c) {
   c.contribute(2, c.emit(OpKind::reduce_rows, {rows}, NoAttrs{}, c.input(2)).front());
 }
 
-ref::Conv2dGeometry geometry(std::span<const std::int64_t> x, std::span<const std::int64_t> w,
-                             const Conv2dAttrs& a) {
-  return {.n = x[0], .c = x[1], .h = x[2], .w = x[3], .o = w[0], .kh = w[2], .kw = w[3], .stride = a.stride,
-          .padding = a.padding};
-}
-
-// The NCHW geometry of an activation `x` (in its layout) and weights `w`.
+// The NCHW geometry of an activation `x` and weights `w` (each in its layout).
 ref::Conv2dGeometry geometry_of(std::span<const std::int64_t> x, std::span<const std::int64_t> w,
                                 const Conv2dAttrs& a) {
-  const Nchw d = nchw(x, a.channels_last);
-  const std::int64_t s[4] = {d.n, d.c, d.h, d.w};
-  return geometry(s, w, a);
+  const Nchw d = nchw(x, a.channels_last), f = nchw(w, a.filter_channels_last);
+  return {.n = d.n, .c = d.c, .h = d.h, .w = d.w, .o = f.n, .kh = f.h, .kw = f.w, .stride = a.stride,
+          .padding = a.padding};
 }
 
 template <typename T>
@@ -158,8 +155,9 @@ void forward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Conv2dAttrs>();
   const auto g = geometry_of(c.in[0].shape, c.in[1].shape, a);
   const ref::ChannelsFirstView<T> x(c.in[0].real, a.channels_last, g.n, g.c, g.h * g.w);
+  const ref::ChannelsFirstView<T> w(c.in[1].real, a.filter_channels_last, g.o, g.c, g.kh * g.kw);
   ref::ChannelsFirstOutput<T> y(c.out[0].real, a.channels_last, g.n, g.o, g.oh() * g.ow());
-  ref::conv2d(x.data(), c.in[1].real, c.in.size() == 3 ? c.in[2].real : nullptr, g, y.data());
+  ref::conv2d(x.data(), w.data(), c.in.size() == 3 ? c.in[2].real : nullptr, g, y.data());
   y.finish();
 }
 
@@ -169,19 +167,22 @@ void backward_data_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Conv2dAttrs>();
   const auto g = geometry_of(c.out[0].shape, c.in[1].shape, a);
   const ref::ChannelsFirstView<T> dy(c.in[0].real, a.channels_last, g.n, g.o, g.oh() * g.ow());
+  const ref::ChannelsFirstView<T> w(c.in[1].real, a.filter_channels_last, g.o, g.c, g.kh * g.kw);
   ref::ChannelsFirstOutput<T> dx(c.out[0].real, a.channels_last, g.n, g.c, g.h * g.w);
-  ref::conv2d_backward_data(dy.data(), c.in[1].real, g, dx.data());
+  ref::conv2d_backward_data(dy.data(), w.data(), g, dx.data());
   dx.finish();
 }
 
-// The geometry is the forward's: W is the output dW [O,C,KH,KW].
+// The geometry is the forward's: W is the output dW.
 template <typename T>
 void backward_filter_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Conv2dAttrs>();
   const auto g = geometry_of(c.in[1].shape, c.out[0].shape, a);
   const ref::ChannelsFirstView<T> dy(c.in[0].real, a.channels_last, g.n, g.o, g.oh() * g.ow());
   const ref::ChannelsFirstView<T> x(c.in[1].real, a.channels_last, g.n, g.c, g.h * g.w);
-  ref::conv2d_backward_filter(dy.data(), x.data(), g, c.out[0].real);
+  ref::ChannelsFirstOutput<T> dw(c.out[0].real, a.filter_channels_last, g.o, g.c, g.kh * g.kw);
+  ref::conv2d_backward_filter(dy.data(), x.data(), g, dw.data());
+  dw.finish();
 }
 
 }  // namespace

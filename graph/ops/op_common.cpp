@@ -194,20 +194,26 @@ void read_attrs(const json& j, ClipGradAttrs& a) { a.max_norm = j.at("max_norm")
 std::string attrs_text(const ClipGradAttrs& a) { return fmt::format(" {{max_norm={:.6g}}}", a.max_norm); }
 
 json write_attrs(const Conv2dAttrs& a) {
-  return {{"stride", a.stride},   {"padding", a.padding},          {"grad_h", a.grad_h},
-          {"grad_w", a.grad_w},   {"channels_last", a.channels_last}};
+  return {{"stride", a.stride},
+          {"padding", a.padding},
+          {"grad_h", a.grad_h},
+          {"grad_w", a.grad_w},
+          {"channels_last", a.channels_last},
+          {"filter_channels_last", a.filter_channels_last}};
 }
-// channels_last defaults to false: graphs dumped before it had none.
+// channels_last and filter_channels_last default to false: graphs dumped before them had none.
 void read_attrs(const json& j, Conv2dAttrs& a) {
   a.stride = j.at("stride").get<std::int64_t>();
   a.padding = j.at("padding").get<std::int64_t>();
   a.grad_h = j.at("grad_h").get<std::int64_t>();
   a.grad_w = j.at("grad_w").get<std::int64_t>();
   a.channels_last = j.value("channels_last", false);
+  a.filter_channels_last = j.value("filter_channels_last", false);
 }
 // grad_h/grad_w show in the output type of the backward ops already.
 std::string attrs_text(const Conv2dAttrs& a) {
-  return fmt::format(" {{stride={},padding={}{}}}", a.stride, a.padding, a.channels_last ? ",channels_last" : "");
+  return fmt::format(" {{stride={},padding={}{}{}}}", a.stride, a.padding, a.channels_last ? ",channels_last" : "",
+                     a.filter_channels_last ? ",filter_channels_last" : "");
 }
 
 json write_attrs(const Pool2dAttrs& a) {

@@ -119,7 +119,7 @@ std::vector<cudnn::Plan> plans_for(const cudnn::Handle& handle, const ConvReques
   GraphTensors gt;
   const bool last = r.channels_last;
   gt.x = tensor(kX, r.io_type, x_dims, t.x, false, last);
-  gt.w = tensor(kW, r.io_type, w_dims, t.w);
+  gt.w = tensor(kW, r.io_type, w_dims, t.w, false, r.filter_channels_last);
   gt.y = tensor(kY, r.io_type, y_dims, t.y, false, last);
   const cudnn::Descriptor conv = convolution_descriptor(g);
   std::vector<cudnn::Descriptor> ops;
@@ -162,8 +162,9 @@ std::vector<cudnn::Plan> plans_for(const cudnn::Handle& handle, const ConvReques
 // What identifies a convolution problem for the engine choice.
 std::string cache_key(const ConvRequest& r) {
   const ConvGeometry& g = r.geometry;
-  return fmt::format("{}:{}x{}x{}x{}:{}x{}x{}:s{}p{}:t{}:b{}r{}:l{}", static_cast<int>(r.direction), g.n, g.c, g.h, g.w,
-                     g.k, g.r, g.s, g.stride, g.padding, static_cast<int>(r.io_type), r.bias, r.relu, r.channels_last);
+  return fmt::format("{}:{}x{}x{}x{}:{}x{}x{}:s{}p{}:t{}:b{}r{}:l{}{}", static_cast<int>(r.direction), g.n, g.c, g.h,
+                     g.w, g.k, g.r, g.s, g.stride, g.padding, static_cast<int>(r.io_type), r.bias, r.relu,
+                     r.channels_last, r.filter_channels_last);
 }
 
 // The engines autotune chose in this process, by problem.
@@ -292,7 +293,8 @@ std::string CudnnConv::label() const {
     const std::string what = request_.relu ? "bias+relu" : "bias";
     epilogue = fused_epilogue_ ? ", fused " + what : ", then our " + what + " kernel";
   }
-  return fmt::format("cuDNN engine {}{}{}{} ({})", plan_.engine, request_.channels_last ? ", channels-last" : "",
+  return fmt::format("cuDNN engine {}{}{}{}{} ({})", plan_.engine, request_.channels_last ? ", channels-last" : "",
+                     request_.filter_channels_last ? ", filter [K,R,S,C]" : "",
                      plan_.runtime_compiled ? " (runtime-compiled)" : "",
                      epilogue,
                      timed_ ? fmt::format("fastest of {} timed", candidates_)

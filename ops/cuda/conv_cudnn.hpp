@@ -40,9 +40,11 @@ struct ConvRequest {
   cudnnDataType_t io_type = CUDNN_DATA_HALF;  // x, w, y and bias
   bool bias = false;  // forward only
   bool relu = false;  // forward only, after the bias
-  // x and y (and dx, dy) are [N,H,W,C] rather than NCHW; the filters stay
-  // [K,C,R,S]. cuDNN takes both layouts through the tensors' strides.
+  // x and y (and dx, dy) are [N,H,W,C] rather than NCHW. cuDNN takes both
+  // layouts through the tensors' strides.
   bool channels_last = false;
+  // The filter (w, or dw) is [K,R,S,C] rather than [K,C,R,S].
+  bool filter_channels_last = false;
 };
 
 class CudnnConv {

@@ -100,6 +100,27 @@ std::vector<bool> independent_launches(const Schedule& s) {
   return independent;
 }
 
+std::vector<bool> parameter_launches(const sg::Graph& graph, const Schedule& s) {
+  // A value computed from the parameters alone: a parameter, or an output of
+  // a node (not an in-place update) whose inputs all are.
+  std::vector<bool> from_parameters(graph.values().size(), false);
+  for (const Value& v : graph.values()) from_parameters[static_cast<std::size_t>(v.id)] = v.role == Role::param;
+  for (const Node& n : graph.nodes()) {
+    if (op_updates_in_place(n.op)) continue;
+    const bool derived = std::all_of(n.inputs.begin(), n.inputs.end(),
+                                     [&](ValueId v) { return from_parameters[static_cast<std::size_t>(v)]; });
+    for (ValueId out : n.outputs) from_parameters[static_cast<std::size_t>(out)] = derived;
+  }
+  const auto derived = [&](ValueId v) { return from_parameters[static_cast<std::size_t>(v)]; };
+  std::vector<bool> out(s.launches.size(), false);
+  for (std::size_t i = 1; i < s.launches.size(); ++i) {
+    const Launch& l = s.launches[i];
+    out[i] = !l.writes.empty() && l.updates.empty() && std::all_of(l.reads.begin(), l.reads.end(), derived) &&
+             std::all_of(l.writes.begin(), l.writes.end(), derived);
+  }
+  return out;
+}
+
 StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const BackendOptions& options) {
   std::vector<bool> communicates;
   for (const Launch& l : s.launches)
@@ -109,9 +130,9 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   std::vector<bool> on_gradient_stream(s.launches.size(), false);
   if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
   if (options.independent_launch_stream) {
-    const std::vector<bool> independent = independent_launches(s);
+    const std::vector<bool> independent = independent_launches(s), prepared = parameter_launches(graph, s);
     for (std::size_t i = 0; i < independent.size(); ++i)
-      on_gradient_stream[i] = on_gradient_stream[i] || independent[i];
+      on_gradient_stream[i] = on_gradient_stream[i] || independent[i] || prepared[i];
   }
   // An all-reduce is on an update branch too, but it communicates: it runs on
   // the communication stream, or where it sits when that stream is off. A

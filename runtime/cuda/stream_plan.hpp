@@ -31,7 +31,12 @@
 //   launch of the step (the parameters' f16/bf16 casts, which read only
 //   state the previous step left) also runs on the gradient stream, forked
 //   at the step's start: the casts run beside the batch fetch instead of
-//   after it. The schedule's first launch stays on the step's stream.
+//   after it. The schedule's first launch stays on the step's stream. A
+//   launch that computes from the parameters alone (the filters'
+//   channels-last copies: graph/filter_layout_pass.hpp) runs on the gradient
+//   stream as well, forked right after the launch it depends on (the casts)
+//   as a weight gradient is, and joined before its first reader (the
+//   convolution).
 // - A gradient-stream launch that would fork after the step's stream has
 //   run its last launch stays on the step's stream: nothing runs beside it
 //   there, and it does not queue behind the gradient stream's backlog (the
@@ -97,6 +102,10 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const 
 // Per launch: whether it does something and depends on no earlier launch
 // (never the first: it has nothing to run beside).
 std::vector<bool> independent_launches(const Schedule& schedule);
+
+// Per launch: whether everything it reads and writes is computed from the
+// parameters alone and it updates nothing (never the first).
+std::vector<bool> parameter_launches(const sg::Graph& graph, const Schedule& schedule);
 
 // Keeps every arena buffer a side launch reads or writes live from its fork
 // to its join (see above); call between arena_request and plan_memory.

@@ -25,9 +25,20 @@ struct Case {
   bool bias = false, relu = false;
 };
 
-// The pass on the GPU against the reference; "" when it matches.
+// w [o,c,kh,kw] as [o,kh,kw,c].
+std::vector<float> to_krsc(const std::vector<float>& w, std::int64_t o, std::int64_t c, std::int64_t taps) {
+  std::vector<float> out(w.size());
+  for (std::int64_t f = 0; f < o; ++f)
+    for (std::int64_t ch = 0; ch < c; ++ch)
+      for (std::int64_t t = 0; t < taps; ++t)
+        out[static_cast<std::size_t>((f * taps + t) * c + ch)] = w[static_cast<std::size_t>((f * c + ch) * taps + t)];
+  return out;
+}
+
+// The pass on the GPU against the reference, the filter given [o,c,kh,kw] or (krsc) [o,kh,kw,c]; "" when it matches.
 template <typename T>
-std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_count, std::mt19937_64& rng) {
+std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_count, std::mt19937_64& rng,
+                       bool krsc) {
   const cuda::NhwcConvShape& f = k.shape;
   const std::int64_t hw = f.h * f.w, ohw = f.oh() * f.ow();
   ref::Conv2dGeometry g{f.n, f.c, f.h, f.w, f.o, f.kh, f.kw, f.stride, f.padding};
@@ -48,9 +59,11 @@ std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_
       for (double& e : want) e = e > 0 ? e : 0;
   }
   const std::int64_t in_channels = data ? f.o : f.c, out_channels = data ? f.c : f.o;
-  const Tensor<T> input(to_nhwc(in, f.n, data ? ohw : hw, in_channels), 0), filter(w, 0), bias(b, 0);
+  const Tensor<T> input(to_nhwc(in, f.n, data ? ohw : hw, in_channels), 0), bias(b, 0);
+  const Tensor<T> filter(krsc ? to_krsc(w, f.o, f.c, f.kh * f.kw) : w, 0);
   const Tensor<T> output(want.size()), rewritten(static_cast<std::size_t>(f.o * f.c * f.kh * f.kw));
-  const cuda::NhwcConvPlan plan = cuda::plan_nhwc_conv(pass, f, tile, sm_count);
+  cuda::NhwcConvPlan plan = cuda::plan_nhwc_conv(pass, f, tile, sm_count);
+  plan.filter_krsc = krsc;
   const auto run = [&] {
     cuda::launch_nhwc_conv(plan, input.get(), filter.get(), k.bias ? bias.get() : nullptr, k.relu, output.get(),
                            rewritten.get(), nullptr);
@@ -59,7 +72,9 @@ std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_
   const std::vector<float> got = run();
   const double err = sg::test::relative_error(got, want);
   const double tolerance = std::is_same_v<T, __half> ? 2e-3 : 1.2e-2;
-  if (!(err < tolerance)) return fmt::format("{}: relative error {:.3g} (tolerance {})", plan.describe(), err, tolerance);
+  if (!(err < tolerance))
+    return fmt::format("{}{}: relative error {:.3g} (tolerance {})", plan.describe(), krsc ? ", [o,kh,kw,c] filter" : "",
+                       err, tolerance);
   const std::string again = bit_difference(run(), got);
   if (!again.empty()) return plan.describe() + ": a second run differs: " + again;
   return "";
@@ -76,12 +91,14 @@ template <typename T>
 void check_all_tiles(cuda::NhwcConvPass pass, const Case& k, std::mt19937_64& rng) {
   INFO(type_name<T>(), " ", describe(pass, k));
   REQUIRE(cuda::nhwc_conv_why_not(pass, k.shape) == "");
-  // 132 multiprocessors (an H200's), and 2: the resident form's blocks then walk several units each.
+  // 132 multiprocessors (an H200's), and 2: the resident form's blocks then walk several units each; the
+  // filter in the parameter's layout, and (132 only) [o,kh,kw,c] (graph/filter_layout_pass.hpp).
   for (const int sm_count : {132, 2})
-    for (int tile = -1; tile < cuda::nhwc_conv_tile_count(); ++tile) {
-      const std::string problem = check_case<T>(pass, k, tile, sm_count, rng);
-      CHECK_MESSAGE(problem.empty(), problem);
-    }
+    for (const bool krsc : {false, true})
+      for (int tile = -1; tile < cuda::nhwc_conv_tile_count() && (sm_count == 132 || !krsc); ++tile) {
+        const std::string problem = check_case<T>(pass, k, tile, sm_count, rng, krsc);
+        CHECK_MESSAGE(problem.empty(), problem);
+      }
 }
 
 std::vector<Case> random_cases(std::mt19937_64& rng, bool stride_one) {

@@ -70,7 +70,8 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
   CHECK(choose(p, ActivationLayout::automatic) == "channels-last (its regions end at flattens or the global pooling)");
   CHECK_FALSE(p.channels_last);  // chosen: the variant is now p.train
   const Graph& g = p.train;
-  CHECK(count_op(g, OpKind::to_channels_last) == 2);   // the image in (a view), the flatten's gradient back
+  // The image in (a view), the flatten's gradient back, the second layer's filter [O,KH,KW,C] (its copy for cuDNN).
+  CHECK(count_op(g, OpKind::to_channels_last) == 3);
   CHECK(count_op(g, OpKind::to_channels_first) == 1);  // before the flatten
   const Lowered lowered = lower(g, BackendOptions{});
   for (const Node& n : g.nodes()) {
@@ -78,12 +79,14 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
     CAPTURE(n.id);
     const std::string how = lowering_of(lowered.schedule, n.id);
     switch (n.op) {
-      case OpKind::conv2d:  // the one-channel layer's by our few-channel kernel
+      case OpKind::conv2d:  // the one-channel layer's by our few-channel kernel, reading the parameter's layout
         CHECK(n.attr<Conv2dAttrs>().channels_last);
+        CHECK(n.attr<Conv2dAttrs>().filter_channels_last == (g.value(n.inputs[0]).shape[3] != 1));
         CHECK(how == (g.value(n.inputs[0]).shape[3] == 1 ? "few_channel_conv" : "conv_cudnn"));
         break;
       case OpKind::conv2d_backward_data:
         CHECK(n.attr<Conv2dAttrs>().channels_last);
+        CHECK(n.attr<Conv2dAttrs>().filter_channels_last);
         CHECK(how == "conv_cudnn");
         break;
       case OpKind::conv2d_backward_filter:  // the one-channel layer's by our kernel, with its bias's sums
@@ -92,8 +95,11 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
       case OpKind::to_channels_first:
         CHECK(how == "max_pool2d");
         break;
-      case OpKind::to_channels_last:  // the image's (a view) in the first layer's launch
-        CHECK(how == (g.value(n.inputs[0]).shape[1] == 1 ? "few_channel_conv" : "max_pool2d_backward"));
+      case OpKind::to_channels_last:  // the image's (a view) in the first layer's launch, a filter's its own
+        if (g.value(n.inputs[0]).role == Role::param || g.node(g.value(n.inputs[0]).producer).op == OpKind::cast)
+          CHECK(how == "channels_permute");
+        else
+          CHECK(how == (g.value(n.inputs[0]).shape[1] == 1 ? "few_channel_conv" : "max_pool2d_backward"));
         break;
       case OpKind::reduce_rows:  // the conv biases' over N*H*W rows (the first in its weight gradient's pass);
                                  // the linear layers' in their weight gradient's tile, with both updates

@@ -17,6 +17,8 @@
 #include "runtime/cuda/stream_plan.hpp"
 #include "runtime/plan/memory_plan.hpp"
 #include "runtime/plan/update_branches.hpp"
+#include "models/sequential_program.hpp"
+#include "tests/runtime/channels_last_networks.hpp"
 #include "tests/runtime/report_cnn.hpp"
 #include "tests/runtime/stream_order.hpp"
 
@@ -291,4 +293,60 @@ TEST_CASE(
     }
   }
   CHECK(networks_with_casts >= 1);  // the Adam MLP with fp32 master weights casts them for its forward
+}
+
+TEST_CASE(
+    "gradient stream: the filters' channels-last copies (computed from the parameters alone) run on it, forked "
+    "after the casts they read and joined before their first convolution") {
+  for (const int variant : {0, 1, 2}) {  // fp32 master weights (AdamW); f16 weights (SGD); mnist_resnet in small
+    SequentialTraining t;
+    t.model.input_shape = {1, 28, 28};
+    t.model.layers = variant == 2 ? test::batch_norm_residual_layers(16) : test::two_conv_layers();
+    t.model.batch = 64;
+    t.model.weight_dtype = variant == 1 ? DType::f16 : DType::f32;
+    t.optimizer.kind = variant == 1 ? OptimizerKind::sgd : OptimizerKind::adamw;
+    INFO("variant " << variant);
+    const TrainingProgram p = build_sequential_program(t, 6400, 1000, ProgramTarget::cuda);
+    REQUIRE(p.channels_last);
+    const Graph& g = p.channels_last->train;
+    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
+    const Schedule s = lower(g, keep);
+    const std::vector<bool> prepared = cuda::parameter_launches(g, s);
+    const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(true, true));
+    check_plan(g, s, plan);
+    check_memory(g, s, plan);
+    test::check_stream_order(s, plan);
+    // The values computed (through any node) from the batch: the images and labels, or the state (the step).
+    std::vector<bool> from_batch(g.values().size(), false);
+    for (const Value& v : g.values()) from_batch[v.id] = v.role == Role::input || v.role == Role::label;
+    for (const Node& n : g.nodes())
+      for (ValueId out : n.outputs)
+        for (ValueId in : n.inputs) from_batch[out] = from_batch[out] || from_batch[in] || g.value(in).role == Role::state;
+    std::size_t copies = 0;
+    for (std::size_t k = 0; k < s.launches.size(); ++k) {
+      const Launch& l = s.launches[k];
+      INFO("L" << k << " " << l.lowering->name());
+      const bool copy = has_op(g, l, OpKind::to_channels_last) && l.lowering->name() == "channels_permute" &&
+                        g.value(l.writes.front()).name.ends_with("_krsc");
+      const bool batch = std::any_of(l.reads.begin(), l.reads.end(), [&](ValueId v) { return from_batch[v]; });
+      if (copy) {
+        ++copies;
+        CHECK(prepared[k]);
+        CHECK(plan.on_gradient_stream[k]);
+        // Forked before the convolution that reads it, joined right before the first launch that does.
+        std::size_t first_reader = s.launches.size();
+        for (std::size_t j = k + 1; j < s.launches.size() && first_reader == s.launches.size(); ++j)
+          if (std::find(s.launches[j].reads.begin(), s.launches[j].reads.end(), l.writes.front()) !=
+              s.launches[j].reads.end())
+            first_reader = j;
+        CHECK(plan.fork_before[k] <= k);
+        CHECK(plan.join_before[k] == first_reader);
+        CHECK(g.node(s.launches[first_reader].nodes.front()).op == OpKind::conv2d);
+      }
+      if (prepared[k]) CHECK_FALSE(batch);  // nothing that reads the batch or its activations is "prepared"
+      if (l.lowering->name() == "cast_params") CHECK(prepared[k]);
+    }
+    // The residual block's two 16-channel convolutions and the stage after it; two_conv's second layer.
+    CHECK(copies == (variant == 2 ? 3 : 1));
+  }
 }

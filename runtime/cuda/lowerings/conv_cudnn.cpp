@@ -41,6 +41,7 @@ class ConvCudnnLowering final : public CudaLowering {
     const ConvSizes z = conv_sizes(g, n);
     request.geometry = {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding};
     request.channels_last = z.channels_last;
+    request.filter_channels_last = z.filter_channels_last;
     ConvTensors t;
     switch (n.op) {
       case OpKind::conv2d:

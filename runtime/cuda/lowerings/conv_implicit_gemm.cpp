@@ -34,9 +34,11 @@ class ConvImplicitGemmLowering final : public CudaLowering {
     return match_conv(
         cover, unit, [](DType t) { return is_floating(t); },
         [&](const ConvSizes& z) {
-          // Our kernels read and write NCHW activations; channels-last, the
-          // weight gradient of a one-channel input (X's bytes are the same).
-          const bool layout = !z.channels_last || (is_filter_gradient(cover, unit) && z.c == 1);
+          // Our kernels read and write NCHW activations and [K,C,R,S] filters;
+          // channels-last, the weight gradient of a one-channel input (X's
+          // bytes, and a [K,R,S,C] filter's, are the same).
+          const bool layout = (!z.channels_last && !z.filter_channels_last) ||
+                              (z.channels_last && is_filter_gradient(cover, unit) && z.c == 1);
           return layout && (max_channel_product_ == 0 || z.c * z.k <= max_channel_product_);
         });
   }

@@ -21,10 +21,12 @@ struct ConvNodes {
 };
 
 // A convolution's sizes in the forward's terms: input n x c x h x w, k
-// filters of c x r x s; channels_last: the activations are [N,H,W,C].
+// filters of c x r x s; channels_last: the activations are [N,H,W,C];
+// filter_channels_last: the filter (or dW) is [K,R,S,C].
 struct ConvSizes {
   std::int64_t n = 0, c = 0, h = 0, w = 0, k = 0, r = 0, s = 0, stride = 1, padding = 0;
   bool channels_last = false;
+  bool filter_channels_last = false;
 };
 
 inline bool is_conv(OpKind op) {
@@ -40,19 +42,24 @@ inline ConvSizes conv_sizes(const sg::Graph& g, const Node& n) {
     const Shape& s = g.value(v).shape;
     return a.channels_last ? Shape{s[0], s[3], s[1], s[2]} : s;
   };
-  const bool cl = a.channels_last;
+  // A filter's K, C, R, S in its layout.
+  const auto kcrs = [&](ValueId v) {
+    const Shape& s = g.value(v).shape;
+    return a.filter_channels_last ? Shape{s[0], s[3], s[1], s[2]} : s;
+  };
+  const bool cl = a.channels_last, fl = a.filter_channels_last;
   switch (n.op) {
     case OpKind::conv2d: {  // (X, W[, bias])
-      const Shape x = nchw(n.inputs[0]), &w = g.value(n.inputs[1]).shape;
-      return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], a.stride, a.padding, cl};
+      const Shape x = nchw(n.inputs[0]), w = kcrs(n.inputs[1]);
+      return {x[0], x[1], x[2], x[3], w[0], w[2], w[3], a.stride, a.padding, cl, fl};
     }
     case OpKind::conv2d_backward_data: {  // (dY, W) -> dX
-      const Shape dy = nchw(n.inputs[0]), &w = g.value(n.inputs[1]).shape;
-      return {dy[0], w[1], a.grad_h, a.grad_w, w[0], w[2], w[3], a.stride, a.padding, cl};
+      const Shape dy = nchw(n.inputs[0]), w = kcrs(n.inputs[1]);
+      return {dy[0], w[1], a.grad_h, a.grad_w, w[0], w[2], w[3], a.stride, a.padding, cl, fl};
     }
     default: {  // conv2d_backward_filter: (dY, X) -> dW
       const Shape dy = nchw(n.inputs[0]), x = nchw(n.inputs[1]);
-      return {x[0], x[1], x[2], x[3], dy[1], a.grad_h, a.grad_w, a.stride, a.padding, cl};
+      return {x[0], x[1], x[2], x[3], dy[1], a.grad_h, a.grad_w, a.stride, a.padding, cl, fl};
     }
   }
 }

@@ -34,18 +34,20 @@ struct Dims {
   int n, h, w, c, o, kh, kw, stride, padding, oh, ow, pixels;
 };
 
-// The filter [o,c,kh,kw] as B's rows, [cols][taps][k_channels]: forward, cols = o and
-// k_channels = c; backward data, cols = c and k_channels = o with the taps reversed
-// (the flipped filter).
+// The filter [o,c,kh,kw] (or [o,kh,kw,c] when `krsc`) as B's rows,
+// [cols][taps][k_channels]: forward, cols = o and k_channels = c; backward
+// data, cols = c and k_channels = o with the taps reversed (the flipped filter).
 template <typename T>
-__global__ void rewrite_filter_kernel(const T* filter, T* out, int o, int c, int taps, bool backward_data) {
+__global__ void rewrite_filter_kernel(const T* filter, T* out, int o, int c, int taps, bool backward_data, bool krsc) {
   const int total = o * c * taps;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const int k_channels = backward_data ? o : c;
     const int k = i % k_channels;
     const int t = (i / k_channels) % taps;
     const int col = i / (k_channels * taps);
-    out[i] = backward_data ? filter[(k * c + col) * taps + (taps - 1 - t)] : filter[(col * c + k) * taps + t];
+    // The source element: filter output channel f, input channel ch, tap.
+    const int f = backward_data ? k : col, ch = backward_data ? col : k, tap = backward_data ? taps - 1 - t : t;
+    out[i] = krsc ? filter[(f * taps + tap) * c + ch] : filter[(f * c + ch) * taps + tap];
   }
 }
 
@@ -338,9 +340,13 @@ void launch_nhwc_conv(const NhwcConvPlan& p, const T* input, const T* filter, co
   const int fo = static_cast<int>(data ? g.c : g.o), fc = static_cast<int>(data ? g.o : g.c);
   const int taps = static_cast<int>(g.kh * g.kw);
   const int total = fo * fc * taps;
-  rewrite_filter_kernel<T><<<std::min((total + 255) / 256, 1024), 256, 0, stream>>>(filter, rewritten, fo, fc, taps,
-                                                                                   data);
-  SG_LAUNCH_CHECK("rewrite_filter_kernel");
+  if (data || !p.filter_krsc) {
+    rewrite_filter_kernel<T><<<std::min((total + 255) / 256, 1024), 256, 0, stream>>>(filter, rewritten, fo, fc, taps,
+                                                                                     data, p.filter_krsc);
+    SG_LAUNCH_CHECK("rewrite_filter_kernel");
+  } else {
+    rewritten = const_cast<T*>(filter);  // [o][taps][c] already: what the kernels read
+  }
   const Dims d{static_cast<int>(g.n),      static_cast<int>(g.h),        static_cast<int>(g.w),
                static_cast<int>(g.c),      static_cast<int>(g.o),        static_cast<int>(g.kh),
                static_cast<int>(g.kw),     static_cast<int>(g.stride),   static_cast<int>(g.padding),

@@ -50,6 +50,7 @@ struct NhwcConvPlan {
   int k_step = 32;     // channels per K step: 32 where the input channels allow, else 16
   int halo_rows = 0;   // the halo and resident forms' output rows per block or unit (their tiles only)
   int resident_blocks = 0;  // the resident form's blocks along the units
+  bool filter_krsc = false;  // the filter given is [o,kh,kw,c] (else the parameter's [o,c,kh,kw])
   std::size_t filter_elements() const { return static_cast<std::size_t>(gemm.o * gemm.kh * gemm.kw * gemm.c); }
   std::string describe() const;  // "tensor-core NHWC conv, tile 128x64, K step 32"
 };
@@ -61,9 +62,11 @@ std::string nhwc_conv_why_not(NhwcConvPass pass, const NhwcConvShape& forward);
 // shape and `sm_count`, without timing).
 NhwcConvPlan plan_nhwc_conv(NhwcConvPass pass, const NhwcConvShape& forward, int tile, int sm_count);
 
-// T = __half or __nv_bfloat16. `filter` is the parameter [o,c,kh,kw];
-// `rewritten` holds plan.filter_elements() T (workspace, rewritten on every
-// launch). Y / dX are written whole.
+// T = __half or __nv_bfloat16. `filter` is the parameter [o,c,kh,kw], or
+// [o,kh,kw,c] with plan.filter_krsc; `rewritten` holds
+// plan.filter_elements() T (workspace, rewritten on every launch; a forward
+// reads a [o,kh,kw,c] filter as it is, with no rewrite). Y / dX are written
+// whole.
 template <typename T>
 void launch_nhwc_conv(const NhwcConvPlan& plan, const T* input, const T* filter, const T* bias, bool relu, T* output,
                       T* rewritten, cudaStream_t stream);

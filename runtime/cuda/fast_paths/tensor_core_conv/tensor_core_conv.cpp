@@ -98,12 +98,18 @@ class TensorCoreConvLowering final : public CudaLowering {
     if (reinterpret_cast<std::uintptr_t>(o.input) % 16 != 0 || reinterpret_cast<std::uintptr_t>(o.output) % 4 != 0)
       throw CudaError(fmt::format("tensor_core_conv: node {}'s activations are not 16-byte aligned", n.id));
     const int sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
-    NhwcConvPlan plan = plan_nhwc_conv(pass, nhwc_shape(z), -1, sms);
+    // A [K,R,S,C] filter (graph/filter_layout_pass.hpp) is what a forward reads as it is.
+    const auto plan_of = [&](int tile) {
+      NhwcConvPlan p = plan_nhwc_conv(pass, nhwc_shape(z), tile, sms);
+      p.filter_krsc = z.filter_channels_last;
+      return p;
+    };
+    NhwcConvPlan plan = plan_of(-1);
     if (!c.options().autotune) return bind_ours(plan, dtype, o, c, "tile from the shape; backend.autotune times them");
 
-    const std::string key = fmt::format("{}:{}:{}x{}x{}x{}:{}x{}x{}:s{}p{}:b{}r{}", static_cast<int>(pass),
+    const std::string key = fmt::format("{}:{}:{}x{}x{}x{}:{}x{}x{}:s{}p{}:b{}r{}f{}", static_cast<int>(pass),
                                         dtype_name(dtype), z.n, z.h, z.w, z.c, z.k, z.r, z.s, z.stride, z.padding,
-                                        o.bias != nullptr, o.relu);
+                                        o.bias != nullptr, o.relu, z.filter_channels_last);
     std::optional<int> chosen;
     {
       const std::lock_guard lock(chosen_mutex);
@@ -119,7 +125,7 @@ class TensorCoreConvLowering final : public CudaLowering {
       float best = -1.0f;
       std::string times;
       for (int tile = 0; tile < nhwc_conv_tile_count(); ++tile) {
-        const NhwcConvPlan p = plan_nhwc_conv(pass, nhwc_shape(z), tile, sms);
+        const NhwcConvPlan p = plan_of(tile);
         const float us = median_us(c.stream(), [&](cudaStream_t s) { run(p, dtype, o, rewritten.data(), s); });
         times += fmt::format("{}{:.1f}", times.empty() ? "" : " ", us);
         if (best < 0 || us < best) {
@@ -149,7 +155,7 @@ class TensorCoreConvLowering final : public CudaLowering {
                                            std::move(label));
     }
 #endif
-    plan = plan_nhwc_conv(pass, nhwc_shape(z), std::max(*chosen, 0), sms);
+    plan = plan_of(std::max(*chosen, 0));
     return bind_ours(plan, dtype, o, c, why);
   }
 
@@ -202,6 +208,7 @@ class TensorCoreConvLowering final : public CudaLowering {
     request.io_type = dtype == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16;
     request.geometry = {z.n, z.c, z.h, z.w, z.k, z.r, z.s, z.stride, z.padding};
     request.channels_last = true;
+    request.filter_channels_last = z.filter_channels_last;
     request.direction = n.op == OpKind::conv2d ? ConvDirection::forward : ConvDirection::backward_data;
     request.bias = o.bias != nullptr;
     request.relu = o.relu;
