@@ -14,6 +14,7 @@
 
 #include "ops/cuda/fast_paths/tensor_core_conv/conv_nhwc_mma.hpp"
 #include "tests/kernels/channels_last_test_support.hpp"
+#include "tests/support/filter_layouts.hpp"
 
 using namespace sg;
 using namespace sg::test::channels_last;
@@ -24,16 +25,6 @@ struct Case {
   cuda::NhwcConvShape shape;
   bool bias = false, relu = false;
 };
-
-// w [o,c,kh,kw] as [o,kh,kw,c].
-std::vector<float> to_krsc(const std::vector<float>& w, std::int64_t o, std::int64_t c, std::int64_t taps) {
-  std::vector<float> out(w.size());
-  for (std::int64_t f = 0; f < o; ++f)
-    for (std::int64_t ch = 0; ch < c; ++ch)
-      for (std::int64_t t = 0; t < taps; ++t)
-        out[static_cast<std::size_t>((f * taps + t) * c + ch)] = w[static_cast<std::size_t>((f * c + ch) * taps + t)];
-  return out;
-}
 
 // The pass on the GPU against the reference, the filter given [o,c,kh,kw] or (krsc) [o,kh,kw,c]; "" when it matches.
 template <typename T>
@@ -60,7 +51,7 @@ std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_
   }
   const std::int64_t in_channels = data ? f.o : f.c, out_channels = data ? f.c : f.o;
   const Tensor<T> input(to_nhwc(in, f.n, data ? ohw : hw, in_channels), 0), bias(b, 0);
-  const Tensor<T> filter(krsc ? to_krsc(w, f.o, f.c, f.kh * f.kw) : w, 0);
+  const Tensor<T> filter(krsc ? sg::test::filter_to_krsc(w, f.o, f.c, f.kh * f.kw) : w, 0);
   const Tensor<T> output(want.size()), rewritten(static_cast<std::size_t>(f.o * f.c * f.kh * f.kw));
   cuda::NhwcConvPlan plan = cuda::plan_nhwc_conv(pass, f, tile, sm_count);
   plan.filter_krsc = krsc;

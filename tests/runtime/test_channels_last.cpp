@@ -18,6 +18,7 @@
 #include "models/sequential_program.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "tests/runtime/channels_last_networks.hpp"
+#include "tests/runtime/sequential_cpu_steps.hpp"
 #include "tests/runtime/small_residual_cnn.hpp"
 #include "tests/runtime/test_support.hpp"
 
@@ -79,24 +80,7 @@ std::vector<double> train(Graph forward, const SequentialSpec& spec, const Optim
   const ValueId loss = forward.value_named(names::loss);
   const ValueId step = forward.value_named(names::step);
   const Graph g = build_training_stages(std::move(forward), loss, optimizer, {}, step).fused;
-  const DataBindings d = mlp_data_bindings(g, spec.batch);
-  CpuExecutor<double> e(g);
-  std::mt19937_64 rng(data_seed);
-  for (auto& v : e.tensor(d.images).u8) v = static_cast<std::uint8_t>(rng() % 256);
-  for (auto& v : e.tensor(d.labels).u8) v = static_cast<std::uint8_t>(rng() % 4);
-  auto& perm = e.tensor(d.perm).i32;
-  std::iota(perm.begin(), perm.end(), 0);
-  for (const auto& init : sequential_initial_parameters(spec.input_shape, spec.layers, 3))
-    std::copy(init.values.begin(), init.values.end(), e.tensor(init.name).real.begin());
-  e.set_learning_rate(optimizer.lr);
-  for (int i = 0; i < steps; ++i) e.run();
-  std::vector<double> out;  // the parameters, then the optimizer's and batch_norm's running state
-  for (const Role role : {Role::param, Role::state})
-    for (ValueId p : g.values_with_role(role)) {
-      const auto& v = e.tensor(p).real;
-      out.insert(out.end(), v.begin(), v.end());
-    }
-  return out;
+  return test::sequential_cpu_steps(g, spec, optimizer.lr, steps, data_seed);
 }
 
 }  // namespace

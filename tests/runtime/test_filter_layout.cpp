@@ -8,33 +8,22 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <numeric>
 
 #include "graph/autodiff.hpp"
 #include "graph/channels_last_pass.hpp"
 #include "graph/filter_layout_pass.hpp"
 #include "graph/training_graph.hpp"
-#include "models/mlp_program.hpp"
 #include "models/sequential.hpp"
-#include "runtime/cpu/cpu_executor.hpp"
 #include "tests/runtime/finite_differences.hpp"
 #include "tests/runtime/layer_specs.hpp"
+#include "tests/runtime/sequential_cpu_steps.hpp"
 #include "tests/runtime/test_support.hpp"
+#include "tests/support/filter_layouts.hpp"
 
 using namespace sg;
 using sg::test::net_layer;
 
 namespace {
-
-// w [o,c,kh,kw] as [o,kh,kw,c].
-std::vector<double> to_krsc(const std::vector<double>& w, std::int64_t o, std::int64_t c, std::int64_t taps) {
-  std::vector<double> out(w.size());
-  for (std::int64_t f = 0; f < o; ++f)
-    for (std::int64_t ch = 0; ch < c; ++ch)
-      for (std::int64_t t = 0; t < taps; ++t)
-        out[static_cast<std::size_t>((f * taps + t) * c + ch)] = w[static_cast<std::size_t>((f * c + ch) * taps + t)];
-  return out;
-}
 
 // Input channels 1 and 8-12 (both sides of the pass's threshold), a stride-2 conv, padding, a pooling.
 SequentialSpec wide_cnn(std::int64_t batch) {
@@ -63,28 +52,6 @@ Graph training_graph(const SequentialSpec& spec, const OptimizerSpec& optimizer,
   Graph g = optimized(rewrite_channels_last(build_sequential_forward(spec))->graph, optimizer);
   if (copies) use_channels_last_filters(g);
   return g;
-}
-
-// `steps` steps of `g` (f64) from the spec's initial parameters on random u8 images; every parameter and state.
-std::vector<double> train(const Graph& g, const SequentialSpec& spec, const OptimizerSpec& optimizer, int steps) {
-  const DataBindings d = mlp_data_bindings(g, spec.batch);
-  CpuExecutor<double> e(g);
-  std::mt19937_64 rng(7);
-  for (auto& v : e.tensor(d.images).u8) v = static_cast<std::uint8_t>(rng() % 256);
-  for (auto& v : e.tensor(d.labels).u8) v = static_cast<std::uint8_t>(rng() % 4);
-  auto& perm = e.tensor(d.perm).i32;
-  std::iota(perm.begin(), perm.end(), 0);
-  for (const auto& init : sequential_initial_parameters(spec.input_shape, spec.layers, 3))
-    std::copy(init.values.begin(), init.values.end(), e.tensor(init.name).real.begin());
-  e.set_learning_rate(optimizer.lr);
-  for (int i = 0; i < steps; ++i) e.run();
-  std::vector<double> out;
-  for (const Role role : {Role::param, Role::state})
-    for (ValueId p : g.values_with_role(role)) {
-      const auto& v = e.tensor(p).real;
-      out.insert(out.end(), v.begin(), v.end());
-    }
-  return out;
 }
 
 }  // namespace
@@ -125,13 +92,13 @@ TEST_CASE("conv2d and its backward ops with [O,KH,KW,C] filters compute what the
       CHECK(g.value(dw).shape == g.value(k).shape);
       CpuExecutor<double> e(g);
       e.tensor(x).real = xv;
-      e.tensor(k).real = krsc ? to_krsc(wv, o, c, kh * kw) : wv;
+      e.tensor(k).real = krsc ? test::filter_to_krsc(wv, o, c, kh * kw) : wv;
       e.tensor(b).real = bv;
       e.tensor(dy).real = dyv;
       for (ValueId out : {y, dx, dw}) std::fill(e.tensor(out).real.begin(), e.tensor(out).real.end(), NAN);
       e.run();
       outputs[krsc] = {e.tensor(y).real, e.tensor(dx).real,
-                       krsc ? e.tensor(dw).real : to_krsc(e.tensor(dw).real, o, c, kh * kw)};
+                       krsc ? e.tensor(dw).real : test::filter_to_krsc(e.tensor(dw).real, o, c, kh * kw)};
     }
     for (int i = 0; i < 3; ++i) {
       INFO("output " << i << " (forward, data gradient, filter gradient as [O,KH,KW,C])");
@@ -203,9 +170,9 @@ TEST_CASE("training steps with the filters' channels-last copies equal those wit
     optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
     optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
     const SequentialSpec spec = wide_cnn(5);
-    const auto start = train(training_graph(spec, optimizer, false), spec, optimizer, 0);
-    const auto plain = train(training_graph(spec, optimizer, false), spec, optimizer, 3);
-    const auto copied = train(training_graph(spec, optimizer, true), spec, optimizer, 3);
+    const auto start = test::sequential_cpu_steps(training_graph(spec, optimizer, false), spec, optimizer.lr, 0, 7);
+    const auto plain = test::sequential_cpu_steps(training_graph(spec, optimizer, false), spec, optimizer.lr, 3, 7);
+    const auto copied = test::sequential_cpu_steps(training_graph(spec, optimizer, true), spec, optimizer.lr, 3, 7);
     REQUIRE(plain.size() == copied.size());
     CHECK(plain == copied);
     double moved = 0;
