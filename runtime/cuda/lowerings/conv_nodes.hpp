@@ -37,17 +37,15 @@ inline bool is_conv(OpKind op) {
 // of what they produce in grad_h x grad_w).
 inline ConvSizes conv_sizes(const sg::Graph& g, const Node& n) {
   const auto& a = n.attr<Conv2dAttrs>();
-  // An activation's N, C, H, W in its layout.
-  const auto nchw = [&](ValueId v) {
+  // A value's sizes channels-first (an activation's N, C, H, W; a filter's
+  // K, C, R, S) whether its layout is `last` or not.
+  const auto first = [&](ValueId v, bool last) {
     const Shape& s = g.value(v).shape;
-    return a.channels_last ? Shape{s[0], s[3], s[1], s[2]} : s;
-  };
-  // A filter's K, C, R, S in its layout.
-  const auto kcrs = [&](ValueId v) {
-    const Shape& s = g.value(v).shape;
-    return a.filter_channels_last ? Shape{s[0], s[3], s[1], s[2]} : s;
+    return last ? Shape{s[0], s[3], s[1], s[2]} : s;
   };
   const bool cl = a.channels_last, fl = a.filter_channels_last;
+  const auto nchw = [&](ValueId v) { return first(v, cl); };
+  const auto kcrs = [&](ValueId v) { return first(v, fl); };
   switch (n.op) {
     case OpKind::conv2d: {  // (X, W[, bias])
       const Shape x = nchw(n.inputs[0]), w = kcrs(n.inputs[1]);
