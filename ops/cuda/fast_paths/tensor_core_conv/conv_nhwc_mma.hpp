@@ -11,7 +11,8 @@
 // copies straight from the activation (zero-filled where the tap lies in the
 // padding: no im2col buffer). The filter is first rewritten (one small
 // launch) as [O][KH*KW][C] in the program's workspace, so B tiles are 16-byte
-// copies as well. Every output element is one thread's sum in a fixed order:
+// copies as well (a forward given that layout, the [O,KH,KW,C] copy of
+// graph/filter_layout_pass.hpp, reads it as it is). Every output element is one thread's sum in a fixed order:
 // the same bits on every run. Where a shape is not taken (channels not a
 // multiple of 16 / 8, f32), the caller keeps cuDNN or our NCHW kernels.
 #include <cuda_runtime.h>
