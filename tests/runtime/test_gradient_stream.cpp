@@ -340,6 +340,7 @@ TEST_CASE(
       const bool batch = std::any_of(l.reads.begin(), l.reads.end(), [&](ValueId v) { return from_batch[v]; });
       if (copy) {
         ++copies;
+        CHECK(l.lowering->describe(g, l) == "filter [O,C,KH,KW]->[O,KH,KW,C]");  // as inspect -f schedule says
         CHECK(prepared[k]);
         CHECK(plan.on_gradient_stream[k]);
         // Forked before the convolution that reads it, joined right before the first launch that does.

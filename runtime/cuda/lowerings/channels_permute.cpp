@@ -21,7 +21,12 @@ class ChannelsPermuteLowering final : public CudaLowering {
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
-    return g.node(l.nodes.front()).op == OpKind::to_channels_last ? "NCHW->NHWC" : "NHWC->NCHW";
+    const Node& n = g.node(l.nodes.front());
+    if (n.op == OpKind::to_channels_first) return "NHWC->NCHW";
+    // A filter's copy (graph/filter_layout_pass.hpp): its input is a parameter or a parameter's cast.
+    const Value& in = g.value(n.inputs[0]);
+    const bool filter = in.role == Role::param || (in.producer >= 0 && param_cast_to(g, g.node(in.producer)));
+    return filter ? "filter [O,C,KH,KW]->[O,KH,KW,C]" : "NCHW->NHWC";
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
