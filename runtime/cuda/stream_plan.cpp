@@ -107,8 +107,9 @@ std::vector<bool> parameter_launches(const sg::Graph& graph, const Schedule& s) 
   for (const Value& v : graph.values()) from_parameters[static_cast<std::size_t>(v.id)] = v.role == Role::param;
   for (const Node& n : graph.nodes()) {
     if (op_updates_in_place(n.op)) continue;
-    const bool derived = std::all_of(n.inputs.begin(), n.inputs.end(),
-                                     [&](ValueId v) { return from_parameters[static_cast<std::size_t>(v)]; });
+    const bool derived = !n.inputs.empty() && std::all_of(n.inputs.begin(), n.inputs.end(), [&](ValueId v) {
+      return from_parameters[static_cast<std::size_t>(v)];
+    });
     for (ValueId out : n.outputs) from_parameters[static_cast<std::size_t>(out)] = derived;
   }
   const auto derived = [&](ValueId v) { return from_parameters[static_cast<std::size_t>(v)]; };
