@@ -121,36 +121,31 @@ std::vector<ValueId> Graph::insert_node(std::size_t position, OpKind op, std::ve
   return nodes_[position].outputs;
 }
 
-void Graph::set_attrs(NodeId node, OpAttrs attrs) {
-  if (!groups_.empty()) throw GraphError("attributes cannot change after fusion");
+void Graph::expect_same_outputs(std::string_view who, NodeId node, const std::vector<ValueId>& inputs,
+                                const OpAttrs& attrs) const {
   const Node& n = this->node(node);
   std::vector<const Value*> in;
-  for (ValueId id : n.inputs) in.push_back(&value(id));
+  for (ValueId id : inputs) in.push_back(&value(id));
   const auto specs = infer_outputs(n.op, in, attrs);  // (throws for attributes of another kind or bad values)
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const bool same = i < n.outputs.size() && specs[i].shape == value(n.outputs[i]).shape &&
-                      specs[i].dtype == value(n.outputs[i]).dtype;
-    if (!same)
-      throw GraphError(fmt::format("set_attrs: node {} ({}) would change its outputs", node, op_name(n.op)));
-  }
+  for (std::size_t i = 0; i < specs.size(); ++i)
+    if (i >= n.outputs.size() || specs[i].shape != value(n.outputs[i]).shape ||
+        specs[i].dtype != value(n.outputs[i]).dtype)
+      throw GraphError(fmt::format("{}: node {} ({}) would change its outputs", who, node, op_name(n.op)));
+}
+
+void Graph::set_attrs(NodeId node, OpAttrs attrs) {
+  if (!groups_.empty()) throw GraphError("attributes cannot change after fusion");
+  expect_same_outputs("set_attrs", node, this->node(node).inputs, attrs);
   nodes_[static_cast<std::size_t>(node)].attrs = std::move(attrs);
 }
 
 void Graph::rewire(NodeId node, std::vector<ValueId> inputs, OpAttrs attrs) {
   if (!groups_.empty()) throw GraphError("inputs cannot change after fusion");
-  const Node& n = this->node(node);
-  std::vector<const Value*> in;
-  for (ValueId id : inputs) {
-    in.push_back(&value(id));
-    if (in.back()->producer >= node)
-      throw GraphError(fmt::format("rewire: node {} would read {} before it is produced", node, in.back()->name));
-  }
-  const auto specs = infer_outputs(n.op, in, attrs);
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    if (i >= n.outputs.size() || specs[i].shape != value(n.outputs[i]).shape ||
-        specs[i].dtype != value(n.outputs[i]).dtype)
-      throw GraphError(fmt::format("rewire: node {} ({}) would change its outputs", node, op_name(n.op)));
-  Node& changed = nodes_[static_cast<std::size_t>(node)];
+  for (ValueId id : inputs)
+    if (value(id).producer >= node)
+      throw GraphError(fmt::format("rewire: node {} would read {} before it is produced", node, value(id).name));
+  expect_same_outputs("rewire", node, inputs, attrs);
+  Node& changed = nodes_.at(static_cast<std::size_t>(node));
   changed.inputs = std::move(inputs);
   changed.attrs = std::move(attrs);
 }

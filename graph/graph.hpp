@@ -5,6 +5,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "graph/op.hpp"
@@ -107,6 +108,10 @@ class Graph {
   ValueId add_owned(std::string name, Shape shape, DType dtype, Role role);
   std::string unique_name(std::string base) const;
   void renumber_from(std::size_t position);
+  // Throws (naming `who`) unless node `node` reading `inputs` with `attrs`
+  // gives the outputs it has (set_attrs, rewire).
+  void expect_same_outputs(std::string_view who, NodeId node, const std::vector<ValueId>& inputs,
+                           const OpAttrs& attrs) const;
 
   std::vector<Value> values_;
   std::vector<Node> nodes_;
