@@ -29,6 +29,11 @@ struct ConvSizes {
   bool filter_channels_last = false;
 };
 
+// Whether the filter's bytes are in [K,C,R,S] order, what our non-tensor-core
+// convolution kernels read or write: it is so laid out, or [K,R,S,C] with one
+// input channel (the same bytes).
+inline bool filter_bytes_kcrs(const ConvSizes& z) { return !z.filter_channels_last || z.c == 1; }
+
 inline bool is_conv(OpKind op) {
   return op == OpKind::conv2d || op == OpKind::conv2d_backward_data || op == OpKind::conv2d_backward_filter;
 }

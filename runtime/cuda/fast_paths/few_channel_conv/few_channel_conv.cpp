@@ -36,8 +36,7 @@ bool half_type(DType t) { return t == DType::f16 || t == DType::bf16; }
 // "" when these kernels take a convolution of sizes z (its dtype checked apart).
 std::string few_channel_sizes_why_not(const ConvSizes& z) {
   if (!z.channels_last) return "NCHW activations (these kernels take channels-last)";
-  // (With one input channel both filter layouts are the same bytes.)
-  if (z.filter_channels_last && z.c != 1) return "a [K,R,S,C] filter (these kernels read [K,C,R,S])";
+  if (!filter_bytes_kcrs(z)) return "a [K,R,S,C] filter (these kernels read [K,C,R,S])";
   return few_channel_conv_why_not(few_channel_shape(z));
 }
 

@@ -24,9 +24,8 @@ class ConvWgradBiasLowering final : public CudaLowering {
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
     return match_wgrad_bias(cover, unit, [&](const ConvSizes& z, DType) {
-      // Ours reads channels-last dY for one input channel only, and writes
-      // [K,C,R,S] (with one channel, a [K,R,S,C] dW's bytes too).
-      if ((z.channels_last || z.filter_channels_last) && z.c != 1) return false;
+      // Ours reads channels-last dY for one input channel only, and writes [K,C,R,S].
+      if ((z.channels_last && z.c != 1) || !filter_bytes_kcrs(z)) return false;
       if (max_channel_product_ > 0 && z.c * z.k > max_channel_product_) return false;
       // One multiprocessor stages the most rows a block (no row splits): a
       // plan that fits then fits every GPU.
