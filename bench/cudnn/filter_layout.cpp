@@ -59,7 +59,8 @@ std::string kernels_of(const std::function<void(cudaStream_t)>& run, cudaStream_
 }
 
 const char* direction_name(ConvDirection d) {
-  return d == ConvDirection::forward ? "forward" : d == ConvDirection::backward_data ? "backward data" : "backward filter";
+  if (d == ConvDirection::forward) return "forward";
+  return d == ConvDirection::backward_data ? "backward data" : "backward filter";
 }
 
 }  // namespace
@@ -81,7 +82,8 @@ int main() {
   const cudnn::Handle handle;
   for (const Layer& l : layers) {
     const ConvGeometry g{l.n, l.c, l.hw, l.hw, l.k, l.r, l.r, 1, l.padding};
-    DeviceBuffer x(static_cast<std::size_t>(l.n * l.hw * l.hw * l.c * 2)), w(static_cast<std::size_t>(l.k * l.c * l.r * l.r * 2));
+    DeviceBuffer x(static_cast<std::size_t>(l.n * l.hw * l.hw * l.c * 2));
+    DeviceBuffer w(static_cast<std::size_t>(l.k * l.c * l.r * l.r * 2));
     DeviceBuffer y(static_cast<std::size_t>(l.n * g.p() * g.q() * l.k * 2)), b(static_cast<std::size_t>(l.k * 2));
     for (const DeviceBuffer* buffer : {&x, &w, &y, &b}) SG_CUDA_CHECK(cudaMemset(buffer->data(), 0, buffer->bytes()));
     for (ConvDirection d : {ConvDirection::forward, ConvDirection::backward_data, ConvDirection::backward_filter})

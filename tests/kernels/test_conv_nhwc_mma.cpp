@@ -64,8 +64,8 @@ std::string check_case(cuda::NhwcConvPass pass, const Case& k, int tile, int sm_
   const double err = sg::test::relative_error(got, want);
   const double tolerance = std::is_same_v<T, __half> ? 2e-3 : 1.2e-2;
   if (!(err < tolerance))
-    return fmt::format("{}{}: relative error {:.3g} (tolerance {})", plan.describe(), krsc ? ", [o,kh,kw,c] filter" : "",
-                       err, tolerance);
+    return fmt::format("{}{}: relative error {:.3g} (tolerance {})", plan.describe(),
+                       krsc ? ", [o,kh,kw,c] filter" : "", err, tolerance);
   const std::string again = bit_difference(run(), got);
   if (!again.empty()) return plan.describe() + ": a second run differs: " + again;
   return "";

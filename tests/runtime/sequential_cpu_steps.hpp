@@ -3,17 +3,26 @@
 // in f64: the spec's initial parameters (seed 3), random u8 images and labels
 // of 4 classes from `data_seed`, the batches in dataset order; returns every
 // parameter, then the optimizer's and batch_norm's running state, as one
-// vector. For tests that compare two graphs of one network step by step.
+// vector. For tests that compare two graphs of one network step by step;
+// sequential_training_stages makes them from a forward graph.
 #include <algorithm>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "graph/training_graph.hpp"
 #include "models/mlp_program.hpp"
 #include "models/sequential.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 
 namespace sg::test {
+
+// The training stages of a model.sequential forward graph (its loss and step counter named as the builders name them).
+inline TrainingGraphStages sequential_training_stages(Graph forward, const OptimizerSpec& optimizer) {
+  const ValueId loss = forward.value_named(names::loss);
+  const ValueId step = forward.value_named(names::step);
+  return build_training_stages(std::move(forward), loss, optimizer, {}, step);
+}
 
 inline std::vector<double> sequential_cpu_steps(const Graph& g, const SequentialSpec& spec, double lr, int steps,
                                                 std::uint64_t data_seed) {

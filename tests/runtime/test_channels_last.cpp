@@ -77,9 +77,7 @@ int count(const Graph& g, OpKind op) {
 // spec's initial parameters on random u8 images; returns every parameter.
 std::vector<double> train(Graph forward, const SequentialSpec& spec, const OptimizerSpec& optimizer, int steps,
                           std::uint64_t data_seed) {
-  const ValueId loss = forward.value_named(names::loss);
-  const ValueId step = forward.value_named(names::step);
-  const Graph g = build_training_stages(std::move(forward), loss, optimizer, {}, step).fused;
+  const Graph g = test::sequential_training_stages(std::move(forward), optimizer).fused;
   return test::sequential_cpu_steps(g, spec, optimizer.lr, steps, data_seed);
 }
 

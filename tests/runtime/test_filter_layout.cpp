@@ -40,16 +40,10 @@ SequentialSpec wide_cnn(std::int64_t batch) {
   return s;
 }
 
-// The training graph (unfused) of a forward graph.
-Graph optimized(Graph forward, const OptimizerSpec& optimizer) {
-  const ValueId loss = forward.value_named(names::loss);
-  const ValueId step = forward.value_named(names::step);
-  return build_training_stages(std::move(forward), loss, optimizer, {}, step).optimized;
-}
-
 // The channels-last training graph of `spec` (unfused), with or without the filters' copies.
 Graph training_graph(const SequentialSpec& spec, const OptimizerSpec& optimizer, bool copies) {
-  Graph g = optimized(rewrite_channels_last(build_sequential_forward(spec))->graph, optimizer);
+  Graph forward = rewrite_channels_last(build_sequential_forward(spec))->graph;
+  Graph g = test::sequential_training_stages(std::move(forward), optimizer).optimized;
   if (copies) use_channels_last_filters(g);
   return g;
 }
@@ -59,7 +53,9 @@ Graph training_graph(const SequentialSpec& spec, const OptimizerSpec& optimizer,
 TEST_CASE("conv2d and its backward ops with [O,KH,KW,C] filters compute what they do with [O,C,KH,KW]") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());
-  const auto pick = [&](std::int64_t lo, std::int64_t hi) { return lo + std::int64_t(rng() % std::uint64_t(hi - lo + 1)); };
+  const auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return lo + std::int64_t(rng() % std::uint64_t(hi - lo + 1));
+  };
   for (int trial = 0; trial < 24; ++trial) {
     const std::int64_t n = pick(1, 3), c = pick(1, 9), h = pick(3, 8), w = pick(3, 8), o = pick(1, 7);
     const std::int64_t kh = pick(1, 3), kw = pick(1, 3), stride = pick(1, 2), padding = pick(0, 1);
@@ -67,7 +63,8 @@ TEST_CASE("conv2d and its backward ops with [O,KH,KW,C] filters compute what the
     INFO("x " << n << "x" << c << "x" << h << "x" << w << " w " << o << "x" << c << "x" << kh << "x" << kw << " stride "
               << stride << " padding " << padding << (last ? " channels-last" : ""));
     const std::int64_t oh = (h + 2 * padding - kh) / stride + 1, ow = (w + 2 * padding - kw) / stride + 1;
-    const Shape xs = last ? Shape{n, h, w, c} : Shape{n, c, h, w}, ys = last ? Shape{n, oh, ow, o} : Shape{n, o, oh, ow};
+    const Shape xs = last ? Shape{n, h, w, c} : Shape{n, c, h, w};
+    const Shape ys = last ? Shape{n, oh, ow, o} : Shape{n, o, oh, ow};
     std::vector<double> xv(static_cast<std::size_t>(n * c * h * w)), wv(static_cast<std::size_t>(o * c * kh * kw)),
         bv(static_cast<std::size_t>(o)), dyv(static_cast<std::size_t>(n * o * oh * ow));
     for (auto* v : {&xv, &wv, &bv, &dyv}) sg::test::fill_uniform(*v, rng);
@@ -158,7 +155,7 @@ TEST_CASE("use_channels_last_filters: one [O,KH,KW,C] copy a filter of 8+ channe
   CHECK(use_channels_last_filters(g) == 0);  // a second run finds nothing left to copy
   Graph narrow = training_graph(wide_cnn(4), optimizer, false);
   CHECK(use_channels_last_filters(narrow, 13) == 0);  // none has 13 input channels
-  Graph nchw = optimized(build_sequential_forward(wide_cnn(4)), optimizer);
+  Graph nchw = test::sequential_training_stages(build_sequential_forward(wide_cnn(4)), optimizer).optimized;
   CHECK(use_channels_last_filters(nchw) == 0);  // NCHW convolutions keep theirs
 }
 

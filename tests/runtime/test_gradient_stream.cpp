@@ -330,7 +330,8 @@ TEST_CASE(
     for (const Value& v : g.values()) from_batch[v.id] = v.role == Role::input || v.role == Role::label;
     for (const Node& n : g.nodes())
       for (ValueId out : n.outputs)
-        for (ValueId in : n.inputs) from_batch[out] = from_batch[out] || from_batch[in] || g.value(in).role == Role::state;
+        for (ValueId in : n.inputs)
+          from_batch[out] = from_batch[out] || from_batch[in] || g.value(in).role == Role::state;
     std::size_t copies = 0;
     for (std::size_t k = 0; k < s.launches.size(); ++k) {
       const Launch& l = s.launches[k];
