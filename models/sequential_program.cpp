@@ -5,7 +5,6 @@
 #include "graph/channels_last_pass.hpp"
 #include "graph/filter_layout_pass.hpp"
 #include "graph/training_graph.hpp"
-#include "graph/verifier.hpp"
 
 namespace sg {
 
@@ -22,17 +21,16 @@ std::optional<ChannelsLastVariant> channels_last_variant(const SequentialSpec& t
                                                          const SequentialSpec& eval, const FusionOptions& fusion) {
   auto forward = rewrite_channels_last(build_sequential_forward(train));
   if (!forward) return std::nullopt;
+  // The filters' channels-last copies go in before autodiff, so the weight
+  // gradients write [O,KH,KW,C] too and the copies' gradients turn them back
+  // (graph/filter_layout_pass.hpp).
+  use_channels_last_filters(forward->graph);
   ChannelsLastVariant v;
   v.inner_exits = forward->inner_exits;
   v.batch_norms = forward->batch_norms;
   const ValueId loss = forward->graph.value_named(names::loss);
   const ValueId step = forward->graph.value_named(names::step);
-  // The filters' channels-last copies go in after autodiff: the weight
-  // gradients keep the parameters' layout (graph/filter_layout_pass.hpp).
-  v.train = build_training_stages(std::move(forward->graph), loss, optimizer, fusion, step).optimized;
-  use_channels_last_filters(v.train);
-  fuse(v.train, fusion);
-  verify_graph(v.train);
+  v.train = build_training_stages(std::move(forward->graph), loss, optimizer, fusion, step).fused;
   v.train_data = mlp_data_bindings(v.train, train.batch);
   v.eval = rewrite_channels_last(build_sequential_eval(eval))->graph;
   use_channels_last_filters(v.eval);

@@ -26,6 +26,7 @@ struct SgdEntry {
   const UpdateScalars* scalars;
   std::int64_t first_block;
   bool nesterov;
+  GradientOrder order;
 };
 
 template <typename W, typename G>
@@ -44,8 +45,9 @@ __global__ void __launch_bounds__(kSgdThreads)
 #pragma unroll 4
   for (std::int64_t i = begin + threadIdx.x; i < end; i += kSgdThreads) {
     float v = velocity ? to_float(velocity[i]) : 0.f;
-    w[i] = from_float<W>(entry.nesterov ? sgd_nesterov_step(to_float(w[i]), to_float(g[i]), v, s)
-                                        : sgd_step(to_float(w[i]), to_float(g[i]), velocity ? &v : nullptr, s));
+    const float gi = to_float(g[entry.order.index(i)]);
+    w[i] = from_float<W>(entry.nesterov ? sgd_nesterov_step(to_float(w[i]), gi, v, s)
+                                        : sgd_step(to_float(w[i]), gi, velocity ? &v : nullptr, s));
     if (velocity) velocity[i] = from_float<W>(v);
   }
 }
@@ -59,7 +61,7 @@ SgdMultiTensor<W, G>::SgdMultiTensor(const std::vector<SgdTensor<W, G>>& tensors
   std::vector<SgdEntry> entries;
   std::int64_t block = 0;
   for (const auto& t : tensors) {
-    entries.push_back({t.w, t.g, t.velocity, t.n, t.scalars, block, t.nesterov});
+    entries.push_back({t.w, t.g, t.velocity, t.n, t.scalars, block, t.nesterov, t.order});
     block += std::max<std::int64_t>(1, (t.n + kSgdChunk - 1) / kSgdChunk);
   }
   blocks_ = static_cast<int>(block);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_resources.hpp"
+#include "ops/cuda/gradient_order.hpp"
 #include "ops/cuda/kernels.hpp"
 
 namespace sg::cuda {
@@ -28,6 +29,7 @@ struct SgdTensor {
   std::int64_t n;
   const UpdateScalars* scalars;
   bool nesterov = false;  // PyTorch's SGD(nesterov=True): needs the velocity
+  GradientOrder order{};  // a filter's gradient written [O,KH,KW,C] (ops/cuda/gradient_order.hpp)
 };
 
 template <typename W, typename G>

@@ -23,6 +23,10 @@ bool is_gradient_plumbing(OpKind op) {
     case OpKind::scale_grad:
     case OpKind::grad_clip_scale:
     case OpKind::all_reduce_mean:
+    // A channels-last weight gradient's way back to its parameter's layout
+    // (graph/filter_layout_pass.hpp); missing here, it kept the weight
+    // gradients written [O,KH,KW,C] off the gradient stream.
+    case OpKind::to_channels_first:
       return true;
     default:
       return false;

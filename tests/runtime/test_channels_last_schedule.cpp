@@ -72,7 +72,8 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
   const Graph& g = p.train;
   // The image in (a view), the flatten's gradient back, the second layer's filter [O,KH,KW,C] (its copy for cuDNN).
   CHECK(count_op(g, OpKind::to_channels_last) == 3);
-  CHECK(count_op(g, OpKind::to_channels_first) == 1);  // before the flatten
+  // Before the flatten; the second layer's weight gradient [O,KH,KW,C] back to the parameter's layout.
+  CHECK(count_op(g, OpKind::to_channels_first) == 2);
   const Lowered lowered = lower(g, BackendOptions{});
   for (const Node& n : g.nodes()) {
     CAPTURE(op_name(n.op));
@@ -91,9 +92,10 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
         break;
       case OpKind::conv2d_backward_filter:  // the one-channel layer's by our kernel, with its bias's sums
         CHECK(how == (g.value(n.inputs[1]).shape[3] == 1 ? "few_channel_wgrad" : "conv_cudnn"));
+        CHECK(n.attr<Conv2dAttrs>().filter_channels_last == (g.value(n.inputs[1]).shape[3] != 1));
         break;
-      case OpKind::to_channels_first:
-        CHECK(how == "max_pool2d");
+      case OpKind::to_channels_first:  // the region's exit in the pooling; a weight gradient's in its update
+        CHECK(how == (g.value(n.outputs[0]).role == Role::activation ? "max_pool2d" : "update_multi_tensor"));
         break;
       case OpKind::to_channels_last:  // the image's (a view) in the first layer's launch, a filter's its own
         if (g.value(n.inputs[0]).role == Role::param || g.node(g.value(n.inputs[0]).producer).op == OpKind::cast)
@@ -381,4 +383,37 @@ TEST_CASE("the global-pool classifier and its backward run as one classifier_hea
   for (const auto& d : cuda::declined_fast_paths(flat.train, lowered.schedule, BackendOptions{}, false))
     if (d.name == "classifier_head") said = d.reason.find("not a global average pool") != std::string::npos;
   CHECK(said);
+}
+
+// The weight gradients of 8+ input channels come out [O,KH,KW,C]
+// (graph/filter_layout_pass.hpp) and the update launch reads them in the
+// parameter's order: their to_channels_first is no launch of its own, for
+// SGD with momentum and Adam, fp32 master weights or f16 weights; with
+// clipping (the clip norm reads the gradient too) it stays a launch.
+TEST_CASE("channels-last weight gradients are read by the update launch through their [O,KH,KW,C] order") {
+  for (const int variant : {0, 1, 2, 3}) {  // SGD fp32 master, Adam f16 weights, AdamW fp32 master, clipped SGD
+    SequentialTraining t = two_conv_cnn();
+    t.optimizer.kind = variant == 0 || variant == 3 ? OptimizerKind::sgd : variant == 1 ? OptimizerKind::adam
+                                                                                      : OptimizerKind::adamw;
+    t.optimizer.momentum = t.optimizer.kind == OptimizerKind::sgd ? 0.9 : 0.0;
+    if (variant == 1) t.model.weight_dtype = DType::f16;
+    if (variant == 3) t.optimizer.clip_grad_norm = 1.0;
+    INFO("variant " << variant);
+    TrainingProgram p = program(t);
+    REQUIRE(choose(p, ActivationLayout::channels_last).starts_with("channels-last"));
+    const Graph& g = p.train;
+    const Lowered lowered = lower(g, BackendOptions{});
+    int weight_gradients = 0;
+    for (const Node& n : g.nodes()) {
+      if (n.op != OpKind::to_channels_first || g.value(n.outputs[0]).role == Role::activation) continue;
+      ++weight_gradients;
+      CHECK(g.node(g.value(n.inputs[0]).producer).op == OpKind::conv2d_backward_filter);
+      const std::string how = lowering_of(lowered.schedule, n.id);
+      if (variant == 3)
+        CHECK(how == "channels_permute");
+      else
+        CHECK(how == (t.optimizer.kind == OptimizerKind::sgd ? "sgd_multi_tensor" : "update_multi_tensor"));
+    }
+    CHECK(weight_gradients == 1);  // the second convolution's (32 input channels); the first has one
+  }
 }

@@ -40,11 +40,17 @@ SequentialSpec wide_cnn(std::int64_t batch) {
   return s;
 }
 
-// The channels-last training graph of `spec` (unfused), with or without the filters' copies.
-Graph training_graph(const SequentialSpec& spec, const OptimizerSpec& optimizer, bool copies) {
+// Where the filters' copies go: none; into the forward graph, before autodiff
+// (as the model builder does: the weight gradients then come out
+// [O,KH,KW,C]); into the training graph (the weight gradients stay).
+enum class Copies { none, before_autodiff, after_autodiff };
+
+// The channels-last training graph of `spec` (unfused).
+Graph training_graph(const SequentialSpec& spec, const OptimizerSpec& optimizer, Copies copies) {
   Graph forward = rewrite_channels_last(build_sequential_forward(spec))->graph;
+  if (copies == Copies::before_autodiff) use_channels_last_filters(forward);
   Graph g = test::sequential_training_stages(std::move(forward), optimizer).optimized;
-  if (copies) use_channels_last_filters(g);
+  if (copies == Copies::after_autodiff) use_channels_last_filters(g);
   return g;
 }
 
@@ -120,7 +126,7 @@ TEST_CASE("use_channels_last_filters: one [O,KH,KW,C] copy a filter of 8+ channe
   OptimizerSpec optimizer;
   optimizer.lr = 0.05;
   optimizer.momentum = 0.9;
-  Graph g = training_graph(wide_cnn(4), optimizer, false);
+  Graph g = training_graph(wide_cnn(4), optimizer, Copies::none);
   const int before = static_cast<int>(g.nodes().size());
   CHECK(use_channels_last_filters(g) == 2);  // the 8- and 12-channel inputs' filters, not the image's
   CHECK(static_cast<int>(g.nodes().size()) == before + 2);
@@ -153,7 +159,7 @@ TEST_CASE("use_channels_last_filters: one [O,KH,KW,C] copy a filter of 8+ channe
   CHECK(data_gradients == 2);
   CHECK(filter_gradients == 3);
   CHECK(use_channels_last_filters(g) == 0);  // a second run finds nothing left to copy
-  Graph narrow = training_graph(wide_cnn(4), optimizer, false);
+  Graph narrow = training_graph(wide_cnn(4), optimizer, Copies::none);
   CHECK(use_channels_last_filters(narrow, 13) == 0);  // none has 13 input channels
   Graph nchw = test::sequential_training_stages(build_sequential_forward(wide_cnn(4)), optimizer).optimized;
   CHECK(use_channels_last_filters(nchw) == 0);  // NCHW convolutions keep theirs
@@ -167,13 +173,40 @@ TEST_CASE("training steps with the filters' channels-last copies equal those wit
     optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
     optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
     const SequentialSpec spec = wide_cnn(5);
-    const auto start = test::sequential_cpu_steps(training_graph(spec, optimizer, false), spec, optimizer.lr, 0, 7);
-    const auto plain = test::sequential_cpu_steps(training_graph(spec, optimizer, false), spec, optimizer.lr, 3, 7);
-    const auto copied = test::sequential_cpu_steps(training_graph(spec, optimizer, true), spec, optimizer.lr, 3, 7);
-    REQUIRE(plain.size() == copied.size());
-    CHECK(plain == copied);
+    const Graph none = training_graph(spec, optimizer, Copies::none);
+    const auto start = test::sequential_cpu_steps(none, spec, optimizer.lr, 0, 7);
+    const auto plain = test::sequential_cpu_steps(none, spec, optimizer.lr, 3, 7);
+    for (const Copies copies : {Copies::before_autodiff, Copies::after_autodiff}) {
+      INFO((copies == Copies::before_autodiff ? "copies before autodiff" : "copies after autodiff"));
+      const auto copied = test::sequential_cpu_steps(training_graph(spec, optimizer, copies), spec, optimizer.lr, 3, 7);
+      REQUIRE(plain.size() == copied.size());
+      CHECK(plain == copied);
+    }
     double moved = 0;
     for (std::size_t i = 0; i < plain.size(); ++i) moved += std::abs(plain[i] - start[i]);
     CHECK(moved > 1e-3);  // the steps did move the parameters
   }
+}
+
+TEST_CASE("filter copies in the forward graph: autodiff gives [O,KH,KW,C] weight gradients and their way back") {
+  OptimizerSpec optimizer;
+  optimizer.lr = 0.05;
+  const Graph g = training_graph(wide_cnn(4), optimizer, Copies::before_autodiff);
+  int wide = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::conv2d_backward_filter) continue;
+    const auto& a = n.attr<Conv2dAttrs>();
+    const bool copied = g.value(n.inputs[1]).shape[3] >= 8;  // X channels-last: [N,H,W,C]
+    CHECK(a.filter_channels_last == copied);
+    if (!copied) continue;
+    ++wide;
+    // dW [O,KH,KW,C] -> to_channels_first (the copy's gradient) -> the parameter's gradient.
+    const auto readers = g.consumers(n.outputs[0]);
+    REQUIRE(readers.size() == 1);
+    const Node& back = g.node(readers[0]);
+    CHECK(back.op == OpKind::to_channels_first);
+    CHECK(g.value(back.outputs[0]).shape == Shape{g.value(n.outputs[0]).shape[0], g.value(n.outputs[0]).shape[3],
+                                                 g.value(n.outputs[0]).shape[1], g.value(n.outputs[0]).shape[2]});
+  }
+  CHECK(wide == 2);
 }

@@ -164,6 +164,22 @@ std::vector<Network> networks() {
     }
     out.push_back({fmt::format("MLP variant {}", variant), build_mlp_program(t, 6400, 1000, ProgramTarget::cuda)});
   }
+  // Channels-last CNNs, whose weight gradients of 8+ channels come out [O,KH,KW,C] and reach their updates
+  // through a to_channels_first (graph/filter_layout_pass.hpp): AdamW with fp32 master weights; a small
+  // mnist_resnet with momentum SGD in f16.
+  for (const int variant : {0, 1}) {
+    SequentialTraining t;
+    t.model.input_shape = {1, 28, 28};
+    t.model.layers = variant == 1 ? test::batch_norm_residual_layers(16) : test::two_conv_layers();
+    t.model.batch = 64;
+    t.model.weight_dtype = variant == 1 ? DType::f16 : DType::f32;
+    t.optimizer.kind = variant == 1 ? OptimizerKind::sgd : OptimizerKind::adamw;
+    t.optimizer.momentum = variant == 1 ? 0.9 : 0.0;
+    TrainingProgram p = build_sequential_program(t, 6400, 1000, ProgramTarget::cuda);
+    REQUIRE(p.channels_last);
+    p.train = p.channels_last->train;
+    out.push_back({fmt::format("channels-last CNN variant {}", variant), std::move(p)});
+  }
   return out;
 }
 
@@ -275,6 +291,7 @@ TEST_CASE(
         CHECK(independent[k]);  // they read only parameters, which nothing before them writes
       }
     networks_with_casts += casts ? 1 : 0;
+    const std::vector<bool> prepared = cuda::parameter_launches(g, s);
     for (const bool weight_gradients : {false, true}) {
       INFO("weight gradient stream " << weight_gradients);
       const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(weight_gradients, true));
@@ -283,7 +300,8 @@ TEST_CASE(
       check_memory(g, s, plan);
       for (std::size_t k = 0; k < n; ++k) {
         INFO("L" << k << " " << s.launches[k].lowering->name());
-        CHECK(plan.on_gradient_stream[k] == (without.on_gradient_stream[k] || independent[k]));
+        // (and so do launches computed from the parameters alone: the filters' copies, the test below)
+        CHECK(plan.on_gradient_stream[k] == (without.on_gradient_stream[k] || independent[k] || prepared[k]));
         // An independent launch before every other gradient-stream launch forks at the step's start.
         const bool first_on_stream =
             std::find(plan.on_gradient_stream.begin(), plan.on_gradient_stream.begin() + static_cast<long>(k),

@@ -31,6 +31,7 @@ struct UpdateEntry {
   StateSlots state;
   std::int64_t n;
   std::int64_t first_block;
+  GradientOrder order;
 };
 
 __device__ __forceinline__ bool aligned(const void* p, int bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
@@ -52,7 +53,10 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
   const G* g = static_cast<const G*>(entry.g);
   const std::int64_t begin = (std::int64_t(blockIdx.x) - entry.first_block) * chunk;
   const std::int64_t end = begin + chunk < entry.n ? begin + chunk : entry.n;
-  const bool vector = entry.n % 4 == 0 && aligned(w, 4 * sizeof(W)) && aligned(g, 4 * sizeof(G)) &&
+  // A permuted gradient is gathered an element at a time; W and the slots
+  // keep their 16-byte accesses.
+  const bool permuted = entry.order.permuted();
+  const bool vector = entry.n % 4 == 0 && aligned(w, 4 * sizeof(W)) && (permuted || aligned(g, 4 * sizeof(G))) &&
                       slots_aligned16<Rule>(entry.state, hyper);
   if (vector) {
     // At the copy bandwidth (one read and one write of W and the slots, one
@@ -61,7 +65,13 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
     // 784-1024-1024-10).
     for (std::int64_t i = begin + 4 * threadIdx.x; i < end; i += 4 * kUpdateThreads) {
       Quad<W> wq = load_quad(w + i);
-      const Quad<G> gq = load_quad(g + i);
+      Quad<G> gq;
+      if (permuted) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gq.v[k] = g[entry.order.index(i + k)];
+      } else {
+        gq = load_quad(g + i);
+      }
       Quad<float> sq[S];
       each_slot<Rule>(hyper, [&](auto slot) { sq[slot.value] = load_quad(entry.state.slot[slot.value] + i); });
 #pragma unroll
@@ -74,7 +84,8 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
     for (std::int64_t i = begin + threadIdx.x; i < end; i += kUpdateThreads) {
       float st[S];
       each_slot<Rule>(hyper, [&](auto slot) { st[slot.value] = entry.state.slot[slot.value][i]; });
-      w[i] = from_float<W>(rule(to_float(w[i]), to_float(g[i]), [&](int s) -> float& { return st[s]; }));
+      w[i] = from_float<W>(
+          rule(to_float(w[i]), to_float(g[entry.order.index(i)]), [&](int s) -> float& { return st[s]; }));
       each_slot<Rule>(hyper, [&](auto slot) { entry.state.slot[slot.value][i] = st[slot.value]; });
     }
   }
@@ -93,7 +104,7 @@ MultiTensorUpdate<Rule, W, G>::MultiTensorUpdate(const std::vector<UpdateTensor<
   std::vector<UpdateEntry> entries;
   std::int64_t block = 0;
   for (const auto& t : tensors) {
-    entries.push_back({t.w, t.g, t.state, t.n, block});
+    entries.push_back({t.w, t.g, t.state, t.n, block, t.order});
     block += std::max<std::int64_t>(1, (t.n + chunk_ - 1) / chunk_);
   }
   blocks_ = static_cast<int>(block);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_resources.hpp"
+#include "ops/cuda/gradient_order.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/update_rules/update_rule.hpp"
 
@@ -26,6 +27,7 @@ struct UpdateTensor {
   const G* g;
   StateSlots state;  // the rule's slots (Adam: m, v; unused ones null)
   std::int64_t n;
+  GradientOrder order{};  // a filter's gradient written [O,KH,KW,C] (ops/cuda/gradient_order.hpp)
 };
 
 // `step` is the graph's step counter before its advance (Adam: t = *step + 1;

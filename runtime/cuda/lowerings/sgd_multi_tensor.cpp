@@ -10,8 +10,10 @@
 // them all into the last, where every gradient exists. With `per_bucket`
 // (BackendOptions::update_per_bucket, data parallel) an update rides only on
 // one whose gradient comes from the same all-reduce bucket: one launch per
-// bucket.
+// bucket. The to_channels_first that turns a channels-last weight gradient
+// back into its parameter's layout folds in as well (gradient_order_fold.hpp).
 #include "ops/cuda/sgd_multi_tensor.hpp"
+#include "runtime/cuda/lowerings/gradient_order_fold.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
@@ -21,9 +23,10 @@
 namespace sg::cuda {
 namespace {
 
-// One update of the launch: the sgd_update node and the cast folded into it (-1: none).
+// One update of the launch: the sgd_update node, and the cast and the
+// gradient's to_channels_first folded into it (-1: none).
 struct SgdUpdate {
-  NodeId sgd = -1, cast = -1;
+  NodeId sgd = -1, cast = -1, permute = -1;
 };
 
 // The updates among a launch's nodes (its own and its riders').
@@ -32,19 +35,29 @@ std::vector<SgdUpdate> updates_of(const sg::Graph& g, const std::vector<NodeId>&
   for (NodeId id : nodes) {
     const Node& n = g.node(id);
     if (n.op != OpKind::sgd_update) continue;
-    SgdUpdate u{id, -1};
-    const NodeId producer = g.value(n.inputs[1]).producer;
-    if (producer >= 0 && std::find(nodes.begin(), nodes.end(), producer) != nodes.end()) u.cast = producer;
+    SgdUpdate u{id, -1, -1};
+    const auto taken = [&](NodeId p) { return p >= 0 && std::find(nodes.begin(), nodes.end(), p) != nodes.end(); };
+    ValueId read = n.inputs[1];
+    if (const NodeId producer = g.value(read).producer; taken(producer) && g.node(producer).op == OpKind::cast) {
+      u.cast = producer;
+      read = g.node(producer).inputs[0];
+    }
+    const NodeId producer = g.value(read).producer;
+    if (taken(producer) && g.node(producer).op == OpKind::to_channels_first) u.permute = producer;
     out.push_back(u);
   }
   return out;
 }
 
+// The gradient an update reads: before its folded to_channels_first and cast, if any.
+ValueId read_gradient(const sg::Graph& g, const SgdUpdate& u) {
+  if (u.permute >= 0) return g.node(u.permute).inputs[0];
+  return u.cast >= 0 ? g.node(u.cast).inputs[0] : g.node(u.sgd).inputs[1];
+}
+
 // (weight, gradient as read) element types of an update.
 std::pair<DType, DType> types_of(const sg::Graph& g, const SgdUpdate& u) {
-  const Node& sgd = g.node(u.sgd);
-  const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
-  return {g.value(sgd.inputs[0]).dtype, g.value(grad).dtype};
+  return {g.value(g.node(u.sgd).inputs[0]).dtype, g.value(read_gradient(g, u)).dtype};
 }
 
 class SgdMultiTensorLowering final : public CudaLowering {
@@ -61,7 +74,7 @@ class SgdMultiTensorLowering final : public CudaLowering {
     const Value& w = g.value(sgd.inputs[0]);
     if (sgd.inputs.size() == 3 && g.value(sgd.inputs[2]).dtype != w.dtype) return std::nullopt;
     Match m = single_unit(unit);
-    SgdUpdate u{sgd.id, -1};
+    SgdUpdate u{sgd.id, -1, -1};
     // A cast to the weight's dtype whose only reader is this update folds in
     // (the kernel reads the gradient as it comes and updates in f32).
     const ValueId grad = sgd.inputs[1];
@@ -72,6 +85,9 @@ class SgdMultiTensorLowering final : public CudaLowering {
       u.cast = producer;
       m.units.push_back(cast->id);
     }
+    u.permute = folded_gradient_order(cover, u.cast >= 0 ? g.node(u.cast).inputs[0] : grad,
+                                      u.cast >= 0 ? u.cast : sgd.id);
+    if (u.permute >= 0) m.units.push_back(cover.unit_of(u.permute).id);
     const auto [wt, gt] = types_of(g, u);
     if (!update_types_supported(wt, gt)) return std::nullopt;
     m.may_ride = true;
@@ -93,7 +109,11 @@ class SgdMultiTensorLowering final : public CudaLowering {
   }
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
-    return fmt::format("{} tensors", updates_of(g, l.nodes).size());
+    const auto updates = updates_of(g, l.nodes);
+    const auto permuted =
+        std::count_if(updates.begin(), updates.end(), [](const SgdUpdate& u) { return u.permute >= 0; });
+    return fmt::format("{} tensors{}", updates.size(),
+                       permuted > 0 ? fmt::format(",{} gradients read [O,KH,KW,C]", permuted) : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -110,12 +130,15 @@ class SgdMultiTensorLowering final : public CudaLowering {
       std::vector<SgdTensor<W, G>> tensors;
       for (const SgdUpdate& u : updates) {
         const Node& sgd = g.node(u.sgd);
-        const ValueId grad = u.cast >= 0 ? g.node(u.cast).inputs[0] : sgd.inputs[1];
+        const ValueId grad = read_gradient(g, u);
         const ElementRange r = update_range(c, grad, element_count(g.value(sgd.inputs[0]).shape));
+        const GradientOrder order = gradient_order(g, u.permute);
+        if (order.permuted() && r.count != element_count(g.value(sgd.inputs[0]).shape))
+          throw CudaError(fmt::format("sgd_multi_tensor: node {} reads a permuted gradient in a shard", sgd.id));
         tensors.push_back({advanced<W>(c.ptr(sgd.inputs[0]), wtype, r),
                            advanced<const G>(c.ptr(grad), gtype, r),
                            sgd.inputs.size() == 3 ? advanced<W>(c.ptr(sgd.inputs[2]), wtype, r) : nullptr, r.count,
-                           c.update_scalars(sgd.id), sgd.attr<SgdUpdateAttrs>().nesterov});
+                           c.update_scalars(sgd.id), sgd.attr<SgdUpdateAttrs>().nesterov, order});
       }
       auto kernel = std::make_shared<SgdMultiTensor<W, G>>(tensors);
       run = [=](cudaStream_t s) { kernel->launch(s, advance); };

@@ -8,11 +8,14 @@
 // rider: the last block to finish increments the counter after every block
 // has read it. A gradient widened from f16/bf16 to the fp32 master's f32 by
 // a cast that nothing else reads is read before the cast instead, the cast
-// taken into the launch (widening is exact: the same bits, one launch less).
+// taken into the launch (widening is exact: the same bits, one launch less);
+// so is the to_channels_first before it that turns a channels-last weight
+// gradient back into the parameter's layout (gradient_order_fold.hpp).
 // With `per_bucket` (BackendOptions::update_per_bucket, data parallel) a
 // launch takes only the updates whose gradients come from one all-reduce
 // bucket; the step advance rides on the last of them.
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
+#include "runtime/cuda/lowerings/gradient_order_fold.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 #include "runtime/cuda/lowerings/optimizer_support.hpp"
@@ -25,7 +28,8 @@ namespace {
 
 struct UpdateNodes {
   std::vector<NodeId> updates;
-  std::vector<NodeId> casts;  // per update: the widening cast taken in, or -1
+  std::vector<NodeId> casts;     // per update: the widening cast taken in, or -1
+  std::vector<NodeId> permutes;  // per update: the gradient's to_channels_first taken in, or -1
 };
 
 // The cast that widens an update's f16/bf16 gradient to its f32 gradient,
@@ -42,6 +46,16 @@ NodeId folded_cast(const Cover& cover, const Node& update) {
 // The gradient the launch reads for an update: before its folded cast, if any.
 ValueId read_gradient(const sg::Graph& g, const Node& update, NodeId cast) {
   return cast >= 0 ? g.node(cast).inputs[0] : update_inputs(update)->grad;
+}
+
+// The to_channels_first before that gradient the launch takes too, or -1.
+NodeId folded_permute(const Cover& cover, const Node& update, NodeId cast) {
+  return folded_gradient_order(cover, read_gradient(cover.graph(), update, cast), cast >= 0 ? cast : update.id);
+}
+
+// ... and what the launch reads then.
+ValueId read_gradient(const sg::Graph& g, const Node& update, NodeId cast, NodeId permute) {
+  return permute >= 0 ? g.node(permute).inputs[0] : read_gradient(g, update, cast);
 }
 
 // Whether two update-rule nodes can share a launch: same op and attributes,
@@ -77,10 +91,13 @@ class UpdateMultiTensorLowering final : public CudaLowering {
       if (split && reducing_bucket(g, n.inputs[1]) != bucket) continue;
       const NodeId cast = folded_cast(cover, n);
       if (!same_launch(g, first, first_grad, n, g.value(read_gradient(g, n, cast)).dtype)) continue;
+      const NodeId permute = folded_permute(cover, n, cast);
       m.units.push_back(u.id);
       if (cast >= 0) m.units.push_back(cover.unit_of(cast).id);
+      if (permute >= 0) m.units.push_back(cover.unit_of(permute).id);
       nodes.updates.push_back(n.id);
       nodes.casts.push_back(cast);
+      nodes.permutes.push_back(permute);
     }
     m.detail = nodes;
     m.runs_at_last_unit = true;  // the updates' place, after every gradient, not the first cast's
@@ -94,8 +111,11 @@ class UpdateMultiTensorLowering final : public CudaLowering {
   std::string describe(const sg::Graph&, const Launch& l) const override {
     const auto& nodes = detail_of<UpdateNodes>(l);
     const auto casts = std::count_if(nodes.casts.begin(), nodes.casts.end(), [](NodeId c) { return c >= 0; });
-    return fmt::format("{} tensors,one pass each{}", nodes.updates.size(),
-                       casts > 0 ? fmt::format(",{} gradient casts", casts) : "");
+    const auto permutes =
+        std::count_if(nodes.permutes.begin(), nodes.permutes.end(), [](NodeId p) { return p >= 0; });
+    return fmt::format("{} tensors,one pass each{}{}", nodes.updates.size(),
+                       casts > 0 ? fmt::format(",{} gradient casts", casts) : "",
+                       permutes > 0 ? fmt::format(",{} gradients read [O,KH,KW,C]", permutes) : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -122,11 +142,15 @@ class UpdateMultiTensorLowering final : public CudaLowering {
         for (std::size_t i = 0; i < nodes.size(); ++i) {
           const Node& n = g.node(nodes[i]);
           const UpdateInputs u = *update_inputs(n);
-          const ValueId grad = read_gradient(g, n, detail.casts[i]);
+          const ValueId grad = read_gradient(g, n, detail.casts[i], detail.permutes[i]);
           const ElementRange r = update_range(c, grad, element_count(g.value(u.param).shape));
+          const GradientOrder order = gradient_order(g, detail.permutes[i]);
+          if (order.permuted() && r.count != element_count(g.value(u.param).shape))
+            throw CudaError(fmt::format("update_multi_tensor: node {} reads a permuted gradient in a shard", n.id));
           const auto state = [&](ValueId v) { return advanced<void>(ptr(v), g.value(v).dtype, r); };
           tensors.push_back({advanced<W>(c.ptr(u.param), g.value(u.param).dtype, r),
-                             advanced<const G>(c.ptr(grad), g.value(grad).dtype, r), state_slots(u, state), r.count});
+                             advanced<const G>(c.ptr(grad), g.value(grad).dtype, r), state_slots(u, state), r.count,
+                             order});
         }
         auto kernel = std::make_shared<MultiTensorUpdate<Rule, W, G>>(tensors, hyper);
         run = [=](cudaStream_t s) { kernel->launch(scalars, step, scale, advance, s, dependent); };
