@@ -126,7 +126,8 @@ std::string schedule_dump(const TrainConfig& config, const Graph& g) {
       forks += fmt::format("# L{} runs on the communication stream: forked there{}, joined before {}\n", i, waits(i),
                            launch_name(streams.join_before[i]));
     else if (streams.on_gradient_stream[i])
-      forks += fmt::format("# L{} runs on the gradient stream: forked before {}{}, joined before {}\n", i,
+      forks += fmt::format("# L{} runs on the gradient stream{}: forked before {}{}, joined before {}\n", i,
+                           streams.gradient_lanes() > 1 ? fmt::format(" {}", streams.gradient_lane[i] + 1) : "",
                            launch_name(streams.fork_before[i]), waits(i), launch_name(streams.join_before[i]));
   // The fast paths without a launch here, and why (the same lines `train` logs and `bench` reports).
   std::string declined;

@@ -31,6 +31,11 @@ std::string resident_cluster_check(const BackendOptionValue& v) {
   return resident_cluster_problem(std::get<std::int64_t>(v));
 }
 
+std::string one_or_two(const BackendOptionValue& v) {
+  const std::int64_t n = std::get<std::int64_t>(v);
+  return n == 1 || n == 2 ? "" : "must be 1 or 2";
+}
+
 std::vector<BackendOptionRow> make_table() {
   std::vector<BackendOptionRow> t;
   // --- core: every graph, with or without fast paths
@@ -42,6 +47,11 @@ std::vector<BackendOptionRow> make_table() {
   t.push_back(SG_BOOL_ROW(weight_gradient_stream, "core",
                           "weight gradients and updates on a second stream beside the data-gradient chain (a "
                           "data-parallel rank too: its all-reduces wait for the gradients they read)"));
+  t.push_back(SG_INT_ROW(gradient_streams, "core",
+                         "streams the weight gradients and updates spread over (1 or 2; with 2, those forked at "
+                         "one place that do not depend on one another run side by side: a weight gradient and its "
+                         "bias's column sums)",
+                         one_or_two));
   t.push_back(SG_BOOL_ROW(independent_launch_stream, "core",
                           "launches that depend on no earlier launch of the step (the parameter casts) run on the "
                           "second stream from the step's start, beside the batch fetch, and so do those computed "

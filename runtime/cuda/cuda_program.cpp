@@ -54,7 +54,8 @@ void check_sharded_updates(const sg::Graph& g, const Schedule& s) {
 
 }  // namespace
 
-// A second stream of a step and one event pair per launch it runs:
+// A side stream of a step (the communication stream, a gradient stream) and
+// one event pair per launch it runs:
 // `forked` recorded on the step's stream where the launch forks, `done` on
 // this stream after it (stream_plan.hpp). The communication stream has the
 // device's highest priority, so an all-reduce's blocks are scheduled as soon
@@ -65,6 +66,7 @@ void check_sharded_updates(const sg::Graph& g, const Schedule& s) {
 class CudaProgram::SideStream {
  public:
   enum class Priority { highest, lowest };
+  // `runs`: per launch, whether it runs on this stream (it gets the events).
   SideStream(const std::vector<bool>& runs, Priority priority) {
     try {
       int least = 0, greatest = 0;
@@ -96,7 +98,7 @@ class CudaProgram::SideStream {
   }
   // `step` waits for launch `index` of this stream.
   void join(std::size_t index, cudaStream_t step) const { SG_CUDA_CHECK(cudaStreamWaitEvent(step, done_[index], 0)); }
-  // This stream waits for launch `index` of the other side stream (StreamPlan::waits_for), already recorded.
+  // This stream waits for launch `index` of another side stream (StreamPlan::waits_for), already recorded.
   void wait_for(const SideStream& other, std::size_t index) const {
     SG_CUDA_CHECK(cudaStreamWaitEvent(stream_, other.done_[index], 0));
   }
@@ -124,17 +126,18 @@ class CudaProgram::SideStream {
 // What a lowering's record step sees of this program.
 class CudaProgram::Binding final : public BindContext {
  public:
-  // gradient_stream: the launches recorded through this binding run on the
-  // gradient stream, beside the step stream's: their own workspaces.
-  Binding(const CudaProgram& p, const LtHandle& lt, cudaStream_t stream, bool gradient_stream)
-      : p_(p), lt_(lt), stream_(stream), side_(gradient_stream ? 1 : 0) {}
+  // gradient_lane >= 0: the launches recorded through this binding run on
+  // that gradient stream, beside the step stream's: their own workspaces.
+  Binding(const CudaProgram& p, const LtHandle& lt, cudaStream_t stream, int gradient_lane)
+      : p_(p), lt_(lt), stream_(stream), side_(gradient_lane + 1) {}
   const sg::Graph& graph() const override { return p_.graph_; }
   const Schedule& schedule() const override { return p_.schedule_; }
   const BackendOptions& options() const override { return p_.options_.backend; }
   const LtHandle& lt() const override {
     if (side_ == 0) return lt_;
-    if (!p_.gradient_lt_) p_.gradient_lt_ = std::make_unique<LtHandle>();
-    return *p_.gradient_lt_;
+    auto& handle = p_.gradient_lt_[side_ - 1];
+    if (!handle) handle = std::make_unique<LtHandle>();
+    return *handle;
   }
   cudaStream_t stream() const override { return stream_; }
   void* ptr(ValueId id) const override { return p_.device_ptr(id); }
@@ -201,10 +204,13 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
   streams_ = plan_streams(graph_, schedule_, options_.backend);
   if (streams_.forks())
     communication_ = std::make_unique<SideStream>(streams_.on_communication, SideStream::Priority::highest);
-  if (streams_.splits_gradients())
-    gradients_ = std::make_unique<SideStream>(
-        streams_.on_gradient_stream,
-        options_.backend.gradient_stream_first ? SideStream::Priority::highest : SideStream::Priority::lowest);
+  for (int lane = 0; lane < streams_.gradient_lanes(); ++lane) {
+    std::vector<bool> runs(schedule_.launches.size(), false);
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      runs[i] = streams_.on_gradient_stream[i] && streams_.gradient_lane[i] == lane;
+    gradients_[lane] = std::make_unique<SideStream>(
+        runs, options_.backend.gradient_stream_first ? SideStream::Priority::highest : SideStream::Priority::lowest);
+  }
   end_part("cover (schedule)");
   bind_values();
   for (const Node& n : graph_.nodes())
@@ -223,19 +229,20 @@ CudaProgram::CudaProgram(sg::Graph graph, DeviceValues& params, const LtHandle& 
 
   end_part("memory plan, device buffers and scalars");
 
-  const Binding step_binding(*this, lt, stream, false), gradient_binding(*this, lt, stream, true);
+  const Binding step_binding(*this, lt, stream, -1), lane_binding[2] = {{*this, lt, stream, 0}, {*this, lt, stream, 1}};
   std::map<std::string, std::pair<int, double>> record_seconds;  // by lowering: launches, seconds
   for (std::size_t i = 0; i < schedule_.launches.size(); ++i) {
     const Launch& l = schedule_.launches[i];
     const auto record_start = std::chrono::steady_clock::now();
     recorded_.push_back(
-        cuda_lowering_of(l).record(l, i, streams_.on_gradient_stream[i] ? gradient_binding : step_binding));
+        cuda_lowering_of(l).record(l, i, streams_.on_gradient_stream[i] ? lane_binding[streams_.gradient_lane[i]]
+                                                                         : step_binding));
     auto& [count, seconds] = record_seconds[std::string(l.lowering->name())];
     ++count;
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - record_start).count();
   }
   // Each stream's workspace (cuDNN's, our convolutions'), sized by its largest request.
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < 3; ++w) {
     workspace_[w] = DeviceBuffer(workspace_request_[w]);
     workspace_ptr_[w] = workspace_[w].data();
   }
@@ -349,40 +356,42 @@ void CudaProgram::record(cudaStream_t stream) const {
   // (events recorded and waited on) that the overlap does not win back, so
   // outside a capture its launches go to `stream` in schedule order.
   bool capturing = false;
-  if (gradients_) {
+  if (streams_.splits_gradients()) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     SG_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
     capturing = status == cudaStreamCaptureStatusActive;
   }
-  const SideStream* gradients = capturing ? gradients_.get() : nullptr;
-  if (!communication_ && !gradients) {  // one stream: every launch in schedule order
+  if (!communication_ && !capturing) {  // one stream: every launch in schedule order
     for (std::size_t i = 0; i < recorded_.size(); ++i) recorded_[i]->enqueue(stream);
     return;
   }
-  // Without the gradient stream (outside a capture) its launches run on
+  // Without the gradient streams (outside a capture) their launches run on
   // `stream` in schedule order: no fork or join of theirs, and one that reads
   // a reduced gradient waits for the all-reduce there instead.
+  const auto side_of = [&](std::size_t c) -> const SideStream& {
+    return streams_.on_communication[c] ? *communication_ : *gradients_[streams_.gradient_lane[c]];
+  };
   const auto join = [&](std::size_t index) {
-    for (std::size_t c : streams_.joined_before(index)) {
-      if (streams_.on_communication[c]) communication_->join(c, stream);
-      else if (gradients) gradients->join(c, stream);
-    }
+    for (std::size_t c : streams_.joined_before(index))
+      if (streams_.on_communication[c] || capturing) side_of(c).join(c, stream);
   };
   for (std::size_t i = 0; i < recorded_.size(); ++i) {
     join(i);
-    if (gradients)
+    if (capturing)
       for (std::size_t g : streams_.forked_before(i)) {
-        for (std::size_t c : streams_.waits_for[g]) gradients->wait_for(*communication_, c);
-        gradients->fork(g, stream, *recorded_[g]);
+        const SideStream& lane = side_of(g);
+        for (std::size_t c : streams_.waits_for[g]) lane.wait_for(side_of(c), c);
+        lane.fork(g, stream, *recorded_[g]);
       }
     if (streams_.on_communication[i]) {
-      if (gradients)
-        for (std::size_t g : streams_.waits_for[i]) communication_->wait_for(*gradients, g);
+      if (capturing)
+        for (std::size_t g : streams_.waits_for[i]) communication_->wait_for(side_of(g), g);
       communication_->fork(i, stream, *recorded_[i]);
     } else if (streams_.on_step_stream(i)) {
       recorded_[i]->enqueue(stream);
-    } else if (!gradients) {
-      for (std::size_t c : streams_.waits_for[i]) communication_->join(c, stream);
+    } else if (!capturing) {
+      for (std::size_t c : streams_.waits_for[i])
+        if (streams_.on_communication[c]) communication_->join(c, stream);
       recorded_[i]->enqueue(stream);
     }
   }

@@ -117,7 +117,7 @@ class CudaProgram {
   Schedule schedule_;
   StreamPlan streams_;
   std::unique_ptr<SideStream> communication_;  // only when streams_.forks()
-  std::unique_ptr<SideStream> gradients_;      // only when streams_.splits_gradients()
+  std::unique_ptr<SideStream> gradients_[2];   // per gradient lane the plan uses (streams_.gradient_lanes())
   MemoryPlan plan_;
   std::vector<int> buffer_of_value_, buffer_of_mask_;
   std::vector<std::size_t> offset_in_buffer_;  // per value id, within its arena buffer
@@ -129,13 +129,13 @@ class CudaProgram {
   std::vector<NodeId> update_nodes_;  // order of entries in update_scalars_
   mutable std::shared_ptr<cudnn::Handle> cudnn_;  // made when a launch asks (BindContext::cudnn); outlives recorded_
   // The launches' workspace (BindContext::workspace), one per compute stream
-  // ([0] the step's, [1] the gradient stream's): launches on one stream run
-  // one after another and share it; the two streams' launches may overlap.
-  mutable std::size_t workspace_request_[2] = {0, 0};
-  mutable void* workspace_ptr_[2] = {nullptr, nullptr};
-  DeviceBuffer workspace_[2];
-  // The gradient stream's cuBLASLt handle, for its own workspace; made when one of its launches asks.
-  mutable std::unique_ptr<LtHandle> gradient_lt_;
+  // ([0] the step's, [1 + lane] the gradient streams'): launches on one
+  // stream run one after another and share it; other streams' may overlap.
+  mutable std::size_t workspace_request_[3] = {0, 0, 0};
+  mutable void* workspace_ptr_[3] = {nullptr, nullptr, nullptr};
+  DeviceBuffer workspace_[3];
+  // Each gradient stream's cuBLASLt handle, for its own workspace; made when one of its launches asks.
+  mutable std::unique_ptr<LtHandle> gradient_lt_[2];
   DeviceBuffer update_scalars_;       // UpdateScalars[update_nodes_.size()]
   DeviceBuffer constants_;         // one and zero, float and half
   DeviceBuffer scratch_float_;     // loss output of a lone softmax_xent_backward

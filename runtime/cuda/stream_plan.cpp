@@ -1,6 +1,7 @@
 #include "runtime/cuda/stream_plan.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/plan/update_branches.hpp"
@@ -29,6 +30,13 @@ bool StreamPlan::forks() const { return any(on_communication); }
 
 bool StreamPlan::splits_gradients() const { return any(on_gradient_stream); }
 
+int StreamPlan::gradient_lanes() const {
+  int lanes = 0;
+  for (std::size_t i = 0; i < on_gradient_stream.size(); ++i)
+    if (on_gradient_stream[i]) lanes = std::max(lanes, gradient_lane[i] + 1);
+  return lanes;
+}
+
 std::vector<std::size_t> StreamPlan::joined_before(std::size_t index) const {
   std::vector<std::size_t> out;
   for (std::size_t c = 0; c < on_communication.size(); ++c)
@@ -44,11 +52,12 @@ std::vector<std::size_t> StreamPlan::forked_before(std::size_t index) const {
 }
 
 StreamPlan plan_streams(const sg::Graph&, const Schedule& s, const std::vector<bool>& on_communication,
-                        const std::vector<bool>& on_gradient_stream) {
+                        const std::vector<bool>& on_gradient_stream, int gradient_streams) {
   const std::size_t n = s.launches.size();
   StreamPlan plan;
   plan.on_communication = on_communication;
   plan.on_gradient_stream = on_gradient_stream.empty() ? std::vector<bool>(n, false) : on_gradient_stream;
+  plan.gradient_lane.assign(n, 0);
   plan.fork_before.assign(n, 0);
   plan.join_before.assign(n, n);
   plan.waits_for.assign(n, {});
@@ -72,6 +81,39 @@ StreamPlan plan_streams(const sg::Graph&, const Schedule& s, const std::vector<b
       }
     }
     plan.fork_before[g] = fork;
+  }
+  // Two lanes: among the launches forked at one place, one that depends on
+  // an earlier one of the place continues on its lane (the latest such), and
+  // the others (each the head of a chain: a weight gradient, a bias's
+  // reshape and column sums) alternate between the lanes in schedule order.
+  // Forks are computed for one lane first: a launch forks no earlier than a
+  // gradient-stream launch it depends on in either lane, so that launch's
+  // `done` event is recorded before a launch of the other lane waits for it.
+  if (gradient_streams > 1) {
+    std::vector<bool> head(n, false);
+    for (std::size_t g = 0; g < n; ++g) {
+      if (!plan.on_gradient_stream[g]) continue;
+      const auto same_place = [&](std::size_t h) {
+        return plan.on_gradient_stream[h] && plan.fork_before[h] == plan.fork_before[g];
+      };
+      std::optional<std::size_t> chain;  // the latest launch of the place that g depends on
+      for (std::size_t h = g; h-- > 0 && !chain;)
+        if (same_place(h) && depends_on(s.launches[g], s.launches[h])) chain = h;
+      if (chain) {
+        plan.gradient_lane[g] = plan.gradient_lane[*chain];
+      } else {
+        head[g] = true;
+        for (std::size_t k = g; k-- > 0;)
+          if (same_place(k) && head[k]) {
+            plan.gradient_lane[g] = 1 - plan.gradient_lane[k];
+            break;
+          }
+      }
+      for (std::size_t j = 0; j < g; ++j)
+        if (plan.on_gradient_stream[j] && plan.gradient_lane[j] != plan.gradient_lane[g] &&
+            depends_on(s.launches[g], s.launches[j]))
+          plan.waits_for[g].push_back(j);
+    }
   }
   for (std::size_t c = 0; c < n; ++c) {
     if (!plan.on_communication[c]) continue;
@@ -129,6 +171,10 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   const std::vector<bool> on_communication =
       options.communication_stream ? communicates : std::vector<bool>(s.launches.size(), false);
   std::vector<bool> on_gradient_stream(s.launches.size(), false);
+  // A data-parallel rank keeps one gradient stream: its plan (the all-reduces
+  // waiting for the weight gradients) was measured on 2 GPUs that way, and
+  // two lanes there have not been (docs/data_parallel.md).
+  const int lanes = any(communicates) ? 1 : static_cast<int>(options.gradient_streams);
   if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
   if (options.independent_launch_stream) {
     const std::vector<bool> independent = independent_launches(s), prepared = parameter_launches(graph, s);
@@ -153,7 +199,7 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   // the gradient stream's backlog. Moving one may push a later one's fork
   // past the end too, so until nothing moves. (The launches after an
   // all-reduce do not count as the step's stream running: they wait for it.)
-  StreamPlan plan = plan_streams(graph, s, on_communication, on_gradient_stream);
+  StreamPlan plan = plan_streams(graph, s, on_communication, on_gradient_stream, lanes);
   for (bool moved = true; moved;) {
     moved = false;
     std::size_t last_step = 0;
@@ -164,7 +210,7 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
         on_gradient_stream[g] = false;
         moved = true;
       }
-    if (moved) plan = plan_streams(graph, s, on_communication, on_gradient_stream);
+    if (moved) plan = plan_streams(graph, s, on_communication, on_gradient_stream, lanes);
   }
   return plan;
 }

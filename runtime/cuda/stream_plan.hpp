@@ -37,6 +37,14 @@
 //   stream as well, forked right after the launch it depends on (the casts)
 //   as a weight gradient is, and joined before its first reader (the
 //   convolution).
+// - With `gradient_streams: 2` the gradient stream is two streams (lanes):
+//   the launches forked at one place that do not depend on one another
+//   alternate between them in schedule order (a layer's weight gradient on
+//   one, its bias's column sums on the other; the filters' copies), and a
+//   launch that depends on several takes the lane of the first. A lane runs
+//   its launches in fork order; a launch that depends on one in the other
+//   lane waits for its `done` event (waits_for). A data-parallel rank keeps
+//   one lane (its plan with two is not measured on GPUs).
 // - A gradient-stream launch that would fork after the step's stream has
 //   run its last launch stays on the step's stream: nothing runs beside it
 //   there, and it does not queue behind the gradient stream's backlog (the
@@ -68,6 +76,7 @@ namespace sg::cuda {
 struct StreamPlan {
   std::vector<bool> on_communication;     // per launch
   std::vector<bool> on_gradient_stream;   // per launch
+  std::vector<int> gradient_lane;         // per launch: which gradient stream (0 or 1); 0 for the rest
   // fork_before[g]: for gradient-stream launch g, the index of the launch of
   // the step's stream before which it is enqueued (<= g); unused for the
   // rest. The gradient stream runs its launches in (fork_before, index) order.
@@ -77,13 +86,15 @@ struct StreamPlan {
   // the others.
   std::vector<std::size_t> join_before;
   // waits_for[c]: for side launch c, the earlier launches of the OTHER side
-  // stream it depends on; it waits for their `done` events before it runs.
-  // (Each is forked before c: a communication launch forks where it sits,
-  // and a gradient-stream launch forks after any communication launch it
-  // depends on.) Empty for the rest.
+  // streams it depends on (the communication stream, the other gradient
+  // lane); it waits for their `done` events before it runs. (Each is forked
+  // before c: a communication launch forks where it sits, a gradient-stream
+  // launch forks after any communication launch it depends on and no earlier
+  // than a gradient-stream launch it depends on.) Empty for the rest.
   std::vector<std::vector<std::size_t>> waits_for;
   bool forks() const;             // any launch on the communication stream
   bool splits_gradients() const;  // any launch on the gradient stream
+  int gradient_lanes() const;     // how many gradient streams the launches use (0 when none)
   bool on_step_stream(std::size_t index) const { return !on_communication[index] && !on_gradient_stream[index]; }
   // The side launches the step's stream waits for right before launch
   // `index` (index == launches.size(): at the end of the step).
@@ -92,9 +103,10 @@ struct StreamPlan {
   std::vector<std::size_t> forked_before(std::size_t index) const;
 };
 
-// From each launch's own answer (tests pass them; an empty on_gradient_stream: none) ...
+// From each launch's own answer (tests pass them; an empty on_gradient_stream: none), over
+// `gradient_streams` lanes (1 or 2) ...
 StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const std::vector<bool>& on_communication,
-                        const std::vector<bool>& on_gradient_stream = {});
+                        const std::vector<bool>& on_gradient_stream = {}, int gradient_streams = 1);
 // ... or from the CUDA lowerings' launch_stream(), the update branches and
 // the independent launches, as the options ask.
 StreamPlan plan_streams(const sg::Graph& graph, const Schedule& schedule, const BackendOptions& options);

@@ -1,7 +1,7 @@
 #pragma once
 // What a StreamPlan guarantees about the order of a step's launches, worked
 // out the way CudaProgram::record enqueues them (a hand-written model of the
-// three streams and their events, not the plan's own helpers): each launch
+// streams and their events, not the plan's own helpers): each launch
 // gets the set of launches certain to have finished before it starts. The
 // checks: two launches that touch the same value (one reads or writes what
 // the other writes or updates) run in schedule order, and every launch has
@@ -36,7 +36,8 @@ inline std::vector<std::vector<bool>> finished_before(const Schedule& s, const c
     for (std::size_t k = 0; k < into.size(); ++k) into[k] = into[k] || from[k];
   };
   std::vector<Set> before(n + 1, Set(n, false));
-  Set step(n, false), gradient(n, false), communication(n, false);  // what a stream's next launch waits for
+  Set step(n, false), communication(n, false);  // what a stream's next launch waits for
+  Set gradient[2] = {Set(n, false), Set(n, false)};  // per gradient lane
   const auto done = [&](std::size_t k) {
     Set d = before[k];
     d[k] = true;
@@ -50,9 +51,10 @@ inline std::vector<std::vector<bool>> finished_before(const Schedule& s, const c
     for (std::size_t c : plan.joined_before(i)) add(step, done(c));
     if (i == n) break;
     for (std::size_t g : plan.forked_before(i)) {
-      add(gradient, step);
-      for (std::size_t c : plan.waits_for[g]) add(gradient, done(c));
-      run_on(gradient, g);
+      Set& lane = gradient[plan.gradient_lane[g]];
+      add(lane, step);
+      for (std::size_t c : plan.waits_for[g]) add(lane, done(c));
+      run_on(lane, g);
     }
     if (plan.on_communication[i]) {
       add(communication, step);

@@ -53,9 +53,14 @@ void check_plan(const Graph& g, const Schedule& s, const cuda::StreamPlan& plan)
     CHECK(l.aux_write < 0);
     const std::size_t fork = plan.fork_before[k], join = plan.join_before[k];
     CHECK(fork <= k);
-    // Its stream runs in (fork, index) order: never ahead of an earlier gradient launch it conflicts with.
+    // Its stream runs in (fork, index) order: never ahead of an earlier gradient launch it conflicts with;
+    // one of the other gradient stream (lane) it waits for.
     for (std::size_t j = 0; j < k; ++j)
-      if (plan.on_gradient_stream[j] && conflict(s.launches[j], l)) CHECK(fork >= plan.fork_before[j]);
+      if (plan.on_gradient_stream[j] && conflict(s.launches[j], l)) {
+        CHECK(fork >= plan.fork_before[j]);
+        if (plan.gradient_lane[j] != plan.gradient_lane[k])
+          CHECK(std::find(plan.waits_for[k].begin(), plan.waits_for[k].end(), j) != plan.waits_for[k].end());
+      }
     CHECK(join > k);
     CHECK(join <= n);
     // Forked as early as it may be: the step-stream launch just before the fork conflicts with it (or
@@ -236,6 +241,43 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "two gradient streams: a weight gradient and its bias's column sums, forked at one place, run side by side; "
+    "with one, every branch launch on the one") {
+  std::size_t side_by_side = 0;
+  for (const Network& net : networks()) {
+    INFO(net.name);
+    const Graph& g = net.program.train;
+    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
+    const Schedule s = lower(g, keep);
+    BackendOptions one = streams(true, true), two = one;
+    one.gradient_streams = 1;
+    two.gradient_streams = 2;
+    const cuda::StreamPlan single = cuda::plan_streams(g, s, one), plan = cuda::plan_streams(g, s, two);
+    CHECK(single.gradient_lanes() == 1);
+    CHECK(plan.gradient_lanes() >= 1);
+    // The same launches leave the step's stream, forked and joined at the same places.
+    CHECK(plan.on_gradient_stream == single.on_gradient_stream);
+    CHECK(plan.fork_before == single.fork_before);
+    CHECK(plan.join_before == single.join_before);
+    check_plan(g, s, plan);
+    check_memory(g, s, plan);
+    test::check_stream_order(s, plan);
+    for (std::size_t k = 0; k < s.launches.size(); ++k) {
+      if (!plan.on_gradient_stream[k] || s.launches[k].lowering->name() != "column_sum") continue;
+      INFO("L" << k << " column_sum");
+      // The weight gradient forked at the same place runs on the other lane.
+      for (std::size_t j = 0; j < s.launches.size(); ++j)
+        if (plan.on_gradient_stream[j] && plan.fork_before[j] == plan.fork_before[k] &&
+            has_op(g, s.launches[j], OpKind::conv2d_backward_filter)) {
+          CHECK(plan.gradient_lane[j] != plan.gradient_lane[k]);
+          ++side_by_side;
+        }
+    }
+  }
+  CHECK(side_by_side >= 1);  // the channels-last CNN's second convolution (its first is the few-channel kernel's)
+}
+
 TEST_CASE("gradient stream: a value feeds only the updates through casts and sums, not through a matmul") {
   MlpTraining t;
   t.mlp.layers = {20, 16, 4};
@@ -338,6 +380,7 @@ TEST_CASE(
     const std::vector<bool> prepared = cuda::parameter_launches(g, s);
     const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(true, true));
     CHECK(plan.forks() == (variant == 3));
+    if (variant == 3) CHECK(plan.gradient_lanes() == 1);  // a data-parallel rank keeps one gradient stream
     if (variant != 3) {
       check_plan(g, s, plan);
       check_memory(g, s, plan);
