@@ -242,7 +242,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "two gradient streams: a weight gradient and its bias's column sums, forked at one place, run side by side; "
+    "two gradient streams: a weight gradient and its bias's column sums, forked at one place, run side by side, "
     "with one, every branch launch on the one") {
   std::size_t side_by_side = 0;
   for (const Network& net : networks()) {
