@@ -26,6 +26,7 @@
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
 #include "runtime/cuda/floors.hpp"
+#include "apps/profile_stream_model.hpp"
 #endif
 
 namespace sg::app {
@@ -276,6 +277,7 @@ ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req,
     rep.totals.push_back({"graph replay, back to back (mean per step)", p.replay_back_to_back_us,
                           fmt::format("what training sees; sum of launches - this = {:.2f} us", sum - p.replay_back_to_back_us)});
   }
+  rep.totals.push_back(stream_model_total(program.stream_plan(), rep.rows, stream, rep.extra));
   if (req.floors) {
     rep.totals.push_back({"floor: launches x empty graph node", floors.graph_node_us * double(count),
                           fmt::format("{:.2f} us per empty-kernel graph node (bench floor)", floors.graph_node_us)});

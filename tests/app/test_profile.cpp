@@ -13,6 +13,9 @@
 #include "apps/report/trace_json.hpp"
 #include "runtime/io/atomic_file.hpp"
 #include "tests/support/test_data.hpp"
+#ifdef STEPGRAPH_HAVE_CUDA
+#include "apps/profile_stream_model.hpp"
+#endif
 
 using namespace sg;
 using nlohmann::json;
@@ -165,3 +168,34 @@ TEST_CASE("stepgraph profile on configs/ci_small.yaml writes the table, CSV, JSO
   CHECK(csv.rfind("index,lowering,nodes", 0) == 0);
   fs::remove_all(out);
 }
+
+#ifdef STEPGRAPH_HAVE_CUDA
+TEST_CASE("the CUDA profile's modeled step: the medians scaled to the stream step, laid on the plan's streams") {
+  // Launches 0, 1 and 4 on the step's stream; 2 and 3 forked before launch 2 onto the two gradient streams.
+  cuda::StreamPlan plan;
+  plan.on_communication.assign(5, false);
+  plan.on_gradient_stream = {false, false, true, true, false};
+  plan.gradient_lane = {0, 0, 0, 1, 0};
+  plan.fork_before = {0, 0, 2, 2, 0};
+  plan.join_before.assign(5, 5);
+  plan.waits_for.assign(5, {});
+  std::vector<report::ProfileRow> rows;
+  for (const double us : {2.0, 3.0, 10.0, 6.0, 1.0}) {
+    report::ProfileRow row;
+    row.index = static_cast<int>(rows.size());
+    row.median_us = us;
+    rows.push_back(row);
+  }
+  nlohmann::json extra;
+  // Measured on one stream in half the sum of the event-timed launches: each launch counts half.
+  const report::ProfileTotal t = app::stream_model_total(plan, rows, 11.0, extra);
+  CHECK(t.us == doctest::Approx(7.5));  // 1 + 1.5, then launch 2's 5 on the first gradient stream
+  CHECK(t.note.find("x 0.50") != std::string::npos);
+  CHECK(t.note.find("the end waits on the gradient 1 stream") != std::string::npos);
+  CHECK(t.note.find("critical path: L0 L1 L2(gradient 1)") != std::string::npos);
+  REQUIRE(extra["stream_model"]["launches"].size() == 5);
+  CHECK(extra["stream_model"]["launches"][3]["stream"] == "gradient 2");
+  CHECK(extra["stream_model"]["launches"][3]["end_us"].get<double>() == doctest::Approx(5.5));
+  CHECK(extra["stream_model"]["critical_path"] == nlohmann::json::array({0, 1, 2}));
+}
+#endif
