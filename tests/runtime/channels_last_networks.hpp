@@ -2,9 +2,11 @@
 // The layer lists of the channels-last tests (graph/channels_last_pass.hpp):
 // on the CPU (test_channels_last.cpp), in the schedule
 // (test_channels_last_schedule.cpp) and on the GPU (test_channels_last_gpu.cpp).
+#include <stdexcept>
 #include <vector>
 
 #include "models/sequential.hpp"
+#include "models/sequential_program.hpp"
 #include "tests/runtime/layer_specs.hpp"
 
 namespace sg::test {
@@ -52,6 +54,24 @@ inline std::vector<LayerSpec> batch_norm_residual_layers(std::int64_t width) {
           net_layer(LayerKind::activation),
           net_layer(LayerKind::global_avg_pool2d),
           net_layer(LayerKind::linear, 10)};
+}
+
+// The CUDA training program of a channels-last CNN with its channels-last
+// training graph as `train`, for the schedule tests: variant 0 the two 5x5
+// convolutions with AdamW and fp32 master weights, 1 batch_norm_residual_layers(16)
+// with momentum SGD in f16; batch 64.
+inline TrainingProgram channels_last_training_program(int variant) {
+  SequentialTraining t;
+  t.model.input_shape = {1, 28, 28};
+  t.model.layers = variant == 1 ? batch_norm_residual_layers(16) : two_conv_layers();
+  t.model.batch = 64;
+  t.model.weight_dtype = variant == 1 ? DType::f16 : DType::f32;
+  t.optimizer.kind = variant == 1 ? OptimizerKind::sgd : OptimizerKind::adamw;
+  t.optimizer.momentum = variant == 1 ? 0.9 : 0.0;
+  TrainingProgram p = build_sequential_program(t, 6400, 1000, ProgramTarget::cuda);
+  if (!p.channels_last) throw std::logic_error("channels_last_training_program: no channels-last variant");
+  p.train = p.channels_last->train;
+  return p;
 }
 
 }  // namespace sg::test

@@ -172,19 +172,9 @@ std::vector<Network> networks() {
   // Channels-last CNNs, whose weight gradients of 8+ channels come out [O,KH,KW,C] and reach their updates
   // through a to_channels_first (graph/filter_layout_pass.hpp): AdamW with fp32 master weights; a small
   // mnist_resnet with momentum SGD in f16.
-  for (const int variant : {0, 1}) {
-    SequentialTraining t;
-    t.model.input_shape = {1, 28, 28};
-    t.model.layers = variant == 1 ? test::batch_norm_residual_layers(16) : test::two_conv_layers();
-    t.model.batch = 64;
-    t.model.weight_dtype = variant == 1 ? DType::f16 : DType::f32;
-    t.optimizer.kind = variant == 1 ? OptimizerKind::sgd : OptimizerKind::adamw;
-    t.optimizer.momentum = variant == 1 ? 0.9 : 0.0;
-    TrainingProgram p = build_sequential_program(t, 6400, 1000, ProgramTarget::cuda);
-    REQUIRE(p.channels_last);
-    p.train = p.channels_last->train;
-    out.push_back({fmt::format("channels-last CNN variant {}", variant), std::move(p)});
-  }
+  for (const int variant : {0, 1})
+    out.push_back({fmt::format("channels-last CNN variant {}", variant),
+                   test::channels_last_training_program(variant)});
   return out;
 }
 

@@ -84,18 +84,7 @@ TEST_CASE("stream timeline on real plans: one stream sums the launches, side str
           "the critical path is a chain from the start to the end") {
   std::vector<TrainingProgram> programs;
   programs.push_back(build_sequential_program(test::report_cnn(), 1280, 200, ProgramTarget::cuda));
-  for (const int variant : {0, 1}) {
-    SequentialTraining t;
-    t.model.input_shape = {1, 28, 28};
-    t.model.layers = variant == 1 ? test::batch_norm_residual_layers(16) : test::two_conv_layers();
-    t.model.batch = 64;
-    t.model.weight_dtype = variant == 1 ? DType::f16 : DType::f32;
-    t.optimizer.kind = variant == 1 ? OptimizerKind::sgd : OptimizerKind::adamw;
-    TrainingProgram p = build_sequential_program(t, 6400, 1000, ProgramTarget::cuda);
-    REQUIRE(p.channels_last);
-    p.train = p.channels_last->train;
-    programs.push_back(std::move(p));
-  }
+  for (const int variant : {0, 1}) programs.push_back(test::channels_last_training_program(variant));
   for (const TrainingProgram& p : programs) {
     const Graph& g = p.train;
     const auto keep = cuda::cuda_lowerings(BackendOptions{}, /*device_present=*/false);
