@@ -5,6 +5,11 @@
 // read the gradient as the weight gradient wrote it, in the parameter's order
 // through ops/cuda/gradient_order.hpp, so the transpose is no launch (cuDNN's
 // own, inside its call, was one kernel more).
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/gradient_order.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 
@@ -21,9 +26,23 @@ inline NodeId folded_gradient_order(const Cover& cover, ValueId value, NodeId re
   return sole_reader(g, value) == reader ? producer : -1;
 }
 
-// How to read the input of to_channels_first node `permute` (-1: as it is).
-inline GradientOrder gradient_order(const sg::Graph& g, NodeId permute) {
+// What an update launch reads for gradient `grad`: the input of its folded
+// to_channels_first `permute`, else of its folded cast `cast`, else `grad`
+// itself (-1: none folded).
+inline ValueId gradient_read(const sg::Graph& g, ValueId grad, NodeId cast, NodeId permute) {
+  if (permute >= 0) return g.node(permute).inputs[0];
+  return cast >= 0 ? g.node(cast).inputs[0] : grad;
+}
+
+// How update node `update` of lowering `who` reads the input of
+// to_channels_first node `permute` (-1: as it is), updating `count` of its
+// parameter's `elements`: a permuted gradient only whole (a shard's range of
+// [O,C,KH,KW] is no range of [O,KH,KW,C]).
+inline GradientOrder gradient_order(const sg::Graph& g, NodeId permute, std::int64_t count, std::int64_t elements,
+                                    std::string_view who, NodeId update) {
   if (permute < 0) return {};
+  if (count != elements)
+    throw CudaError(fmt::format("{}: node {} reads a permuted gradient in a shard", who, update));
   const Shape& s = g.value(g.node(permute).inputs[0]).shape;  // [O,KH,KW,C]
   return {static_cast<std::int32_t>(s[3]), static_cast<std::int32_t>(s[1] * s[2])};
 }

@@ -51,8 +51,7 @@ std::vector<SgdUpdate> updates_of(const sg::Graph& g, const std::vector<NodeId>&
 
 // The gradient an update reads: before its folded to_channels_first and cast, if any.
 ValueId read_gradient(const sg::Graph& g, const SgdUpdate& u) {
-  if (u.permute >= 0) return g.node(u.permute).inputs[0];
-  return u.cast >= 0 ? g.node(u.cast).inputs[0] : g.node(u.sgd).inputs[1];
+  return gradient_read(g, g.node(u.sgd).inputs[1], u.cast, u.permute);
 }
 
 // (weight, gradient as read) element types of an update.
@@ -131,10 +130,9 @@ class SgdMultiTensorLowering final : public CudaLowering {
       for (const SgdUpdate& u : updates) {
         const Node& sgd = g.node(u.sgd);
         const ValueId grad = read_gradient(g, u);
-        const ElementRange r = update_range(c, grad, element_count(g.value(sgd.inputs[0]).shape));
-        const GradientOrder order = gradient_order(g, u.permute);
-        if (order.permuted() && r.count != element_count(g.value(sgd.inputs[0]).shape))
-          throw CudaError(fmt::format("sgd_multi_tensor: node {} reads a permuted gradient in a shard", sgd.id));
+        const std::int64_t elements = element_count(g.value(sgd.inputs[0]).shape);
+        const ElementRange r = update_range(c, grad, elements);
+        const GradientOrder order = gradient_order(g, u.permute, r.count, elements, "sgd_multi_tensor", sgd.id);
         tensors.push_back({advanced<W>(c.ptr(sgd.inputs[0]), wtype, r),
                            advanced<const G>(c.ptr(grad), gtype, r),
                            sgd.inputs.size() == 3 ? advanced<W>(c.ptr(sgd.inputs[2]), wtype, r) : nullptr, r.count,

@@ -53,11 +53,6 @@ NodeId folded_permute(const Cover& cover, const Node& update, NodeId cast) {
   return folded_gradient_order(cover, read_gradient(cover.graph(), update, cast), cast >= 0 ? cast : update.id);
 }
 
-// ... and what the launch reads then.
-ValueId read_gradient(const sg::Graph& g, const Node& update, NodeId cast, NodeId permute) {
-  return permute >= 0 ? g.node(permute).inputs[0] : read_gradient(g, update, cast);
-}
-
 // Whether two update-rule nodes can share a launch: same op and attributes,
 // step, clip scale and element types (of the gradients read).
 bool same_launch(const sg::Graph& g, const Node& a, DType a_grad, const Node& b, DType b_grad) {
@@ -142,11 +137,11 @@ class UpdateMultiTensorLowering final : public CudaLowering {
         for (std::size_t i = 0; i < nodes.size(); ++i) {
           const Node& n = g.node(nodes[i]);
           const UpdateInputs u = *update_inputs(n);
-          const ValueId grad = read_gradient(g, n, detail.casts[i], detail.permutes[i]);
-          const ElementRange r = update_range(c, grad, element_count(g.value(u.param).shape));
-          const GradientOrder order = gradient_order(g, detail.permutes[i]);
-          if (order.permuted() && r.count != element_count(g.value(u.param).shape))
-            throw CudaError(fmt::format("update_multi_tensor: node {} reads a permuted gradient in a shard", n.id));
+          const ValueId grad = gradient_read(g, u.grad, detail.casts[i], detail.permutes[i]);
+          const std::int64_t elements = element_count(g.value(u.param).shape);
+          const ElementRange r = update_range(c, grad, elements);
+          const GradientOrder order =
+              gradient_order(g, detail.permutes[i], r.count, elements, "update_multi_tensor", n.id);
           const auto state = [&](ValueId v) { return advanced<void>(ptr(v), g.value(v).dtype, r); };
           tensors.push_back({advanced<W>(c.ptr(u.param), g.value(u.param).dtype, r),
                              advanced<const G>(c.ptr(grad), g.value(grad).dtype, r), state_slots(u, state), r.count,
