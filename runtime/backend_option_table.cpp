@@ -31,6 +31,11 @@ std::string resident_cluster_check(const BackendOptionValue& v) {
   return resident_cluster_problem(std::get<std::int64_t>(v));
 }
 
+std::string zero_to_512(const BackendOptionValue& v) {
+  const std::int64_t n = std::get<std::int64_t>(v);
+  return n >= 0 && n <= 512 ? "" : "must be 0-512";
+}
+
 std::string one_or_two(const BackendOptionValue& v) {
   const std::int64_t n = std::get<std::int64_t>(v);
   return n == 1 || n == 2 ? "" : "must be 1 or 2";
@@ -40,6 +45,10 @@ std::vector<BackendOptionRow> make_table() {
   std::vector<BackendOptionRow> t;
   // --- core: every graph, with or without fast paths
   t.push_back(SG_BOOL_ROW(autotune, "core", "time cuBLASLt's (and cuDNN's) candidates once per shape"));
+  t.push_back(SG_INT_ROW(cudnn_knob_variants, "core",
+                         "with autotune: this many more cuDNN candidates, engines with one knob (split-K, tiles, "
+                         "stages) moved from its default",
+                         zero_to_512));
   t.push_back(SG_INT_ROW(steps_per_launch, "core", "training steps captured per CUDA graph launch", at_least_one));
   t.push_back(SG_BOOL_ROW(core_only, "core",
                           "no fast path at all: the core lowerings alone (cuBLASLt, cuDNN, the plain kernels)"));

@@ -45,6 +45,7 @@ std::string resident_cluster_problem(std::int64_t cluster);
 struct BackendOptions {
   bool accumulate_f16 = false;  // cuBLASLt compute type fp16 where the output is fp16
   bool autotune = false;        // time cuBLASLt's candidates once per shape
+  std::int64_t cudnn_knob_variants = 0;  // autotune: cuDNN engines with one knob moved, this many more candidates
   std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
   // Weight gradients and updates on a second stream beside the data-gradient
   // chain (runtime/cuda/stream_plan.hpp; in a data-parallel rank too, the

@@ -52,15 +52,20 @@ class CudnnConv {
   // Builds and picks the plan: the heuristics' first engine that runs, or
   // with `autotune` the fastest of every deterministic engine, timed on
   // `tensors` (their contents are overwritten where they are outputs) and
-  // reused for the same problem by every later CudnnConv of the process.
+  // reused for the same problem by every later CudnnConv of the process;
+  // `knob_variants` more candidates under autotune: engines with one knob
+  // set away from its default (cudnn::candidate_plans).
   CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, const ConvTensors& tensors, cudaStream_t stream,
-            bool autotune);
+            bool autotune, std::size_t knob_variants = 0);
   std::size_t workspace_bytes() const { return static_cast<std::size_t>(plan_.workspace_bytes); }
   void run(const ConvTensors& tensors, void* workspace, cudaStream_t stream) const;
   // e.g. "cuDNN engine 12, fused bias+relu (fastest of 5)"
   std::string label() const;
 
  private:
+  // Whether three runs of the current plan write the same bits.
+  bool deterministic_output(const ConvTensors& tensors, void* workspace, cudaStream_t stream) const;
+
   const cudnn::Handle& handle_;
   ConvRequest request_;
   cudnn::Plan plan_;

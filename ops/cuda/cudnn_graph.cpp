@@ -1,6 +1,7 @@
 #include "ops/cuda/cudnn_graph.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -113,9 +114,10 @@ EngineInfo engine_of(cudnnBackendDescriptor_t config) {
 }
 
 // Adds the plan of one engine configuration, unless its engine is excluded,
-// already there, or cannot run the graph.
+// already there (with the same `knobs`), or cannot run the graph.
 void add_plan(const Handle& handle, cudnnBackendDescriptor_t config,
-              const std::vector<cudnnBackendNumericalNote_t>& excluded, bool compiled_too, std::vector<Plan>& plans) {
+              const std::vector<cudnnBackendNumericalNote_t>& excluded, bool compiled_too, std::vector<Plan>& plans,
+              const std::string& knobs = {}) {
   const EngineInfo info = engine_of(config);
   const std::int64_t engine = info.index;
   if (std::any_of(info.notes.begin(), info.notes.end(), [&](auto n) {
@@ -123,17 +125,25 @@ void add_plan(const Handle& handle, cudnnBackendDescriptor_t config,
       }))
     return;
   if (info.runtime_compiled && !compiled_too) return;
-  if (std::any_of(plans.begin(), plans.end(), [&](const Plan& p) { return p.engine == engine; })) return;
+  if (std::any_of(plans.begin(), plans.end(), [&](const Plan& p) { return p.engine == engine && p.knobs == knobs; }))
+    return;
   Plan p;
   p.plan = Descriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
   const cudnnHandle_t h = handle.get();
   p.plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
   p.plan.set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config);
-  if (!p.plan.try_finalize(/*internal_errors_too=*/true)) return;
+  // (A knob variant's plan may refuse its value with any status: it is skipped.)
+  if (knobs.empty() ? !p.plan.try_finalize(/*internal_errors_too=*/true)
+                    : cudnnBackendFinalize(p.plan.get()) != CUDNN_STATUS_SUCCESS)
+    return;
   std::int64_t got = 0;
   SG_CUDNN_CHECK(cudnnBackendGetAttribute(p.plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
                                           &got, &p.workspace_bytes));
+  // (Some knob settings ask for gigabytes of workspace: not a candidate for a step.)
+  constexpr std::int64_t kMostVariantWorkspace = std::int64_t(64) << 20;
+  if (!knobs.empty() && p.workspace_bytes > kMostVariantWorkspace) return;
   p.engine = engine;
+  p.knobs = knobs;
   p.runtime_compiled = info.runtime_compiled;
   plans.push_back(std::move(p));
 }
@@ -161,12 +171,10 @@ void append_heuristic_plans(const Handle& handle, const Descriptor& graph, cudnn
     add_plan(handle, raw[static_cast<std::size_t>(i)], excluded, /*compiled_too=*/true, plans);
 }
 
-// Every engine cuDNN has for the graph, by global index, in its default
-// configuration (no knobs set): the heuristics rank only a few at shapes this
-// small, and the fastest is often not among them. Runtime-compiled ones are
-// left to the heuristics: compiling all of them costs seconds at start-up.
-void append_every_engine(const Handle& handle, const Descriptor& graph, std::size_t limit,
-                         const std::vector<cudnnBackendNumericalNote_t>& excluded, std::vector<Plan>& plans) {
+// Calls f(engine) for every engine cuDNN has for the graph that takes it,
+// by global index, while `plans` holds fewer than `limit`.
+void for_each_engine(const Descriptor& graph, std::size_t limit, const std::vector<Plan>& plans,
+                     const std::function<void(const Descriptor&)>& f) {
   std::int64_t count = 0, got = 0;
   SG_CUDNN_CHECK(cudnnBackendGetAttribute(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64,
                                           1, &got, &count));
@@ -174,22 +182,94 @@ void append_every_engine(const Handle& handle, const Descriptor& graph, std::siz
     Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     engine.set_descriptor(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
     engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
-    if (!engine.try_finalize()) continue;
+    if (engine.try_finalize()) f(engine);
+  }
+}
+
+// Every engine cuDNN has for the graph, by global index, in its default
+// configuration (no knobs set): the heuristics rank only a few at shapes this
+// small, and the fastest is often not among them. Runtime-compiled ones are
+// left to the heuristics: compiling all of them costs seconds at start-up.
+void append_every_engine(const Handle& handle, const Descriptor& graph, std::size_t limit,
+                         const std::vector<cudnnBackendNumericalNote_t>& excluded, std::vector<Plan>& plans) {
+  for_each_engine(graph, limit, plans, [&](const Descriptor& engine) {
     Descriptor config(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
     config.set_descriptor(CUDNN_ATTR_ENGINECFG_ENGINE, engine);
-    if (!config.try_finalize()) continue;
-    add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans);
+    if (config.try_finalize()) add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans);
+  });
+}
+
+// The knobs an engine lets a configuration set, each with its range.
+struct KnobRange {
+  cudnnBackendKnobType_t type;
+  std::int64_t minimum = 0, maximum = 0, stride = 1;
+};
+
+std::vector<KnobRange> knob_ranges(const Descriptor& engine) {
+  std::vector<Descriptor> infos;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int i = 0; i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+    infos.emplace_back(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR);
+    raw.push_back(infos.back().get());
   }
+  std::int64_t got = 0;
+  if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                               static_cast<std::int64_t>(raw.size()), &got, raw.data()) != CUDNN_STATUS_SUCCESS)
+    return {};
+  std::vector<KnobRange> ranges;
+  for (std::int64_t i = 0; i < got; ++i) {
+    KnobRange k{};
+    std::int64_t n = 0;
+    const cudnnBackendDescriptor_t d = raw[static_cast<std::size_t>(i)];
+    const bool read =
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n, &k.type) == 0 &&
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &k.minimum) == 0 &&
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &k.maximum) == 0 &&
+        cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n, &k.stride) == 0;
+    if (read && k.stride > 0 && k.maximum > k.minimum) ranges.push_back(k);
+  }
+  return ranges;
+}
+
+// Every precompiled engine's configurations with ONE knob set to each value
+// of its range (at most `per_knob` values, spread over the range), the other
+// knobs at their defaults: the heuristics and the default configurations
+// leave out, e.g., split-K settings that suit a small output and a long
+// reduction (a filter gradient over a large batch).
+void append_knob_variants(const Handle& handle, const Descriptor& graph, std::size_t limit,
+                          const std::vector<cudnnBackendNumericalNote_t>& excluded, std::vector<Plan>& plans) {
+  constexpr std::int64_t per_knob = 8;
+  for_each_engine(graph, limit, plans, [&](const Descriptor& engine) {
+    for (const KnobRange& k : knob_ranges(engine)) {
+      const std::int64_t steps = (k.maximum - k.minimum) / k.stride + 1;
+      const std::int64_t every = std::max<std::int64_t>(1, (steps + per_knob - 1) / per_knob);
+      for (std::int64_t s = 0; s < steps && plans.size() < limit; s += every) {
+        const std::int64_t value = k.minimum + s * k.stride;
+        Descriptor choice(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+        choice.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &k.type);
+        choice.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &value);
+        if (cudnnBackendFinalize(choice.get()) != CUDNN_STATUS_SUCCESS) continue;
+        Descriptor config(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        config.set_descriptor(CUDNN_ATTR_ENGINECFG_ENGINE, engine);
+        config.set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, choice.address());
+        if (cudnnBackendFinalize(config.get()) != CUDNN_STATUS_SUCCESS) continue;
+        add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans,
+                 fmt::format("knob {}={}", static_cast<int>(k.type), value));
+      }
+    }
+  });
 }
 
 }  // namespace
 
 std::vector<Plan> candidate_plans(const Handle& handle, const Descriptor& graph, std::size_t limit,
-                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine) {
+                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine,
+                                  std::size_t knob_variants) {
   std::vector<Plan> plans;
   append_heuristic_plans(handle, graph, CUDNN_HEUR_MODE_A, limit, excluded, plans);
   append_heuristic_plans(handle, graph, CUDNN_HEUR_MODE_FALLBACK, limit, excluded, plans);
   if (every_engine) append_every_engine(handle, graph, limit, excluded, plans);
+  if (every_engine && knob_variants > 0) append_knob_variants(handle, graph, plans.size() + knob_variants, excluded, plans);
   return plans;
 }
 

@@ -75,6 +75,7 @@ struct Plan {
   Descriptor plan;
   std::int64_t workspace_bytes = 0;
   std::int64_t engine = -1;  // cuDNN's global engine index, for the dump
+  std::string knobs;         // "" (the configuration cuDNN gave) or the one knob set, "knob T=V"
   bool runtime_compiled = false;  // its kernel was compiled at finalization (NVRTC)
 };
 
@@ -82,9 +83,12 @@ struct Plan {
 // heuristics offer (mode A, then the fallback list), then with `every_engine` every other
 // precompiled engine cuDNN has for it in its default configuration (a
 // runtime-compiled one only where the heuristics offer it), at most `limit` in all,
-// leaving out engines with any of the `excluded` numerical notes.
+// leaving out engines with any of the `excluded` numerical notes; with
+// `every_engine`, up to `knob_variants` more: precompiled engines with one
+// knob set away from its default.
 std::vector<Plan> candidate_plans(const Handle& handle, const Descriptor& graph, std::size_t limit,
-                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine);
+                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine,
+                                  std::size_t knob_variants = 0);
 
 // Runs `plan` with the tensors `uids` bound to `pointers`, on `stream`.
 void execute(const Handle& handle, const Plan& plan, const std::vector<std::int64_t>& uids,

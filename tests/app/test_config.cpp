@@ -113,6 +113,8 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   CHECK(d.whole_step == plain.whole_step);
   CHECK(d.one_pass_backward == plain.one_pass_backward);
   CHECK(d.steps_per_launch == plain.steps_per_launch);
+  CHECK(d.cudnn_knob_variants == plain.cudnn_knob_variants);
+  CHECK(d.cudnn_knob_variants == 0);
   CHECK(d.weight_gradient_stream == plain.weight_gradient_stream);
   CHECK(d.weight_gradient_stream);
   CHECK_FALSE(d.accumulate_f16);
@@ -123,7 +125,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
                                   "  fold_input_update: false\n  dependent_launch: false\n  classifier_mma: false\n"
                                   "  one_pass_multicast: false\n  strip_splits: 4\n  resident_cluster: 8\n"
                                   "  autotune: true\n  whole_step: false\n  one_pass_backward: false\n"
-                                  "  steps_per_launch: 3\n  weight_gradient_stream: false\n",
+                                  "  steps_per_launch: 3\n  weight_gradient_stream: false\n  cudnn_knob_variants: 96\n",
                               "t.yaml");
   const sg::BackendOptions o = backend_options_from_config(c);
   CHECK(o.whole_step_mode == sg::WholeStepMode::resident);
@@ -138,6 +140,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   CHECK_FALSE(o.whole_step);
   CHECK_FALSE(o.one_pass_backward);
   CHECK(o.steps_per_launch == 3);
+  CHECK(o.cudnn_knob_variants == 96);
   CHECK_FALSE(o.weight_gradient_stream);
   CHECK(o.accumulate_f16);
 
@@ -171,6 +174,9 @@ TEST_CASE("bad backend: values are errors naming file, line and key") {
   CHECK(error_of(head + "  strip_splits: many\n") ==
         doctest::Contains("test.yaml:6: backend.strip_splits: expected an integer, got 'many'"));
   CHECK(error_of(head + "  multicast: false\n") == doctest::Contains("test.yaml:6: backend.multicast: unknown key"));
+  CHECK(error_of(head + "  cudnn_knob_variants: 513\n") ==
+        doctest::Contains("test.yaml:6: backend.cudnn_knob_variants: must be 0-512"));
+  CHECK(error_of(head + "  cudnn_knob_variants: -1\n") == doctest::Contains("backend.cudnn_knob_variants: must be"));
   CHECK(error_of(kMinimal, {"backend.resident_cluster=5"}) == doctest::Contains("backend.resident_cluster: must be"));
   CHECK(error_of(kMinimal, {"backend.whole_step_mode=grids"}) == doctest::Contains("backend.whole_step_mode: 'grids'"));
 }

@@ -58,11 +58,12 @@ cuda::ProgramOptions cudnn_first() {
 }
 
 template <typename T>
-std::vector<double> gpu_vs_cpu(const Graph& g, std::mt19937_64& rng, std::vector<std::string>& lowerings) {
+std::vector<double> gpu_vs_cpu(const Graph& g, std::mt19937_64& rng, std::vector<std::string>& lowerings,
+                               const cuda::ProgramOptions& options = cudnn_first()) {
   cuda::Stream stream;
   cuda::LtHandle lt;
   cuda::DeviceValues params;
-  cuda::CudaProgram program(g, params, lt, cudnn_first(), stream.get());
+  cuda::CudaProgram program(g, params, lt, options, stream.get());
   CpuExecutor<T> cpu(g);
   for (const Value& v : g.values()) {
     if (!is_graph_owned(v.role)) continue;
@@ -95,8 +96,10 @@ std::vector<double> gpu_vs_cpu(const Graph& g, std::mt19937_64& rng, std::vector
 // reference rounds the same sum taken in float).
 double tolerance(DType dtype) { return dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 2e-3 : 1.6e-2; }
 
-std::vector<double> run_case(const Graph& g, DType dtype, std::mt19937_64& rng, std::vector<std::string>& lowerings) {
-  return dtype == DType::f32 ? gpu_vs_cpu<double>(g, rng, lowerings) : gpu_vs_cpu<float>(g, rng, lowerings);
+std::vector<double> run_case(const Graph& g, DType dtype, std::mt19937_64& rng, std::vector<std::string>& lowerings,
+                             const cuda::ProgramOptions& options = cudnn_first()) {
+  return dtype == DType::f32 ? gpu_vs_cpu<double>(g, rng, lowerings, options)
+                             : gpu_vs_cpu<float>(g, rng, lowerings, options);
 }
 
 }  // namespace
@@ -178,4 +181,41 @@ TEST_CASE("reshape and flatten are views: no kernel, the output shares its input
   std::vector<std::string> lowerings;
   const auto errors = run_case(g, DType::f32, rng, lowerings);
   CHECK(errors.at(0) < 1e-5);
+}
+
+// backend.cudnn_knob_variants: autotune also times engines with one knob moved
+// (split-K, tiles, stages) and takes a variant only after three identical
+// runs; whatever it picks must still be the convolution.
+TEST_CASE("cuDNN convolutions autotuned with knob variants match the CPU reference") {
+  auto rng = sg::test::fresh_rng();
+  cuda::ProgramOptions o = cudnn_first();
+  o.backend.autotune = true;
+  o.backend.cudnn_knob_variants = 64;
+  for (const DType dtype : {DType::f32, DType::f16}) {
+    // A CNN's 3x3 layer (a long filter-gradient reduction: 32 x 14 x 14 terms) and a random small one.
+    for (const ConvCase& c : {ConvCase{32, 32, 14, 14, 32, 3, 3, 1, 1}, random_case(rng)}) {
+      CAPTURE(dtype_name(dtype));
+      CAPTURE(fmt::format("x {}x{}x{}x{} w {}x{}x{}x{} stride {} padding {}", c.n, c.c, c.h, c.w, c.k, c.c, c.r, c.s,
+                          c.stride, c.padding));
+      const Shape x_shape{c.n, c.h, c.w, c.c}, y_shape{c.n, c.p(), c.q(), c.k};  // channels-last
+      for (const OpKind op : {OpKind::conv2d, OpKind::conv2d_backward_data, OpKind::conv2d_backward_filter}) {
+        CAPTURE(op_name(op));
+        Graph g;
+        if (op == OpKind::conv2d) {
+          const ValueId x = g.input("x", x_shape, dtype), w = g.param("w", {c.k, c.c, c.r, c.s}, dtype);
+          g.mark_output(g.append_node(op, {x, w}, Conv2dAttrs{c.stride, c.padding, 0, 0, true}).front());
+        } else if (op == OpKind::conv2d_backward_data) {
+          const ValueId dy = g.input("dy", y_shape, dtype), w = g.param("w", {c.k, c.c, c.r, c.s}, dtype);
+          g.mark_output(g.append_node(op, {dy, w}, Conv2dAttrs{c.stride, c.padding, c.h, c.w, true}).front());
+        } else {
+          const ValueId dy = g.input("dy", y_shape, dtype), x = g.input("x", x_shape, dtype);
+          g.mark_output(g.append_node(op, {dy, x}, Conv2dAttrs{c.stride, c.padding, c.r, c.s, true}).front());
+        }
+        std::vector<std::string> lowerings;
+        const auto errors = run_case(g, dtype, rng, lowerings, o);
+        CHECK(lowerings == std::vector<std::string>{"conv_cudnn"});
+        CHECK(errors.at(0) < tolerance(dtype));
+      }
+    }
+  }
 }

@@ -67,7 +67,8 @@ class ConvCudnnLowering final : public CudaLowering {
         t.x = c.ptr(n.inputs[1]);
         t.w = c.ptr(n.outputs[0]);
     }
-    auto conv = std::make_shared<const CudnnConv>(c.cudnn(), request, t, c.stream(), c.options().autotune);
+    auto conv = std::make_shared<const CudnnConv>(c.cudnn(), request, t, c.stream(), c.options().autotune,
+                                                  static_cast<std::size_t>(c.options().cudnn_knob_variants));
     void* const* workspace = c.workspace(conv->workspace_bytes());
     std::string label = conv->label();
     return std::make_unique<BoundLaunch>([conv, t, workspace](cudaStream_t s) { conv->run(t, *workspace, s); },
