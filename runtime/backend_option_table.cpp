@@ -36,9 +36,9 @@ std::string zero_to_512(const BackendOptionValue& v) {
   return n >= 0 && n <= 512 ? "" : "must be 0-512";
 }
 
-std::string one_or_two(const BackendOptionValue& v) {
+std::string auto_one_or_two(const BackendOptionValue& v) {
   const std::int64_t n = std::get<std::int64_t>(v);
-  return n == 1 || n == 2 ? "" : "must be 1 or 2";
+  return n >= 0 && n <= 2 ? "" : "must be 0 (auto: 2, a data-parallel rank 1), 1 or 2";
 }
 
 std::vector<BackendOptionRow> make_table() {
@@ -57,10 +57,10 @@ std::vector<BackendOptionRow> make_table() {
                           "weight gradients and updates on a second stream beside the data-gradient chain (a "
                           "data-parallel rank too: its all-reduces wait for the gradients they read)"));
   t.push_back(SG_INT_ROW(gradient_streams, "core",
-                         "streams the weight gradients and updates spread over (1 or 2; with 2, those forked at "
-                         "one place that do not depend on one another run side by side: a weight gradient and its "
-                         "bias's column sums)",
-                         one_or_two));
+                         "streams the weight gradients and updates spread over (0: auto, 2 in a single process and "
+                         "1 in a data-parallel rank; 1 or 2 everywhere; with 2, those forked at one place that do "
+                         "not depend on one another run side by side: a weight gradient and its bias's column sums)",
+                         auto_one_or_two));
   t.push_back(SG_BOOL_ROW(independent_launch_stream, "core",
                           "launches that depend on no earlier launch of the step (the parameter casts) run on the "
                           "second stream from the step's start, beside the batch fetch, and so do those computed "

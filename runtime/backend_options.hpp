@@ -54,9 +54,10 @@ struct BackendOptions {
   // How many streams those launches spread over (1 or 2). With 2, the branch
   // launches forked at one place that do not depend on one another (a
   // layer's weight gradient and its bias's column sums, the filters'
-  // copies) run side by side instead of one after another. (A
-  // data-parallel rank keeps one: runtime/cuda/stream_plan.hpp.)
-  std::int64_t gradient_streams = 2;
+  // copies) run side by side instead of one after another. 0 (auto): two in
+  // a single process, one in a data-parallel rank (the plan measured on
+  // 2 GPUs); 1 or 2: that many, ranks included.
+  std::int64_t gradient_streams = 0;
   bool gradient_stream_first = false;  // its kernels scheduled before the step stream's (else at the same priority)
   // Launches that depend on no earlier launch of the step (the parameter
   // casts) on that second stream from the step's start, beside the batch

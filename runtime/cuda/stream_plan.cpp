@@ -171,10 +171,11 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   const std::vector<bool> on_communication =
       options.communication_stream ? communicates : std::vector<bool>(s.launches.size(), false);
   std::vector<bool> on_gradient_stream(s.launches.size(), false);
-  // A data-parallel rank keeps one gradient stream: its plan (the all-reduces
-  // waiting for the weight gradients) was measured on 2 GPUs that way, and
-  // two lanes there have not been (docs/data_parallel.md).
-  const int lanes = any(communicates) ? 1 : static_cast<int>(options.gradient_streams);
+  // Auto (0): a data-parallel rank keeps one gradient stream, its plan (the
+  // all-reduces waiting for the weight gradients) as measured on 2 GPUs;
+  // two lanes there are asked for explicitly (docs/data_parallel.md).
+  const int lanes = options.gradient_streams > 0 ? static_cast<int>(options.gradient_streams)
+                                                 : any(communicates) ? 1 : 2;
   if (options.weight_gradient_stream) on_gradient_stream = update_branch_launches(graph, s);
   if (options.independent_launch_stream) {
     const std::vector<bool> independent = independent_launches(s), prepared = parameter_launches(graph, s);

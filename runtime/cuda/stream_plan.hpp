@@ -37,15 +37,18 @@
 //   stream as well, forked right after the launch it depends on (the casts)
 //   as a weight gradient is, and joined before its first reader (the
 //   convolution).
-// - With `gradient_streams: 2` the gradient stream is two streams (lanes).
+// - With two gradient streams (`gradient_streams: 2`, or 0 in a single
+//   process) the gradient stream is two streams (lanes).
 //   Among the launches forked at one place, one that depends on an earlier
 //   one there continues on that one's lane (the latest such: a bias's
 //   reshape, then its column sums), and the heads of those chains alternate
 //   between the lanes in schedule order (a layer's weight gradient on one,
 //   its bias's column sums on the other). A lane runs its launches in fork
 //   order; a launch that depends on one in the other lane waits for its
-//   `done` event (waits_for). A data-parallel rank keeps one lane (its plan
-//   with two is not measured on GPUs).
+//   `done` event (waits_for), as the communication stream's all-reduces do
+//   for the gradients they read in either lane. By default (`gradient_streams:
+//   0`) a data-parallel rank keeps one lane (two are not yet measured on
+//   GPUs); `gradient_streams: 2` gives a rank two.
 // - A gradient-stream launch that would fork after the step's stream has
 //   run its last launch stays on the step's stream: nothing runs beside it
 //   there, and it does not queue behind the gradient stream's backlog (the

@@ -115,6 +115,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   CHECK(d.steps_per_launch == plain.steps_per_launch);
   CHECK(d.cudnn_knob_variants == plain.cudnn_knob_variants);
   CHECK(d.cudnn_knob_variants == 0);
+  CHECK(d.gradient_streams == 0);  // auto
   CHECK(d.weight_gradient_stream == plain.weight_gradient_stream);
   CHECK(d.weight_gradient_stream);
   CHECK_FALSE(d.accumulate_f16);
@@ -174,6 +175,8 @@ TEST_CASE("bad backend: values are errors naming file, line and key") {
   CHECK(error_of(head + "  strip_splits: many\n") ==
         doctest::Contains("test.yaml:6: backend.strip_splits: expected an integer, got 'many'"));
   CHECK(error_of(head + "  multicast: false\n") == doctest::Contains("test.yaml:6: backend.multicast: unknown key"));
+  CHECK(error_of(head + "  gradient_streams: 3\n") ==
+        doctest::Contains("test.yaml:6: backend.gradient_streams: must be 0 (auto: 2, a data-parallel rank 1), 1 or 2"));
   CHECK(error_of(head + "  cudnn_knob_variants: 513\n") ==
         doctest::Contains("test.yaml:6: backend.cudnn_knob_variants: must be 0-512"));
   CHECK(error_of(head + "  cudnn_knob_variants: -1\n") == doctest::Contains("backend.cudnn_knob_variants: must be"));

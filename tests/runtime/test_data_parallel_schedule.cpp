@@ -67,7 +67,9 @@ void check_dependencies(const Graph& g, const Schedule& s) {
 }
 
 // A rank's step lowered with backend.update_per_bucket as given, every read after its write
-// (check_dependencies) and every two launches touching one value in order through the streams.
+// (check_dependencies) and every two launches touching one value in order through the streams,
+// with the rank's one gradient stream (auto) and with two asked for (backend.gradient_streams: 2:
+// the all-reduces then wait for gradients in either lane).
 struct CheckedSchedule {
   Lowered lowered;
   cuda::StreamPlan plan;
@@ -78,7 +80,10 @@ CheckedSchedule checked_schedule(const Graph& g, bool update_per_bucket) {
   CheckedSchedule c{lower(g, options), {}};
   check_dependencies(g, c.lowered.schedule);
   c.plan = cuda::plan_streams(g, c.lowered.schedule, options);
+  CHECK(c.plan.gradient_lanes() <= 1);
   test::check_stream_order(c.lowered.schedule, c.plan);
+  options.gradient_streams = 2;
+  test::check_stream_order(c.lowered.schedule, cuda::plan_streams(g, c.lowered.schedule, options));
   return c;
 }
 

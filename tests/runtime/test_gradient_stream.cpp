@@ -246,6 +246,8 @@ TEST_CASE(
     const cuda::StreamPlan single = cuda::plan_streams(g, s, one), plan = cuda::plan_streams(g, s, two);
     CHECK(single.gradient_lanes() == 1);
     CHECK(plan.gradient_lanes() >= 1);
+    // The default (0, auto) in a single process: two.
+    CHECK(cuda::plan_streams(g, s, streams(true, true)).gradient_lanes() == plan.gradient_lanes());
     // The same launches leave the step's stream, forked and joined at the same places.
     CHECK(plan.on_gradient_stream == single.on_gradient_stream);
     CHECK(plan.fork_before == single.fork_before);
@@ -370,7 +372,14 @@ TEST_CASE(
     const std::vector<bool> prepared = cuda::parameter_launches(g, s);
     const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(true, true));
     CHECK(plan.forks() == (variant == 3));
-    if (variant == 3) CHECK(plan.gradient_lanes() == 1);  // a data-parallel rank keeps one gradient stream
+    if (variant == 3) {
+      CHECK(plan.gradient_lanes() == 1);  // auto: a data-parallel rank keeps one gradient stream
+      BackendOptions two = streams(true, true);
+      two.gradient_streams = 2;  // asked for: two lanes in a rank too, its all-reduces waiting on either
+      const cuda::StreamPlan lanes = cuda::plan_streams(g, s, two);
+      CHECK(lanes.gradient_lanes() == 2);
+      test::check_stream_order(s, lanes);
+    }
     if (variant != 3) {
       check_plan(g, s, plan);
       check_memory(g, s, plan);
