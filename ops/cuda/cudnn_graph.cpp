@@ -1,8 +1,8 @@
 #include "ops/cuda/cudnn_graph.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <cstdio>
+#include <functional>
 
 #include <fmt/format.h>
 
