@@ -269,7 +269,8 @@ std::vector<Plan> candidate_plans(const Handle& handle, const Descriptor& graph,
   append_heuristic_plans(handle, graph, CUDNN_HEUR_MODE_A, limit, excluded, plans);
   append_heuristic_plans(handle, graph, CUDNN_HEUR_MODE_FALLBACK, limit, excluded, plans);
   if (every_engine) append_every_engine(handle, graph, limit, excluded, plans);
-  if (every_engine && knob_variants > 0) append_knob_variants(handle, graph, plans.size() + knob_variants, excluded, plans);
+  if (every_engine && knob_variants > 0)
+    append_knob_variants(handle, graph, plans.size() + knob_variants, excluded, plans);
   return plans;
 }
 

@@ -176,7 +176,8 @@ TEST_CASE("bad backend: values are errors naming file, line and key") {
         doctest::Contains("test.yaml:6: backend.strip_splits: expected an integer, got 'many'"));
   CHECK(error_of(head + "  multicast: false\n") == doctest::Contains("test.yaml:6: backend.multicast: unknown key"));
   CHECK(error_of(head + "  gradient_streams: 3\n") ==
-        doctest::Contains("test.yaml:6: backend.gradient_streams: must be 0 (auto: 2, a data-parallel rank 1), 1 or 2"));
+        doctest::Contains("test.yaml:6: backend.gradient_streams: must be 0 (auto: 2, a data-parallel rank 1), 1 "
+                          "or 2"));
   CHECK(error_of(head + "  cudnn_knob_variants: 513\n") ==
         doctest::Contains("test.yaml:6: backend.cudnn_knob_variants: must be 0-512"));
   CHECK(error_of(head + "  cudnn_knob_variants: -1\n") == doctest::Contains("backend.cudnn_knob_variants: must be"));
