@@ -51,7 +51,7 @@ struct BackendOptions {
   // chain (runtime/cuda/stream_plan.hpp; in a data-parallel rank too, the
   // all-reduces waiting for the gradients they read).
   bool weight_gradient_stream = true;
-  // How many streams those launches spread over (1 or 2). With 2, the branch
+  // How many streams those launches spread over (0, 1 or 2). With 2, the branch
   // launches forked at one place that do not depend on one another (a
   // layer's weight gradient and its bias's column sums, the filters'
   // copies) run side by side instead of one after another. 0 (auto): two in
