@@ -199,6 +199,41 @@ void append_every_engine(const Handle& handle, const Descriptor& graph, std::siz
   });
 }
 
+// A knob's name as cudnnBackendKnobType_t spells it (without CUDNN_KNOB_TYPE_), for launch labels.
+std::string knob_name(cudnnBackendKnobType_t type) {
+  switch (type) {
+    case CUDNN_KNOB_TYPE_SWIZZLE: return "SWIZZLE";
+    case CUDNN_KNOB_TYPE_TILE_SIZE: return "TILE_SIZE";
+    case CUDNN_KNOB_TYPE_EDGE: return "EDGE";
+    case CUDNN_KNOB_TYPE_MULTIPLY: return "MULTIPLY";
+    case CUDNN_KNOB_TYPE_SPLIT_K_BUF: return "SPLIT_K_BUF";
+    case CUDNN_KNOB_TYPE_TILEK: return "TILEK";
+    case CUDNN_KNOB_TYPE_STAGES: return "STAGES";
+    case CUDNN_KNOB_TYPE_REDUCTION_MODE: return "REDUCTION_MODE";
+    case CUDNN_KNOB_TYPE_SPLIT_K_SLC: return "SPLIT_K_SLC";
+    case CUDNN_KNOB_TYPE_IDX_MODE: return "IDX_MODE";
+    case CUDNN_KNOB_TYPE_SPECFILT: return "SPECFILT";
+    case CUDNN_KNOB_TYPE_KERNEL_CFG: return "KERNEL_CFG";
+    case CUDNN_KNOB_TYPE_WORKSPACE: return "WORKSPACE";
+    case CUDNN_KNOB_TYPE_TILE_CGA_M: return "TILE_CGA_M";
+    case CUDNN_KNOB_TYPE_TILE_CGA_N: return "TILE_CGA_N";
+    case CUDNN_KNOB_TYPE_BLOCK_SIZE: return "BLOCK_SIZE";
+    case CUDNN_KNOB_TYPE_OCCUPANCY: return "OCCUPANCY";
+    case CUDNN_KNOB_TYPE_ARRAY_SIZE_PER_THREAD: return "ARRAY_SIZE_PER_THREAD";
+    case CUDNN_KNOB_TYPE_SPLIT_COLS: return "SPLIT_COLS";
+    case CUDNN_KNOB_TYPE_TILE_ROWS: return "TILE_ROWS";
+    case CUDNN_KNOB_TYPE_TILE_COLS: return "TILE_COLS";
+    case CUDNN_KNOB_TYPE_LOAD_SIZE: return "LOAD_SIZE";
+    case CUDNN_KNOB_TYPE_CTA_COUNT: return "CTA_COUNT";
+    case CUDNN_KNOB_TYPE_STREAM_K: return "STREAM_K";
+    case CUDNN_KNOB_TYPE_SPLIT_P_SLC: return "SPLIT_P_SLC";
+    case CUDNN_KNOB_TYPE_TILE_M: return "TILE_M";
+    case CUDNN_KNOB_TYPE_TILE_N: return "TILE_N";
+    case CUDNN_KNOB_TYPE_WARP_SPEC_CFG: return "WARP_SPEC_CFG";
+    default: return fmt::format("knob {}", static_cast<int>(type));  // (a deprecated or newer type)
+  }
+}
+
 // The knobs an engine lets a configuration set, each with its range.
 struct KnobRange {
   cudnnBackendKnobType_t type;
@@ -254,7 +289,7 @@ void append_knob_variants(const Handle& handle, const Descriptor& graph, std::si
         config.set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, choice.address());
         if (cudnnBackendFinalize(config.get()) != CUDNN_STATUS_SUCCESS) continue;
         add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans,
-                 fmt::format("knob {}={}", static_cast<int>(k.type), value));
+                 fmt::format("{}={}", knob_name(k.type), value));
       }
     }
   });

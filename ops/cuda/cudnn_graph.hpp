@@ -75,7 +75,7 @@ struct Plan {
   Descriptor plan;
   std::int64_t workspace_bytes = 0;
   std::int64_t engine = -1;  // cuDNN's global engine index, for the dump
-  std::string knobs;  // "" (the configuration cuDNN gave) or the one knob set, "knob T=V" (T: cudnnBackendKnobType_t)
+  std::string knobs;  // "" (the configuration cuDNN gave) or the one knob set, "SPLIT_K_SLC=4"
   bool runtime_compiled = false;  // its kernel was compiled at finalization (NVRTC)
 };
 
