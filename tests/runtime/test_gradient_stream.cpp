@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 
 #include "graph/optimizer_pass.hpp"
@@ -20,16 +21,12 @@
 #include "models/sequential_program.hpp"
 #include "tests/runtime/channels_last_networks.hpp"
 #include "tests/runtime/report_cnn.hpp"
+#include "tests/runtime/schedule_test_support.hpp"
 #include "tests/runtime/stream_order.hpp"
 
 using namespace sg;
 
 namespace {
-
-Schedule lower(const Graph& g, std::vector<std::unique_ptr<cuda::CudaLowering>>& keep) {
-  keep = cuda::cuda_lowerings(BackendOptions{}, /*device_present=*/false);
-  return build_schedule(g, cuda::as_lowerings(keep));
-}
 
 using test::conflict;  // tests/runtime/stream_order.hpp
 
@@ -178,16 +175,22 @@ std::vector<Network> networks() {
   return out;
 }
 
+// Checks every network of networks(), its training graph lowered by the CUDA lowerings (as on a machine
+// without a GPU), its name in each failure's message.
+void for_each_network(const std::function<void(const std::string&, const Graph&, const Schedule&)>& check) {
+  for (const Network& net : networks()) {
+    INFO(net.name);
+    const schedule_test::Lowered lowered = schedule_test::lower(net.program.train, BackendOptions{});
+    check(net.name, net.program.train, lowered.schedule);
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
     "gradient stream: weight gradients and updates leave the step's stream, forked after what they read "
     "and joined before what reads or overwrites their values") {
-  for (const Network& net : networks()) {
-    INFO(net.name);
-    const Graph& g = net.program.train;
-    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
-    const Schedule s = lower(g, keep);
+  for_each_network([&](const std::string& name, const Graph& g, const Schedule& s) {
     const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(true, false));
     CHECK_FALSE(plan.forks());
     REQUIRE(plan.splits_gradients());
@@ -219,7 +222,7 @@ TEST_CASE(
         after = after || (plan.on_step_stream(j) && conflict(s.launches[j], l));
       CHECK(after);
     }
-    MESSAGE(net.name << ": " << s.launches.size() << " launches, on the gradient stream:" << side
+    MESSAGE(name << ": " << s.launches.size() << " launches, on the gradient stream:" << side
                      << "; branch launches after the chain's end on the step's stream:" << tail);
     // Switched off: one stream.
     const cuda::StreamPlan off = cuda::plan_streams(g, s, streams(false, false));
@@ -228,18 +231,14 @@ TEST_CASE(
       CHECK(off.joined_before(i).empty());
       CHECK(off.forked_before(i).empty());
     }
-  }
+  });
 }
 
 TEST_CASE(
     "two gradient streams: a weight gradient and its bias's column sums, forked at one place, run side by side, "
     "with one, every branch launch on the one") {
   std::size_t side_by_side = 0;
-  for (const Network& net : networks()) {
-    INFO(net.name);
-    const Graph& g = net.program.train;
-    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
-    const Schedule s = lower(g, keep);
+  for_each_network([&](const std::string&, const Graph& g, const Schedule& s) {
     BackendOptions one = streams(true, true), two = one;
     one.gradient_streams = 1;
     two.gradient_streams = 2;
@@ -266,7 +265,7 @@ TEST_CASE(
           ++side_by_side;
         }
     }
-  }
+  });
   CHECK(side_by_side >= 1);  // the channels-last CNN's second convolution (its first is the few-channel kernel's)
 }
 
@@ -302,11 +301,7 @@ TEST_CASE(
     "gradient stream: launches that depend on no earlier launch (the parameter casts) run on it from the "
     "step's start, beside the batch fetch") {
   std::size_t networks_with_casts = 0;
-  for (const Network& net : networks()) {
-    INFO(net.name);
-    const Graph& g = net.program.train;
-    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
-    const Schedule s = lower(g, keep);
+  for_each_network([&](const std::string&, const Graph& g, const Schedule& s) {
     const std::size_t n = s.launches.size();
     // The reference: a launch that does something and conflicts with no earlier launch (not the first).
     std::vector<bool> independent(n, false);
@@ -343,7 +338,7 @@ TEST_CASE(
         if (independent[k] && first_on_stream) CHECK(plan.fork_before[k] == 0);
       }
     }
-  }
+  });
   CHECK(networks_with_casts >= 1);  // the Adam MLP with fp32 master weights casts them for its forward
 }
 
@@ -367,8 +362,8 @@ TEST_CASE(
     const TrainingProgram p = build_sequential_program(t, 6400, 1000, ProgramTarget::cuda);
     REQUIRE(p.channels_last);
     const Graph& g = p.channels_last->train;
-    std::vector<std::unique_ptr<cuda::CudaLowering>> keep;
-    const Schedule s = lower(g, keep);
+    const schedule_test::Lowered lowered = schedule_test::lower(g, BackendOptions{});
+    const Schedule& s = lowered.schedule;
     const std::vector<bool> prepared = cuda::parameter_launches(g, s);
     const cuda::StreamPlan plan = cuda::plan_streams(g, s, streams(true, true));
     CHECK(plan.forks() == (variant == 3));
