@@ -45,7 +45,8 @@ std::string resident_cluster_problem(std::int64_t cluster);
 struct BackendOptions {
   bool accumulate_f16 = false;  // cuBLASLt compute type fp16 where the output is fp16
   bool autotune = false;        // time cuBLASLt's candidates once per shape
-  std::int64_t cudnn_knob_variants = 0;  // autotune: cuDNN engines with one knob moved, this many more candidates
+  bool cublaslt_split_k = true;  // autotune: long reductions into few outputs also timed split 2-16 ways
+  std::int64_t cudnn_knob_variants = 256;  // autotune: the 3 fastest cuDNN engines with one knob moved, up to this many
   std::int64_t steps_per_launch = 1;  // training steps recorded per CUDA graph launch
   // Weight gradients and updates on a second stream beside the data-gradient
   // chain (runtime/cuda/stream_plan.hpp; in a data-parallel rank too, the

@@ -111,9 +111,17 @@ cudnn::Descriptor convolution_op(const ConvOpAttributes& a, const cudnn::Descrip
   return op;
 }
 
+// Which plans plans_for returns: each engine's own configuration (every
+// engine's with `every_engine`), or up to `variants` knob variants of the engines `vary`.
+struct PlanSet {
+  bool every_engine = false;
+  const std::vector<std::int64_t>* vary = nullptr;
+  std::size_t variants = 0;
+};
+
 // The plans for one convolution graph; `fused` puts bias [+ ReLU] inside it.
 std::vector<cudnn::Plan> plans_for(const cudnn::Handle& handle, const ConvRequest& r, const ConvTensors& t, bool fused,
-                                   bool every_engine, std::size_t knob_variants) {
+                                   const PlanSet& set) {
   const ConvGeometry& g = r.geometry;
   const std::vector<std::int64_t> x_dims{g.n, g.c, g.h, g.w}, w_dims{g.k, g.c, g.r, g.s}, y_dims{g.n, g.k, g.p(), g.q()};
   GraphTensors gt;
@@ -156,7 +164,8 @@ std::vector<cudnn::Plan> plans_for(const cudnn::Handle& handle, const ConvReques
       CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6,
       CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13};
   if (r.io_type == CUDNN_DATA_FLOAT) excluded.push_back(CUDNN_NUMERICAL_NOTE_TENSOR_CORE);
-  return cudnn::candidate_plans(handle, graph, kCandidates, excluded, every_engine, knob_variants);
+  if (set.vary) return cudnn::knob_variant_plans(handle, graph, *set.vary, set.variants, excluded);
+  return cudnn::candidate_plans(handle, graph, kCandidates, excluded, set.every_engine);
 }
 
 // What identifies a convolution problem for the engine choice.
@@ -217,16 +226,16 @@ CudnnConv::CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, co
     : handle_(handle), request_(request) {
   const bool epilogue = request.direction == ConvDirection::forward && request.bias;
   std::vector<cudnn::Plan> plans;
-  if (epilogue) plans = plans_for(handle, request, tensors, true, autotune, knob_variants);
+  const PlanSet engines{autotune};
+  if (epilogue) plans = plans_for(handle, request, tensors, true, engines);
   fused_epilogue_ = !plans.empty();
-  if (plans.empty()) plans = plans_for(handle, request, tensors, false, autotune, knob_variants);
+  if (plans.empty()) plans = plans_for(handle, request, tensors, false, engines);
   const ConvGeometry& g = request.geometry;
   if (plans.empty())
     throw CudaError(fmt::format("cuDNN offers no deterministic engine for the conv {} of {}x{}x{}x{} by {}x{}x{}x{} "
                                 "(stride {}, padding {})",
                                 direction_name(request.direction), g.n, g.c, g.h, g.w, g.k, g.c, g.r, g.s, g.stride,
                                 g.padding));
-  candidates_ = static_cast<int>(plans.size());
   // Without autotune: the heuristics' first engine that runs, the same one
   // in every process (replays, stream launches and resumes agree bit for
   // bit). With it: the fastest by timing, once per problem in this process,
@@ -235,56 +244,79 @@ CudnnConv::CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, co
   std::optional<EngineChoice> chosen;
   if (autotune) chosen = chosen_engine(key);
   // (Another program's candidates may differ, e.g. by its buffers' alignment: then time these.)
+  if (chosen && !chosen->second.empty()) {  // a knob variant: its engine's variants hold it
+    const std::vector<std::int64_t> engine{chosen->first};
+    for (auto& v : plans_for(handle, request, tensors, fused_epilogue_, PlanSet{true, &engine, knob_variants}))
+      plans.push_back(std::move(v));
+  }
   if (chosen && std::none_of(plans.begin(), plans.end(), [&](const cudnn::Plan& p) { return is_choice(p, *chosen); }))
     chosen.reset();
   std::int64_t most = 0;
   for (const auto& p : plans) most = std::max(most, p.workspace_bytes);
-  const DeviceBuffer workspace(static_cast<std::size_t>(most));
-  float best = -1.0f;
-  std::size_t best_index = 0;
+  DeviceBuffer workspace(static_cast<std::size_t>(most));
   std::vector<std::pair<float, std::size_t>> timed;  // (us, plan index), every candidate that ran
   const bool timing = autotune && !chosen;
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    if (chosen && !is_choice(plans[i], *chosen)) continue;
+  // Runs plans[i] once (does it run this problem?) and, when timing, times it on the real buffers, in one workspace
+  // that fits them all, as GPU time alone (gpu_timing.hpp: the graph replays it without cuDNN's host work).
+  const auto try_plan = [&](std::size_t i) {
     plan_ = std::move(plans[i]);
     float us = 0.0f;
+    bool ran = true;
     try {
-      // One run checks that the engine runs; autotune then times it on the
-      // real buffers, in one workspace that fits them all, as GPU time alone
-      // (gpu_timing.hpp: the graph replays it without cuDNN's host work).
       run(tensors, workspace.data(), stream);
       SG_CUDA_CHECK(cudaStreamSynchronize(stream));
       if (timing) us = gpu_time_us(stream, 2, 3, [&](cudaStream_t s) { run(tensors, workspace.data(), s); });
     } catch (const CudaError&) {
       SG_CUDA_CHECK(cudaStreamSynchronize(stream));
-      plans[i] = std::move(plan_);
-      continue;  // an engine that finalized but cannot run this problem
+      ran = false;  // an engine that finalized but cannot run this problem
     }
     plans[i] = std::move(plan_);
-    if (!timing) {  // the heuristics' order, or the engine this process chose before
-      best = 0.0f;
-      best_index = i;
-      break;
-    }
-    timed.emplace_back(us, i);
+    if (ran) timed.emplace_back(us, i);
+    return ran;
+  };
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    if (chosen && !is_choice(plans[i], *chosen)) continue;
+    // Without timing: the heuristics' order, or the engine this process chose before.
+    if (try_plan(i) && !timing) break;
   }
+  std::stable_sort(timed.begin(), timed.end());
+  if (timing && knob_variants > 0) {
+    // Then the knob variants of the three fastest precompiled engines: an engine's best configuration is
+    // near its default one far more often than a slow engine's is the fastest, and timing every engine's
+    // variants cost seconds per convolution at start-up.
+    constexpr std::size_t kVariedEngines = 3;
+    std::vector<std::int64_t> fastest;
+    for (const auto& [us, i] : timed)
+      if (!plans[i].runtime_compiled && fastest.size() < kVariedEngines &&
+          std::find(fastest.begin(), fastest.end(), plans[i].engine) == fastest.end())
+        fastest.push_back(plans[i].engine);
+    std::vector<cudnn::Plan> variants =
+        plans_for(handle, request, tensors, fused_epilogue_, PlanSet{true, &fastest, knob_variants});
+    for (const auto& p : variants) most = std::max(most, p.workspace_bytes);
+    if (static_cast<std::size_t>(most) > workspace.bytes()) workspace = DeviceBuffer(static_cast<std::size_t>(most));
+    for (auto& v : variants) {
+      plans.push_back(std::move(v));
+      try_plan(plans.size() - 1);
+    }
+    std::stable_sort(timed.begin(), timed.end());
+  }
+  candidates_ = static_cast<int>(plans.size());
   // The fastest; a knob variant only once three runs of it gave the same bits (an engine's numerical notes
   // are the engine's, not its configuration's: a split-K setting must not bring atomics into a replay).
-  std::stable_sort(timed.begin(), timed.end());
+  std::optional<std::size_t> best;
   for (const auto& [us, i] : timed) {
-    if (!plans[i].knobs.empty()) {
+    if (!plans[i].knobs.empty() && timing) {
       plan_ = std::move(plans[i]);
       const bool same = deterministic_output(tensors, workspace.data(), stream);
       plans[i] = std::move(plan_);
       if (!same) continue;
     }
-    best = us;
-    best_index = i;
+    best = i;
     break;
   }
-  if (best < 0) throw CudaError(fmt::format("no cuDNN engine ran the conv {}", direction_name(request.direction)));
-  plan_ = std::move(plans[best_index]);
-  timed_ = autotune && !chosen;
+  if (!best) throw CudaError(fmt::format("no cuDNN engine ran the conv {}", direction_name(request.direction)));
+  plan_ = std::move(plans[*best]);
+  timed_ = timing;
   if (autotune) remember_engine(key, {plan_.engine, plan_.knobs});
 }
 

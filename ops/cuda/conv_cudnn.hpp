@@ -53,8 +53,9 @@ class CudnnConv {
   // with `autotune` the fastest of every deterministic engine, timed on
   // `tensors` (their contents are overwritten where they are outputs) and
   // reused for the same problem by every later CudnnConv of the process;
-  // `knob_variants` more candidates under autotune: engines with one knob
-  // set away from its default (cudnn::candidate_plans).
+  // with `knob_variants` > 0 autotune then also times up to that many
+  // configurations of the three fastest engines with one knob set away from
+  // its default (cudnn::knob_variant_plans).
   CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, const ConvTensors& tensors, cudaStream_t stream,
             bool autotune, std::size_t knob_variants = 0);
   std::size_t workspace_bytes() const { return static_cast<std::size_t>(plan_.workspace_bytes); }

@@ -51,7 +51,8 @@ struct Config {
 // Returns false where cuBLASLt rejects a value (an attribute this algorithm
 // does not have).
 bool apply(cublasLtMatmulAlgo_t& algo, const Config& c) {
-  const std::uint32_t split_k = 1;  // split-K adds a reduction pass over the output: never faster for our shapes
+  // (split-K adds a reduction pass over the output: split_k_configs, for the shapes it can pay for)
+  const std::uint32_t split_k = 1;
   return cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &c.tile, sizeof c.tile) ==
              CUBLAS_STATUS_SUCCESS &&
          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &c.stages, sizeof c.stages) ==
@@ -100,6 +101,38 @@ std::vector<cublasLtMatmulAlgo_t> candidate_configs(cublasLtHandle_t handle, con
               if (check.workspaceSize > workspace_bytes || known(algo)) continue;
               out.push_back(algo);
             }
+  }
+  return out;
+}
+
+std::vector<cublasLtMatmulAlgo_t> split_k_configs(cublasLtHandle_t handle, const LtDescriptors& desc,
+                                                  const std::vector<cublasLtMatmulAlgo_t>& heuristic,
+                                                  std::size_t workspace_bytes) {
+  constexpr std::array<std::uint32_t, 4> kSplits = {2, 4, 8, 16};
+  // The partial sums go to the workspace in the compute type and one pass adds them up in a fixed order: the
+  // same bits every run, fp32 partials for an fp16/bf16 output (CUBLASLT_REDUCTION_SCHEME_INPLACE would add
+  // them in the output's type).
+  const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  std::vector<cublasLtMatmulAlgo_t> out;
+  for (const cublasLtMatmulAlgo_t& base : heuristic) {
+    if (capability_u32(base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) continue;
+    if ((capability_u32(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK) & scheme) == 0) continue;
+    for (const std::uint32_t splits : kSplits) {
+      cublasLtMatmulAlgo_t algo = base;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) !=
+              CUBLAS_STATUS_SUCCESS)
+        continue;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle, desc.op, desc.a, desc.b, desc.c, desc.c, &algo, &check) !=
+          CUBLAS_STATUS_SUCCESS)
+        continue;
+      const bool known = std::any_of(out.begin(), out.end(), [&](const auto& o) { return same_algo(o, algo); }) ||
+                         std::any_of(heuristic.begin(), heuristic.end(), [&](const auto& o) { return same_algo(o, algo); });
+      if (check.workspaceSize > workspace_bytes || known) continue;
+      out.push_back(algo);
+    }
   }
   return out;
 }

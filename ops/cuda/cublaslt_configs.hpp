@@ -24,4 +24,12 @@ std::vector<cublasLtMatmulAlgo_t> candidate_configs(cublasLtHandle_t handle, con
                                                     const std::vector<cublasLtMatmulAlgo_t>& heuristic,
                                                     std::size_t workspace_bytes);
 
+// The heuristic's algorithms with the reduction split 2, 4, 8 or 16 ways (the
+// partials reduced in the compute type by a second pass, deterministic), as
+// cublasLtMatmulAlgoCheck accepts them, without repeats of `heuristic`: for a
+// long reduction into few output tiles (long_reduction in cublaslt_matmul.hpp).
+std::vector<cublasLtMatmulAlgo_t> split_k_configs(cublasLtHandle_t handle, const LtDescriptors& desc,
+                                                  const std::vector<cublasLtMatmulAlgo_t>& heuristic,
+                                                  std::size_t workspace_bytes);
+
 }  // namespace sg::cuda

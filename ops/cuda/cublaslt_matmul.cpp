@@ -214,6 +214,8 @@ std::string MatmulShape::describe() const {
                      kEpilogues[static_cast<int>(epilogue)], reads_c ? " reads C" : "");
 }
 
+bool long_reduction(const MatmulShape& s) { return s.k >= 4 * std::max(s.m, s.n) && s.m * s.n <= 512 * 512; }
+
 LtHandle::LtHandle() : workspace_(kWorkspaceBytes) { SG_CUBLAS_CHECK(cublasLtCreate(&h_)); }
 LtHandle::~LtHandle() {
   if (h_) cublasLtDestroy(h_);
@@ -226,14 +228,14 @@ std::size_t relu_aux_bytes(std::int64_t m_rows, std::int64_t n_cols) {
 bool gelu_aux_fits(std::int64_t n_cols) { return n_cols % 8 == 0; }
 
 LtMatmul::LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream,
-                   double autotune_min_macs)
+                   double autotune_min_macs, bool split_k)
     : handle_(handle), shape_(shape), autotune_min_macs_(autotune_min_macs) {
   if (shape_.accumulate == Accumulate::f16 && shape_.cd_type != ElemType::f16)
     throw CudaError("cuBLASLt has no fp16 accumulation into fp32 outputs: " + shape_.describe());
   if (shape_.accumulate == Accumulate::f16 && shape_.ab_type == ElemType::bf16)
     throw CudaError("cuBLASLt accumulates bf16 operands in fp32 only: " + shape_.describe());
   create_descriptors();
-  choose_algorithm(autotune, stream);
+  choose_algorithm(autotune, split_k, stream);
 }
 
 LtMatmul::~LtMatmul() {
@@ -289,14 +291,21 @@ std::vector<cublasLtMatmulAlgo_t> LtMatmul::heuristic_candidates() const {
   return algos;
 }
 
-void LtMatmul::choose_algorithm(bool autotune, cudaStream_t stream) {
+void LtMatmul::choose_algorithm(bool autotune, bool split_k, cudaStream_t stream) {
   if (AlgoCache::instance().find(shape_, algo_)) return;
   const auto heuristic = heuristic_candidates();
   algo_ = heuristic.front();
   if (!autotune) return;
-  if (double(shape_.m) * double(shape_.n) * double(shape_.k) < autotune_min_macs_) return;
+  const bool large = double(shape_.m) * double(shape_.n) * double(shape_.k) >= autotune_min_macs_;
+  const bool split = split_k && long_reduction(shape_);
+  if (!large && !split) return;
+  std::vector<cublasLtMatmulAlgo_t> candidates =
+      large ? candidate_configs(handle_.get(), desc_, heuristic, handle_.workspace_bytes()) : heuristic;
+  if (split)
+    for (const auto& algo : split_k_configs(handle_.get(), desc_, heuristic, handle_.workspace_bytes()))
+      candidates.push_back(algo);
   const CandidateTimer timer(handle_, desc_, shape_, stream);
-  algo_ = fastest(candidate_configs(handle_.get(), desc_, heuristic, handle_.workspace_bytes()), timer, shape_);
+  algo_ = fastest(candidates, timer, shape_);
   AlgoCache::instance().store(shape_, algo_);
 }
 

@@ -89,15 +89,23 @@ bool gelu_aux_fits(std::int64_t n_cols);
 // heuristic's steady pick (docs/performance.md section 23).
 inline constexpr double kAutotuneMinMacs = 4096.0 * 4096.0 * 256.0;
 
+// A long reduction into few output tiles (a CNN's first linear layer after
+// its flatten: 128 x 128 outputs over K = 3136) leaves most multiprocessors
+// idle unless the reduction is split: autotune times such shapes at any size,
+// the heuristic's algorithms split 2-16 ways among the candidates.
+bool long_reduction(const MatmulShape& shape);
+
 class LtMatmul {
  public:
   // Chooses the algorithm by heuristic; when `autotune` is set, times the
   // heuristic's candidates and the other configurations of their algorithm ids
   // (cublaslt_configs.hpp) once on scratch buffers and keeps the fastest
   // (cached per shape in the process-wide AlgoCache). Shapes below
-  // `autotune_min_macs` multiply-adds keep the heuristic's pick.
+  // `autotune_min_macs` multiply-adds keep the heuristic's pick, unless they
+  // are a long reduction and `split_k` is set (its split-K configurations
+  // timed against it).
   LtMatmul(const LtHandle& handle, MatmulShape shape, bool autotune, cudaStream_t stream,
-           double autotune_min_macs = kAutotuneMinMacs);
+           double autotune_min_macs = kAutotuneMinMacs, bool split_k = true);
   ~LtMatmul();
   LtMatmul(const LtMatmul&) = delete;
   LtMatmul& operator=(const LtMatmul&) = delete;
@@ -113,7 +121,7 @@ class LtMatmul {
  private:
   void create_descriptors();
   std::vector<cublasLtMatmulAlgo_t> heuristic_candidates() const;
-  void choose_algorithm(bool autotune, cudaStream_t stream);
+  void choose_algorithm(bool autotune, bool split_k, cudaStream_t stream);
 
   const LtHandle& handle_;
   MatmulShape shape_;

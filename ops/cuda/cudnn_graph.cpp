@@ -266,46 +266,54 @@ std::vector<KnobRange> knob_ranges(const Descriptor& engine) {
   return ranges;
 }
 
-// Every precompiled engine's configurations with ONE knob set to each value
-// of its range (at most `per_knob` values, spread over the range), the other
-// knobs at their defaults: the heuristics and the default configurations
-// leave out, e.g., split-K settings that suit a small output and a long
-// reduction (a filter gradient over a large batch).
-void append_knob_variants(const Handle& handle, const Descriptor& graph, std::size_t limit,
+// One engine's configurations with ONE knob set to each value of its range
+// (at most `per_knob` values, spread over the range), the other knobs at their
+// defaults, while `plans` holds fewer than `limit`: the heuristics and the
+// default configurations leave out, e.g., split-K settings that suit a small
+// output and a long reduction (a filter gradient over a large batch).
+void append_knob_variants(const Handle& handle, const Descriptor& engine, std::size_t limit,
                           const std::vector<cudnnBackendNumericalNote_t>& excluded, std::vector<Plan>& plans) {
   constexpr std::int64_t per_knob = 8;
-  for_each_engine(graph, limit, plans, [&](const Descriptor& engine) {
-    for (const KnobRange& k : knob_ranges(engine)) {
-      const std::int64_t steps = (k.maximum - k.minimum) / k.stride + 1;
-      const std::int64_t every = std::max<std::int64_t>(1, (steps + per_knob - 1) / per_knob);
-      for (std::int64_t s = 0; s < steps && plans.size() < limit; s += every) {
-        const std::int64_t value = k.minimum + s * k.stride;
-        Descriptor choice(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
-        choice.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &k.type);
-        choice.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &value);
-        if (cudnnBackendFinalize(choice.get()) != CUDNN_STATUS_SUCCESS) continue;
-        Descriptor config(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-        config.set_descriptor(CUDNN_ATTR_ENGINECFG_ENGINE, engine);
-        config.set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, choice.address());
-        if (cudnnBackendFinalize(config.get()) != CUDNN_STATUS_SUCCESS) continue;
-        add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans,
-                 fmt::format("{}={}", knob_name(k.type), value));
-      }
+  for (const KnobRange& k : knob_ranges(engine)) {
+    const std::int64_t steps = (k.maximum - k.minimum) / k.stride + 1;
+    const std::int64_t every = std::max<std::int64_t>(1, (steps + per_knob - 1) / per_knob);
+    for (std::int64_t s = 0; s < steps && plans.size() < limit; s += every) {
+      const std::int64_t value = k.minimum + s * k.stride;
+      Descriptor choice(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+      choice.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &k.type);
+      choice.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &value);
+      if (cudnnBackendFinalize(choice.get()) != CUDNN_STATUS_SUCCESS) continue;
+      Descriptor config(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      config.set_descriptor(CUDNN_ATTR_ENGINECFG_ENGINE, engine);
+      config.set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, choice.address());
+      if (cudnnBackendFinalize(config.get()) != CUDNN_STATUS_SUCCESS) continue;
+      add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans,
+               fmt::format("{}={}", knob_name(k.type), value));
     }
-  });
+  }
 }
 
 }  // namespace
 
 std::vector<Plan> candidate_plans(const Handle& handle, const Descriptor& graph, std::size_t limit,
-                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine,
-                                  std::size_t knob_variants) {
+                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine) {
   std::vector<Plan> plans;
   append_heuristic_plans(handle, graph, CUDNN_HEUR_MODE_A, limit, excluded, plans);
   append_heuristic_plans(handle, graph, CUDNN_HEUR_MODE_FALLBACK, limit, excluded, plans);
   if (every_engine) append_every_engine(handle, graph, limit, excluded, plans);
-  if (every_engine && knob_variants > 0)
-    append_knob_variants(handle, graph, plans.size() + knob_variants, excluded, plans);
+  return plans;
+}
+
+std::vector<Plan> knob_variant_plans(const Handle& handle, const Descriptor& graph,
+                                     const std::vector<std::int64_t>& engines, std::size_t limit,
+                                     const std::vector<cudnnBackendNumericalNote_t>& excluded) {
+  std::vector<Plan> plans;
+  for (std::int64_t index : engines) {
+    Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    engine.set_descriptor(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
+    engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+    if (engine.try_finalize()) append_knob_variants(handle, engine, limit, excluded, plans);
+  }
   return plans;
 }
 

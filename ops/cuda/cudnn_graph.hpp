@@ -83,12 +83,16 @@ struct Plan {
 // heuristics offer (mode A, then the fallback list), then with `every_engine` every other
 // precompiled engine cuDNN has for it in its default configuration (a
 // runtime-compiled one only where the heuristics offer it), at most `limit` in all,
-// leaving out engines with any of the `excluded` numerical notes; with
-// `every_engine`, up to `knob_variants` more: precompiled engines with one
-// knob set away from its default.
+// leaving out engines with any of the `excluded` numerical notes.
 std::vector<Plan> candidate_plans(const Handle& handle, const Descriptor& graph, std::size_t limit,
-                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine,
-                                  std::size_t knob_variants = 0);
+                                  const std::vector<cudnnBackendNumericalNote_t>& excluded, bool every_engine);
+
+// Up to `limit` configurations of the precompiled `engines` (global indices)
+// with one knob (split-K, tile, stages, ...) set away from its default, each
+// to up to 8 values of its range; none asks for more than 64 MiB of workspace.
+std::vector<Plan> knob_variant_plans(const Handle& handle, const Descriptor& graph,
+                                     const std::vector<std::int64_t>& engines, std::size_t limit,
+                                     const std::vector<cudnnBackendNumericalNote_t>& excluded);
 
 // Runs `plan` with the tensors `uids` bound to `pointers`, on `stream`.
 void execute(const Handle& handle, const Plan& plan, const std::vector<std::int64_t>& uids,

@@ -114,7 +114,7 @@ TEST_CASE("backend: lowering switches and kernel knobs parse, default as Backend
   CHECK(d.one_pass_backward == plain.one_pass_backward);
   CHECK(d.steps_per_launch == plain.steps_per_launch);
   CHECK(d.cudnn_knob_variants == plain.cudnn_knob_variants);
-  CHECK(d.cudnn_knob_variants == 0);
+  CHECK(d.cudnn_knob_variants == 256);
   CHECK(d.gradient_streams == 0);  // auto
   CHECK(d.weight_gradient_stream == plain.weight_gradient_stream);
   CHECK(d.weight_gradient_stream);

@@ -2,7 +2,9 @@
 // combination, both accumulation types, each epilogue and the fused-SGD form.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/cublaslt_matmul.hpp"
@@ -172,4 +174,42 @@ TEST_CASE("fused SGD: the weight-gradient matmul updates W in place (f16 and f32
   CHECK_THROWS_AS(cuda::LtMatmul(lt, {out, in, batch, true, false, cuda::ElemType::f16, cuda::ElemType::f32,
                                       cuda::Accumulate::f16, cuda::Epilogue::none}, false, nullptr),
                   cuda::CudaError);
+}
+
+// A long reduction into few outputs (a CNN's linear layer after its flatten):
+// autotune also times the heuristic's algorithms split 2-16 ways. Whichever it
+// keeps must be the product, rerun to the same bits (the partials reduced in
+// a fixed order), into a poisoned output.
+TEST_CASE("long reductions autotuned with split-K candidates match the CPU reference and rerun bit for bit") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  cuda::LtHandle lt;
+  for (auto [batch, in, out] : std::vector<std::array<std::int64_t, 3>>{{{128, 3136, 128}}, {{64, 2305, 37}}})
+    for (const cuda::Epilogue epilogue : {cuda::Epilogue::none, cuda::Epilogue::relu_bias}) {
+      cuda::MatmulShape s{batch, out, in, false, true, cuda::ElemType::f16, cuda::ElemType::f16, cuda::Accumulate::f32,
+                          epilogue};
+      INFO(s.describe());
+      REQUIRE(cuda::long_reduction(s));
+      const auto x = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(batch * in), rng));
+      const auto w = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(out * in), rng));
+      const auto bias = sg::test::representable<__half>(sg::test::uniform(static_cast<std::size_t>(out), rng));
+      DeviceArray<__half> dx(x), dw(w), db(bias), y(static_cast<std::size_t>(batch * out)),
+          again(static_cast<std::size_t>(batch * out));
+      Scalars sc(1.f, 0.f, false);
+      cuda::LtMatmul mm(lt, s, /*autotune=*/true, nullptr);  // the default size floor: split-K shapes are timed anyway
+      mm.run(dx.get(), dw.get(), y.get(), y.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), nullptr, nullptr);
+      mm.run(dx.get(), dw.get(), again.get(), again.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), nullptr, nullptr);
+      std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end());
+      std::vector<double> want(static_cast<std::size_t>(batch * out));
+      ref::matmul(xd.data(), wd.data(), want.data(), batch, out, in, false, true);
+      if (epilogue == cuda::Epilogue::relu_bias) {
+        ref::bias_add(want.data(), bd.data(), batch, out, want.data());
+        ref::relu(want.data(), std::int64_t(want.size()), want.data());
+      }
+      const auto got = y.download();
+      CHECK(sg::test::relative_error(got, want) < 5e-3);
+      const auto got_again = again.download();
+      CHECK(std::equal(got.begin(), got.end(), got_again.begin(),
+                       [](float p, float q) { return std::memcmp(&p, &q, sizeof p) == 0; }));
+    }
 }

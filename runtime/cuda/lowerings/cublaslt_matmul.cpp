@@ -150,7 +150,8 @@ class CublasLtMatmulLowering final : public CudaLowering {
       void *d, *aux = nullptr;
     };
     auto b = std::make_shared<Bound>();
-    b->matmul = std::make_unique<LtMatmul>(c.lt(), shape, c.options().autotune, c.stream());
+    b->matmul = std::make_unique<LtMatmul>(c.lt(), shape, c.options().autotune, c.stream(), kAutotuneMinMacs,
+                                           c.options().cublaslt_split_k);
     b->a = c.ptr(mm.inputs[0]);
     b->b = c.ptr(mm.inputs[1]);
     b->d = c.ptr(target);
