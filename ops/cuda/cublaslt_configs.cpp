@@ -6,6 +6,8 @@
 #include <cstring>
 #include <set>
 
+#include <fmt/format.h>
+
 namespace sg::cuda {
 namespace {
 
@@ -103,6 +105,14 @@ std::vector<cublasLtMatmulAlgo_t> candidate_configs(cublasLtHandle_t handle, con
             }
   }
   return out;
+}
+
+std::string describe_config(const cublasLtMatmulAlgo_t& algo) {
+  const auto splits = config_of<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+  return fmt::format("algorithm {}, tile {}, stages {}{}", config_of<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID),
+                     config_of<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                     config_of<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                     splits > 1 ? fmt::format(", split-K {}", splits) : "");
 }
 
 std::vector<cublasLtMatmulAlgo_t> split_k_configs(cublasLtHandle_t handle, const LtDescriptors& desc,

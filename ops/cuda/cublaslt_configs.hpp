@@ -9,6 +9,7 @@
 #include <cublasLt.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace sg::cuda {
@@ -23,6 +24,10 @@ struct LtDescriptors {
 std::vector<cublasLtMatmulAlgo_t> candidate_configs(cublasLtHandle_t handle, const LtDescriptors& desc,
                                                     const std::vector<cublasLtMatmulAlgo_t>& heuristic,
                                                     std::size_t workspace_bytes);
+
+// An algorithm's configuration as cuBLASLt numbers it, for launch labels:
+// "algorithm 21, tile 20, stages 8" (+ ", split-K 8" where the reduction is split).
+std::string describe_config(const cublasLtMatmulAlgo_t& algo);
 
 // The heuristic's algorithms with the reduction split 2, 4, 8 or 16 ways (the
 // partials reduced in the compute type by a second pass, deterministic), as

@@ -292,9 +292,11 @@ std::vector<cublasLtMatmulAlgo_t> LtMatmul::heuristic_candidates() const {
 }
 
 void LtMatmul::choose_algorithm(bool autotune, bool split_k, cudaStream_t stream) {
+  chosen_how_ = "timed earlier in this process";
   if (AlgoCache::instance().find(shape_, algo_)) return;
   const auto heuristic = heuristic_candidates();
   algo_ = heuristic.front();
+  chosen_how_ = autotune ? "the heuristic's first pick: too small to time" : "the heuristic's first pick";
   if (!autotune) return;
   const bool large = double(shape_.m) * double(shape_.n) * double(shape_.k) >= autotune_min_macs_;
   const bool split = split_k && long_reduction(shape_);
@@ -306,8 +308,11 @@ void LtMatmul::choose_algorithm(bool autotune, bool split_k, cudaStream_t stream
       candidates.push_back(algo);
   const CandidateTimer timer(handle_, desc_, shape_, stream);
   algo_ = fastest(candidates, timer, shape_);
+  chosen_how_ = fmt::format("fastest of {} timed{}", candidates.size(), split ? ", split-K among them" : "");
   AlgoCache::instance().store(shape_, algo_);
 }
+
+std::string LtMatmul::label() const { return fmt::format("cuBLASLt {} ({})", describe_config(algo_), chosen_how_); }
 
 void LtMatmul::run(const void* a, const void* b, const void* c, void* d, const void* alpha_dev, const void* beta_dev,
                    const void* bias, void* aux, cudaStream_t stream) const {

@@ -117,6 +117,8 @@ class LtMatmul {
            const void* beta_dev, const void* bias, void* aux, cudaStream_t stream) const;
 
   const MatmulShape& shape() const { return shape_; }
+  // e.g. "cuBLASLt algorithm 21, tile 20, stages 8, split-K 4 (fastest of 12 timed)"
+  std::string label() const;
 
  private:
   void create_descriptors();
@@ -128,6 +130,7 @@ class LtMatmul {
   double autotune_min_macs_;
   LtDescriptors desc_;
   cublasLtMatmulAlgo_t algo_{};
+  std::string chosen_how_;  // how algo_ was chosen, for label()
 };
 
 }  // namespace sg::cuda

@@ -197,6 +197,9 @@ TEST_CASE("long reductions autotuned with split-K candidates match the CPU refer
           again(static_cast<std::size_t>(batch * out));
       Scalars sc(1.f, 0.f, false);
       cuda::LtMatmul mm(lt, s, /*autotune=*/true, nullptr);  // the default size floor: split-K shapes are timed anyway
+      MESSAGE(mm.label());
+      CHECK(mm.label().rfind("cuBLASLt algorithm ", 0) == 0);
+      CHECK(mm.label().find("split-K among them") != std::string::npos);
       mm.run(dx.get(), dw.get(), y.get(), y.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), nullptr, nullptr);
       mm.run(dx.get(), dw.get(), again.get(), again.get(), sc.alpha_ptr, sc.beta_ptr, db.get(), nullptr, nullptr);
       std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(bias.begin(), bias.end());

@@ -203,12 +203,13 @@ class CublasLtMatmulLowering final : public CudaLowering {
         finish = [=](cudaStream_t st) { launch_momentum_finish(static_cast<T*>(wp), static_cast<T*>(vp), n, s, st); };
       });
     }
+    std::string label = b->matmul->label();
     return std::make_unique<BoundLaunch>(
         [b, finish](cudaStream_t s) {
           b->matmul->run(b->a, b->b, b->c, b->d, b->alpha, b->beta, b->bias, b->aux, s);
           if (finish) finish(s);
         },
-        "cuBLASLt");
+        std::move(label));
   }
 };
 

@@ -212,7 +212,9 @@ class TensorCoreConvLowering final : public CudaLowering {
     request.direction = n.op == OpKind::conv2d ? ConvDirection::forward : ConvDirection::backward_data;
     request.bias = o.bias != nullptr;
     request.relu = o.relu;
-    return std::make_shared<const CudnnConv>(c.cudnn(), request, tensors(n, o), c.stream(), true);
+    // (cuDNN at its best, knob variants included: the engine the core lowering would bind.)
+    return std::make_shared<const CudnnConv>(c.cudnn(), request, tensors(n, o), c.stream(), true,
+                                             static_cast<std::size_t>(c.options().cudnn_knob_variants));
   }
 #endif
 };
