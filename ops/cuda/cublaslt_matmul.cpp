@@ -214,7 +214,9 @@ std::string MatmulShape::describe() const {
                      kEpilogues[static_cast<int>(epilogue)], reads_c ? " reads C" : "");
 }
 
-bool long_reduction(const MatmulShape& s) { return s.k >= 4 * std::max(s.m, s.n) && s.m * s.n <= 512 * 512; }
+bool long_reduction(const MatmulShape& s) {
+  return s.k >= 4 * std::max(s.m, s.n) && s.m * s.n <= 512 * 512 && !s.reads_c;
+}
 
 LtHandle::LtHandle() : workspace_(kWorkspaceBytes) { SG_CUBLAS_CHECK(cublasLtCreate(&h_)); }
 LtHandle::~LtHandle() {

@@ -92,7 +92,9 @@ inline constexpr double kAutotuneMinMacs = 4096.0 * 4096.0 * 256.0;
 // A long reduction into few output tiles (a CNN's first linear layer after
 // its flatten: 128 x 128 outputs over K = 3136) leaves most multiprocessors
 // idle unless the reduction is split: autotune times such shapes at any size,
-// the heuristic's algorithms split 2-16 ways among the candidates.
+// the heuristic's algorithms split 2-16 ways among the candidates. Not an
+// update that reads C (the fused SGD form, whose K is the batch): split
+// partials with beta != 0 are not checked against the CPU reference here.
 bool long_reduction(const MatmulShape& shape);
 
 class LtMatmul {
