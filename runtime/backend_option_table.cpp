@@ -49,8 +49,8 @@ std::vector<BackendOptionRow> make_table() {
                           "with autotune: a long reduction into few outputs (a linear layer after a CNN's flatten) is "
                           "timed at any size, the heuristic's algorithms split 2-16 ways among the candidates"));
   t.push_back(SG_INT_ROW(cudnn_knob_variants, "core",
-                         "with autotune: up to this many more cuDNN candidates, the three fastest engines with one knob "
-                         "(split-K, tiles, stages) moved from its default",
+                         "with autotune: up to this many more cuDNN candidates, the three fastest engines with one "
+                         "knob (split-K, tiles, stages) moved from its default",
                          zero_to_512));
   t.push_back(SG_INT_ROW(steps_per_launch, "core", "training steps captured per CUDA graph launch", at_least_one));
   t.push_back(SG_BOOL_ROW(core_only, "core",

@@ -138,8 +138,9 @@ std::vector<cublasLtMatmulAlgo_t> split_k_configs(cublasLtHandle_t handle, const
       if (cublasLtMatmulAlgoCheck(handle, desc.op, desc.a, desc.b, desc.c, desc.c, &algo, &check) !=
           CUBLAS_STATUS_SUCCESS)
         continue;
-      const bool known = std::any_of(out.begin(), out.end(), [&](const auto& o) { return same_algo(o, algo); }) ||
-                         std::any_of(heuristic.begin(), heuristic.end(), [&](const auto& o) { return same_algo(o, algo); });
+      const auto same = [&](const cublasLtMatmulAlgo_t& o) { return same_algo(o, algo); };
+      const bool known =
+          std::any_of(out.begin(), out.end(), same) || std::any_of(heuristic.begin(), heuristic.end(), same);
       if (check.workspaceSize > workspace_bytes || known) continue;
       out.push_back(algo);
     }
