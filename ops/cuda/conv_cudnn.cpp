@@ -117,6 +117,11 @@ struct PlanSet {
   bool every_engine = false;
   const std::vector<std::int64_t>* vary = nullptr;
   std::size_t variants = 0;
+
+  static PlanSet engines(bool every_engine) { return {every_engine, nullptr, 0}; }
+  static PlanSet knob_variants_of(const std::vector<std::int64_t>& engines, std::size_t variants) {
+    return {false, &engines, variants};
+  }
 };
 
 // The plans for one convolution graph; `fused` puts bias [+ ReLU] inside it.
@@ -226,7 +231,7 @@ CudnnConv::CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, co
     : handle_(handle), request_(request) {
   const bool epilogue = request.direction == ConvDirection::forward && request.bias;
   std::vector<cudnn::Plan> plans;
-  const PlanSet engines{autotune};
+  const PlanSet engines = PlanSet::engines(autotune);
   if (epilogue) plans = plans_for(handle, request, tensors, true, engines);
   fused_epilogue_ = !plans.empty();
   if (plans.empty()) plans = plans_for(handle, request, tensors, false, engines);
@@ -246,7 +251,8 @@ CudnnConv::CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, co
   // (Another program's candidates may differ, e.g. by its buffers' alignment: then time these.)
   if (chosen && !chosen->second.empty()) {  // a knob variant: its engine's variants hold it
     const std::vector<std::int64_t> engine{chosen->first};
-    for (auto& v : plans_for(handle, request, tensors, fused_epilogue_, PlanSet{true, &engine, knob_variants}))
+    const PlanSet variants_of_engine = PlanSet::knob_variants_of(engine, knob_variants);
+    for (auto& v : plans_for(handle, request, tensors, fused_epilogue_, variants_of_engine))
       plans.push_back(std::move(v));
   }
   if (chosen && std::none_of(plans.begin(), plans.end(), [&](const cudnn::Plan& p) { return is_choice(p, *chosen); }))
@@ -291,7 +297,7 @@ CudnnConv::CudnnConv(const cudnn::Handle& handle, const ConvRequest& request, co
           std::find(fastest.begin(), fastest.end(), plans[i].engine) == fastest.end())
         fastest.push_back(plans[i].engine);
     std::vector<cudnn::Plan> variants =
-        plans_for(handle, request, tensors, fused_epilogue_, PlanSet{true, &fastest, knob_variants});
+        plans_for(handle, request, tensors, fused_epilogue_, PlanSet::knob_variants_of(fastest, knob_variants));
     for (const auto& p : variants) most = std::max(most, p.workspace_bytes);
     if (static_cast<std::size_t>(most) > workspace.bytes()) workspace = DeviceBuffer(static_cast<std::size_t>(most));
     for (auto& v : variants) {

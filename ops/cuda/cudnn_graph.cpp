@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <functional>
 
 #include <fmt/format.h>
 
@@ -171,19 +170,12 @@ void append_heuristic_plans(const Handle& handle, const Descriptor& graph, cudnn
     add_plan(handle, raw[static_cast<std::size_t>(i)], excluded, /*compiled_too=*/true, plans);
 }
 
-// Calls f(engine) for every engine cuDNN has for the graph that takes it,
-// by global index, while `plans` holds fewer than `limit`.
-void for_each_engine(const Descriptor& graph, std::size_t limit, const std::vector<Plan>& plans,
-                     const std::function<void(const Descriptor&)>& f) {
-  std::int64_t count = 0, got = 0;
-  SG_CUDNN_CHECK(cudnnBackendGetAttribute(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64,
-                                          1, &got, &count));
-  for (std::int64_t index = 0; index < count && plans.size() < limit; ++index) {
-    Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    engine.set_descriptor(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
-    engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
-    if (engine.try_finalize()) f(engine);
-  }
+// Engine `index` (cuDNN's global index) for the graph; false where the engine does not take it.
+bool engine_at(const Descriptor& graph, std::int64_t index, Descriptor& engine) {
+  engine = Descriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  engine.set_descriptor(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
+  engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+  return engine.try_finalize();
 }
 
 // Every engine cuDNN has for the graph, by global index, in its default
@@ -192,11 +184,16 @@ void for_each_engine(const Descriptor& graph, std::size_t limit, const std::vect
 // left to the heuristics: compiling all of them costs seconds at start-up.
 void append_every_engine(const Handle& handle, const Descriptor& graph, std::size_t limit,
                          const std::vector<cudnnBackendNumericalNote_t>& excluded, std::vector<Plan>& plans) {
-  for_each_engine(graph, limit, plans, [&](const Descriptor& engine) {
+  std::int64_t count = 0, got = 0;
+  SG_CUDNN_CHECK(cudnnBackendGetAttribute(graph.get(), CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64,
+                                          1, &got, &count));
+  for (std::int64_t index = 0; index < count && plans.size() < limit; ++index) {
+    Descriptor engine;
+    if (!engine_at(graph, index, engine)) continue;
     Descriptor config(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
     config.set_descriptor(CUDNN_ATTR_ENGINECFG_ENGINE, engine);
     if (config.try_finalize()) add_plan(handle, config.get(), excluded, /*compiled_too=*/false, plans);
-  });
+  }
 }
 
 // A knob's name as cudnnBackendKnobType_t spells it (without CUDNN_KNOB_TYPE_), for launch labels.
@@ -309,10 +306,8 @@ std::vector<Plan> knob_variant_plans(const Handle& handle, const Descriptor& gra
                                      const std::vector<cudnnBackendNumericalNote_t>& excluded) {
   std::vector<Plan> plans;
   for (std::int64_t index : engines) {
-    Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-    engine.set_descriptor(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph);
-    engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
-    if (engine.try_finalize()) append_knob_variants(handle, engine, limit, excluded, plans);
+    Descriptor engine;
+    if (engine_at(graph, index, engine)) append_knob_variants(handle, engine, limit, excluded, plans);
   }
   return plans;
 }
