@@ -104,11 +104,17 @@ class Rewriter {
       inputs.push_back(channels_last(n.inputs[0]));
       for (std::size_t i = 1; i < n.inputs.size(); ++i) inputs.push_back(channels_first(n.inputs[i]));
       ++out_.convolutions;
-    } else if (n.op == OpKind::max_pool2d && is_last(n.inputs[0])) {
+    } else if ((n.op == OpKind::max_pool2d || n.op == OpKind::avg_pool2d) && is_last(n.inputs[0])) {
       auto a = n.attr<Pool2dAttrs>();
       a.channels_last = last = true;
       attrs = a;
       inputs.push_back(last_.at(n.inputs[0]));
+    } else if (n.op == OpKind::dropout2d && is_last(n.inputs[0])) {
+      // The keep bit is drawn per (example, channel), in either layout.
+      auto a = n.attr<DropoutAttrs>();
+      a.channels_last = last = true;
+      attrs = a;
+      inputs = {last_.at(n.inputs[0]), channels_first(n.inputs[1])};
     } else if (is_batch_norm(n.op) && is_last(n.inputs[0])) {
       // [N,H,W,C] is BatchNorm1d's [N*H*W, C]: the same statistics, its
       // per-channel values unchanged. stats_update writes no activation.

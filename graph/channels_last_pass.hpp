@@ -9,10 +9,10 @@
 //
 // A conv2d takes its input channels-last, converted by to_channels_last where
 // it was channels-first (a view when C = 1, as an image input); a max_pool2d,
-// the batch_norm ops (BatchNormAttrs::channels_last: BatchNorm1d over the
-// [N*H*W, C] rows) and the element-wise ops listed in the .cpp stay
-// channels-last when their input is; every other reader gets the value back channels-first
-// (to_channels_first, once per value). Parameters keep their shapes, values
+// an avg_pool2d, a dropout2d, the batch_norm ops (BatchNormAttrs::channels_last:
+// BatchNorm1d over the [N*H*W, C] rows) and the element-wise ops listed in
+// the .cpp stay channels-last when their input is; every other reader gets
+// the value back channels-first (to_channels_first, once per value). Parameters keep their shapes, values
 // keep their names, graph outputs their layouts: only the order of the
 // activations' elements changes.
 #include <optional>
@@ -27,7 +27,7 @@ struct ChannelsLastRewrite {
   // to_channels_last / to_channels_first nodes that move data (not a C = 1
   // or 1x1 view), and of them those that feed anything but a flatten or
   // the global average pooling (a region that ends inside the network, e.g.
-  // at an avg_pool2d).
+  // at a concat or a dropout).
   int copies = 0;
   int inner_exits = 0;
   int batch_norms = 0;  // batch_norm nodes now channels-last

@@ -173,10 +173,13 @@ struct AllReduceAttrs {
 // scaled by 1 / (1 - p). The keep bit of element i at step s is drawn from
 // Philox4x32-10 keyed by `seed` with a counter made of i / 4, stream and s
 // (ops/philox.hpp); `stream` tells the dropout sites of one graph apart.
+// channels_last (dropout2d only): the value is [N,H,W,C]; channel (n, c)
+// draws the same bit as in [N,C,H,W], so both layouts drop the same channels.
 struct DropoutAttrs {
   double p = 0.0;
   std::uint64_t seed = 0;
   std::int64_t stream = 0;
+  bool channels_last = false;
   bool operator==(const DropoutAttrs&) const = default;
 };
 

@@ -28,8 +28,8 @@ ConvKernels conv_kernels_from_name(std::string_view name);    // throws std::inv
 // The layout of the convolution layers' activations (graph/channels_last_pass.hpp):
 // automatic: channels-last where every channels-last region of the network
 // ends at a flatten or the global pooling (no conversion inside it), no
-// batch_norm runs in it, no whole-step kernel takes the channels-first step
-// and cuDNN runs its multi-channel convolutions
+// whole-step kernel takes the channels-first step and our NCHW kernels run
+// no convolution of 2+ input channels that are not a multiple of 8
 // (runtime/cuda/activation_layout_choice.hpp); nchw / channels_last: that
 // one wherever the model has convolutions.
 enum class ActivationLayout : std::uint8_t { automatic, nchw, channels_last };

@@ -1,6 +1,9 @@
 // Mean pooling (issue 37).
 // avg_pool2d: X [N,C,H,W] -> [N,C,(H-k)/s+1,(W-k)/s+1], the mean of each
-// k x k window (no padding, floor: PyTorch's AvgPool2d(k, s)).
+// k x k window (no padding, floor: PyTorch's AvgPool2d(k, s)). With
+// channels_last both take and give [N,H,W,C] values (the channels-last pass
+// keeps it inside a region); the CPU reference runs the NCHW one on the
+// values in the other order.
 // avg_pool2d_backward: dY -> dX [N,C,grad_h,grad_w], dY / k^2 spread over
 // each window. Unlike max_pool2d_backward it needs no X (the mean's
 // derivative does not depend on the values), so X need not live until the
@@ -13,17 +16,25 @@
 
 #include "graph/ops/op_common.hpp"
 #include "ops/cpu/avg_pool_reference.hpp"
+#include "ops/cpu/layout_reference.hpp"
 
 namespace sg::ops {
 namespace {
 
-// [N,C,H,W] pooled by a's window; `what` names the pooled value in errors.
+// The dimension of H in a's layout (W follows it).
+int height_dim(const Pool2dAttrs& a) { return a.channels_last ? 1 : 2; }
+
+// [N,C,H,W] (or [N,H,W,C]) pooled by a's window; `what` names the pooled value in errors.
 Shape pooled_shape(OpKind op, const Shape& x, const std::string& what, const Pool2dAttrs& a) {
   if (a.kernel < 1 || a.stride < 1)
     fail(op, fmt::format("kernel {} and stride {} must be >= 1", a.kernel, a.stride));
-  if (x[2] < a.kernel || x[3] < a.kernel)
+  const int hd = height_dim(a);
+  if (x[hd] < a.kernel || x[hd + 1] < a.kernel)
     fail(op, fmt::format("kernel {}x{} is larger than the input {}", a.kernel, a.kernel, what));
-  return {x[0], x[1], (x[2] - a.kernel) / a.stride + 1, (x[3] - a.kernel) / a.stride + 1};
+  Shape y = x;
+  y[hd] = (x[hd] - a.kernel) / a.stride + 1;
+  y[hd + 1] = (x[hd + 1] - a.kernel) / a.stride + 1;
+  return y;
 }
 
 std::vector<OutputSpec> infer_avg_pool2d(const Inputs& in, const OpAttrs& attrs) {
@@ -41,7 +52,9 @@ std::vector<OutputSpec> infer_avg_pool2d_backward(const Inputs& in, const OpAttr
   expect_rank(op, dy, 4);
   expect_floating(op, dy);
   const auto& a = std::get<Pool2dAttrs>(attrs);
-  const Shape dx{dy.shape[0], dy.shape[1], a.grad_h, a.grad_w};
+  Shape dx = dy.shape;
+  dx[height_dim(a)] = a.grad_h;
+  dx[height_dim(a) + 1] = a.grad_w;
   if (a.grad_h < 1 || a.grad_w < 1)
     fail(op, fmt::format("grad_h {} and grad_w {} (the input's size) must be >= 1", a.grad_h, a.grad_w));
   if (dy.shape != pooled_shape(op, dx, shape_string(dx), a))
@@ -53,23 +66,37 @@ void avg_pool2d_gradient(const GradientContext& c) {
   if (!c.needs_grad(0)) return;
   const Shape& x = c.graph().value(c.input(0)).shape;
   Pool2dAttrs back = c.node().attr<Pool2dAttrs>();
-  back.grad_h = x[2];
-  back.grad_w = x[3];
+  back.grad_h = x[height_dim(back)];
+  back.grad_w = x[height_dim(back) + 1];
   c.contribute(0, c.emit(OpKind::avg_pool2d_backward, {*c.output_grad(0)}, back, c.input(0)).front());
+}
+
+// An [N,C,H,W] or [N,H,W,C] shape's sizes by name.
+struct Planes {
+  std::int64_t n, c, h, w;
+};
+Planes planes_of(std::span<const std::int64_t> s, const Pool2dAttrs& a) {
+  return a.channels_last ? Planes{s[0], s[3], s[1], s[2]} : Planes{s[0], s[1], s[2], s[3]};
 }
 
 template <typename T>
 void avg_pool2d_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const auto& s = c.in[0].shape;
-  ref::avg_pool2d(c.in[0].real, s[0] * s[1], s[2], s[3], a.kernel, a.stride, c.out[0].real);
+  const Planes in = planes_of(c.in[0].shape, a), out = planes_of(c.out[0].shape, a);
+  const ref::ChannelsFirstView<T> x(c.in[0].real, a.channels_last, in.n, in.c, in.h * in.w);
+  ref::ChannelsFirstOutput<T> y(c.out[0].real, a.channels_last, out.n, out.c, out.h * out.w);
+  ref::avg_pool2d(x.data(), in.n * in.c, in.h, in.w, a.kernel, a.stride, y.data());
+  y.finish();
 }
 
 template <typename T>
 void avg_pool2d_backward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const auto& s = c.out[0].shape;
-  ref::avg_pool2d_backward(c.in[0].real, s[0] * s[1], s[2], s[3], a.kernel, a.stride, c.out[0].real);
+  const Planes in = planes_of(c.in[0].shape, a), out = planes_of(c.out[0].shape, a);
+  const ref::ChannelsFirstView<T> dy(c.in[0].real, a.channels_last, in.n, in.c, in.h * in.w);
+  ref::ChannelsFirstOutput<T> dx(c.out[0].real, a.channels_last, out.n, out.c, out.h * out.w);
+  ref::avg_pool2d_backward(dy.data(), out.n * out.c, out.h, out.w, a.kernel, a.stride, dx.data());
+  dx.finish();
 }
 
 std::vector<OutputSpec> infer_global(const Inputs& in, const OpAttrs&) {

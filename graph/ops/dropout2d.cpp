@@ -5,7 +5,8 @@
 // (ops/philox.hpp) of element n * C + c, keyed on (seed, stream, step): a
 // pure function, so the backward recomputes the forward's mask (no mask
 // buffer), and the GPU, graph replays and resumed runs draw the same bits
-// (see dropout.cpp). Attributes are DropoutAttrs.
+// (see dropout.cpp). Attributes are DropoutAttrs; with channels_last both
+// take and give [N,H,W,C] values and drop the same channels.
 #include <fmt/format.h>
 
 #include "graph/ops/op_common.hpp"
@@ -43,7 +44,9 @@ template <typename T>
 void dropout2d_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<DropoutAttrs>();
   const auto& s = c.in[0].shape;
-  ref::dropout2d(c.in[0].real, s[0], s[1], s[2] * s[3], a.p, a.seed, a.stream, c.in[1].i32[0], c.out[0].real);
+  const std::int64_t channels = a.channels_last ? s[3] : s[1], plane = a.channels_last ? s[1] * s[2] : s[2] * s[3];
+  ref::dropout2d(c.in[0].real, s[0], channels, plane, a.p, a.seed, a.stream, c.in[1].i32[0], c.out[0].real,
+                 a.channels_last);
 }
 
 }  // namespace

@@ -147,14 +147,18 @@ std::string attrs_text(const LabelSmoothingAttrs& a) {
                                  : fmt::format(" {{eps={:.6g},gradient_scale={:.6g}}}", a.eps, a.gradient_scale);
 }
 
-json write_attrs(const DropoutAttrs& a) { return {{"p", a.p}, {"seed", a.seed}, {"stream", a.stream}}; }
-void read_attrs(const json& j, DropoutAttrs& a) {
+json write_attrs(const DropoutAttrs& a) {
+  return {{"p", a.p}, {"seed", a.seed}, {"stream", a.stream}, {"channels_last", a.channels_last}};
+}
+void read_attrs(const json& j, DropoutAttrs& a) {  // channels_last defaults to false (graphs dumped before it)
   a.p = j.at("p").get<double>();
   a.seed = j.at("seed").get<std::uint64_t>();
   a.stream = j.at("stream").get<std::int64_t>();
+  a.channels_last = j.value("channels_last", false);
 }
 std::string attrs_text(const DropoutAttrs& a) {
-  return fmt::format(" {{p={:.6g},seed={},stream={}}}", a.p, a.seed, a.stream);
+  return fmt::format(" {{p={:.6g},seed={},stream={}{}}}", a.p, a.seed, a.stream,
+                     a.channels_last ? ",channels_last" : "");
 }
 
 json write_attrs(const AdamUpdateAttrs& a) {

@@ -124,16 +124,19 @@ void max_pool2d_backward(const T* dy, const T* x, std::int64_t planes, std::int6
 // plane] is kept with probability 1 - p and scaled by 1 / (1 - p), else
 // zeroed whole. Its keep bit is dropout's Philox bit of "element" b *
 // channels + c (philox::dropout_keep), so the GPU draws the same mask.
+// channels_last: X is [n, plane, channels], the same channels dropped.
 template <typename T>
 void dropout2d(const T* x, std::int64_t n, std::int64_t channels, std::int64_t plane, double p, std::uint64_t seed,
-               std::int64_t stream, std::int32_t step, T* y) {
+               std::int64_t stream, std::int32_t step, T* y, bool channels_last = false) {
   const std::uint32_t threshold = philox::dropout_threshold(p);
   const T scale = static_cast<T>(1.0 / (1.0 - p));
   for (std::int64_t b = 0; b < n; ++b)
     for (std::int64_t c = 0; c < channels; ++c) {
       const bool keep = philox::dropout_keep(seed, stream, step, b * channels + c, threshold);
-      const std::int64_t base = (b * channels + c) * plane;
-      for (std::int64_t k = 0; k < plane; ++k) y[base + k] = keep ? x[base + k] * scale : T(0);
+      for (std::int64_t k = 0; k < plane; ++k) {
+        const std::int64_t i = channels_last ? (b * plane + k) * channels + c : (b * channels + c) * plane + k;
+        y[i] = keep ? x[i] * scale : T(0);
+      }
     }
 }
 

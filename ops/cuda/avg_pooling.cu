@@ -45,6 +45,40 @@ __global__ void avg_pool2d_backward_kernel(const T* dy, PoolSizes<I> g, T* dx) {
   }
 }
 
+// Channels-last [n, h, w, c]: a thread's element is channel ch of one output
+// (forward) or input (backward) pixel, so a warp's loads are consecutive
+// channels; sums in the same order as the NCHW kernels (and the reference).
+template <typename T, typename I>
+__global__ void avg_pool2d_nhwc_forward_kernel(const T* x, ChannelsLastPool g, T* y) {
+  const I stride = I(gridDim.x) * I(blockDim.x), oh = I(g.oh()), ow = I(g.ow()), c = I(g.c), w = I(g.w);
+  const I k = I(g.kernel), s = I(g.stride);
+  const float area = float(k * k);
+  for (I o = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); o < I(g.n) * oh * ow * c; o += stride) {
+    const I ch = o % c, ox = (o / c) % ow, oy = (o / (c * ow)) % oh, n = o / (c * ow * oh);
+    const T* window = x + ((n * I(g.h) + oy * s) * w + ox * s) * c + ch;
+    float acc = 0.f;
+    for (I i = 0; i < k; ++i)
+      for (I j = 0; j < k; ++j) acc += to_float(window[(i * w + j) * c]);
+    y[o] = from_float<T>(acc / area);
+  }
+}
+
+template <typename T, typename I>
+__global__ void avg_pool2d_nhwc_backward_kernel(const T* dy, ChannelsLastPool g, T* dx) {
+  const I stride = I(gridDim.x) * I(blockDim.x), oh = I(g.oh()), ow = I(g.ow()), c = I(g.c), h = I(g.h), w = I(g.w);
+  const float area = float(g.kernel * g.kernel);
+  for (I e = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x); e < I(g.n) * h * w * c; e += stride) {
+    const I ch = e % c, x = (e / c) % w, y = (e / (c * w)) % h, n = e / (c * w * h);
+    const WindowRange<I> rows = windows_containing(y, I(g.kernel), I(g.stride), oh);
+    const WindowRange<I> cols = windows_containing(x, I(g.kernel), I(g.stride), ow);
+    const T* grads = dy + n * oh * ow * c + ch;
+    float acc = 0.f;
+    for (I oy = rows.lo; oy <= rows.hi; ++oy)
+      for (I ox = cols.lo; ox <= cols.hi; ++ox) acc += to_float(grads[(oy * ow + ox) * c]) / area;
+    dx[e] = from_float<T>(acc);
+  }
+}
+
 template <typename T>
 __global__ void global_avg_pool2d_forward_kernel(const T* x, std::int64_t planes, std::int64_t plane, T* y) {
   const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
@@ -88,6 +122,26 @@ void launch_avg_pool2d_backward(const T* dy, const PoolGeometry& g, T* dx, cudaS
 }
 
 template <typename T>
+void launch_avg_pool2d_nhwc_forward(const T* x, const ChannelsLastPool& g, T* y, cudaStream_t stream) {
+  const std::int64_t work = g.n * g.oh() * g.ow() * g.c;
+  if (fits_int32(g.n * g.h * g.w * g.c))
+    avg_pool2d_nhwc_forward_kernel<T, std::int32_t><<<blocks_for(work), kThreads, 0, stream>>>(x, g, y);
+  else
+    avg_pool2d_nhwc_forward_kernel<T, std::int64_t><<<blocks_for(work), kThreads, 0, stream>>>(x, g, y);
+  SG_LAUNCH_CHECK("avg_pool2d_nhwc_forward_kernel");
+}
+
+template <typename T>
+void launch_avg_pool2d_nhwc_backward(const T* dy, const ChannelsLastPool& g, T* dx, cudaStream_t stream) {
+  const std::int64_t work = g.n * g.h * g.w * g.c;
+  if (fits_int32(work))
+    avg_pool2d_nhwc_backward_kernel<T, std::int32_t><<<blocks_for(work), kThreads, 0, stream>>>(dy, g, dx);
+  else
+    avg_pool2d_nhwc_backward_kernel<T, std::int64_t><<<blocks_for(work), kThreads, 0, stream>>>(dy, g, dx);
+  SG_LAUNCH_CHECK("avg_pool2d_nhwc_backward_kernel");
+}
+
+template <typename T>
 void launch_global_avg_pool2d_forward(const T* x, std::int64_t planes, std::int64_t plane, T* y,
                                       cudaStream_t stream) {
   constexpr int warps_per_block = kThreads / 32;
@@ -111,6 +165,8 @@ void launch_global_avg_pool2d_backward(const T* dy, std::int64_t planes, std::in
 #define SG_INSTANTIATE_MEAN_POOLING(T)                                                                             \
   template void launch_avg_pool2d_forward<T>(const T*, const PoolGeometry&, T*, cudaStream_t);                     \
   template void launch_avg_pool2d_backward<T>(const T*, const PoolGeometry&, T*, cudaStream_t);                    \
+  template void launch_avg_pool2d_nhwc_forward<T>(const T*, const ChannelsLastPool&, T*, cudaStream_t);            \
+  template void launch_avg_pool2d_nhwc_backward<T>(const T*, const ChannelsLastPool&, T*, cudaStream_t);           \
   template void launch_global_avg_pool2d_forward<T>(const T*, std::int64_t, std::int64_t, T*, cudaStream_t);       \
   template void launch_global_avg_pool2d_backward<T>(const T*, std::int64_t, std::int64_t, T*, cudaStream_t);
 SG_INSTANTIATE_MEAN_POOLING(float)

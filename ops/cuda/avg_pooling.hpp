@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "ops/cuda/channels_last.hpp"
 #include "ops/cuda/pooling.hpp"
 
 namespace sg::cuda {
@@ -19,6 +20,13 @@ void launch_avg_pool2d_forward(const T* x, const PoolGeometry& g, T* y, cudaStre
 // of the windows covering it in (oy, ox) order (0 where none does).
 template <typename T>
 void launch_avg_pool2d_backward(const T* dy, const PoolGeometry& g, T* dx, cudaStream_t stream);
+
+// The same two over channels-last values: x [n, h, w, c] -> y [n, oh, ow, c]
+// and back (ChannelsLastPool's pooled_channels_first is not read).
+template <typename T>
+void launch_avg_pool2d_nhwc_forward(const T* x, const ChannelsLastPool& g, T* y, cudaStream_t stream);
+template <typename T>
+void launch_avg_pool2d_nhwc_backward(const T* dy, const ChannelsLastPool& g, T* dx, cudaStream_t stream);
 
 // x [planes, plane] -> y [planes]: each plane's mean (one warp per plane).
 template <typename T>

@@ -9,11 +9,16 @@ namespace sg::cuda {
 namespace {
 
 // Why the NCHW step should stay NCHW under `auto`, or "": a whole-step
-// kernel takes it (its pattern is channels-first), or our kernels run one of
-// its convolutions of several input channels (where they measured faster
-// than cuDNN: few channels), which channels-last would hand to cuDNN. The
-// channels-last gain is cuDNN's (docs/benchmarks.md); a one-channel layer
-// keeps our weight gradient (it reads channels-last dY).
+// kernel takes it (its pattern is channels-first), or our NCHW kernels run
+// one of its convolutions of several input channels, not a multiple of 8.
+// Measured (H200, docs/benchmarks.md, "Channels-last through dropout2d and
+// mean pooling"): CNNs whose such layers read 8 channels ran 25-41% faster
+// a step channels-last; LeNet-5 (1 -> 6 -> 16) ran 17% slower, its first
+// layer's 6 filters being too few for the few-channel kernels (multiples of
+// 8), so its weight gradient and bias sums fell back to slow launches. The
+// count is a proxy: a 1 -> 4 -> 16 CNN kept NCHW by it ran 27% faster
+// channels-last. A one-channel layer keeps our weight gradient (it reads
+// channels-last dY).
 std::string nchw_reason(const sg::Graph& train, const BackendOptions& options, bool device_present) {
   const auto lowerings = cuda_lowerings(options, device_present);
   const Schedule s = build_schedule(train, as_lowerings(lowerings));
@@ -23,9 +28,9 @@ std::string nchw_reason(const sg::Graph& train, const BackendOptions& options, b
     if (l.lowering->name() != "conv_implicit_gemm") continue;
     for (NodeId id : l.nodes) {
       const Node& n = train.node(id);
-      if (is_conv(n.op) && conv_sizes(train, n).c > 1)
-        return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there",
-                           conv_sizes(train, n).c, op_name(n.op));
+      if (const std::int64_t c = is_conv(n.op) ? conv_sizes(train, n).c : 1; c > 1 && c % 8 != 0)
+        return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there", c,
+                           op_name(n.op));
     }
   }
   return "";

@@ -308,3 +308,31 @@ TEST_CASE("activations applied in the pooling's pass follow the CPU backend") {
   const auto cpu = cpu_trainer(t, data);
   check_follows_cpu(*gpu, *cpu);
 }
+
+// A dropout2d and mean poolings inside the region (they had ended it, so the
+// whole network ran NCHW): channels-last launches of their own, the same
+// channels dropped as the CPU backend's NCHW step drops, the step following it.
+TEST_CASE("channels-last dropout2d and avg_pool2d in the training step follow the CPU backend") {
+  SequentialTraining t = small_images(OptimizerKind::adamw);
+  t.model.input_shape = {1, 14, 14};
+  LayerSpec drop = test::net_layer(LayerKind::dropout2d);
+  drop.p = 0.3;
+  t.model.layers = {test::net_layer(LayerKind::conv2d, 16, 3, 1),
+                    test::activation_layer(MlpActivation::tanh),
+                    test::net_layer(LayerKind::avg_pool2d, 0, 2),
+                    drop,
+                    test::net_layer(LayerKind::conv2d, 24, 3, 1),
+                    test::net_layer(LayerKind::activation),
+                    test::net_layer(LayerKind::avg_pool2d, 0, 3, 0, 2),
+                    test::net_layer(LayerKind::flatten),
+                    test::net_layer(LayerKind::linear, 10)};
+  std::mt19937_64 rng(44);
+  const Dataset data = test::random_dataset(t.model.batch * 6, 196, 10, rng);
+  const auto gpu = channels_last_trainer(t, data);
+  INFO(gpu->description());
+  const auto channels_last = [](const std::string& what) { return what.find("channels_last") != std::string::npos; };
+  CHECK(launches_of(*gpu, "dropout2d", channels_last) == 2);   // forward and backward
+  CHECK(launches_of(*gpu, "avg_pool2d", channels_last) == 4);  // two poolings, each both ways
+  const auto cpu = cpu_trainer(t, data);
+  check_follows_cpu(*gpu, *cpu);
+}

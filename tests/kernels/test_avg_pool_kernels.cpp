@@ -4,7 +4,7 @@
 // kernels and strides (overlapping, exact and gapped windows, elements no
 // window covers), global_avg_pool2d and its backward on planes from 1x1 to
 // larger than a warp, in f32, f16 and bf16. The window kernels add in the
-// reference's order (bit-identical); the plane mean sums across a warp, so
+// reference's order (bit-identical), in NCHW and channels-last; the plane mean sums across a warp, so
 // its check is a relative error by norm.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -28,23 +28,26 @@ double plane_mean_tolerance(DType dtype) { return dtype == DType::f32 ? 1e-6 : d
 
 }  // namespace
 
-TEST_CASE("avg_pool2d and avg_pool2d_backward match the CPU reference bit for bit on random windows") {
+TEST_CASE("avg_pool2d and avg_pool2d_backward match the CPU reference bit for bit on random windows, either layout") {
   auto rng = sg::test::fresh_rng();
   for (int trial = 0; trial < 24; ++trial)
     for (const DType dtype : kDtypes) {
+      const bool last = trial % 2 == 1;  // [N,H,W,C] values
       const std::int64_t kernel = pick(rng, 1, 4), stride = pick(rng, 1, 4);
-      const Shape x_shape{pick(rng, 1, 5), pick(rng, 1, 19), kernel + pick(rng, 0, 13), kernel + pick(rng, 0, 13)};
-      const Shape pooled{x_shape[0], x_shape[1], (x_shape[2] - kernel) / stride + 1,
-                         (x_shape[3] - kernel) / stride + 1};
+      const std::int64_t n = pick(rng, 1, 5), c = pick(rng, 1, 19), h = kernel + pick(rng, 0, 13),
+                         w = kernel + pick(rng, 0, 13);
+      const std::int64_t oh = (h - kernel) / stride + 1, ow = (w - kernel) / stride + 1;
+      const Shape x_shape = last ? Shape{n, h, w, c} : Shape{n, c, h, w};
+      const Shape pooled = last ? Shape{n, oh, ow, c} : Shape{n, c, oh, ow};
       CAPTURE(sg::test::last_seed());
-      CAPTURE(fmt::format("{} x {} kernel {} stride {}", dtype_name(dtype), fmt::join(x_shape, "x"), kernel, stride));
+      CAPTURE(fmt::format("{} x {} kernel {} stride {}{}", dtype_name(dtype), fmt::join(x_shape, "x"), kernel, stride,
+                          last ? " channels-last" : ""));
       Graph g;
       const ValueId x = g.input("x", x_shape, dtype);
       const ValueId dy = g.input("dy", pooled, dtype);
-      const ValueId y = g.append_node(OpKind::avg_pool2d, {x}, Pool2dAttrs{kernel, stride}).front();
+      const ValueId y = g.append_node(OpKind::avg_pool2d, {x}, Pool2dAttrs{kernel, stride, 0, 0, last}).front();
       const ValueId dx =
-          g.append_node(OpKind::avg_pool2d_backward, {dy}, Pool2dAttrs{kernel, stride, x_shape[2], x_shape[3]})
-              .front();
+          g.append_node(OpKind::avg_pool2d_backward, {dy}, Pool2dAttrs{kernel, stride, h, w, last}).front();
       g.mark_output(y);
       g.mark_output(dx);
       TwinRun run(std::move(g), rng, Fill{});

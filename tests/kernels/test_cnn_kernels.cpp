@@ -189,36 +189,48 @@ TEST_CASE("the first maximum of a window takes the gradient: a window of equal v
   }
 }
 
-TEST_CASE("dropout2d and dropout2d_backward alone keep exactly the CPU reference's channels") {
+TEST_CASE("dropout2d and dropout2d_backward alone keep exactly the CPU reference's channels, in either layout") {
   auto rng = sg::test::fresh_rng();
-  for (const DType dtype : kDtypes)
-    for (const std::int32_t step : {0, 1, 977}) {
-      const Shape shape{pick(rng, 1, 9), pick(rng, 1, 33), pick(rng, 1, 13), pick(rng, 1, 13)};
-      const DropoutAttrs attrs{0.4, 0x1234567890abcdefull, 2};
-      CAPTURE(sg::test::last_seed());
-      CAPTURE(fmt::format("{} {} step {}", dtype_name(dtype), fmt::join(shape, "x"), step));
-      Graph g;
-      const ValueId x = g.input("x", shape, dtype);
-      const ValueId dy = g.input("dy", shape, dtype);
-      const ValueId s = g.state("step", {1}, DType::i32);
-      const ValueId y = g.append_node(OpKind::dropout2d, {x, s}, attrs).front();
-      const ValueId dx = g.append_node(OpKind::dropout2d_backward, {dy, s}, attrs).front();
-      g.mark_output(y);
-      g.mark_output(dx);
-      // Inputs in [0.5, 1.5]: never zero, so every differing keep bit shows.
-      TwinRun run(std::move(g), rng, Fill{false, 0.5, 1.5}, step);
-      CHECK(run.lowerings() == std::vector<std::string>{"dropout2d", "dropout2d"});
-      CHECK(run.error(y) == 0.0);
-      CHECK(run.error(dx) == 0.0);
-      // Whole channels: within a plane, all kept or all zero.
-      const auto got = run.gpu(y);
-      const std::int64_t plane = shape[2] * shape[3];
-      for (std::int64_t p = 0; p < shape[0] * shape[1]; ++p) {
-        const auto begin = got.begin() + p * plane;
-        const bool dropped = *begin == 0.f;
-        CHECK(std::all_of(begin, begin + plane, [&](float v) { return (v == 0.f) == dropped; }));
+  for (const bool channels_last : {false, true})
+    for (const DType dtype : kDtypes)
+      for (const std::int32_t step : {0, 1, 977}) {
+        // [N,C,H,W], or [N,H,W,C] channels-last; step 977 takes examples of
+        // more elements than one block's run (several blocks an example).
+        const Shape nchw = step == 977 ? Shape{3, 40, 12, 13}
+                                       : Shape{pick(rng, 1, 9), pick(rng, 1, 33), pick(rng, 1, 13), pick(rng, 1, 13)};
+        const Shape shape = channels_last ? Shape{nchw[0], nchw[2], nchw[3], nchw[1]} : nchw;
+        const DropoutAttrs attrs{0.4, 0x1234567890abcdefull, 2, channels_last};
+        CAPTURE(sg::test::last_seed());
+        CAPTURE(fmt::format("{} {} step {}{}", dtype_name(dtype), fmt::join(shape, "x"), step,
+                            channels_last ? " channels-last" : ""));
+        Graph g;
+        const ValueId x = g.input("x", shape, dtype);
+        const ValueId dy = g.input("dy", shape, dtype);
+        const ValueId s = g.state("step", {1}, DType::i32);
+        const ValueId y = g.append_node(OpKind::dropout2d, {x, s}, attrs).front();
+        const ValueId dx = g.append_node(OpKind::dropout2d_backward, {dy, s}, attrs).front();
+        g.mark_output(y);
+        g.mark_output(dx);
+        // Inputs in [0.5, 1.5]: never zero, so every differing keep bit shows.
+        TwinRun run(std::move(g), rng, Fill{false, 0.5, 1.5}, step);
+        CHECK(run.lowerings() == std::vector<std::string>{"dropout2d", "dropout2d"});
+        CHECK(run.error(y) == 0.0);
+        CHECK(run.error(dx) == 0.0);
+        // Whole channels: within a plane, all kept or all zero.
+        const auto got = run.gpu(y);
+        const std::int64_t channels = nchw[1], plane = nchw[2] * nchw[3];
+        int mixed = 0;  // elements whose keep bit differs from their channel's first
+        for (std::int64_t n = 0; n < nchw[0]; ++n)
+          for (std::int64_t c = 0; c < channels; ++c) {
+            const auto at = [&](std::int64_t k) {
+              return got[static_cast<std::size_t>(channels_last ? (n * plane + k) * channels + c
+                                                                 : (n * channels + c) * plane + k)];
+            };
+            const bool dropped = at(0) == 0.f;
+            for (std::int64_t k = 1; k < plane; ++k) mixed += (at(k) == 0.f) != dropped;
+          }
+        CHECK(mixed == 0);
       }
-    }
 }
 
 TEST_CASE("a conv bias's channel_sum [+ cast] + sgd_update run as one launch and match the CPU reference") {

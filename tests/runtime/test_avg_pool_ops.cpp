@@ -135,3 +135,39 @@ TEST_CASE("mean pooling's shape errors name the op and the shapes") {
                        doctest::Contains("global_avg_pool2d_backward: gradient 'dy' [2,3,2,2] f32 is not the pooled"),
                        GraphError);
 }
+
+TEST_CASE("channels-last avg_pool2d: [N,H,W,C] in and out, the NCHW op's values, finite-difference gradients") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::int64_t kernel = sg::test::pick(rng, 1, 3), stride = sg::test::pick(rng, 1, 3);
+    const std::int64_t n = sg::test::pick(rng, 1, 3), c = sg::test::pick(rng, 1, 4);
+    const std::int64_t h = kernel + sg::test::pick(rng, 0, 4), w = kernel + sg::test::pick(rng, 0, 4);
+    CAPTURE(kernel);
+    CAPTURE(stride);
+    Graph g;
+    const auto x = g.param("x", {n, h, w, c}, DType::f32);
+    const auto y = g.append_node(OpKind::avg_pool2d, {x}, Pool2dAttrs{kernel, stride, 0, 0, true}).front();
+    const std::int64_t oh = (h - kernel) / stride + 1, ow = (w - kernel) / stride + 1;
+    REQUIRE(g.value(y).shape == Shape{n, oh, ow, c});
+    // The same values as the NCHW op on the transposed input.
+    Graph nchw;
+    const auto xf = nchw.input("x", {n, c, h, w}, DType::f32);
+    const auto yf = avg_pool(nchw, xf, kernel, stride);
+    CpuExecutor<double> last(g), first(nchw);
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (double& v : last.tensor(x).real) v = u(rng);
+    first.tensor(xf).real.resize(last.tensor(x).real.size());
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t p = 0; p < h * w; ++p)
+        for (std::int64_t ch = 0; ch < c; ++ch)
+          first.tensor(xf).real[(i * c + ch) * h * w + p] = last.tensor(x).real[(i * h * w + p) * c + ch];
+    last.run();
+    first.run();
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t p = 0; p < oh * ow; ++p)
+        for (std::int64_t ch = 0; ch < c; ++ch)
+          CHECK(last.tensor(y).real[(i * oh * ow + p) * c + ch] == first.tensor(yf).real[(i * c + ch) * oh * ow + p]);
+    sg::test::check_gradients_through_mse(g, y, rng, 0);
+  }
+}

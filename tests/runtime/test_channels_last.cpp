@@ -60,6 +60,18 @@ SequentialSpec residual_cnn(std::int64_t batch) {
   return s;
 }
 
+// The three-channel CNN with a dropout2d after its first pooling and an
+// overlapping 3x3 mean pooling at stride 2 after its second convolution:
+// both stay inside the region.
+SequentialSpec dropout_mean_pool_cnn(std::int64_t batch) {
+  SequentialSpec s = three_channel_cnn(batch);
+  LayerSpec drop = net_layer(LayerKind::dropout2d);
+  drop.p = 0.4;
+  s.layers.insert(s.layers.begin() + 3, drop);
+  s.layers[6] = net_layer(LayerKind::avg_pool2d, 0, 3, 0, 2);  // was the 2x2 max pooling at stride 1
+  return s;
+}
+
 // issue 37's residual block with batch normalisation (configs/mnist_resnet.yaml
 // in small, on 2-channel images: the entry conversion copies).
 SequentialSpec batch_norm_cnn(std::int64_t batch) {
@@ -129,12 +141,25 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
   for (const Node& n : eval->graph.nodes())
     if (n.op == OpKind::batch_norm_inference) CHECK(n.attr<BatchNormAttrs>().channels_last);
 
-  // A layer without a channels-last form inside the region ends it there.
-  SequentialSpec with_dropout2d = three_channel_cnn(4);
-  LayerSpec drop = net_layer(LayerKind::dropout2d);
+  // dropout2d (a bit per example and channel) and avg_pool2d turn with their input.
+  const auto dropped = rewrite_channels_last(build_sequential_forward(dropout_mean_pool_cnn(4)));
+  REQUIRE(dropped);
+  CHECK(dropped->inner_exits == 0);
+  CHECK(count(dropped->graph, OpKind::to_channels_first) == 1);
+  CHECK(count(dropped->graph, OpKind::dropout2d) == 1);
+  CHECK(count(dropped->graph, OpKind::avg_pool2d) == 1);
+  for (const Node& n : dropped->graph.nodes()) {
+    if (n.op == OpKind::dropout2d) CHECK(n.attr<DropoutAttrs>().channels_last);
+    if (n.op == OpKind::avg_pool2d) CHECK(n.attr<Pool2dAttrs>().channels_last);
+  }
+
+  // A layer without a channels-last form inside the region ends it there:
+  // dropout's bit is keyed on the element's NCHW index.
+  SequentialSpec with_dropout = three_channel_cnn(4);
+  LayerSpec drop = net_layer(LayerKind::dropout);
   drop.p = 0.25;
-  with_dropout2d.layers.insert(with_dropout2d.layers.begin() + 2, drop);
-  const auto interrupted = rewrite_channels_last(build_sequential_forward(with_dropout2d));
+  with_dropout.layers.insert(with_dropout.layers.begin() + 2, drop);
+  const auto interrupted = rewrite_channels_last(build_sequential_forward(with_dropout));
   REQUIRE(interrupted);
   CHECK(interrupted->inner_exits == 1);
 
@@ -146,17 +171,24 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
   CHECK_FALSE(rewrite_channels_last(build_sequential_forward(mlp)));
 }
 
-TEST_CASE("channels-last training steps equal the NCHW ones in f64 (SGD with momentum, AdamW, 1-3 channels, BN)") {
-  for (const int network : {0, 1, 2}) {
+TEST_CASE("channels-last training steps equal the NCHW ones in f64 (SGD with momentum, AdamW, 1-3 channels, BN, "
+          "dropout2d and mean pooling)") {
+  for (const int network : {0, 1, 2, 3}) {
     for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
       const bool residual = network == 1;
-      const SequentialSpec spec = network == 0 ? three_channel_cnn(5) : residual ? residual_cnn(5) : batch_norm_cnn(5);
+      const SequentialSpec spec = network == 0 ? three_channel_cnn(5)
+                                  : residual   ? residual_cnn(5)
+                                  : network == 2 ? batch_norm_cnn(5)
+                                                 : dropout_mean_pool_cnn(5);
       OptimizerSpec optimizer;
       optimizer.kind = kind;
       optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
       optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
       optimizer.weight_decay = kind == OptimizerKind::adamw ? 0.01 : 0.0;
-      const char* what = network == 0 ? "3 channels" : residual ? "residual, 1 channel" : "batch_norm";
+      const char* what = network == 0 ? "3 channels"
+                         : residual   ? "residual, 1 channel"
+                         : network == 2 ? "batch_norm"
+                                        : "dropout2d, avg_pool2d";
       INFO(what << ", " << optimizer_name(kind));
       const Graph forward = build_sequential_forward(spec);
       const auto start = train(forward, spec, optimizer, 0, 11);

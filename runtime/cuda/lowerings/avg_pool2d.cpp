@@ -2,7 +2,8 @@
 // backwards, issue 37) by our kernels (ops/cuda/avg_pooling.hpp), one
 // launch each. Nothing is folded in yet: in a residual CNN they sit at the
 // end (global pooling before the classifier) or between stages, where a
-// launch of a few microseconds is not what the step waits on.
+// launch of a few microseconds is not what the step waits on. avg_pool2d
+// and its backward also run channels-last, inside a region.
 #include "ops/cuda/avg_pooling.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
 
@@ -33,7 +34,8 @@ class AvgPool2dLowering final : public CudaLowering {
     if (n.op == OpKind::global_avg_pool2d) return "global";
     if (n.op == OpKind::global_avg_pool2d_backward) return "global_backward";
     const auto& a = n.attr<Pool2dAttrs>();
-    return fmt::format("{}k={},s={}", n.op == OpKind::avg_pool2d_backward ? "backward " : "", a.kernel, a.stride);
+    return fmt::format("{}k={},s={}{}", n.op == OpKind::avg_pool2d_backward ? "backward " : "", a.kernel, a.stride,
+                       a.channels_last ? ",channels_last" : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -44,9 +46,13 @@ class AvgPool2dLowering final : public CudaLowering {
     const bool forward = op == OpKind::avg_pool2d || op == OpKind::global_avg_pool2d;
     const Shape& full = g.value(forward ? n.inputs[0] : n.outputs[0]).shape;
     PoolGeometry geometry{full[0] * full[1], full[2], full[3], 1, 1};
-    if (op == OpKind::avg_pool2d || op == OpKind::avg_pool2d_backward) {
+    ChannelsLastPool last;  // [N,H,W,C] sizes when the node is channels-last
+    const bool windowed = op == OpKind::avg_pool2d || op == OpKind::avg_pool2d_backward;
+    const bool channels_last = windowed && n.attr<Pool2dAttrs>().channels_last;
+    if (windowed) {
       geometry.kernel = n.attr<Pool2dAttrs>().kernel;
       geometry.stride = n.attr<Pool2dAttrs>().stride;
+      last = {full[0], full[1], full[2], full[3], geometry.kernel, geometry.stride, false};
     }
     const void* in = c.ptr(n.inputs[0]);
     void* out = c.ptr(n.outputs[0]);
@@ -58,10 +64,16 @@ class AvgPool2dLowering final : public CudaLowering {
       const std::int64_t planes = geometry.planes, plane = geometry.h * geometry.w;
       switch (op) {
         case OpKind::avg_pool2d:
-          run = [=](cudaStream_t s) { launch_avg_pool2d_forward(x, geometry, y, s); };
+          if (channels_last)
+            run = [=](cudaStream_t s) { launch_avg_pool2d_nhwc_forward(x, last, y, s); };
+          else
+            run = [=](cudaStream_t s) { launch_avg_pool2d_forward(x, geometry, y, s); };
           break;
         case OpKind::avg_pool2d_backward:
-          run = [=](cudaStream_t s) { launch_avg_pool2d_backward(x, geometry, y, s); };
+          if (channels_last)
+            run = [=](cudaStream_t s) { launch_avg_pool2d_nhwc_backward(x, last, y, s); };
+          else
+            run = [=](cudaStream_t s) { launch_avg_pool2d_backward(x, geometry, y, s); };
           break;
         case OpKind::global_avg_pool2d:
           run = [=](cudaStream_t s) { launch_global_avg_pool2d_forward(x, planes, plane, y, s); };

@@ -27,7 +27,7 @@ class Dropout2dLowering final : public CudaLowering {
 
   std::string describe(const sg::Graph& g, const Launch& l) const override {
     const auto& a = g.node(l.nodes.front()).attr<DropoutAttrs>();
-    return fmt::format("p={:.3g},stream={}", a.p, a.stream);
+    return fmt::format("p={:.3g},stream={}{}", a.p, a.stream, a.channels_last ? ",channels_last" : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -36,7 +36,9 @@ class Dropout2dLowering final : public CudaLowering {
     const auto& a = n.attr<DropoutAttrs>();
     const DropoutParams params = dropout_params_of(a);
     const Value& x = g.value(n.inputs[0]);
-    const std::int64_t planes = x.shape[0] * x.shape[1], plane = x.shape[2] * x.shape[3];
+    const Shape& d = x.shape;  // [N,C,H,W], or [N,H,W,C] channels-last
+    const Dropout2dShape shape = a.channels_last ? Dropout2dShape{d[0], d[3], d[1] * d[2], true}
+                                                 : Dropout2dShape{d[0], d[1], d[2] * d[3], false};
     const void* in = c.ptr(x.id);
     const auto* step = static_cast<const std::int32_t*>(c.ptr(n.inputs[1]));
     void* out = c.ptr(n.outputs[0]);
@@ -44,7 +46,7 @@ class Dropout2dLowering final : public CudaLowering {
     with_float_type(x.dtype, [&](auto tag) {
       using T = decltype(tag);
       run = [=](cudaStream_t s) {
-        launch_dropout2d(static_cast<const T*>(in), step, planes, plane, params, static_cast<T*>(out), s);
+        launch_dropout2d(static_cast<const T*>(in), step, shape, params, static_cast<T*>(out), s);
       };
     });
     return std::make_unique<BoundLaunch>(std::move(run), std::string(op_name(n.op)));

@@ -56,7 +56,7 @@ class MaxPool2dLowering final : public CudaLowering {
       nodes.activation = producer;
       m.units.push_back(act_unit->id);
     }
-    // (dropout2d is channels-first: a channels-last pooling never reads it.)
+    // (Only an NCHW dropout2d: the channels-last one has its own launch.)
     if (const CoverUnit* u = free_lone_unit(cover, producer); u && g.node(producer).op == OpKind::dropout2d &&
                                                                !pool.attr<Pool2dAttrs>().channels_last) {
       nodes.dropout = producer;
