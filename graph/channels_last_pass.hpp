@@ -12,9 +12,9 @@
 // an avg_pool2d, a dropout2d, the batch_norm ops (BatchNormAttrs::channels_last:
 // BatchNorm1d over the [N*H*W, C] rows) and the element-wise ops listed in
 // the .cpp stay channels-last when their input is; every other reader gets
-// the value back channels-first (to_channels_first, once per value). Parameters keep their shapes, values
-// keep their names, graph outputs their layouts: only the order of the
-// activations' elements changes.
+// the value back channels-first (to_channels_first, once per value).
+// Parameters keep their shapes, values keep their names, graph outputs their
+// layouts: only the order of the activations' elements changes.
 #include <optional>
 
 #include "graph/graph.hpp"

@@ -18,7 +18,7 @@ constexpr std::int64_t kRunElements = 4096;  // elements a block sweeps (16 a th
 template <typename T>
 __global__ void dropout2d_kernel(const T* x, const std::int32_t* step_counter, Dropout2dShape s, DropoutParams p,
                                  T* y) {
-  extern __shared__ float factor[];  // [channels]: scale or 0
+  extern __shared__ float factor[];  // [channels]: scale when kept, 0 when dropped (scale > 0: p < 1)
   const std::int32_t step = *step_counter;
   const std::int64_t per_example = s.channels * s.plane;
   const std::int64_t runs = (per_example + kRunElements - 1) / kRunElements;
@@ -31,7 +31,8 @@ __global__ void dropout2d_kernel(const T* x, const std::int32_t* step_counter, D
   T* out = y + example * per_example;
   for (std::int64_t e = first + threadIdx.x; e < end; e += blockDim.x) {
     const std::int64_t c = s.channels_last ? e % s.channels : e / s.plane;
-    out[e] = from_float<T>(to_float(in[e]) * factor[c]);
+    // A dropped element is +0 whatever x is (a NaN or -x too), as ref::dropout2d writes it.
+    out[e] = from_float<T>(factor[c] != 0.f ? to_float(in[e]) * factor[c] : 0.f);
   }
 }
 
