@@ -14,10 +14,9 @@ namespace sg::cuda {
 // and drops the other; returns what was chosen and why, for the log:
 // "channels-last (...)" or "NCHW (...)". With `auto`: channels-last where
 // the variant converts back to NCHW only at flattens (or the global pooling),
-// has no batch_norm (its channels-last kernel measured slower), no whole-step
-// kernel takes the NCHW step (its pattern is channels-first) and cuDNN runs every
-// convolution of more than one input channel there (where our few-channel
-// kernels run one, NCHW: channels-last would give it to cuDNN).
+// no whole-step kernel takes the NCHW step (its pattern is channels-first)
+// and our NCHW kernels run no convolution whose input channels are more than
+// one and not a multiple of 8 (the .cpp says what was measured).
 std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options,
                                      bool device_present = true);
 
