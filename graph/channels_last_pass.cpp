@@ -48,6 +48,10 @@ class Rewriter {
     for (const Node& n : from_.nodes()) rewrite(n);
     for (ValueId out : from_.outputs()) out_.graph.mark_output(channels_first(out));
     if (out_.convolutions == 0) return std::nullopt;
+    // An exit costs more than the flatten's own conversion only when a region
+    // starts again after it (a transpose each way); a dropout between the
+    // last pooling and the flatten converts once, as the flatten would.
+    out_.inner_exits = reentered_ ? static_cast<int>(inner_exits_.size()) : 0;
     return std::move(out_);
   }
 
@@ -80,6 +84,7 @@ class Rewriter {
 
   ValueId channels_last(ValueId old) {
     if (auto it = last_.find(old); it != last_.end()) return it->second;
+    reentered_ = reentered_ || !inner_exits_.empty();
     const Value& v = from_.value(old);
     const ValueId converted =
         out_.graph
@@ -141,7 +146,6 @@ class Rewriter {
       (last ? last_ : first_)[n.outputs[i]] = outs[i];
       if (last) produced_last_.insert(n.outputs[i]);
     }
-    out_.inner_exits = static_cast<int>(inner_exits_.size());
   }
 
   const Graph& from_;
@@ -150,6 +154,7 @@ class Rewriter {
   std::unordered_map<ValueId, ValueId> first_, last_;
   std::unordered_set<ValueId> produced_last_;
   std::unordered_set<ValueId> inner_exits_;  // converted back for a reader other than a flatten
+  bool reentered_ = false;                   // a value converted to channels-last after such an exit
 };
 
 }  // namespace

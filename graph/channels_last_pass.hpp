@@ -26,8 +26,10 @@ struct ChannelsLastRewrite {
   int convolutions = 0;  // conv2d nodes now channels-last
   // to_channels_last / to_channels_first nodes that move data (not a C = 1
   // or 1x1 view), and of them those that feed anything but a flatten or
-  // the global average pooling (a region that ends inside the network, e.g.
-  // at a concat or a dropout).
+  // the global average pooling where a region starts again after them (a
+  // region that ends inside the network: a transpose each way, e.g. at a
+  // dropout between convolutions; one before the flatten converts once, as
+  // the flatten does, and is not counted).
   int copies = 0;
   int inner_exits = 0;
   int batch_norms = 0;  // batch_norm nodes now channels-last

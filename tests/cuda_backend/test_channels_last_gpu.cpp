@@ -336,3 +336,25 @@ TEST_CASE("channels-last dropout2d and avg_pool2d in the training step follow th
   const auto cpu = cpu_trainer(t, data);
   check_follows_cpu(*gpu, *cpu);
 }
+
+// A dropout between the last pooling and the flatten (Keras-style): the
+// region's exit moves before it, written by the pooling's launch; the
+// dropout keeps its NCHW bits, so the step follows the CPU backend's.
+TEST_CASE("a dropout before the flatten after a channels-last region follows the CPU backend") {
+  SequentialTraining t = small_images(OptimizerKind::adamw);
+  t.model.input_shape = {1, 12, 12};
+  LayerSpec drop = test::net_layer(LayerKind::dropout);
+  drop.p = 0.3;
+  t.model.layers = {test::net_layer(LayerKind::conv2d, 16, 3, 1), test::net_layer(LayerKind::activation),
+                    test::net_layer(LayerKind::max_pool2d, 0, 2),  drop,
+                    test::net_layer(LayerKind::flatten),           test::net_layer(LayerKind::linear, 10)};
+  std::mt19937_64 rng(45);
+  const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
+  const auto gpu = channels_last_trainer(t, data);
+  INFO(gpu->description());
+  const auto exits = [](const std::string& what) { return what.find("to_channels_first") != std::string::npos; };
+  CHECK(launches_of(*gpu, "max_pool2d", exits) == 1);
+  CHECK(launches_of(*gpu, "dropout") == 2);  // forward and backward, NCHW
+  const auto cpu = cpu_trainer(t, data);
+  check_follows_cpu(*gpu, *cpu);
+}

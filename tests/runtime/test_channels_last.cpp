@@ -62,13 +62,27 @@ SequentialSpec residual_cnn(std::int64_t batch) {
 
 // The three-channel CNN with a dropout2d after its first pooling and an
 // overlapping 3x3 mean pooling at stride 2 after its second convolution:
-// both stay inside the region.
+// both stay inside the region. A dropout before the flatten reads the
+// region's one exit (its bit keyed on the NCHW index).
 SequentialSpec dropout_mean_pool_cnn(std::int64_t batch) {
   SequentialSpec s = three_channel_cnn(batch);
   LayerSpec drop = net_layer(LayerKind::dropout2d);
   drop.p = 0.4;
   s.layers.insert(s.layers.begin() + 3, drop);
   s.layers[6] = net_layer(LayerKind::avg_pool2d, 0, 3, 0, 2);  // was the 2x2 max pooling at stride 1
+  LayerSpec dropout = net_layer(LayerKind::dropout);
+  dropout.p = 0.3;
+  s.layers.insert(s.layers.begin() + 7, dropout);  // between the mean pooling and the flatten
+  return s;
+}
+
+// The three-channel CNN with a dropout between its last pooling (5 x 2 x 2)
+// and the flatten: the region's exit, a copy, moves before the dropout.
+SequentialSpec dropout_before_flatten_cnn(std::int64_t batch) {
+  SequentialSpec s = three_channel_cnn(batch);
+  LayerSpec dropout = net_layer(LayerKind::dropout);
+  dropout.p = 0.3;
+  s.layers.insert(s.layers.begin() + 6, dropout);
   return s;
 }
 
@@ -148,6 +162,9 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
   CHECK(count(dropped->graph, OpKind::to_channels_first) == 1);
   CHECK(count(dropped->graph, OpKind::dropout2d) == 1);
   CHECK(count(dropped->graph, OpKind::avg_pool2d) == 1);
+  for (const Node& n : dropped->graph.nodes())  // the region's exit before the dropout, not the flatten
+    if (n.op == OpKind::dropout) CHECK(dropped->graph.node(dropped->graph.value(n.inputs[0]).producer).op ==
+                                       OpKind::to_channels_first);
   for (const Node& n : dropped->graph.nodes()) {
     if (n.op == OpKind::dropout2d) CHECK(n.attr<DropoutAttrs>().channels_last);
     if (n.op == OpKind::avg_pool2d) CHECK(n.attr<Pool2dAttrs>().channels_last);
@@ -162,6 +179,12 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
   const auto interrupted = rewrite_channels_last(build_sequential_forward(with_dropout));
   REQUIRE(interrupted);
   CHECK(interrupted->inner_exits == 1);
+  // ... unless no region starts after it: a dropout before the flatten (of 5 x 2 x 2) converts once, as the
+  // flatten would.
+  const auto at_end = rewrite_channels_last(build_sequential_forward(dropout_before_flatten_cnn(4)));
+  REQUIRE(at_end);
+  CHECK(at_end->inner_exits == 0);
+  CHECK(at_end->copies == rewrite_channels_last(build_sequential_forward(three_channel_cnn(4)))->copies);
 
   // No convolution: nothing to rewrite.
   SequentialSpec mlp = three_channel_cnn(4);
@@ -172,23 +195,25 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
 }
 
 TEST_CASE("channels-last training steps equal the NCHW ones in f64 (SGD with momentum, AdamW, 1-3 channels, BN, "
-          "dropout2d and mean pooling)") {
-  for (const int network : {0, 1, 2, 3}) {
+          "dropout2d and mean pooling, a dropout before the flatten)") {
+  for (const int network : {0, 1, 2, 3, 4}) {
     for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
       const bool residual = network == 1;
-      const SequentialSpec spec = network == 0 ? three_channel_cnn(5)
-                                  : residual   ? residual_cnn(5)
+      const SequentialSpec spec = network == 0   ? three_channel_cnn(5)
+                                  : residual     ? residual_cnn(5)
                                   : network == 2 ? batch_norm_cnn(5)
-                                                 : dropout_mean_pool_cnn(5);
+                                  : network == 3 ? dropout_mean_pool_cnn(5)
+                                                 : dropout_before_flatten_cnn(5);
       OptimizerSpec optimizer;
       optimizer.kind = kind;
       optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
       optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
       optimizer.weight_decay = kind == OptimizerKind::adamw ? 0.01 : 0.0;
-      const char* what = network == 0 ? "3 channels"
-                         : residual   ? "residual, 1 channel"
+      const char* what = network == 0   ? "3 channels"
+                         : residual     ? "residual, 1 channel"
                          : network == 2 ? "batch_norm"
-                                        : "dropout2d, avg_pool2d";
+                         : network == 3 ? "dropout2d, avg_pool2d"
+                                        : "dropout before the flatten";
       INFO(what << ", " << optimizer_name(kind));
       const Graph forward = build_sequential_forward(spec);
       const auto start = train(forward, spec, optimizer, 0, 11);

@@ -171,6 +171,24 @@ TEST_CASE("auto keeps NCHW where a dropout interrupts a region or our kernels ru
           "channels-last (backend.activation_layout: channels_last)");
     CHECK(count_op(forced.train, OpKind::to_channels_first) >= 2);
   }
+  {
+    // A dropout between the last pooling and the flatten (as Keras-style CNNs put it): the region's one
+    // exit moves before it, still written by the pooling's launch, and auto stays channels-last.
+    SequentialTraining t = two_conv_cnn();
+    LayerSpec l = test::net_layer(LayerKind::dropout);
+    l.p = 0.25;
+    const auto flatten = std::find_if(t.model.layers.begin(), t.model.layers.end(),
+                                      [](const LayerSpec& s) { return s.kind == LayerKind::flatten; });
+    t.model.layers.insert(flatten, l);
+    TrainingProgram p = program(t);
+    REQUIRE(p.channels_last);
+    CHECK(p.channels_last->inner_exits == 0);
+    CHECK(choose(p, ActivationLayout::automatic).find("channels-last (its regions end at flattens") == 0);
+    const Lowered lowered = lower(p.train, BackendOptions{});
+    const auto counts = launch_counts(p.train, lowered.schedule);
+    CHECK(counts.count("max_pool2d[k=2,s=2,channels_last+to_channels_first]") == 1);
+    CHECK(counts.count("channels_permute") == 0);  // no conversion launch of its own
+  }
   SequentialTraining few = two_conv_cnn();  // 1 -> 6 -> 16 channels: our kernels' in NCHW
   few.model.layers[0].out = 6;
   few.model.layers[3].out = 16;
