@@ -131,7 +131,7 @@ TEST_CASE("auto runs the two-conv CNN channels-last, each conversion and cast in
   for (const Launch& l : lower(g, cudnn).schedule.launches) CHECK(name_of(l).rfind("few_channel", 0) != 0);
 }
 
-TEST_CASE("auto keeps NCHW where a dropout interrupts a region or our kernels run channels not a multiple of 8") {
+TEST_CASE("auto keeps NCHW for a dropout between convolutions or a 6-channel layer of our kernels, else channels-last") {
   SequentialTraining normalised = two_conv_cnn();  // a batch_norm keeps its region (BatchNorm1d over N*H*W rows)
   normalised.model.layers.insert(normalised.model.layers.begin() + 1, test::net_layer(LayerKind::batch_norm));
   TrainingProgram with_norm = program(normalised);
