@@ -60,30 +60,28 @@ SequentialSpec residual_cnn(std::int64_t batch) {
   return s;
 }
 
-// The three-channel CNN with a dropout2d after its first pooling and an
-// overlapping 3x3 mean pooling at stride 2 after its second convolution:
-// both stay inside the region. A dropout before the flatten reads the
-// region's one exit (its bit keyed on the NCHW index).
-SequentialSpec dropout_mean_pool_cnn(std::int64_t batch) {
-  SequentialSpec s = three_channel_cnn(batch);
-  LayerSpec drop = net_layer(LayerKind::dropout2d);
-  drop.p = 0.4;
-  s.layers.insert(s.layers.begin() + 3, drop);
-  s.layers[6] = net_layer(LayerKind::avg_pool2d, 0, 3, 0, 2);  // was the 2x2 max pooling at stride 1
-  LayerSpec dropout = net_layer(LayerKind::dropout);
-  dropout.p = 0.3;
-  s.layers.insert(s.layers.begin() + 7, dropout);  // between the mean pooling and the flatten
+// `s` with a dropout layer (`kind`, probability p) inserted before layer `at`.
+SequentialSpec with_dropout_at(SequentialSpec s, std::size_t at, LayerKind kind, double p) {
+  LayerSpec drop = net_layer(kind);
+  drop.p = p;
+  s.layers.insert(s.layers.begin() + static_cast<std::ptrdiff_t>(at), drop);
   return s;
 }
 
 // The three-channel CNN with a dropout between its last pooling (5 x 2 x 2)
 // and the flatten: the region's exit, a copy, moves before the dropout.
 SequentialSpec dropout_before_flatten_cnn(std::int64_t batch) {
-  SequentialSpec s = three_channel_cnn(batch);
-  LayerSpec dropout = net_layer(LayerKind::dropout);
-  dropout.p = 0.3;
-  s.layers.insert(s.layers.begin() + 6, dropout);
-  return s;
+  return with_dropout_at(three_channel_cnn(batch), 6, LayerKind::dropout, 0.3);
+}
+
+// The three-channel CNN with a dropout2d after its first pooling and an
+// overlapping 3x3 mean pooling at stride 2 after its second convolution:
+// both stay inside the region. A dropout before the flatten reads the
+// region's one exit (its bit keyed on the NCHW index).
+SequentialSpec dropout_mean_pool_cnn(std::int64_t batch) {
+  SequentialSpec s = with_dropout_at(three_channel_cnn(batch), 3, LayerKind::dropout2d, 0.4);
+  s.layers[6] = net_layer(LayerKind::avg_pool2d, 0, 3, 0, 2);  // was the 2x2 max pooling at stride 1
+  return with_dropout_at(std::move(s), 7, LayerKind::dropout, 0.3);  // between the mean pooling and the flatten
 }
 
 // issue 37's residual block with batch normalisation (configs/mnist_resnet.yaml
@@ -172,10 +170,7 @@ TEST_CASE("channels-last rewrite: convs, poolings and element-wise ops between t
 
   // A layer without a channels-last form inside the region ends it there:
   // dropout's bit is keyed on the element's NCHW index.
-  SequentialSpec with_dropout = three_channel_cnn(4);
-  LayerSpec drop = net_layer(LayerKind::dropout);
-  drop.p = 0.25;
-  with_dropout.layers.insert(with_dropout.layers.begin() + 2, drop);
+  const SequentialSpec with_dropout = with_dropout_at(three_channel_cnn(4), 2, LayerKind::dropout, 0.25);
   const auto interrupted = rewrite_channels_last(build_sequential_forward(with_dropout));
   REQUIRE(interrupted);
   CHECK(interrupted->inner_exits == 1);
