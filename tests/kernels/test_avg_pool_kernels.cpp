@@ -4,8 +4,8 @@
 // kernels and strides (overlapping, exact and gapped windows, elements no
 // window covers), global_avg_pool2d and its backward on planes from 1x1 to
 // larger than a warp, in f32, f16 and bf16. The window kernels add in the
-// reference's order (bit-identical), in NCHW and channels-last; the plane mean sums across a warp, so
-// its check is a relative error by norm.
+// reference's order (bit-identical), in NCHW and channels-last; the plane
+// mean sums across a warp, so its check is a relative error by norm.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
