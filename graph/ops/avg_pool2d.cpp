@@ -15,27 +15,12 @@
 #include <fmt/format.h>
 
 #include "graph/ops/op_common.hpp"
+#include "graph/ops/pool_shape.hpp"
 #include "ops/cpu/avg_pool_reference.hpp"
 #include "ops/cpu/layout_reference.hpp"
 
 namespace sg::ops {
 namespace {
-
-// The dimension of H in a's layout (W follows it).
-int height_dim(const Pool2dAttrs& a) { return a.channels_last ? 1 : 2; }
-
-// [N,C,H,W] (or [N,H,W,C]) pooled by a's window; `what` names the pooled value in errors.
-Shape pooled_shape(OpKind op, const Shape& x, const std::string& what, const Pool2dAttrs& a) {
-  if (a.kernel < 1 || a.stride < 1)
-    fail(op, fmt::format("kernel {} and stride {} must be >= 1", a.kernel, a.stride));
-  const int hd = height_dim(a);
-  if (x[hd] < a.kernel || x[hd + 1] < a.kernel)
-    fail(op, fmt::format("kernel {}x{} is larger than the input {}", a.kernel, a.kernel, what));
-  Shape y = x;
-  y[hd] = (x[hd] - a.kernel) / a.stride + 1;
-  y[hd + 1] = (x[hd + 1] - a.kernel) / a.stride + 1;
-  return y;
-}
 
 std::vector<OutputSpec> infer_avg_pool2d(const Inputs& in, const OpAttrs& attrs) {
   constexpr OpKind op = OpKind::avg_pool2d;
@@ -53,8 +38,8 @@ std::vector<OutputSpec> infer_avg_pool2d_backward(const Inputs& in, const OpAttr
   expect_floating(op, dy);
   const auto& a = std::get<Pool2dAttrs>(attrs);
   Shape dx = dy.shape;
-  dx[height_dim(a)] = a.grad_h;
-  dx[height_dim(a) + 1] = a.grad_w;
+  dx[pool_height_dim(a)] = a.grad_h;
+  dx[pool_height_dim(a) + 1] = a.grad_w;
   if (a.grad_h < 1 || a.grad_w < 1)
     fail(op, fmt::format("grad_h {} and grad_w {} (the input's size) must be >= 1", a.grad_h, a.grad_w));
   if (dy.shape != pooled_shape(op, dx, shape_string(dx), a))
@@ -66,23 +51,15 @@ void avg_pool2d_gradient(const GradientContext& c) {
   if (!c.needs_grad(0)) return;
   const Shape& x = c.graph().value(c.input(0)).shape;
   Pool2dAttrs back = c.node().attr<Pool2dAttrs>();
-  back.grad_h = x[height_dim(back)];
-  back.grad_w = x[height_dim(back) + 1];
+  back.grad_h = x[pool_height_dim(back)];
+  back.grad_w = x[pool_height_dim(back) + 1];
   c.contribute(0, c.emit(OpKind::avg_pool2d_backward, {*c.output_grad(0)}, back, c.input(0)).front());
-}
-
-// An [N,C,H,W] or [N,H,W,C] shape's sizes by name.
-struct Planes {
-  std::int64_t n, c, h, w;
-};
-Planes planes_of(std::span<const std::int64_t> s, const Pool2dAttrs& a) {
-  return a.channels_last ? Planes{s[0], s[3], s[1], s[2]} : Planes{s[0], s[1], s[2], s[3]};
 }
 
 template <typename T>
 void avg_pool2d_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const Planes in = planes_of(c.in[0].shape, a), out = planes_of(c.out[0].shape, a);
+  const PoolPlanes in = pool_planes(c.in[0].shape, a), out = pool_planes(c.out[0].shape, a);
   const ref::ChannelsFirstView<T> x(c.in[0].real, a.channels_last, in.n, in.c, in.h * in.w);
   ref::ChannelsFirstOutput<T> y(c.out[0].real, a.channels_last, out.n, out.c, out.h * out.w);
   ref::avg_pool2d(x.data(), in.n * in.c, in.h, in.w, a.kernel, a.stride, y.data());
@@ -92,7 +69,7 @@ void avg_pool2d_cpu(const CpuCall<T>& c) {
 template <typename T>
 void avg_pool2d_backward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const Planes in = planes_of(c.in[0].shape, a), out = planes_of(c.out[0].shape, a);
+  const PoolPlanes in = pool_planes(c.in[0].shape, a), out = pool_planes(c.out[0].shape, a);
   const ref::ChannelsFirstView<T> dy(c.in[0].real, a.channels_last, in.n, in.c, in.h * in.w);
   ref::ChannelsFirstOutput<T> dx(c.out[0].real, a.channels_last, out.n, out.c, out.h * out.w);
   ref::avg_pool2d_backward(dy.data(), out.n * out.c, out.h, out.w, a.kernel, a.stride, dx.data());

@@ -13,29 +13,22 @@
 #include <fmt/format.h>
 
 #include "graph/ops/op_common.hpp"
+#include "graph/ops/pool_shape.hpp"
 #include "ops/cpu/conv_reference.hpp"
 #include "ops/cpu/layout_reference.hpp"
 
 namespace sg::ops {
 namespace {
 
-Shape pooled_shape(OpKind op, const Value& x, const Pool2dAttrs& a) {
+Shape checked_pooled_shape(OpKind op, const Value& x, const Pool2dAttrs& a) {
   expect_rank(op, x, 4);
   expect_floating(op, x);
-  if (a.kernel < 1 || a.stride < 1)
-    fail(op, fmt::format("kernel {} and stride {} must be >= 1", a.kernel, a.stride));
-  const int hd = a.channels_last ? 1 : 2;  // the dimension of H (W follows it)
-  if (x.shape[hd] < a.kernel || x.shape[hd + 1] < a.kernel)
-    fail(op, fmt::format("kernel {}x{} is larger than the input {}", a.kernel, a.kernel, describe(x)));
-  Shape y = x.shape;
-  y[hd] = (x.shape[hd] - a.kernel) / a.stride + 1;
-  y[hd + 1] = (x.shape[hd + 1] - a.kernel) / a.stride + 1;
-  return y;
+  return pooled_shape(op, x.shape, describe(x), a);
 }
 
 std::vector<OutputSpec> infer_forward(const Inputs& in, const OpAttrs& attrs) {
   expect_arity(OpKind::max_pool2d, in, 1, 1);
-  return {{pooled_shape(OpKind::max_pool2d, *in[0], std::get<Pool2dAttrs>(attrs)), in[0]->dtype}};
+  return {{checked_pooled_shape(OpKind::max_pool2d, *in[0], std::get<Pool2dAttrs>(attrs)), in[0]->dtype}};
 }
 
 std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs& attrs) {
@@ -43,7 +36,7 @@ std::vector<OutputSpec> infer_backward(const Inputs& in, const OpAttrs& attrs) {
   expect_arity(op, in, 2, 2);
   const Value &dy = *in[0], &x = *in[1];
   expect_same_dtype(op, dy, x);
-  if (dy.shape != pooled_shape(op, x, std::get<Pool2dAttrs>(attrs)))
+  if (dy.shape != checked_pooled_shape(op, x, std::get<Pool2dAttrs>(attrs)))
     fail(op, fmt::format("gradient {} is not the pooled shape of input {}", describe(dy), describe(x)));
   return {{x.shape, x.dtype}};
 }
@@ -54,20 +47,10 @@ void gradient(const GradientContext& c) {
                       .front());
 }
 
-// N, C, H, W of an input x in the op's layout.
-struct Planes {
-  std::int64_t n, c, h, w;
-  std::int64_t oh(const Pool2dAttrs& a) const { return (h - a.kernel) / a.stride + 1; }
-  std::int64_t ow(const Pool2dAttrs& a) const { return (w - a.kernel) / a.stride + 1; }
-};
-Planes planes(std::span<const std::int64_t> s, const Pool2dAttrs& a) {
-  return a.channels_last ? Planes{s[0], s[3], s[1], s[2]} : Planes{s[0], s[1], s[2], s[3]};
-}
-
 template <typename T>
 void forward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const Planes p = planes(c.in[0].shape, a);
+  const PoolPlanes p = pool_planes(c.in[0].shape, a);
   const ref::ChannelsFirstView<T> x(c.in[0].real, a.channels_last, p.n, p.c, p.h * p.w);
   ref::ChannelsFirstOutput<T> y(c.out[0].real, a.channels_last, p.n, p.c, p.oh(a) * p.ow(a));
   ref::max_pool2d(x.data(), p.n * p.c, p.h, p.w, a.kernel, a.stride, y.data());
@@ -77,7 +60,7 @@ void forward_cpu(const CpuCall<T>& c) {
 template <typename T>
 void backward_cpu(const CpuCall<T>& c) {
   const auto& a = c.node.template attr<Pool2dAttrs>();
-  const Planes p = planes(c.in[1].shape, a);
+  const PoolPlanes p = pool_planes(c.in[1].shape, a);
   const ref::ChannelsFirstView<T> dy(c.in[0].real, a.channels_last, p.n, p.c, p.oh(a) * p.ow(a));
   const ref::ChannelsFirstView<T> x(c.in[1].real, a.channels_last, p.n, p.c, p.h * p.w);
   ref::ChannelsFirstOutput<T> dx(c.out[0].real, a.channels_last, p.n, p.c, p.h * p.w);
