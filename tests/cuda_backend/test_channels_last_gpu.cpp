@@ -123,6 +123,20 @@ void check_follows_cpu(Trainer& gpu, Trainer& cpu) {
 }
 int tensor_core_launches(const Trainer& gpu) { return launches_of(gpu, "tensor_core_conv"); }
 
+// `t` trained channels-last on the GPU and on the CPU backend from the same
+// random images (drawn from `seed`): `check` reads the GPU trainer's launches
+// first, then the GPU step must follow the CPU's.
+template <typename Check>
+void check_channels_last_follows_cpu(const SequentialTraining& t, std::uint64_t seed, Check&& check) {
+  std::mt19937_64 rng(seed);
+  const Shape& in = t.model.input_shape;
+  const Dataset data = test::random_dataset(t.model.batch * 6, in[0] * in[1] * in[2], 10, rng);
+  const auto gpu = channels_last_trainer(t, data);
+  INFO(gpu->description());
+  check(*gpu);
+  check_follows_cpu(*gpu, *cpu_trainer(t, data));
+}
+
 void check_follows(const SequentialTraining& t, std::int64_t image_values) {
   std::mt19937_64 rng(36);
   const Dataset data = test::random_dataset(t.model.batch * 6, image_values, 10, rng);
@@ -245,15 +259,10 @@ TEST_CASE("channels-last few-channel first layers in the training step follow th
     t.model.input_shape = rgb ? Shape{3, 12, 12} : Shape{1, 15, 15};
     t.model.layers[0] = rgb ? test::net_layer(LayerKind::conv2d, 8, 5, 2) : test::net_layer(LayerKind::conv2d, 16, 7, 3, 2);
     t.model.layers[0].bias = rgb;
-    std::mt19937_64 rng(41);
-    const Dataset data = test::random_dataset(t.model.batch * 6, t.model.input_shape[0] * t.model.input_shape[1] *
-                                                                     t.model.input_shape[2], 10, rng);
-    const auto gpu = channels_last_trainer(t, data);
-    INFO(gpu->description());
-    CHECK(launches_of(*gpu, "few_channel_conv") == 1);
-    CHECK(launches_of(*gpu, "few_channel_wgrad") == 1);
-    const auto cpu = cpu_trainer(t, data);
-    check_follows_cpu(*gpu, *cpu);
+    check_channels_last_follows_cpu(t, 41, [](const Trainer& gpu) {
+      CHECK(launches_of(gpu, "few_channel_conv") == 1);
+      CHECK(launches_of(gpu, "few_channel_wgrad") == 1);
+    });
   }
 }
 
@@ -270,17 +279,13 @@ TEST_CASE("a few-channel first layer's activation backward in its weight gradien
                       test::net_layer(LayerKind::conv2d, 16, 3, 1), test::net_layer(LayerKind::activation),
                       test::net_layer(LayerKind::max_pool2d, 0, 2, 0, 2), test::net_layer(LayerKind::flatten),
                       test::net_layer(LayerKind::linear, 10)};
-    std::mt19937_64 rng(42);
-    const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
-    const auto gpu = channels_last_trainer(t, data);
-    INFO(gpu->description());
-    // (GELU's and tanh's forwards stay element-wise launches: the few-channel forward fuses ReLU only.)
-    if (a == MlpActivation::relu) CHECK(launches_of(*gpu, "elementwise") == 0);
-    const std::string gate = std::string(activation_name(a)) + "_backward+wgrad+bias";
-    CHECK(launches_of(*gpu, "few_channel_wgrad", [&](const std::string& what) { return what.rfind(gate, 0) == 0; }) ==
-          1);
-    const auto cpu = cpu_trainer(t, data);
-    check_follows_cpu(*gpu, *cpu);
+    check_channels_last_follows_cpu(t, 42, [&](const Trainer& gpu) {
+      // (GELU's and tanh's forwards stay element-wise launches: the few-channel forward fuses ReLU only.)
+      if (a == MlpActivation::relu) CHECK(launches_of(gpu, "elementwise") == 0);
+      const std::string gate = std::string(activation_name(a)) + "_backward+wgrad+bias";
+      CHECK(launches_of(gpu, "few_channel_wgrad", [&](const std::string& what) { return what.rfind(gate, 0) == 0; }) ==
+            1);
+    });
   }
 }
 
@@ -298,15 +303,11 @@ TEST_CASE("activations applied in the pooling's pass follow the CPU backend") {
                     test::net_layer(LayerKind::max_pool2d, 0, 2),
                     test::net_layer(LayerKind::flatten),
                     test::net_layer(LayerKind::linear, 10)};
-  std::mt19937_64 rng(43);
-  const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
-  const auto gpu = channels_last_trainer(t, data);
-  INFO(gpu->description());
-  CHECK(launches_of(*gpu, "elementwise") == 0);
-  const auto pools_2x2 = [](const std::string& what) { return what.find("+k=2") != std::string::npos; };
-  CHECK(launches_of(*gpu, "max_pool2d", pools_2x2) == 2);
-  const auto cpu = cpu_trainer(t, data);
-  check_follows_cpu(*gpu, *cpu);
+  check_channels_last_follows_cpu(t, 43, [](const Trainer& gpu) {
+    CHECK(launches_of(gpu, "elementwise") == 0);
+    const auto pools_2x2 = [](const std::string& what) { return what.find("+k=2") != std::string::npos; };
+    CHECK(launches_of(gpu, "max_pool2d", pools_2x2) == 2);
+  });
 }
 
 // A dropout2d and mean poolings inside the region (they had ended it, so the
@@ -326,15 +327,11 @@ TEST_CASE("channels-last dropout2d and avg_pool2d in the training step follow th
                     test::net_layer(LayerKind::avg_pool2d, 0, 3, 0, 2),
                     test::net_layer(LayerKind::flatten),
                     test::net_layer(LayerKind::linear, 10)};
-  std::mt19937_64 rng(44);
-  const Dataset data = test::random_dataset(t.model.batch * 6, 196, 10, rng);
-  const auto gpu = channels_last_trainer(t, data);
-  INFO(gpu->description());
-  const auto channels_last = [](const std::string& what) { return what.find("channels_last") != std::string::npos; };
-  CHECK(launches_of(*gpu, "dropout2d", channels_last) == 2);   // forward and backward
-  CHECK(launches_of(*gpu, "avg_pool2d", channels_last) == 4);  // two poolings, each both ways
-  const auto cpu = cpu_trainer(t, data);
-  check_follows_cpu(*gpu, *cpu);
+  check_channels_last_follows_cpu(t, 44, [](const Trainer& gpu) {
+    const auto channels_last = [](const std::string& what) { return what.find("channels_last") != std::string::npos; };
+    CHECK(launches_of(gpu, "dropout2d", channels_last) == 2);   // forward and backward
+    CHECK(launches_of(gpu, "avg_pool2d", channels_last) == 4);  // two poolings, each both ways
+  });
 }
 
 // A dropout between the last pooling and the flatten (Keras-style): the
@@ -348,13 +345,9 @@ TEST_CASE("a dropout before the flatten after a channels-last region follows the
   t.model.layers = {test::net_layer(LayerKind::conv2d, 16, 3, 1), test::net_layer(LayerKind::activation),
                     test::net_layer(LayerKind::max_pool2d, 0, 2),  drop,
                     test::net_layer(LayerKind::flatten),           test::net_layer(LayerKind::linear, 10)};
-  std::mt19937_64 rng(45);
-  const Dataset data = test::random_dataset(t.model.batch * 6, 144, 10, rng);
-  const auto gpu = channels_last_trainer(t, data);
-  INFO(gpu->description());
-  const auto exits = [](const std::string& what) { return what.find("to_channels_first") != std::string::npos; };
-  CHECK(launches_of(*gpu, "max_pool2d", exits) == 1);
-  CHECK(launches_of(*gpu, "dropout") == 2);  // forward and backward, NCHW
-  const auto cpu = cpu_trainer(t, data);
-  check_follows_cpu(*gpu, *cpu);
+  check_channels_last_follows_cpu(t, 45, [](const Trainer& gpu) {
+    const auto exits = [](const std::string& what) { return what.find("to_channels_first") != std::string::npos; };
+    CHECK(launches_of(gpu, "max_pool2d", exits) == 1);
+    CHECK(launches_of(gpu, "dropout") == 2);  // forward and backward, NCHW
+  });
 }
