@@ -1,8 +1,8 @@
 // The few-channel channels-last convolutions (ops/cuda/fast_paths/few_channel_conv/)
 // called directly against the CPU reference in double: the forward (+bias,
 // +relu) and the weight gradient (+ the bias gradient, in T or widened to
-// f32), f16 and bf16, on random shapes (1-4 input channels, 8-128 output
-// channels, 1x1 to 7x7 kernels, strides 1 and 2, padding 0..k-1, odd sizes,
+// f32), f16 and bf16, on random shapes (1-4 input channels, 1-128 output
+// channels, odd counts included, 1x1 to 7x7 kernels, strides 1 and 2, padding 0..k-1, odd sizes,
 // batch 1-5) and on the shipped networks' first layers; the weight gradient
 // also through each activation's backward (its gate); the forward with the
 // batch fetch and the parameters' casts in its launch against the launches
@@ -119,7 +119,10 @@ std::string check_wgrad(const Case& k, std::mt19937_64& rng, int band,
   const std::vector<float> got = run();
   const std::vector<float> got_dw(got.begin(), got.begin() + std::ptrdiff_t(want.size()));
   double err = sg::test::relative_error(got_dw, want);
-  if (k.bias) err = std::max(err, sg::test::relative_error(std::vector<float>(got.begin() + std::ptrdiff_t(want.size()), got.end()), want_db));
+  if (k.bias) {
+    const std::vector<float> got_db(got.begin() + std::ptrdiff_t(want.size()), got.end());
+    err = std::max(err, sg::test::relative_error(got_db, want_db));
+  }
   if (!(err < tolerance<T>())) return fmt::format("{}: relative error {:.3g}", kernel.describe(), err);
   const std::string again = bit_difference(run(), got);
   return again.empty() ? "" : kernel.describe() + ": a second run differs: " + again;
@@ -208,6 +211,8 @@ TEST_CASE("few-channel NHWC forward with the batch fetch and the fp32 parameters
   check_fetching_forward<__nv_bfloat16>({64, 28, 28, 1, 64, 3, 3, 1, 1}, 0, 1, rng);
   check_fetching_forward<__half>({5, 23, 17, 1, 16, 3, 3, 2, 1}, 1, 2, rng);
   check_fetching_forward<__nv_bfloat16>({3, 19, 21, 1, 8, 5, 5, 2, 0}, 0, 3, rng);
+  check_fetching_forward<__half>({4, 28, 28, 1, 6, 5, 5, 1, 2}, 0, 1, rng);  // LeNet-5's 6 filters
+  check_fetching_forward<__nv_bfloat16>({3, 15, 13, 1, 5, 3, 3, 1, 1}, 0, 1, rng);  // an odd count
 }
 
 TEST_CASE("few-channel NHWC conv forward and weight gradient match the CPU reference on random shapes") {
@@ -217,9 +222,11 @@ TEST_CASE("few-channel NHWC conv forward and weight gradient match the CPU refer
     Case k;
     const std::int64_t kh = pick(rng, 1, 7), kw = i % 4 == 0 ? pick(rng, 1, 7) : kh;
     const std::int64_t stride = pick(rng, 1, 2), padding = pick(rng, 0, std::min(kh, kw) - 1);
-    k.shape = {pick(rng, 1, 5), pick(rng, kh, 23), pick(rng, kw, 23), pick(rng, 1, 4), 8 * pick(rng, 1, 16),
+    // Whole mma tiles of output channels, or any count (an odd one stores channel by channel).
+    const std::int64_t outputs = i % 2 == 0 ? 8 * pick(rng, 1, 16) : pick(rng, 1, 24);
+    k.shape = {pick(rng, 1, 5), pick(rng, kh, 23), pick(rng, kw, 23), pick(rng, 1, 4), outputs,
                kh, kw, stride, padding};
-    k.bias = i % 2 == 0;
+    k.bias = i % 4 < 2;
     k.relu = i % 3 != 0;
     check_case<__half>(k, rng);
     check_case<__nv_bfloat16>(k, rng);
@@ -233,6 +240,9 @@ TEST_CASE("few-channel NHWC conv on the shipped networks' first layers") {
   for (const Case& k : {Case{{3, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, Case{{3, 28, 28, 1, 32, 3, 3, 1, 1}},
                         Case{{3, 40, 36, 3, 64, 7, 7, 2, 3}, true, true}})
     check_case<__half>(k, rng);
+  // LeNet-5's (5x5 padded, 1 -> 6) and bench/networks/c4_gelu_adam's (3x3, 1 -> 4): fewer filters than an mma tile.
+  for (const Case& k : {Case{{3, 28, 28, 1, 6, 5, 5, 1, 2}, true, false}, Case{{3, 28, 28, 1, 4, 3, 3, 1, 1}, true}})
+    check_case<__nv_bfloat16>(k, rng);
   // A batch of 130 (more blocks than 2 x 132 multiprocessors ask for).
   check_case<__nv_bfloat16>({{130, 28, 28, 1, 32, 5, 5, 1, 2}, true, true}, rng);
   // Forced bands: one row (tiles past a band's pixels), and 9 rows of 28 (a last band of one row).
@@ -250,7 +260,8 @@ TEST_CASE("few-channel NHWC weight gradient through each activation's backward m
       INFO(cuda::activation_op_name(a), bias ? " with the bias gradient" : "");
       Case k;
       const std::int64_t kh = pick(rng, 1, 5), stride = pick(rng, 1, 2), padding = pick(rng, 0, kh - 1);
-      k.shape = {pick(rng, 1, 4), pick(rng, kh, 23), pick(rng, kh, 23), pick(rng, 1, 4), 8 * pick(rng, 1, 16),
+      const std::int64_t outputs = i % 2 == 0 ? 8 * pick(rng, 1, 16) : pick(rng, 1, 24);
+      k.shape = {pick(rng, 1, 4), pick(rng, kh, 23), pick(rng, kh, 23), pick(rng, 1, 4), outputs,
                  kh, kh, stride, padding};
       k.bias = bias;
       INFO(describe(k));
@@ -268,17 +279,17 @@ TEST_CASE("few-channel NHWC weight gradient through each activation's backward m
 
 TEST_CASE("the few-channel NHWC conv refuses what it is not built for, with the reason") {
   CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 5, 32, 3, 3, 1, 1}) == "5 input channels (these kernels take 1-4)");
-  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 12, 3, 3, 1, 1}) ==
-        "12 output channels (these kernels take multiples of 8 up to 128)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 0, 3, 3, 1, 1}) == "0 output channels (these kernels take 1-128)");
+  CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 5, 3, 3, 1, 1}) == "");
   CHECK(cuda::few_channel_conv_why_not({1, 16, 16, 1, 8, 9, 9, 1, 1}) == "a 9x9 kernel (these kernels take up to 7x7)");
   CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 8, 3, 3, 3, 1}) == "stride 3 (these kernels take 1 or 2)");
   CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 8, 3, 3, 1, 3}) ==
         "padding 3 with a 3x3 kernel (these kernels take less than the kernel)");
   CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 1, 136, 3, 3, 1, 1}) ==
-        "136 output channels (these kernels take multiples of 8 up to 128)");
+        "136 output channels (these kernels take 1-128)");
   CHECK(cuda::few_channel_conv_why_not({1, 8, 8, 3, 64, 3, 3, 1, 1}) == "");
   CHECK_THROWS(cuda::plan_few_channel_forward({1, 8, 8, 5, 32, 3, 3, 1, 1}, 132));
-  CHECK_THROWS(cuda::FewChannelWgrad({1, 8, 8, 1, 12, 3, 3, 1, 1}, false, 132));
+  CHECK_THROWS(cuda::FewChannelWgrad({1, 8, 8, 1, 136, 3, 3, 1, 1}, false, 132));
   // The gate stages a second dY-sized band: a 256-pixel row of 128 channels fits alone, not twice.
   CHECK(cuda::few_channel_conv_why_not({1, 8, 256, 1, 128, 3, 3, 1, 1}) == "");
   CHECK_FALSE(cuda::few_channel_wgrad_gate_fits({1, 8, 256, 1, 128, 3, 3, 1, 1}));

@@ -453,3 +453,32 @@ TEST_CASE("channels-last weight gradients are read by the update launch through 
     CHECK(weight_gradients == 1);  // the second convolution's (32 input channels); the first has one
   }
 }
+
+// With SGD a bias gradient and its update would make one bgrad_sgd group
+// (graph/fusion_pass.cpp), a column sum of its own; a channels-last
+// convolution's is left to the weight gradient's pass over dY (LeNet-5's
+// 6-filter layer: 23.5 us of column sums on an H200), any filter count.
+TEST_CASE("with SGD a channels-last convolution's bias gradient rides in its few-channel weight gradient") {
+  for (const std::int64_t filters : {6, 32}) {
+    CAPTURE(filters);
+    SequentialTraining t = two_conv_cnn();
+    t.model.layers[0].out = filters;
+    t.optimizer.kind = OptimizerKind::sgd;
+    t.optimizer.momentum = 0.9;
+    t.optimizer.weight_decay = 0.0;
+    TrainingProgram p = program(t);
+    REQUIRE(choose(p, ActivationLayout::channels_last) == "channels-last (backend.activation_layout: channels_last)");
+    const Lowered lowered = lower(p.train, BackendOptions{});
+    const auto counts = launch_counts(p.train, lowered.schedule);
+    CHECK(counts.at("few_channel_wgrad[wgrad+bias,stride=1,padding=2,channels_last]") == 1);
+    CHECK(counts.count("column_sum[+sgd_update]") == 0);
+    // The linear layers' bias gradients keep their fused update.
+    CHECK(counts.count("bias_grad_sgd") == 1);
+    for (const FusionGroup& group : p.train.fusion_groups()) {
+      if (group.kind != FusionKind::bgrad_sgd) continue;
+      for (NodeId id : group.nodes)
+        if (const Node& n = p.train.node(id); n.op == OpKind::reduce_rows)
+          CHECK(p.train.value(n.inputs[0]).shape.size() == 2);  // a linear layer's, not a reshaped 4-D dY
+    }
+  }
+}

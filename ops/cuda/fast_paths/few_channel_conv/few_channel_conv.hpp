@@ -37,9 +37,10 @@ struct FewChannelConvShape {
 };
 
 // "" when these kernels take the shape, else why not (input channels over
-// kFewChannelMax, output channels not a multiple of 8 or over 128, a kernel wider than
-// 7, stride over 2, padding >= the kernel, too large for 32-bit indexing or
-// for shared memory).
+// kFewChannelMax, output channels over 128, a kernel wider than 7, stride
+// over 2, padding >= the kernel, too large for 32-bit indexing or for shared
+// memory). Any count of output channels: the mma tiles' spare rows are zero
+// filters (forward) or zero dY (weight gradient), their results not stored.
 inline constexpr std::int64_t kFewChannelMax = 4;
 std::string few_channel_conv_why_not(const FewChannelConvShape& shape);
 // The weight gradient's shared memory for bands of `rows` output rows (`gated`: with an activation gate).

@@ -49,6 +49,13 @@ __device__ __forceinline__ T parameter(const void* p, int i, bool f32) {
   return f32 ? from_float<T>(static_cast<const float*>(p)[i]) : static_cast<const T*>(p)[i];
 }
 
+// Channels o and (when `second`) o + 1 of an output row, one element at a time.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* at, float a, float b, bool second) {
+  at[0] = from_float<T>(a);
+  if (second) at[1] = from_float<T>(b);
+}
+
 // NT: the output channels' 8-wide tiles a thread accumulates (the next even count at or above o / 8).
 template <int NT, typename T>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -109,14 +116,20 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int nt = 0; nt < NT; ++nt) {
       const int o = nt * 8 + 2 * t;
       if (o >= d.o) break;
+      const bool second = o + 1 < d.o;  // false for an odd count's last channel
       const float b0 = args.bias ? to_float(parameter<T>(args.bias, o, args.params_f32)) : 0.f,
-                  b1 = args.bias ? to_float(parameter<T>(args.bias, o + 1, args.params_f32)) : 0.f;
+                  b1 = args.bias && second ? to_float(parameter<T>(args.bias, o + 1, args.params_f32)) : 0.f;
       float v[4] = {acc[nt][0] + b0, acc[nt][1] + b1, acc[nt][2] + b0, acc[nt][3] + b1};
       if (args.relu)
 #pragma unroll
         for (float& e : v) e = fmaxf(e, 0.f);
-      if (q0 < pixels) *reinterpret_cast<std::uint32_t*>(y + (out_first + q0) * d.o + o) = pack_floats<T>(v[0], v[1]);
-      if (q1 < pixels) *reinterpret_cast<std::uint32_t*>(y + (out_first + q1) * d.o + o) = pack_floats<T>(v[2], v[3]);
+      if (d.o % 2 == 0) {  // o even: a channel pair is one aligned 4-byte word of a pixel's row
+        if (q0 < pixels) *reinterpret_cast<std::uint32_t*>(y + (out_first + q0) * d.o + o) = pack_floats<T>(v[0], v[1]);
+        if (q1 < pixels) *reinterpret_cast<std::uint32_t*>(y + (out_first + q1) * d.o + o) = pack_floats<T>(v[2], v[3]);
+      } else {  // an odd count: rows start at odd elements, and the last pair's second channel is not there
+        if (q0 < pixels) store_pair(y + (out_first + q0) * d.o + o, v[0], v[1], second);
+        if (q1 < pixels) store_pair(y + (out_first + q1) * d.o + o, v[2], v[3], second);
+      }
     }
   }
 }
@@ -149,8 +162,8 @@ void launch_forward(const FewChannelForwardPlan& p, const Dims& d, const FewChan
 std::string few_channel_conv_why_not(const FewChannelConvShape& s) {
   using namespace few_channel;
   if (s.c < 1 || s.c > kFewChannelMax) return fmt::format("{} input channels (these kernels take 1-{})", s.c, kFewChannelMax);
-  if (s.o % kGroup != 0 || s.o > kMaxOutputs)
-    return fmt::format("{} output channels (these kernels take multiples of {} up to {})", s.o, kGroup, kMaxOutputs);
+  if (s.o < 1 || s.o > kMaxOutputs)
+    return fmt::format("{} output channels (these kernels take 1-{})", s.o, kMaxOutputs);
   if (s.kh < 1 || s.kw < 1 || s.kh > kMaxKernel || s.kw > kMaxKernel)
     return fmt::format("a {}x{} kernel (these kernels take up to {}x{})", s.kh, s.kw, kMaxKernel, kMaxKernel);
   if (s.stride < 1 || s.stride > 2) return fmt::format("stride {} (these kernels take 1 or 2)", s.stride);

@@ -90,22 +90,32 @@ __global__ void __launch_bounds__(kBlockThreads) few_channel_wgrad_kernel(WgradD
   extern __shared__ float4 few_channel_shared[];
   const int first_row = blockIdx.x * d.band_rows, n = blockIdx.y;
   const int pixels = min(d.band_rows, d.oh - first_row) * d.ow, padded = (pixels + 15) / 16 * 16;
-  const int ds = dy_stride(MT), vectors = d.o / 8;  // 8 channels a vector
+  const int ds = dy_stride(MT), vectors = (d.o + 7) / 8;  // 8 channels a vector, zero past o
   T* sdy = reinterpret_cast<T*>(few_channel_shared);  // [padded pixels][ds]
   const int most = (d.band_rows * d.ow + 15) / 16 * 16;  // the first band's padded pixels: every band's at most
   T* sx = sdy + most * ds;                                // [c][in_rows][pitch]
   int* bases = reinterpret_cast<int*>(few_channel_shared) + (most * ds + staged_input_elements(d) + 1) / 2;  // [padded]
   T* sgate = reinterpret_cast<T*>(few_channel_shared) + gate_offset(d, ds);  // [pixels][ds], with a gate
   const std::int64_t band = (std::int64_t(n) * d.oh + first_row) * d.ow * d.o;
-  const uint4* src = reinterpret_cast<const uint4*>(dy + band);
-  const uint4* gate = wd.gate ? reinterpret_cast<const uint4*>(static_cast<const T*>(wd.gate) + band) : nullptr;
-  const std::uint32_t sdy_at = shared_address(sdy), sgate_at = shared_address(sgate);
-  for_each_cell(pixels, vectors, [=](int p, int v) {
-    const int at = (p * ds + v * 8) * int(sizeof(T));
-    copy_async16(sdy_at + at, src + p * vectors + v);
-    if (gate) copy_async16(sgate_at + at, gate + p * vectors + v);
-  });
-  commit_copies();
+  const T* gate = wd.gate ? static_cast<const T*>(wd.gate) + band : nullptr;
+  if (d.o % 8 == 0) {  // a pixel's channels are whole 16-byte vectors
+    const uint4* src = reinterpret_cast<const uint4*>(dy + band);
+    const std::uint32_t sdy_at = shared_address(sdy), sgate_at = shared_address(sgate);
+    for_each_cell(pixels, vectors, [=](int p, int v) {
+      const int at = (p * ds + v * 8) * int(sizeof(T));
+      copy_async16(sdy_at + at, src + p * vectors + v);
+      if (gate) copy_async16(sgate_at + at, reinterpret_cast<const uint4*>(gate) + p * vectors + v);
+    });
+    commit_copies();
+  } else {  // rows of o elements start anywhere: element by element, zeros up to the last vector's end
+    const T* src = dy + band;
+    const T zero = from_float<T>(0.f);
+    for_each_cell(pixels, vectors * 8, [=](int p, int ch) {
+      const bool real = ch < d.o;
+      sdy[p * ds + ch] = real ? src[p * d.o + ch] : zero;
+      if (gate) sgate[p * ds + ch] = real ? gate[p * d.o + ch] : zero;
+    });
+  }
   // Zeros in the channels past o and the pixels past the band (K steps of 16).
   const int spare = MT * 2 - vectors;
   if (spare > 0)
@@ -251,7 +261,9 @@ std::string FewChannelWgrad::describe() const {
 template <typename T, typename B>
 void FewChannelWgrad::run(const T* dy, const T* x, T* dw, B* db, cudaStream_t stream, const T* gate) const {
   using namespace few_channel;
-  if (reinterpret_cast<std::uintptr_t>(dy) % 16 != 0 || reinterpret_cast<std::uintptr_t>(gate) % 16 != 0)
+  // Whole 16-byte vectors of channels are copied as such (a count not a multiple of 8 goes element by element).
+  const auto misaligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 != 0; };
+  if (shape_.o % 8 == 0 && (misaligned(dy) || misaligned(gate)))
     throw CudaError("few-channel weight gradient: dY or the activation's saved value is not 16-byte aligned");
   if (gate_.has_value() != (gate != nullptr))
     throw CudaError("few-channel weight gradient: the activation gate was planned otherwise");
