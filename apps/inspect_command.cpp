@@ -43,7 +43,8 @@ Graph stage_graph(const TrainConfig& config, const std::string& stage, const Ins
   if (config.model.is_sequential()) {  // issue 22's model.sequential: the same stages from the Sequential builder
     const SequentialTraining training = sequential_training(config, features);
     if ((stage == "eval" || stage == "fused") && request.world_size == 0) {
-      // The form the CUDA backend runs: channels-first or channels-last convolution layers.
+      // The form the CUDA backend runs: channels-first or channels-last convolution layers (by the host rule:
+      // with backend.autotune a trainer times both forms instead, runtime/cuda/timed_layout_choice.hpp).
       TrainingProgram program = build_sequential_program(training, train_rows, test_rows, ProgramTarget::cuda);
 #ifdef STEPGRAPH_HAVE_CUDA
       cuda::choose_activation_layout(program, backend_options_from_config(config), cuda_backend_usable());

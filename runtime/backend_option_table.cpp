@@ -89,8 +89,8 @@ std::vector<BackendOptionRow> make_table() {
       nullptr});
   t.push_back(BackendOptionRow{
       "activation_layout", "core",
-      "convolution layers' activations: auto (channels-last where the region ends at a flatten) | nchw | "
-      "channels_last",
+      "convolution layers' activations: auto (with autotune: both forms timed at start-up, the faster kept; "
+      "without: channels-last where the regions end at a flatten, by the host rule) | nchw | channels_last",
       {"auto", "nchw", "channels_last"},
       [](const BackendOptions& o) { return BackendOptionValue(std::string(activation_layout_name(o.activation_layout))); },
       [](BackendOptions& o, const BackendOptionValue& v) {

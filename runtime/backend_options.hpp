@@ -26,12 +26,14 @@ std::string_view conv_kernels_name(ConvKernels kernels);      // "auto", "cudnn"
 ConvKernels conv_kernels_from_name(std::string_view name);    // throws std::invalid_argument
 
 // The layout of the convolution layers' activations (graph/channels_last_pass.hpp):
-// automatic: channels-last where every channels-last region of the network
-// ends at a flatten or the global pooling (no conversion inside it), no
-// whole-step kernel takes the channels-first step and our NCHW kernels run
-// no convolution of 2+ input channels that are not a multiple of 8
-// (runtime/cuda/activation_layout_choice.hpp); nchw / channels_last: that
-// one wherever the model has convolutions.
+// automatic: with autotune, both forms built and timed at start-up and the
+// faster kept (runtime/cuda/timed_layout_choice.hpp); without, channels-last
+// where every channels-last region of the network ends at a flatten or the
+// global pooling (no conversion inside it), no whole-step kernel takes the
+// channels-first step and our NCHW kernels run no convolution of 2+ input
+// channels, not a multiple of 8, that the channels-last step would give to
+// cuDNN (runtime/cuda/activation_layout_choice.hpp); nchw / channels_last:
+// that one wherever the model has convolutions.
 enum class ActivationLayout : std::uint8_t { automatic, nchw, channels_last };
 std::string_view activation_layout_name(ActivationLayout layout);      // "auto", "nchw", "channels_last"
 ActivationLayout activation_layout_from_name(std::string_view name);  // throws std::invalid_argument

@@ -2,34 +2,65 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+#include <set>
+#include <tuple>
+
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/lowerings/conv_nodes.hpp"
 
 namespace sg::cuda {
 namespace {
 
+// A convolution's input and output channels and input size: what names it
+// in both forms of the step (node and value ids differ between them).
+using ConvKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+ConvKey conv_key(const ConvSizes& z) { return {z.c, z.k, z.h, z.w}; }
+
+// The convolutions the channels-last step runs on the few-channel
+// tensor-core kernels (fast path few_channel_conv), forward or backward.
+std::set<ConvKey> few_channel_convs(const sg::Graph& channels_last_train,
+                                     const std::vector<std::unique_ptr<CudaLowering>>& lowerings) {
+  std::set<ConvKey> out;
+  for (const Launch& l : build_schedule(channels_last_train, as_lowerings(lowerings)).launches) {
+    if (l.lowering->name().rfind("few_channel", 0) != 0) continue;
+    for (NodeId id : l.nodes)
+      if (const Node& n = channels_last_train.node(id); is_conv(n.op))
+        out.insert(conv_key(conv_sizes(channels_last_train, n)));
+  }
+  return out;
+}
+
 // Why the NCHW step should stay NCHW under `auto`, or "": a whole-step
 // kernel takes it (its pattern is channels-first), or our NCHW kernels run
-// one of its convolutions of several input channels, not a multiple of 8.
+// one of its convolutions of several input channels, not a multiple of 8,
+// that the channels-last step would not give to the few-channel kernels.
 // Measured (H200, docs/benchmarks.md, "Channels-last through dropout2d and
-// mean pooling"): CNNs whose such layers read 8 channels ran 25-41% faster
-// a step channels-last; LeNet-5 (1 -> 6 -> 16) ran 17% slower, its first
-// layer's 6 filters being too few for the few-channel kernels (multiples of
-// 8), so its weight gradient and bias sums fell back to slow launches. The
-// count is a proxy: a 1 -> 4 -> 16 CNN kept NCHW by it ran 27% faster
-// channels-last. A one-channel layer keeps our weight gradient (it reads
-// channels-last dY).
-std::string nchw_reason(const sg::Graph& train, const BackendOptions& options, bool device_present) {
+// mean pooling" and "Few-channel kernels for any filter count"): CNNs whose
+// such layers read 8 channels ran 25-41% faster a step channels-last, and
+// a 1 -> 4 -> 16 CNN 38% faster once the few-channel kernels took its
+// 4-filter layer; the report CNN's network with fp16 weights (1 -> 10 ->
+// 20, no whole-step kernel) ran 11% slower channels-last (its 10-channel
+// layer on cuDNN), but LeNet-5 (1 -> 6 -> 16) 18% faster: the count is a proxy, which backend.autotune replaces by
+// timing both forms (timed_layout_choice.cpp). A one-channel layer keeps
+// our weight gradient (it reads channels-last dY).
+std::string nchw_reason(const TrainingProgram& program, const BackendOptions& options, bool device_present) {
+  const sg::Graph& train = program.train;
   const auto lowerings = cuda_lowerings(options, device_present);
   const Schedule s = build_schedule(train, as_lowerings(lowerings));
   if (s.launches.size() == 1 && cuda_lowering_of(s.launches[0]).covers_whole_step())
     return "a whole-step kernel takes the NCHW step";
+  std::optional<std::set<ConvKey>> few;  // built on the first candidate: a second schedule
   for (const Launch& l : s.launches) {
     if (l.lowering->name() != "conv_implicit_gemm") continue;
     for (NodeId id : l.nodes) {
       const Node& n = train.node(id);
-      if (const std::int64_t c = is_conv(n.op) ? conv_sizes(train, n).c : 1; c > 1 && c % 8 != 0)
-        return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there", c,
+      if (!is_conv(n.op)) continue;
+      const ConvSizes z = conv_sizes(train, n);
+      if (z.c <= 1 || z.c % 8 == 0) continue;
+      if (!few) few = few_channel_convs(program.channels_last->train, lowerings);
+      if (few->count(conv_key(z)) == 0)
+        return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there", z.c,
                            op_name(n.op));
     }
   }
@@ -61,7 +92,7 @@ std::string choose_activation_layout(TrainingProgram& program, const BackendOpti
       why = fmt::format("{} channels-last region(s) end inside the network (a layer without a channels-last kernel)",
                         exits);
     else
-      why = nchw_reason(program.train, options, device_present);
+      why = nchw_reason(program, options, device_present);
   }
   if (!why.empty()) {
     program.channels_last.reset();

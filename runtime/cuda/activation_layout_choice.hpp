@@ -12,11 +12,14 @@ namespace sg::cuda {
 
 // Puts the chosen form in program.train / program.eval (and their bindings)
 // and drops the other; returns what was chosen and why, for the log:
-// "channels-last (...)" or "NCHW (...)". With `auto`: channels-last where
-// the variant converts back to NCHW only at flattens (or the global pooling),
-// no whole-step kernel takes the NCHW step (its pattern is channels-first)
-// and our NCHW kernels run no convolution whose input channels are more than
-// one and not a multiple of 8 (the .cpp says what was measured).
+// "channels-last (...)" or "NCHW (...)". With `auto` (the host rule; with
+// backend.autotune the CUDA trainer times both forms instead:
+// timed_layout_choice.hpp): channels-last where the variant converts back
+// to NCHW only at flattens (or the global pooling), no whole-step kernel
+// takes the NCHW step (its pattern is channels-first) and our NCHW kernels
+// run no convolution whose input channels are more than one and not a
+// multiple of 8 that the channels-last step would give to cuDNN rather than
+// to the few-channel kernels (the .cpp says what was measured).
 std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options,
                                      bool device_present = true);
 

@@ -14,6 +14,7 @@
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/floors.hpp"
 #include "runtime/cuda/loss_watch.hpp"
+#include "runtime/cuda/timed_layout_choice.hpp"
 #include "runtime/epoch_schedule.hpp"
 #include "runtime/cuda/rank_device.hpp"
 #include "runtime/tensor_blob.hpp"
@@ -224,7 +225,15 @@ struct CudaTrainer::Impl {
   }
 };
 
-CudaTrainer::CudaTrainer(const TrainerSpec& spec, const Dataset& data) : impl_(std::make_unique<Impl>(spec, data)) {}
+CudaTrainer::CudaTrainer(const TrainerSpec& spec, const Dataset& data)
+    : impl_(layout_timing_skipped(spec).empty() ? std::unique_ptr<Impl>(faster_layout(spec, data))
+                                                 : std::make_unique<Impl>(spec, data)) {}
+
+void CudaTrainer::note_layout_timing(std::string choice, double seconds) {
+  impl_->layout_choice = std::move(choice);
+  impl_->setup_phases.emplace_back("building and timing the other activation layout (backend.autotune)", seconds);
+}
+
 CudaTrainer::~CudaTrainer() = default;
 
 std::vector<std::pair<std::string, double>> CudaTrainer::setup_phases() const { return impl_->setup_phases; }

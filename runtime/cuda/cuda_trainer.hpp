@@ -76,6 +76,10 @@ class CudaTrainer final : public Trainer {
 
  private:
   struct Impl;
+  // Where auto's layout is timed at start-up: both forms built and timed,
+  // the state of the faster kept (timed_layout_choice.cpp), released to the caller (Impl is incomplete there).
+  static Impl* faster_layout(const TrainerSpec& spec, const Dataset& data);
+  void note_layout_timing(std::string choice, double seconds);  // the description's layout line, a setup phase
   std::unique_ptr<Impl> impl_;
   std::int64_t step_ = 0;
 };
