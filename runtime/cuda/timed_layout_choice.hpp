@@ -7,7 +7,9 @@
 // has none. The timing steps are undone: parameters, optimizer state, the
 // step and the loss watch are restored, so training starts as built. Like
 // autotune's engine picks, the choice may differ between runs where the two
-// forms are close; a layout set in the config pins it.
+// forms are close; a layout set in the config pins it. Both forms hold their
+// buffers while they are timed: start-up needs the device memory of two
+// trainers, the run that of one.
 #include <string>
 
 #include "runtime/cuda/cuda_trainer.hpp"
