@@ -41,9 +41,10 @@ std::set<ConvKey> few_channel_convs(const sg::Graph& channels_last_train,
 // a 1 -> 4 -> 16 CNN 38% faster once the few-channel kernels took its
 // 4-filter layer; the report CNN's network with fp16 weights (1 -> 10 ->
 // 20, no whole-step kernel) ran 11% slower channels-last (its 10-channel
-// layer on cuDNN), but LeNet-5 (1 -> 6 -> 16) 18% faster: the count is a proxy, which backend.autotune replaces by
-// timing both forms (timed_layout_choice.cpp). A one-channel layer keeps
-// our weight gradient (it reads channels-last dY).
+// layer on cuDNN), but LeNet-5 (1 -> 6 -> 16) 18% faster: the count is a
+// proxy, which backend.autotune replaces by timing both forms
+// (timed_layout_choice.cpp). A one-channel layer keeps our weight gradient
+// (it reads channels-last dY).
 std::string nchw_reason(const TrainingProgram& program, const BackendOptions& options, bool device_present) {
   const sg::Graph& train = program.train;
   const auto lowerings = cuda_lowerings(options, device_present);
@@ -76,24 +77,33 @@ void use_channels_last(TrainingProgram& p) {
   p.channels_last.reset();
 }
 
+// Why channels-last cannot run in this build, or "".
+std::string cudnn_missing() {
+#ifndef STEPGRAPH_HAVE_CUDNN
+  return "channels-last convolutions run through cuDNN, which this build lacks";
+#else
+  return "";
+#endif
+}
+
 }  // namespace
+
+std::string auto_layout_nchw_reason(const TrainingProgram& program, const BackendOptions& options,
+                                    bool device_present) {
+  if (!program.channels_last) return "no convolution layers";
+  if (std::string why = cudnn_missing(); !why.empty()) return why;
+  if (const int exits = program.channels_last->inner_exits; exits > 0)
+    return fmt::format("{} channels-last region(s) end inside the network (a layer without a channels-last kernel)",
+                       exits);
+  return nchw_reason(program, options, device_present);
+}
 
 std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options, bool device_present) {
   if (!program.channels_last) return "NCHW (no convolution layers)";
-  std::string why;
-#ifndef STEPGRAPH_HAVE_CUDNN
-  why = "channels-last convolutions run through cuDNN, which this build lacks";
-#endif
   const ActivationLayout asked = options.activation_layout;
-  const int exits = program.channels_last->inner_exits;
+  std::string why = asked == ActivationLayout::automatic ? auto_layout_nchw_reason(program, options, device_present)
+                                                         : cudnn_missing();
   if (why.empty() && asked == ActivationLayout::nchw) why = "backend.activation_layout: nchw";
-  if (why.empty() && asked == ActivationLayout::automatic) {
-    if (exits > 0)
-      why = fmt::format("{} channels-last region(s) end inside the network (a layer without a channels-last kernel)",
-                        exits);
-    else
-      why = nchw_reason(program, options, device_present);
-  }
   if (!why.empty()) {
     program.channels_last.reset();
     return "NCHW (" + why + ")";

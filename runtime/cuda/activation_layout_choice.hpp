@@ -23,6 +23,11 @@ namespace sg::cuda {
 std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options,
                                      bool device_present = true);
 
+// What `auto`'s host rule says without choosing: "" for channels-last, else
+// why NCHW (the reason choose_activation_layout gives), the program untouched.
+std::string auto_layout_nchw_reason(const TrainingProgram& program, const BackendOptions& options,
+                                    bool device_present = true);
+
 // `spec` with its program's form chosen by its backend options; `choice`
 // gets the line above (the CUDA trainer's description shows it).
 TrainerSpec with_activation_layout(TrainerSpec spec, bool device_present, std::string& choice);

@@ -71,9 +71,7 @@ LayoutTiming time_layouts(CudaTrainer& nchw, CudaTrainer& channels_last, const T
   out.nchw_us = timed_step_us(nchw, spec.cuda_graph);
   out.channels_last_us = timed_step_us(channels_last, spec.cuda_graph);
   // The host rule's pick unless the other form is more than kMargin faster: a near tie does not flip by noise.
-  TrainingProgram program = spec.program;
-  const bool rule_channels_last =
-      choose_activation_layout(program, spec.backend).rfind("channels-last", 0) == 0;
+  const bool rule_channels_last = auto_layout_nchw_reason(spec.program, spec.backend).empty();
   out.channels_last = rule_channels_last ? out.channels_last_us <= out.nchw_us * (1 + kMargin)
                                          : out.channels_last_us * (1 + kMargin) < out.nchw_us;
   out.choice = fmt::format("{} (timed at start-up, backend.autotune: {:.1f} us a step channels-last, {:.1f} NCHW)",
