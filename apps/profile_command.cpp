@@ -257,7 +257,9 @@ ProfileResult profile_cuda(const TrainConfig& config, const ProfileRequest& req,
     for (std::size_t r = 0; r < s.start_us.size(); ++r)
       gaps.push_back(i == 0 ? 0.0 : s.start_us[r] - (p.launches[i - 1].start_us[r] + p.launches[i - 1].dur_us[r]));
     row.gap_us = report::median(gaps);
-    const auto cost = launch_cost(g, nodes, l.reads, l.writes, l.updates);
+    std::vector<ValueId> written = l.writes;
+    written.insert(written.end(), l.carries.begin(), l.carries.end());  // compute copies written for the next step
+    const auto cost = launch_cost(g, nodes, l.reads, written, l.updates);
     row.bytes = cost.bytes;
     row.flops = cost.flops;
     rep.rows.push_back(row);

@@ -75,6 +75,10 @@ std::vector<BackendOptionRow> make_table() {
                           "data parallel: one update launch per all-reduce bucket, each after its own bucket, "
                           "beside the later buckets' all-reduces (default; off: one update launch after the last "
                           "bucket)"));
+  t.push_back(SG_BOOL_ROW(large_updates_apart, "core",
+                          "an update-rule update of 32 MB or more whose gradient is ready before the last "
+                          "one runs in a launch of its own beside the rest of the backward (off: all after the last "
+                          "gradient)"));
   t.push_back(SG_BOOL_ROW(gradient_stream_first, "core",
                           "the gradient stream's kernels are scheduled before the step stream's (off: the same "
                           "priority)"));

@@ -79,6 +79,11 @@ struct BackendOptions {
   // 8192-wide MLP on 2 H200s +20% (docs/data_parallel.md); a single process
   // has no buckets, so nothing splits there.
   bool update_per_bucket = true;
+  // An update-rule update that moves 32 MB or more (a parameter of ~1M fp32
+  // elements with Adam) whose gradient is complete before the step's last
+  // gradient in a launch of its own, which runs on the gradient stream beside the rest of the backward
+  // (off: every such update in one launch after the last gradient).
+  bool large_updates_apart = true;
 
   // --- lowerings that may be chosen (each off: the next one in priority order)
   bool core_only = false;              // no fast path at all: the core lowerings alone (issue 35)

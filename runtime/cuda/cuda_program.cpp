@@ -446,6 +446,7 @@ DeviceBuffer& CudaProgram::owned(const std::string& name) { return own_.at(name)
 
 void CudaProgram::poison_arena(cudaStream_t stream) const {
   if (plan_.arena_bytes) launch_poison(arena_base_, plan_.arena_bytes, stream);
+  parameters_written(stream);  // the compute copies carried to the next step live in the arena too
 }
 
 }  // namespace sg::cuda

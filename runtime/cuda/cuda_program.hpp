@@ -94,7 +94,8 @@ class CudaProgram {
   void set_learning_rate(double lr, cudaStream_t stream);
   // Per-phase profile (median us) of a launch that runs a whole step; empty otherwise.
   std::vector<std::pair<std::string, double>> profile_whole_step(int repeats, cudaStream_t stream) const;
-  // Fills the arena with NaN bytes so a read of an unwritten element shows.
+  // Fills the arena with NaN bytes so a read of an unwritten element shows
+  // (then refills what parameters_written fills: the carried compute copies).
   void poison_arena(cudaStream_t stream) const;
   // ZeRO-1 (issue 38): after sharded updates a rank's parameters and their
   // optimizer state are current in its own range only. This fills every

@@ -87,6 +87,11 @@ class CudaLowering : public Lowering {
  public:
   // The gradient all-reduce (nccl_all_reduce) says communication; every other lowering the step's stream.
   virtual LaunchStream launch_stream() const { return LaunchStream::step; }
+  // Whether `launch` stays on the gradient stream where it forks after the
+  // data-gradient chain's last launch (stream_plan.cpp moves such launches
+  // to the step's stream): a large update apart from the others, which then
+  // runs beside the last weight gradients instead of before or after them.
+  virtual bool runs_beside_chain_end(const Launch&) const { return false; }
   // Whether its one launch is a whole training step (whole_step,
   // resident_step, cnn_step): such a schedule has no other launch.
   virtual bool covers_whole_step() const { return false; }

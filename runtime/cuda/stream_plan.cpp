@@ -14,11 +14,13 @@ bool shares(const std::vector<ValueId>& a, const std::vector<ValueId>& b) {
 }
 
 // Whether `later` must wait for `earlier`: it reads what earlier writes or
-// updates, or it writes or updates what earlier reads, writes or updates.
+// updates, or it writes, updates or carries what earlier reads, writes or
+// updates (a carried value is the next step's: no launch after its carrier reads it).
 bool depends_on(const Launch& later, const Launch& earlier) {
   if (shares(later.reads, earlier.writes) || shares(later.reads, earlier.updates)) return true;
   for (const auto* touched : {&earlier.reads, &earlier.writes, &earlier.updates})
-    if (shares(later.writes, *touched) || shares(later.updates, *touched)) return true;
+    if (shares(later.writes, *touched) || shares(later.updates, *touched) || shares(later.carries, *touched))
+      return true;
   return false;
 }
 
@@ -199,7 +201,9 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   // early (the joins wait for what it depends on) and does not queue behind
   // the gradient stream's backlog. Moving one may push a later one's fork
   // past the end too, so until nothing moves. (The launches after an
-  // all-reduce do not count as the step's stream running: they wait for it.)
+  // all-reduce do not count as the step's stream running: they wait for it.
+  // A lowering keeps a launch that has the last weight gradients to run
+  // beside there: CudaLowering::runs_beside_chain_end.)
   StreamPlan plan = plan_streams(graph, s, on_communication, on_gradient_stream, lanes);
   for (bool moved = true; moved;) {
     moved = false;
@@ -207,7 +211,8 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
     for (std::size_t j = 0; j < plan.on_gradient_stream.size(); ++j)
       if (plan.on_step_stream(j) && !after_communication[j]) last_step = j;
     for (std::size_t g = last_step + 1; g < plan.on_gradient_stream.size(); ++g)
-      if (plan.on_gradient_stream[g] && plan.fork_before[g] > last_step) {
+      if (plan.on_gradient_stream[g] && plan.fork_before[g] > last_step &&
+          !cuda_lowering_of(s.launches[g]).runs_beside_chain_end(s.launches[g])) {
         on_gradient_stream[g] = false;
         moved = true;
       }

@@ -72,6 +72,13 @@ ArenaRequest arena_request(const Graph& g, const Schedule& s, const std::vector<
         if (is_graph_owned(v.role)) continue;
         touch(req.buffer_of_value[static_cast<std::size_t>(owner)], v.name, value_bytes[static_cast<std::size_t>(owner)], i);
       }
+    // A value carried to the next step keeps its bytes through the whole step.
+    for (ValueId id : l.carries) {
+      const ValueId owner = root[static_cast<std::size_t>(id)];
+      int& slot = req.buffer_of_value[static_cast<std::size_t>(owner)];
+      touch(slot, g.value(owner).name, value_bytes[static_cast<std::size_t>(owner)], 0);
+      touch(slot, g.value(owner).name, value_bytes[static_cast<std::size_t>(owner)], end);
+    }
     for (int mask : {l.aux_write, l.aux_read})
       if (mask >= 0)
         touch(req.buffer_of_mask[static_cast<std::size_t>(mask)], fmt::format("relu_mask{}", mask),

@@ -27,7 +27,8 @@ void fill_boundary(const Graph& g, Launch& l) {
         l.reads.push_back(in);
     }
     for (ValueId out : n.outputs)
-      if (read_outside(g, out, l.nodes)) l.writes.push_back(out);
+      if (read_outside(g, out, l.nodes) && !std::count(l.carries.begin(), l.carries.end(), out))
+        l.writes.push_back(out);
     for (int slot : in_place_inputs(n))
       l.updates.push_back(n.inputs[static_cast<std::size_t>(slot)]);
   }
@@ -41,23 +42,28 @@ struct CoveredLaunch {
   bool may_ride = false;
 };
 
-// Readers must see every value written and no value updated in place yet.
+// Readers must see every value written and no value updated in place (or
+// carried to the next step) yet.
 std::string order_problem(const Graph& g, const std::vector<Launch>& launches) {
-  std::set<ValueId> written, updated;
+  std::set<ValueId> written, updated, carried;
   std::set<int> masks;
   for (const Value& v : g.values())
     if (is_graph_owned(v.role)) written.insert(v.id);
+  for (const Launch& l : launches) written.insert(l.carries.begin(), l.carries.end());  // by the step before
   for (std::size_t i = 0; i < launches.size(); ++i) {
     const Launch& l = launches[i];
     for (ValueId r : l.reads) {
       if (!written.count(r)) return fmt::format("schedule: launch {} reads '{}' before it is written", i, g.value(r).name);
       if (updated.count(r))
         return fmt::format("schedule: launch {} reads '{}' after its in-place update", i, g.value(r).name);
+      if (carried.count(r))
+        return fmt::format("schedule: launch {} reads '{}' after it was written for the next step", i, g.value(r).name);
     }
     if (l.aux_read >= 0 && !masks.count(l.aux_read))
       return fmt::format("schedule: launch {} reads relu mask {} before it is written", i, l.aux_read);
     for (ValueId w : l.writes) written.insert(w);
     for (ValueId u : l.updates) updated.insert(u);
+    carried.insert(l.carries.begin(), l.carries.end());
     if (l.aux_write >= 0) masks.insert(l.aux_write);
   }
   return {};
@@ -172,6 +178,7 @@ Schedule build_schedule(const Graph& g, const std::vector<const Lowering*>& lowe
       c.launch.detail = std::move(m->detail);
       c.launch.scratch = m->scratch;
       c.launch.aliases = m->aliases;
+      c.launch.carries = m->carries;
       c.reads_mask_of = m->reads_mask_of;
       c.unread = m->unread;
       c.may_ride = m->may_ride;
@@ -245,6 +252,7 @@ std::string dump_schedule(const Graph& g, const Schedule& s) {
     for (const auto& [out, in] : l.aliases) what += fmt::format("[{} aliases {}]", g.value(out).name, g.value(in).name);
     out += fmt::format("L{} {} ({}) reads {{{}}} writes {{{}}}{}\n", i, what, fmt::join(ops, " "), names_of(l.reads),
                        names_of(l.writes), l.updates.empty() ? "" : fmt::format(" updates {{{}}}", names_of(l.updates)));
+    if (!l.carries.empty()) out.insert(out.size() - 1, fmt::format(" carries {{{}}}", names_of(l.carries)));
   }
   return out;
 }

@@ -46,6 +46,11 @@ struct Launch {
   std::vector<ValueId> reads;    // values read from outside the launch
   std::vector<ValueId> writes;   // values produced for use outside the launch
   std::vector<ValueId> updates;  // graph-owned values updated in place
+  // Values this launch writes for the NEXT step (an fp32 master's compute
+  // copy written by its update): they hold their bytes across steps, every
+  // reader of this step runs before this launch, and the program fills them
+  // once before the first step (RecordedLaunch::parameters_written).
+  std::vector<ValueId> carries;
   std::vector<ValueId> scratch;  // intermediates a kernel keeps in device memory between its phases
   // (output, input) pairs whose output is the input's bytes seen with another
   // shape (reshape, flatten): the memory plan gives both one buffer.
@@ -69,6 +74,7 @@ struct Match {
   std::vector<ValueId> unread;       // inputs of its nodes the launch never reads (a mask replaces them)
   std::vector<ValueId> scratch;
   std::vector<std::pair<ValueId, ValueId>> aliases;  // see Launch::aliases
+  std::vector<ValueId> carries;      // outputs of its nodes written for the next step: see Launch::carries
   bool may_ride = false;             // may join a later launch whose lowering takes riders
   // Run where the last of its units sits rather than the first: a launch that
   // takes earlier nodes whose outputs only it reads (the update stage's

@@ -16,6 +16,7 @@
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
 #include "runtime/cuda/cuda_program.hpp"
 #include "runtime/cuda/cuda_trainer.hpp"
+#include "tests/cuda_backend/adamw_spec.hpp"
 #include "tests/cuda_backend/launch_paths_check.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/device_array.hpp"
@@ -310,24 +311,7 @@ TEST_CASE("Nesterov SGD (the multi-tensor SGD launch, one tensor) equals the CPU
   CHECK(sg::test::relative_error(v_d.download(), vel) < 1e-6);
 }
 
-namespace {
-
-sg::test::MlpTrainerSpec adamw_spec(std::vector<std::int64_t> layers, std::int64_t batch, DType weights, double clip) {
-  sg::test::MlpTrainerSpec spec;
-  spec.mlp.layers = std::move(layers);
-  spec.mlp.batch = batch;
-  spec.mlp.weight_dtype = weights;
-  spec.optimizer.lr = 2e-3;
-  spec.optimizer.kind = OptimizerKind::adamw;
-  spec.optimizer.weight_decay = 0.01;
-  spec.optimizer.clip_grad_norm = clip;
-  spec.eval_batch = 100;
-  spec.init_seed = 3;
-  spec.shuffle_seed = 5;
-  return spec;
-}
-
-}  // namespace
+using sg::test::adamw_spec;
 
 TEST_CASE("CUDA AdamW / Adam / Nesterov training steps follow the CPU backend's loss curve") {
   auto rng = sg::test::fresh_rng();

@@ -16,7 +16,7 @@
 
 namespace sg::test {
 
-// Two launches that may not run at the same time: one reads or writes what the other writes or updates.
+// Two launches that may not run at the same time: one reads or writes what the other writes, updates or carries.
 inline bool conflict(const Launch& a, const Launch& b) {
   const auto meets = [](const std::vector<ValueId>& x, const std::vector<ValueId>& y) {
     return std::any_of(x.begin(), x.end(), [&](ValueId v) { return std::find(y.begin(), y.end(), v) != y.end(); });
@@ -24,6 +24,8 @@ inline bool conflict(const Launch& a, const Launch& b) {
   std::vector<ValueId> ca = a.writes, cb = b.writes;
   ca.insert(ca.end(), a.updates.begin(), a.updates.end());
   cb.insert(cb.end(), b.updates.begin(), b.updates.end());
+  ca.insert(ca.end(), a.carries.begin(), a.carries.end());  // written for the next step, after this one's reads
+  cb.insert(cb.end(), b.carries.begin(), b.carries.end());
   return meets(a.reads, cb) || meets(ca, b.reads) || meets(ca, cb);
 }
 

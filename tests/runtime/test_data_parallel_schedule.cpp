@@ -62,6 +62,11 @@ void check_dependencies(const Graph& g, const Schedule& s) {
         const NodeId producer = g.value(v).producer;
         if (producer < 0) continue;
         INFO("launch " << i << " (" << s.launches[i].lowering->name() << ") reads '" << g.value(v).name << "'");
+        const Launch& maker = s.launches[launch_of.at(producer)];
+        if (std::count(maker.carries.begin(), maker.carries.end(), v)) {  // written by the step before
+          CHECK(launch_of.at(producer) > i);
+          continue;
+        }
         CHECK(launch_of.at(producer) <= i);
       }
 }
@@ -480,8 +485,11 @@ TEST_CASE("data parallel: a zero1 rank gathers its sharded weights on the commun
               sharded_gradients += n.inputs.size();  // (one joined bucket with bucket_bytes)
               CHECK(name == "nccl_all_reduce");
             }
-            if (is_update_rule(n.op) && n.inputs.size() > 1 && gradient_shards(p.train, n.inputs[1]) > 1)
+            if (is_update_rule(n.op) && n.inputs.size() > 1 && gradient_shards(p.train, n.inputs[1]) > 1) {
               CHECK((name == "sgd_multi_tensor" || name == "update_multi_tensor"));
+              for (ValueId copy : launch.carries)  // a rank updates a part: the whole compute copy stays a cast
+                CHECK(p.train.node(p.train.value(copy).producer).inputs[0] != n.inputs[0]);
+            }
           }
         }
         CHECK(gathers == 2);

@@ -2,6 +2,7 @@
 // launch is what it was before the rules (issue 21): the same loads and
 // arithmetic, so the same bits.
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dependent_launch.cuh"
@@ -32,11 +33,29 @@ struct UpdateEntry {
   std::int64_t n;
   std::int64_t first_block;
   GradientOrder order;
+  ComputeCopy copy;
 };
+
+// The compute copy of `count` consecutive updated values at element i (count 4: one 8-byte store).
+template <typename W, int count>
+__device__ __forceinline__ void store_copy(const ComputeCopy& copy, std::int64_t i, const W* values) {
+  const auto store = [&](auto* target) {
+    using C = std::remove_pointer_t<decltype(target)>;
+    C packed[count];
+#pragma unroll
+    for (int k = 0; k < count; ++k) packed[k] = from_float<C>(to_float(values[k]));
+    if constexpr (count == 4) store_packed<4 * int(sizeof(C))>(target + i, packed);
+    else target[i] = packed[0];
+  };
+  if (copy.type == CopyType::f16) store(static_cast<__half*>(copy.data));
+  else if (copy.type == CopyType::bf16) store(static_cast<__nv_bfloat16*>(copy.data));
+}
 
 __device__ __forceinline__ bool aligned(const void* p, int bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
-template <class Rule, typename W, typename G>
+// kCopies: some tensor has a compute copy (a launch without any runs the
+// kernel it ran before copies existed, instruction for instruction).
+template <class Rule, typename W, typename G, bool kCopies>
 __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(const UpdateEntry* entries, int count,
                                                                            const UpdateScalars* scalars,
                                                                            const std::int32_t* step,
@@ -57,7 +76,7 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
   // keep their 16-byte accesses.
   const bool permuted = entry.order.permuted();
   const bool vector = entry.n % 4 == 0 && aligned(w, 4 * sizeof(W)) && (permuted || aligned(g, 4 * sizeof(G))) &&
-                      slots_aligned16<Rule>(entry.state, hyper);
+                      slots_aligned16<Rule>(entry.state, hyper) && (!kCopies || aligned(entry.copy.data, 8));
   if (vector) {
     // At the copy bandwidth (one read and one write of W and the slots, one
     // read of the gradient); loading every quad first and L2 evict-last hints
@@ -78,6 +97,7 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
       for (int k = 0; k < 4; ++k)
         wq.v[k] = from_float<W>(rule(to_float(wq.v[k]), to_float(gq.v[k]), [&](int s) -> float& { return sq[s].v[k]; }));
       store_quad(w + i, wq);
+      if constexpr (kCopies) store_copy<W, 4>(entry.copy, i, wq.v);
       each_slot<Rule>(hyper, [&](auto slot) { store_quad(entry.state.slot[slot.value] + i, sq[slot.value]); });
     }
   } else {
@@ -86,6 +106,7 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
       each_slot<Rule>(hyper, [&](auto slot) { st[slot.value] = entry.state.slot[slot.value][i]; });
       w[i] = from_float<W>(
           rule(to_float(w[i]), to_float(g[entry.order.index(i)]), [&](int s) -> float& { return st[s]; }));
+      if constexpr (kCopies) store_copy<W, 1>(entry.copy, i, w + i);
       each_slot<Rule>(hyper, [&](auto slot) { entry.state.slot[slot.value][i] = st[slot.value]; });
     }
   }
@@ -104,7 +125,10 @@ MultiTensorUpdate<Rule, W, G>::MultiTensorUpdate(const std::vector<UpdateTensor<
   std::vector<UpdateEntry> entries;
   std::int64_t block = 0;
   for (const auto& t : tensors) {
-    entries.push_back({t.w, t.g, t.state, t.n, block, t.order});
+    if (t.copy.type != CopyType::none && !std::is_same_v<W, float>)
+      throw CudaError("MultiTensorUpdate: a compute copy is written from fp32 master weights only");
+    entries.push_back({t.w, t.g, t.state, t.n, block, t.order, t.copy});
+    copies_ = copies_ || t.copy.type != CopyType::none;
     block += std::max<std::int64_t>(1, (t.n + chunk_ - 1) / chunk_);
   }
   blocks_ = static_cast<int>(block);
@@ -118,9 +142,10 @@ template <class Rule, typename W, typename G>
 void MultiTensorUpdate<Rule, W, G>::launch(const UpdateScalars* scalars, const std::int32_t* step,
                                            const float* clip_scale, std::int32_t* advance_step, cudaStream_t stream,
                                            bool dependent) const {
-  launch_dependent(multi_tensor_update_kernel<Rule, W, G>, {dim3(blocks_), dim3(kUpdateThreads)}, stream, dependent,
-                   table_.as<UpdateEntry>(), count_, scalars, step, clip_scale, hyper_, advance_step,
-                   finished_.as<unsigned>(), chunk_);
+  const auto kernel =
+      copies_ ? multi_tensor_update_kernel<Rule, W, G, true> : multi_tensor_update_kernel<Rule, W, G, false>;
+  launch_dependent(kernel, {dim3(blocks_), dim3(kUpdateThreads)}, stream, dependent, table_.as<UpdateEntry>(), count_,
+                   scalars, step, clip_scale, hyper_, advance_step, finished_.as<unsigned>(), chunk_);
 }
 
 #define SG_MULTI_TENSOR_TYPES(Rule)                         \

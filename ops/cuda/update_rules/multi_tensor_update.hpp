@@ -20,6 +20,16 @@
 
 namespace sg::cuda {
 
+// The f16/bf16 copy of an fp32 master weight that the next step's forward
+// reads, written from the updated value in the update's own pass: the step
+// then casts nothing at its start (the copy costs 2 bytes an element here,
+// a cast launch 6). Rounded as the cast op rounds (from_float).
+enum class CopyType : std::uint8_t { none, f16, bf16 };
+struct ComputeCopy {
+  void* data = nullptr;
+  CopyType type = CopyType::none;
+};
+
 // One tensor of a multi-tensor launch (device pointers).
 template <typename W, typename G>
 struct UpdateTensor {
@@ -28,6 +38,7 @@ struct UpdateTensor {
   StateSlots state;  // the rule's slots (Adam: m, v; unused ones null)
   std::int64_t n;
   GradientOrder order{};  // a filter's gradient written [O,KH,KW,C] (ops/cuda/gradient_order.hpp)
+  ComputeCopy copy{};     // W float only
 };
 
 // `step` is the graph's step counter before its advance (Adam: t = *step + 1;
@@ -48,6 +59,7 @@ class MultiTensorUpdate {
   DeviceBuffer table_;     // entries with their first block
   DeviceBuffer finished_;  // blocks done this launch (reset by the last one)
   int count_ = 0, blocks_ = 0;
+  bool copies_ = false;     // some tensor has a compute copy
   std::int64_t chunk_ = 0;  // elements a block
   HyperOf<Rule> hyper_;
 };

@@ -20,16 +20,23 @@
 namespace sg::cuda {
 
 // A launch whose buffers are bound into `enqueue_`.
+// `parameters_written` (optional): what rebuilds the launch's state derived
+// from the parameters after the host wrote them (carried compute copies).
 class BoundLaunch final : public RecordedLaunch {
  public:
-  explicit BoundLaunch(std::function<void(cudaStream_t)> enqueue, std::string label = {})
-      : enqueue_(std::move(enqueue)), label_(std::move(label)) {}
+  explicit BoundLaunch(std::function<void(cudaStream_t)> enqueue, std::string label = {},
+                       std::function<void(cudaStream_t)> parameters_written = {})
+      : enqueue_(std::move(enqueue)), label_(std::move(label)), parameters_written_(std::move(parameters_written)) {}
   void enqueue(cudaStream_t stream) const override { enqueue_(stream); }
+  void parameters_written(cudaStream_t stream) const override {
+    if (parameters_written_) parameters_written_(stream);
+  }
   std::string label() const override { return label_; }
 
  private:
   std::function<void(cudaStream_t)> enqueue_;
   std::string label_;
+  std::function<void(cudaStream_t)> parameters_written_;
 };
 
 // Calls f with a value of the element type of `dtype` (__half, __nv_bfloat16

@@ -20,7 +20,7 @@ namespace sg::cuda {
 std::unique_ptr<CudaLowering> make_cublaslt_matmul_lowering();
 std::unique_ptr<CudaLowering> make_softmax_xent_lowering();
 std::unique_ptr<CudaLowering> make_bias_grad_sgd_lowering();
-std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering(bool per_bucket);
+std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering(bool per_bucket, bool large_apart);
 std::unique_ptr<CudaLowering> make_grad_clip_scale_lowering();
 std::unique_ptr<CudaLowering> make_scale_grad_lowering();
 std::unique_ptr<CudaLowering> make_sgd_multi_tensor_lowering(bool per_bucket);
@@ -77,7 +77,7 @@ std::vector<std::unique_ptr<CudaLowering>> cuda_lowerings(const BackendOptions& 
   l.push_back(make_bias_grad_sgd_lowering());
   slot(FastPathSlot::bias_update);
   // The update stage (issue 35): every update-rule node left (Adam, AdamW, RMSprop) in one launch; clipping.
-  l.push_back(make_update_multi_tensor_lowering(o.update_per_bucket));
+  l.push_back(make_update_multi_tensor_lowering(o.update_per_bucket, o.large_updates_apart));
   l.push_back(make_grad_clip_scale_lowering());
   l.push_back(make_scale_grad_lowering());
   l.push_back(make_batch_fetch_lowering());

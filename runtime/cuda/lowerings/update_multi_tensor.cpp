@@ -13,8 +13,15 @@
 // gradient back into the parameter's layout (gradient_order_fold.hpp).
 // With `per_bucket` (BackendOptions::update_per_bucket, data parallel) a
 // launch takes only the updates whose gradients come from one all-reduce
-// bucket; the step advance rides on the last of them.
+// bucket; the step advance rides on the last of them. With
+// `large_apart` (BackendOptions::large_updates_apart) an update of 32 MB
+// or more whose gradient is complete before the step's last one gets a
+// launch of its own, which stays on the gradient stream beside the
+// last weight gradients (runs_beside_chain_end). An fp32 master's
+// compute copy is written in the same pass for the next step, its cast at
+// the step's start taken into the launch (carried_copies.hpp).
 #include "ops/cuda/update_rules/multi_tensor_update.hpp"
+#include "runtime/cuda/lowerings/carried_copies.hpp"
 #include "runtime/cuda/lowerings/gradient_order_fold.hpp"
 #include "runtime/cuda/lowerings/lone_units.hpp"
 #include "runtime/cuda/lowerings/lowering_support.hpp"
@@ -30,6 +37,8 @@ struct UpdateNodes {
   std::vector<NodeId> updates;
   std::vector<NodeId> casts;     // per update: the widening cast taken in, or -1
   std::vector<NodeId> permutes;  // per update: the gradient's to_channels_first taken in, or -1
+  std::vector<NodeId> copies;    // per update: the parameter's cast whose output the launch carries, or -1
+  bool apart = false;            // one large parameter's update ahead of the last gradient (kApartBytes)
 };
 
 // The cast that widens an update's f16/bf16 gradient to its f32 gradient,
@@ -61,9 +70,36 @@ bool same_launch(const sg::Graph& g, const Node& a, DType a_grad, const Node& b,
          g.value(ua.param).dtype == g.value(ub.param).dtype && a_grad == b_grad;
 }
 
+// An update that may share the launch, with what the launch takes with it.
+struct Candidate {
+  int unit = -1;
+  NodeId update = -1, cast = -1, permute = -1, copy = -1;
+  NodeId gradient_done = -1;  // the node that completes the update's gradient (its widening cast, if any)
+  std::int64_t bytes = 0;     // what the update reads and writes
+};
+
+// An update that moves this many bytes or more, its gradient complete before
+// the step's last one, gets a launch of its own
+// (BackendOptions::large_updates_apart): ~8 us at the H200's 4.2 TB/s, which
+// the stream plan runs beside the rest of the backward instead of after it.
+// Measured (H200, docs/benchmarks.md): 784-2048-2048-10's W2 (126 MB) 109.2
+// -> 102.3 us a step, keras_mnist_adam's dense layer (33 MB) 161.6 -> 156.8;
+// 784-1024-1024-10's fp16 W2 (23 MB) 50.2 -> 53.8, so not below this.
+constexpr std::int64_t kApartBytes = 32'000'000;
+
+// Bytes an update moves: W read and written, the gradient read, each state slot read and written, the copy.
+std::int64_t update_bytes(const sg::Graph& g, const Node& update, ValueId grad_read, bool copy) {
+  const UpdateInputs u = *update_inputs(update);
+  std::int64_t per_element = 2 * static_cast<std::int64_t>(dtype_size(g.value(u.param).dtype)) +
+                             static_cast<std::int64_t>(dtype_size(g.value(grad_read).dtype)) + (copy ? 2 : 0);
+  for (ValueId slot : u.state)
+    if (slot >= 0) per_element += 2 * static_cast<std::int64_t>(dtype_size(g.value(slot).dtype));
+  return per_element * element_count(g.value(u.param).shape);
+}
+
 class UpdateMultiTensorLowering final : public CudaLowering {
  public:
-  explicit UpdateMultiTensorLowering(bool per_bucket) : per_bucket_(per_bucket) {}
+  UpdateMultiTensorLowering(bool per_bucket, bool large_apart) : per_bucket_(per_bucket), large_apart_(large_apart) {}
   std::string_view name() const override { return "update_multi_tensor"; }
 
   std::optional<Match> match(const Cover& cover, const CoverUnit& unit) const override {
@@ -74,31 +110,59 @@ class UpdateMultiTensorLowering final : public CudaLowering {
     if (!first_inputs) return std::nullopt;
     const DType first_grad = g.value(read_gradient(g, first, folded_cast(cover, first))).dtype;
     if (!update_types_supported(g.value(first_inputs->param).dtype, first_grad)) return std::nullopt;
-    Match m;
-    UpdateNodes nodes;
-    // (A clipped update waits for the clip scale, which reads every bucket: nothing to split.)
+    // (A clipped update waits for the clip scale, which reads every gradient: nothing to split.)
     const bool split = per_bucket_ && first_inputs->clip_scale < 0;
     const NodeId bucket = reducing_bucket(g, first.inputs[1]);
+    std::vector<Candidate> candidates;
     for (const CoverUnit& u : cover.units()) {
       if (cover.taken(u.id) || u.fusion_group >= 0) continue;
       const Node& n = g.node(u.nodes.front());
       if (n.op != first.op) continue;
       if (split && reducing_bucket(g, n.inputs[1]) != bucket) continue;
-      const NodeId cast = folded_cast(cover, n);
-      if (!same_launch(g, first, first_grad, n, g.value(read_gradient(g, n, cast)).dtype)) continue;
-      const NodeId permute = folded_permute(cover, n, cast);
-      m.units.push_back(u.id);
-      if (cast >= 0) m.units.push_back(cover.unit_of(cast).id);
-      if (permute >= 0) m.units.push_back(cover.unit_of(permute).id);
-      nodes.updates.push_back(n.id);
-      nodes.casts.push_back(cast);
-      nodes.permutes.push_back(permute);
+      Candidate c{u.id, n.id, folded_cast(cover, n)};
+      if (!same_launch(g, first, first_grad, n, g.value(read_gradient(g, n, c.cast)).dtype)) continue;
+      c.permute = folded_permute(cover, n, c.cast);
+      c.copy = carried_cast(cover, update_inputs(n)->param, read_gradient(g, n, c.cast));
+      c.gradient_done = g.value(update_inputs(n)->grad).producer;
+      c.bytes = update_bytes(g, n, gradient_read(g, update_inputs(n)->grad, c.cast, c.permute), c.copy >= 0);
+      candidates.push_back(c);
+    }
+    bool apart = false;
+    if (large_apart_ && first_inputs->clip_scale < 0) {
+      // Over every update of the rule, taken ones too (by the fused updates, or by this lowering's
+      // launches matched before: the cover offers units in graph order).
+      NodeId last = -1;
+      for (const Node& n : g.nodes())
+        if (n.op == first.op && (!split || reducing_bucket(g, n.inputs[1]) == bucket))
+          last = std::max(last, g.value(update_inputs(n)->grad).producer);
+      const auto is_apart = [&](const Candidate& c) { return c.bytes >= kApartBytes && c.gradient_done < last; };
+      apart = is_apart(candidates.front());  // (the offered unit comes first: units are in graph order)
+      candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                      [&](const Candidate& c) { return apart ? c.unit != unit.id : is_apart(c); }),
+                       candidates.end());
+    }
+    Match m;
+    UpdateNodes nodes;
+    nodes.apart = apart;
+    for (const Candidate& c : candidates) {
+      m.units.push_back(c.unit);
+      for (NodeId taken : {c.cast, c.permute, c.copy})
+        if (taken >= 0) m.units.push_back(cover.unit_of(taken).id);
+      if (c.copy >= 0) m.carries.push_back(g.node(c.copy).outputs[0]);
+      nodes.updates.push_back(c.update);
+      nodes.casts.push_back(c.cast);
+      nodes.permutes.push_back(c.permute);
+      nodes.copies.push_back(c.copy);
     }
     m.detail = nodes;
     m.runs_at_last_unit = true;  // the updates' place, after every gradient, not the first cast's
     return m;
   }
 
+  bool runs_beside_chain_end(const Launch& l) const override { return detail_of<UpdateNodes>(l).apart; }
+
+  // The step advance (the scheduler seats it on the last update launch: launches apart come first, each
+  // at its update, and their updates follow the order of their gradients).
   bool takes_rider(const sg::Graph& g, const Launch&, const Launch& rider) const override {
     return rider.nodes.size() == 1 && g.node(rider.nodes[0]).op == OpKind::advance_step;
   }
@@ -108,9 +172,11 @@ class UpdateMultiTensorLowering final : public CudaLowering {
     const auto casts = std::count_if(nodes.casts.begin(), nodes.casts.end(), [](NodeId c) { return c >= 0; });
     const auto permutes =
         std::count_if(nodes.permutes.begin(), nodes.permutes.end(), [](NodeId p) { return p >= 0; });
-    return fmt::format("{} tensors,one pass each{}{}", nodes.updates.size(),
+    const auto copies = std::count_if(nodes.copies.begin(), nodes.copies.end(), [](NodeId c) { return c >= 0; });
+    return fmt::format("{} tensors,one pass each{}{}{}{}", nodes.updates.size(), nodes.apart ? ",apart" : "",
                        casts > 0 ? fmt::format(",{} gradient casts", casts) : "",
-                       permutes > 0 ? fmt::format(",{} gradients read [O,KH,KW,C]", permutes) : "");
+                       permutes > 0 ? fmt::format(",{} gradients read [O,KH,KW,C]", permutes) : "",
+                       copies > 0 ? fmt::format(",{} compute copies for the next step", copies) : "");
   }
 
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
@@ -145,24 +211,24 @@ class UpdateMultiTensorLowering final : public CudaLowering {
           const auto state = [&](ValueId v) { return advanced<void>(ptr(v), g.value(v).dtype, r); };
           tensors.push_back({advanced<W>(c.ptr(u.param), g.value(u.param).dtype, r),
                              advanced<const G>(c.ptr(grad), g.value(grad).dtype, r), state_slots(u, state), r.count,
-                             order});
+                             order, compute_copy(c, detail.copies[i])});
         }
         auto kernel = std::make_shared<MultiTensorUpdate<Rule, W, G>>(tensors, hyper);
         run = [=](cudaStream_t s) { kernel->launch(scalars, step, scale, advance, s, dependent); };
       });
     });
-    return std::make_unique<BoundLaunch>(std::move(run), "multi-tensor");
+    return std::make_unique<BoundLaunch>(std::move(run), "multi-tensor", fill_compute_copies(c, detail.copies));
   }
 
  private:
-  bool per_bucket_;
+  bool per_bucket_, large_apart_;
 };
 
 }  // namespace
 
 // (The factory keeps its issue-21 name: runtime/cuda/lowerings/registry.cpp calls it.)
-std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering(bool per_bucket) {
-  return std::make_unique<UpdateMultiTensorLowering>(per_bucket);
+std::unique_ptr<CudaLowering> make_update_multi_tensor_lowering(bool per_bucket, bool large_apart) {
+  return std::make_unique<UpdateMultiTensorLowering>(per_bucket, large_apart);
 }
 
 }  // namespace sg::cuda
