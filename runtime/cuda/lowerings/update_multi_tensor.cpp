@@ -136,7 +136,9 @@ class UpdateMultiTensorLowering final : public CudaLowering {
         if (n.op == first.op && (!split || reducing_bucket(g, n.inputs[1]) == bucket))
           last = std::max(last, g.value(update_inputs(n)->grad).producer);
       const auto is_apart = [&](const Candidate& c) { return c.bytes >= kApartBytes && c.gradient_done < last; };
-      apart = is_apart(candidates.front());  // (the offered unit comes first: units are in graph order)
+      const auto offered =
+          std::find_if(candidates.begin(), candidates.end(), [&](const Candidate& c) { return c.unit == unit.id; });
+      apart = offered != candidates.end() && is_apart(*offered);
       candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
                                       [&](const Candidate& c) { return apart ? c.unit != unit.id : is_apart(c); }),
                        candidates.end());
