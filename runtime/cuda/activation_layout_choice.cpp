@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "runtime/cuda/fast_paths/fast_path.hpp"
 #include "runtime/cuda/lowering.hpp"
 #include "runtime/cuda/lowerings/conv_nodes.hpp"
 
@@ -18,12 +19,17 @@ using ConvKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_
 ConvKey conv_key(const ConvSizes& z) { return {z.c, z.k, z.h, z.w}; }
 
 // The convolutions the channels-last step runs on the few-channel
-// tensor-core kernels (fast path few_channel_conv), forward or backward.
+// tensor-core kernels (the few_channel_conv record's launches), forward or backward.
 std::set<ConvKey> few_channel_convs(const sg::Graph& channels_last_train,
-                                     const std::vector<std::unique_ptr<CudaLowering>>& lowerings) {
+                                     const std::vector<std::unique_ptr<CudaLowering>>& lowerings,
+                                     const BackendOptions& options) {
+  const Schedule s = build_schedule(channels_last_train, as_lowerings(lowerings));
+  const std::vector<bool> few_channel =
+      record_launches(fast_path_named("few_channel_conv"), channels_last_train, s, options);
   std::set<ConvKey> out;
-  for (const Launch& l : build_schedule(channels_last_train, as_lowerings(lowerings)).launches) {
-    if (l.lowering->name().rfind("few_channel", 0) != 0) continue;
+  for (std::size_t i = 0; i < s.launches.size(); ++i) {
+    if (!few_channel[i]) continue;
+    const Launch& l = s.launches[i];
     for (NodeId id : l.nodes)
       if (const Node& n = channels_last_train.node(id); is_conv(n.op))
         out.insert(conv_key(conv_sizes(channels_last_train, n)));
@@ -59,7 +65,7 @@ std::string nchw_reason(const TrainingProgram& program, const BackendOptions& op
       if (!is_conv(n.op)) continue;
       const ConvSizes z = conv_sizes(train, n);
       if (z.c <= 1 || z.c % 8 == 0) continue;
-      if (!few) few = few_channel_convs(program.channels_last->train, lowerings);
+      if (!few) few = few_channel_convs(program.channels_last->train, lowerings, options);
       if (few->count(conv_key(z)) == 0)
         return fmt::format("our kernels run the {}-channel {} in NCHW, measured faster than cuDNN there", z.c,
                            op_name(n.op));

@@ -2,8 +2,11 @@
 // (issue 35): its record's why_not, else whether any part of the graph
 // fits its lowerings at all. CPU-side: no lowering here asks the device
 // unless one is present.
+#include <algorithm>
 #include <exception>
+#include <functional>
 #include <set>
+#include <stdexcept>
 #include <string>
 
 #include "runtime/cuda/fast_paths/fast_path.hpp"
@@ -53,6 +56,23 @@ std::string reason_for(const FastPath& record, const sg::Graph& graph, const Bac
 
 }  // namespace
 
+const FastPath& fast_path_named(std::string_view name) {
+  for (const FastPath& record : fast_paths())
+    if (record.name == name) return record;
+  throw std::out_of_range("no fast path named " + std::string(name));
+}
+
+std::vector<bool> record_launches(const FastPath& record, const sg::Graph& graph, const Schedule& schedule,
+                                  const BackendOptions& options) {
+  std::set<std::string, std::less<>> names;  // its lowerings'
+  if (!record.took)
+    for (const SlottedLowering& l : record.lowerings(options)) names.insert(std::string(l.lowering->name()));
+  std::vector<bool> out;
+  for (const Launch& l : schedule.launches)
+    out.push_back(record.took ? record.took(graph, l, options) : names.count(l.lowering->name()) > 0);
+  return out;
+}
+
 std::vector<DeclinedFastPath> declined_fast_paths(const sg::Graph& graph, const Schedule& schedule,
                                                   const BackendOptions& options, bool device_present) {
   std::vector<DeclinedFastPath> declined;
@@ -61,12 +81,8 @@ std::vector<DeclinedFastPath> declined_fast_paths(const sg::Graph& graph, const 
       declined.push_back({record.name, "backend.core_only is set: the core lowerings alone"});
       continue;
     }
-    std::set<std::string> names;  // its lowerings'
-    for (const SlottedLowering& l : record.lowerings(options)) names.insert(std::string(l.lowering->name()));
-    bool used = false;
-    for (const Launch& l : schedule.launches)
-      used = used || (record.took ? record.took(graph, l, options) : names.count(std::string(l.lowering->name())) > 0);
-    if (!used) declined.push_back({record.name, reason_for(record, graph, options, device_present)});
+    const std::vector<bool> taken = record_launches(record, graph, schedule, options);
+    if (std::find(taken.begin(), taken.end(), true) == taken.end()) declined.push_back({record.name, reason_for(record, graph, options, device_present)});
   }
   return declined;
 }

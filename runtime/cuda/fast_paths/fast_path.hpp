@@ -55,6 +55,14 @@ struct FastPath {
 // Every record, in the order their slots come (docs and reports list them so).
 const std::vector<FastPath>& fast_paths();
 
+// The record named `name` (throws std::out_of_range for an unknown one).
+const FastPath& fast_path_named(std::string_view name);
+
+// Per launch of `schedule` (built under `options`): whether it is one of
+// `record`'s (its `took`, else one of its lowerings' names).
+std::vector<bool> record_launches(const FastPath& record, const sg::Graph& graph, const Schedule& schedule,
+                                  const BackendOptions& options);
+
 struct DeclinedFastPath {
   std::string name;
   std::string reason;
