@@ -77,7 +77,8 @@ sg::test::MlpTrainerSpec adamw_f32(std::vector<std::int64_t> layers, std::int64_
 
 std::vector<ValueId> carried_values(const cuda::CudaTrainer& t) {
   std::vector<ValueId> out;
-  for (const Launch& l : t.training_program().schedule().launches) out.insert(out.end(), l.carries.begin(), l.carries.end());
+  for (const Launch& l : t.training_program().schedule().launches)
+    out.insert(out.end(), l.carries.begin(), l.carries.end());
   return out;
 }
 

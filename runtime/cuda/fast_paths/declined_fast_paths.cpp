@@ -82,7 +82,8 @@ std::vector<DeclinedFastPath> declined_fast_paths(const sg::Graph& graph, const 
       continue;
     }
     const std::vector<bool> taken = record_launches(record, graph, schedule, options);
-    if (std::find(taken.begin(), taken.end(), true) == taken.end()) declined.push_back({record.name, reason_for(record, graph, options, device_present)});
+    if (std::find(taken.begin(), taken.end(), true) == taken.end())
+      declined.push_back({record.name, reason_for(record, graph, options, device_present)});
   }
   return declined;
 }
