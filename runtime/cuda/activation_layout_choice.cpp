@@ -83,7 +83,8 @@ void use_channels_last(TrainingProgram& p) {
   p.channels_last.reset();
 }
 
-// Why channels-last cannot run in this build, or "".
+}  // namespace
+
 std::string cudnn_missing() {
 #ifndef STEPGRAPH_HAVE_CUDNN
   return "channels-last convolutions run through cuDNN, which this build lacks";
@@ -91,8 +92,6 @@ std::string cudnn_missing() {
   return "";
 #endif
 }
-
-}  // namespace
 
 std::string auto_layout_nchw_reason(const TrainingProgram& program, const BackendOptions& options,
                                     bool device_present) {

@@ -23,6 +23,9 @@ namespace sg::cuda {
 std::string choose_activation_layout(TrainingProgram& program, const BackendOptions& options,
                                      bool device_present = true);
 
+// Why channels-last cannot run in this build (no cuDNN), or "".
+std::string cudnn_missing();
+
 // What `auto`'s host rule says without choosing: "" for channels-last, else
 // why NCHW (the reason choose_activation_layout gives), the program untouched.
 std::string auto_layout_nchw_reason(const TrainingProgram& program, const BackendOptions& options,

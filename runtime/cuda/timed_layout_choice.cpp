@@ -19,11 +19,7 @@ std::string layout_timing_skipped(const TrainerSpec& spec) {
   if (!spec.program.channels_last) return "no convolution layers";
   // Every rank must run the same graphs (its buckets' collectives pair up), and timings differ by rank.
   if (spec.data_parallel.world_size > 0) return "data parallel";
-#ifndef STEPGRAPH_HAVE_CUDNN
-  return "channels-last convolutions run through cuDNN, which this build lacks";
-#else
-  return "";
-#endif
+  return cudnn_missing();
 }
 
 namespace {
