@@ -38,13 +38,33 @@ __device__ __forceinline__ float dot8(const uint4& xv, const uint4& wv, float ac
   return acc;
 }
 
+// x's halves as the forward multiplies them: themselves, or (kActive) their
+// activation rounded to fp16 (the element-wise kernel's rounding point).
+template <bool kActive, Activation A>
+__device__ __forceinline__ __half input_half(__half x) {
+  if constexpr (kActive) return from_float<__half>(ActivationMath<A>::forward(to_float(x)));
+  else return x;
+}
+template <bool kActive, Activation A, typename Word>
+__device__ __forceinline__ Word input_word(Word word) {
+  if constexpr (kActive) {
+    auto* h = reinterpret_cast<__half*>(&word);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(Word) / sizeof(__half)); ++i) h[i] = input_half<true, A>(h[i]);
+  }
+  return word;
+}
+
 // Output (r, c) = dot(x row r, w row c) + bias[c]: one warp per output, so
 // the loads in flight are many (a warp per row of x, looping over the N rows
 // of w, took 76 us at batch 1024 x 4096: each warp's loads waited in turn).
 // The warps of a block share x rows through L1. Lanes stride K 8 halves at a
 // time when K % 8 == 0 and both are 16-byte aligned (`vectors`), else one.
+// With kActive, x's activation (input_half) is multiplied, and the warps of
+// output column 0 write it to `activated` (when not null).
+template <bool kActive, Activation A>
 __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __half* bias, std::int64_t m,
-                                      std::int64_t n, std::int64_t k, bool vectors, __half* y) {
+                                      std::int64_t n, std::int64_t k, bool vectors, __half* y, __half* activated) {
   // A dependent launch: x comes from the kernel before. The output-layer
   // backward that follows is one too; it may start once x's writer is
   // complete (its loads of h need that), and waits for these logits.
@@ -58,15 +78,24 @@ __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __
   const std::int64_t r = out / n, c = out % n;
   const __half* xr = x + r * k;
   const __half* wc = w + c * k;
+  __half* const activated_row = kActive && activated && c == 0 ? activated + r * k : nullptr;
   float s = 0.f;
   if (vectors) {
     const auto* x8 = reinterpret_cast<const uint4*>(xr);
     const auto* w8 = reinterpret_cast<const uint4*>(wc);
 #pragma unroll 4
-    for (std::int64_t i = lane; i < k / 8; i += 32) s = dot8(x8[i], w8[i], s);
+    for (std::int64_t i = lane; i < k / 8; i += 32) {
+      const uint4 xv = input_word<kActive, A>(x8[i]);
+      if (kActive && activated_row) reinterpret_cast<uint4*>(activated_row)[i] = xv;
+      s = dot8(xv, w8[i], s);
+    }
   } else {
 #pragma unroll 4
-    for (std::int64_t i = lane; i < k; i += 32) s = fmaf(__half2float(xr[i]), __half2float(wc[i]), s);
+    for (std::int64_t i = lane; i < k; i += 32) {
+      const __half xv = input_half<kActive, A>(xr[i]);
+      if (kActive && activated_row) activated_row[i] = xv;
+      s = fmaf(__half2float(xv), __half2float(wc[i]), s);
+    }
   }
   s = warp_sum(s);
   if (lane == 0) y[out] = __float2half(s + b);
@@ -79,10 +108,13 @@ __global__ void linear_small_n_kernel(const __half* x, const __half* w, const __
 // round trip); the blocks of a cluster split K and add their partial sums
 // in rank order in rank 0's shared memory, so the result does not depend on
 // timing. The warp-per-output kernel above re-reads a row of w for every
-// output: 42 MB of loads at 256 x 8192 (19 us in the step's profile).
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) linear_small_n_mma_kernel(const __half* x, const __half* w,
-                                                                                const __half* bias, int m, int n,
-                                                                                int k, int slice, __half* y) {
+// output: 42 MB of loads at 256 x 8192 (19 us in the step's profile). Each
+// x word is loaded by one lane of the grid: with kActive it multiplies the
+// word's activation and writes that to `activated` (when not null).
+template <bool kActive, Activation A>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    linear_small_n_mma_kernel(const __half* x, const __half* w, const __half* bias, int m, int n, int k, int slice,
+                              __half* y, __half* activated) {
   __shared__ float warp_sums[kWarpsPerBlock][kTileRows][kTileClasses];
   __shared__ float rank_sums[kMaxSplits][kTileRows][kTileClasses];  // rank 0's: every rank's block sum
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
@@ -103,6 +135,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) linear_small_n_mma_kernel
   const __half* x_hi_row = x + std::int64_t(min(row0 + g + 8, m - 1)) * k + 2 * t;
   const __half* w_lo_row = w + std::int64_t(min(g, n - 1)) * k + 2 * t;
   const __half* w_hi_row = w + std::int64_t(min(g + 8, n - 1)) * k + 2 * t;
+  // (rows past m point at the last row: their words are neither loaded nor written)
+  __half* const act_lo_row = activated ? activated + std::int64_t(min(row0 + g, m - 1)) * k + 2 * t : nullptr;
+  __half* const act_hi_row = activated ? activated + std::int64_t(min(row0 + g + 8, m - 1)) * k + 2 * t : nullptr;
   float acc[2][4] = {};
   for (int k0 = k_begin + warp * 16; k0 < k_end; k0 += kWarpsPerBlock * 16 * kStepsInFlight) {
     std::uint32_t a[kStepsInFlight][4], b_lo[kStepsInFlight][2], b_hi[kStepsInFlight][2];
@@ -118,6 +153,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) linear_small_n_mma_kernel
       b_lo[s][1] = in && w_lo ? word(w_lo_row + kk + 8) : 0u;
       b_hi[s][0] = in && w_hi ? word(w_hi_row + kk) : 0u;
       b_hi[s][1] = in && w_hi ? word(w_hi_row + kk + 8) : 0u;
+    }
+    if constexpr (kActive) {
+#pragma unroll
+      for (int s = 0; s < kStepsInFlight; ++s) {
+        const int kk = k0 + s * kWarpsPerBlock * 16;
+        if (kk >= k_end) continue;  // (zero words stay zero: sigmoid(0) is not)
+        const auto put = [&](std::uint32_t& a_word, bool row_in, __half* row, int at) {
+          if (!row_in) return;
+          a_word = input_word<true, A>(a_word);
+          if (row) *reinterpret_cast<std::uint32_t*>(row + at) = a_word;
+        };
+        put(a[s][0], x_lo, act_lo_row, kk);
+        put(a[s][1], x_hi, act_hi_row, kk);
+        put(a[s][2], x_lo, act_lo_row, kk + 8);
+        put(a[s][3], x_hi, act_hi_row, kk + 8);
+      }
     }
 #pragma unroll
     for (int s = 0; s < kStepsInFlight; ++s) {
@@ -258,30 +309,57 @@ void launch_dgrad_activation_small_k(Activation activation, const __half* dy, co
   });
 }
 
-bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k) {
+bool linear_small_n_tiles_fit(std::int64_t m, std::int64_t n, std::int64_t k) {
   return m >= kTensorCoreMinRows && n <= kTileClasses && k % 16 == 0 && k < (std::int64_t(1) << 30) &&
-         m <= 65535 * kTileRows && current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+         m <= 65535 * kTileRows;
 }
 
+bool linear_small_n_on_tensor_cores(std::int64_t m, std::int64_t n, std::int64_t k) {
+  return linear_small_n_tiles_fit(m, n, k) && current_device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+}
+
+namespace {
+
+// Calls f(kActive, A) as compile-time constants for `input` (no activation: <false, relu>).
+template <typename F>
+void with_input(const InputActivation& input, F&& f) {
+  if (!input.on) {
+    f(std::false_type{}, std::integral_constant<Activation, Activation::relu>{});
+    return;
+  }
+  with_activation(input.activation, [&](auto a) { f(std::true_type{}, a); });
+}
+
+}  // namespace
+
 void launch_linear_small_n(const __half* x, const __half* w, const __half* bias, std::int64_t m, std::int64_t n,
-                           std::int64_t k, __half* y, cudaStream_t stream, bool dependent, bool tensor_cores) {
+                           std::int64_t k, __half* y, cudaStream_t stream, bool dependent, bool tensor_cores,
+                           InputActivation input) {
   if (n > kSmallLinearMaxDim) throw CudaError("linear_small_n_kernel: N above its limit");
+  __half* const activated = input.on ? input.activated : nullptr;
   if (tensor_cores && linear_small_n_on_tensor_cores(m, n, k) && reinterpret_cast<std::uintptr_t>(x) % 4 == 0 &&
-      reinterpret_cast<std::uintptr_t>(w) % 4 == 0) {
+      reinterpret_cast<std::uintptr_t>(w) % 4 == 0 &&
+      (!activated || reinterpret_cast<std::uintptr_t>(activated) % 4 == 0)) {
     // Up to 8 blocks split K, each keeping >= 8 of its 16-wide steps (one per warp).
     const std::int64_t steps = k / 16;
     const int splits = static_cast<int>(std::clamp<std::int64_t>(steps / kWarpsPerBlock, 1, kMaxSplits));
     const int slice = static_cast<int>((steps + splits - 1) / splits) * 16;
     const LaunchGeometry geometry{dim3(static_cast<unsigned>(splits), static_cast<unsigned>((m + kTileRows - 1) / kTileRows)),
                                   dim3(kWarpsPerBlock * 32), 0, static_cast<unsigned>(splits)};
-    launch_dependent(linear_small_n_mma_kernel, geometry, stream, dependent, x, w, bias, static_cast<int>(m),
-                     static_cast<int>(n), static_cast<int>(k), slice, y);
+    with_input(input, [&](auto active, auto a) {
+      launch_dependent(linear_small_n_mma_kernel<decltype(active)::value, decltype(a)::value>, geometry, stream,
+                       dependent, x, w, bias, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), slice, y,
+                       activated);
+    });
     return;
   }
   const std::int64_t blocks = (m * n + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const bool vectors = k % 8 == 0 && aligned16(x) && aligned16(w);
-  launch_dependent(linear_small_n_kernel, {dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32)}, stream,
-                   dependent, x, w, bias, m, n, k, vectors, y);
+  const bool vectors = k % 8 == 0 && aligned16(x) && aligned16(w) && (!activated || aligned16(activated));
+  with_input(input, [&](auto active, auto a) {
+    launch_dependent(linear_small_n_kernel<decltype(active)::value, decltype(a)::value>,
+                     {dim3(static_cast<unsigned>(blocks)), dim3(kWarpsPerBlock * 32)}, stream, dependent, x, w, bias,
+                     m, n, k, vectors, y, activated);
+  });
 }
 
 template <typename W>

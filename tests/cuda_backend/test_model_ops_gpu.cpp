@@ -260,6 +260,42 @@ TEST_CASE("every activation through our small-batch kernels (forward, one-pass, 
   }
 }
 
+// The last hidden activation applied by the classifier's forward as it loads
+// its input (its tensor-core tiles: batch 64 and up), with fp32 master
+// weights and momentum, and with fp16 weights and plain SGD.
+TEST_CASE("the classifier's forward applying the last activation on its load follows the CPU backend") {
+  SG_SKIP_IF_CORE_ONLY("the classifier's kernel");
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  const Dataset data = random_dataset(600, 64, 11, rng);
+  struct Shape {
+    std::int64_t batch, width;
+    DType weights;
+    double momentum;
+  };
+  const std::vector<Shape> shapes = {{128, 128, DType::f32, 0.9}, {256, 144, DType::f16, 0.0}};
+  for (const auto a : {MlpActivation::gelu, MlpActivation::silu, MlpActivation::tanh, MlpActivation::sigmoid})
+    for (const Shape& sh : shapes) {
+      const std::string act(activation_name(a));
+      INFO("activation " << act << ", batch " << sh.batch);
+      MlpTrainerSpec spec = small_spec();
+      spec.mlp.layers = {64, 256, sh.width, 11};
+      spec.mlp.batch = sh.batch;
+      spec.mlp.weight_dtype = sh.weights;
+      spec.mlp.activation = a;
+      spec.optimizer = {0.05, sh.momentum, 0.0};
+      {
+        cuda::CudaTrainer gpu(cuda_spec(spec, data), data);
+        const auto& program = gpu.training_program();
+        int folded = 0;
+        for (const Launch& l : program.schedule().launches)
+          folded += l.lowering->describe(program.graph(), l) == act + " on the input's load,epilogue=bias";
+        CHECK(folded == 1);
+      }
+      check_loss_curves(spec, data, 30, false);
+    }
+}
+
 TEST_CASE("mse and l1 regression: CUDA steps follow the CPU backend, the eval reports loss only") {
   auto rng = sg::test::fresh_rng();
   INFO("random seed " << sg::test::last_seed());

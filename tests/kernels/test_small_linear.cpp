@@ -7,6 +7,7 @@
 
 #include "ops/cpu/reference_ops.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/map_kernels.hpp"
 #include "ops/cuda/small_linear.hpp"
 #include "tests/runtime/test_support.hpp"
 #include "tests/support/activation_reference.hpp"
@@ -64,6 +65,50 @@ TEST_CASE("linear with a tiny N for many rows: tensor-core tiles with K split ov
   CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(32, 10, 8192));  // batch 32 keeps a warp per output
   CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(256, 17, 8192));  // more than two 8-wide tiles
   CHECK_FALSE(cuda::linear_small_n_on_tensor_cores(256, 10, 8200));  // K not in 16-wide steps
+}
+
+// An activation producing x, applied as the kernels load it: the logits and
+// the activation's output written there are the bits of the element-wise
+// kernel's launch followed by the plain forward; both paths (tensor-core
+// tiles, a warp per output), odd sizes, every activation.
+TEST_CASE("linear with a tiny N applies the activation of its input on the load, with the element-wise kernel's bits") {
+  auto rng = sg::test::fresh_rng();
+  INFO("random seed " << sg::test::last_seed());
+  for (const cuda::Activation a : sg::test::kActivations)
+    for (const bool mma : {true, false})
+      for (auto [m, n, k] : std::vector<std::array<std::int64_t, 3>>{
+               {{128, 10, 2048}}, {{37, 11, 129}}, {{257, 9, 1040}}, {{64, 16, 16}}, {{1, 1, 8}}}) {
+        INFO(cuda::activation_op_name(a) << " " << m << "x" << n << "x" << k << (mma ? ", tensor cores" : ""));
+        auto z = sg::test::uniform(std::size_t(m * k), rng);
+        for (auto& v : z) v *= 4.f;  // past the activations' bends
+        const auto x = sg::test::representable<__half>(z);
+        const auto w = sg::test::representable<__half>(sg::test::uniform(std::size_t(n * k), rng));
+        const auto b = sg::test::representable<__half>(sg::test::uniform(std::size_t(n), rng));
+        DeviceArray<__half> dz(x), dw(w), db(b), separate(std::size_t(m * k)), want(std::size_t(m * n));
+        DeviceArray<__half> activated(std::size_t(m * k)), y(std::size_t(m * n)), y_alone(std::size_t(m * n));
+        const cuda::MapKernels* map = cuda::find_map_kernels(cuda::activation_op_name(a));
+        REQUIRE(map);
+        map->f16(dz.get(), nullptr, m * k, separate.get(), nullptr);
+        cuda::launch_linear_small_n(separate.get(), dw.get(), db.get(), m, n, k, want.get(), nullptr, true, mma);
+        cuda::launch_linear_small_n(dz.get(), dw.get(), db.get(), m, n, k, y.get(), nullptr, true, mma,
+                                    {true, a, activated.get()});
+        cuda::launch_linear_small_n(dz.get(), dw.get(), db.get(), m, n, k, y_alone.get(), nullptr, true, mma,
+                                    {true, a, nullptr});  // the activation's output read by nobody else
+        const auto want_y = want.download();
+        // (fp16 values widened to float: equal floats are equal bits; an unwritten NaN is never equal)
+        CHECK(y.download() == want_y);
+        CHECK(y_alone.download() == want_y);
+        CHECK(activated.download() == separate.download());
+        // Those activations near the CPU reference's (fp16 rounding), the
+        // logits the CPU reference's product of them.
+        const auto act_h = separate.download();
+        std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end()), bd(b.begin(), b.end());
+        std::vector<double> act(act_h.begin(), act_h.end()), ref(std::size_t(m * n));
+        CHECK(sg::test::relative_error(act_h, sg::test::activation_forward(a, xd)) < 2e-3);
+        ref::matmul(act.data(), wd.data(), ref.data(), m, n, k, false, true);
+        ref::bias_add(ref.data(), bd.data(), m, n, ref.data());
+        CHECK(sg::test::relative_error(want_y, ref) < 2e-3);
+      }
 }
 
 TEST_CASE("linear with a tiny N waits for the kernel that writes x (dependent launch, stream and graph)") {

@@ -17,13 +17,18 @@ namespace sg::cuda {
 namespace {
 
 constexpr int kUpdateThreads = 256;
-// Elements per block: 16 a thread (four quads in turn) where the launch has
-// over kSmallUpdate elements (784-1024-1024-10's 1.8M, measured at this
-// chunk), else 4 (one quad: a block is one memory round trip). A CNN's
-// convolution weights (~100k elements) made ~30 blocks of four round trips
-// each, 8-10 us a launch at the end of the step; SGD's kernel uses 1024 too.
-constexpr std::int64_t kLargeChunk = kUpdateThreads * 16;
-constexpr std::int64_t kSmallChunk = kUpdateThreads * 4;
+// Elements per block: where the launch has over kSmallUpdate elements, up to
+// 16 a thread (four quads in turn), fewer where that would leave resident
+// block slots empty: the quads a thread takes are as many as one wave of
+// resident blocks needs to cover the launch (784-1024-1024-10's 1.8M: two;
+// a 2048 x 2048 layer's 4.2M: four). Before, every large launch took four, and
+// a 784 x 2048 layer's update alone (1.6M) filled 392 of 1056 block slots of
+// an H200, its loads too few in flight for the bandwidth. Else 4 a thread
+// (one quad: a block is one memory round trip): a CNN's convolution weights
+// (~100k elements) made ~30 blocks of four round trips each, 8-10 us a launch
+// at the end of the step; SGD's kernel uses 1024 too.
+constexpr std::int64_t kQuadChunk = kUpdateThreads * 4;
+constexpr std::int64_t kMaxQuadsPerThread = 4;
 constexpr std::int64_t kSmallUpdate = std::int64_t(1) << 20;
 
 struct UpdateEntry {
@@ -120,15 +125,25 @@ MultiTensorUpdate<Rule, W, G>::MultiTensorUpdate(const std::vector<UpdateTensor<
     : count_(static_cast<int>(tensors.size())), hyper_(hyper) {
   if (tensors.empty()) throw CudaError("MultiTensorUpdate: no tensors");
   std::int64_t elements = 0;
-  for (const auto& t : tensors) elements += t.n;
-  chunk_ = elements > kSmallUpdate ? kLargeChunk : kSmallChunk;
-  std::vector<UpdateEntry> entries;
-  std::int64_t block = 0;
   for (const auto& t : tensors) {
     if (t.copy.type != CopyType::none && !std::is_same_v<W, float>)
       throw CudaError("MultiTensorUpdate: a compute copy is written from fp32 master weights only");
-    entries.push_back({t.w, t.g, t.state, t.n, block, t.order, t.copy});
+    elements += t.n;
     copies_ = copies_ || t.copy.type != CopyType::none;
+  }
+  chunk_ = kQuadChunk;
+  if (elements > kSmallUpdate) {
+    int per_sm = 0;
+    const auto kernel =
+        copies_ ? multi_tensor_update_kernel<Rule, W, G, true> : multi_tensor_update_kernel<Rule, W, G, false>;
+    SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kUpdateThreads, 0));
+    const std::int64_t wave = std::int64_t(std::max(per_sm, 1)) * multiprocessor_count() * kQuadChunk;
+    chunk_ = kQuadChunk * std::clamp<std::int64_t>((elements + wave - 1) / wave, 1, kMaxQuadsPerThread);
+  }
+  std::vector<UpdateEntry> entries;
+  std::int64_t block = 0;
+  for (const auto& t : tensors) {
+    entries.push_back({t.w, t.g, t.state, t.n, block, t.order, t.copy});
     block += std::max<std::int64_t>(1, (t.n + chunk_ - 1) / chunk_);
   }
   blocks_ = static_cast<int>(block);

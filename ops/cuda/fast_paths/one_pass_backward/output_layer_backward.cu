@@ -20,6 +20,7 @@
 #include "ops/cuda/dependent_launch.cuh"
 #include "ops/cuda/fast_paths/one_pass_backward/output_layer_backward.hpp"
 #include "ops/cuda/sgd_step.cuh"
+#include "ops/cuda/small_linear.hpp"
 #include "ops/cuda/softmax_row.cuh"
 #include "ops/cuda/warp_reduce.cuh"
 
@@ -27,6 +28,10 @@ namespace sg::cuda {
 namespace {
 
 constexpr int kMaxBatch = 32, kMaxClasses = 32;
+// This kernel reads h before its wait. The classifier's forward writes h
+// itself where it applies h's activation on its load, on its tensor-core
+// tiles only (small_linear.hpp), which start above this kernel's batches.
+static_assert(kMaxBatch < kTensorCoreMinRows, "the classifier's forward would write the h read before the wait");
 constexpr int kColumns = 32;                       // per block: one per lane
 constexpr int kRowGroups = 8;                      // warps; warp y takes rows y, y + 8, ...
 constexpr int kBlockThreads = kRowGroups * 32;
