@@ -20,8 +20,9 @@ constexpr int kUpdateThreads = 256;
 // Elements per block: where the launch has over kSmallUpdate elements, up to
 // 16 a thread (four quads in turn), fewer where that would leave resident
 // block slots empty: the quads a thread takes are as many as one wave of
-// resident blocks needs to cover the launch (784-1024-1024-10's 1.8M: two;
-// a 2048 x 2048 layer's 4.2M: four). Before, every large launch took four, and
+// resident blocks needs to cover the launch (on an H200, 1056 blocks of 1024
+// elements a quad: 784-1024-1024-10's 1.8M two, a 2048 x 2048 layer's 4.2M
+// four; docs/performance.md section 49). Before, every large launch took four, and
 // a 784 x 2048 layer's update alone (1.6M) filled 392 of 1056 block slots of
 // an H200, its loads too few in flight for the bandwidth. Else 4 a thread
 // (one quad: a block is one memory round trip): a CNN's convolution weights
