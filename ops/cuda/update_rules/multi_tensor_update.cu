@@ -119,6 +119,12 @@ __global__ void __launch_bounds__(kUpdateThreads) multi_tensor_update_kernel(con
   if (advance_step && last_block_done(finished) && threadIdx.x == 0) *advance_step += 1;
 }
 
+// The kernel a launch runs: with the copies' stores compiled in where some tensor has a copy.
+template <class Rule, typename W, typename G>
+auto update_kernel(bool copies) {
+  return copies ? multi_tensor_update_kernel<Rule, W, G, true> : multi_tensor_update_kernel<Rule, W, G, false>;
+}
+
 }  // namespace
 
 template <class Rule, typename W, typename G>
@@ -135,9 +141,8 @@ MultiTensorUpdate<Rule, W, G>::MultiTensorUpdate(const std::vector<UpdateTensor<
   chunk_ = kQuadChunk;
   if (elements > kSmallUpdate) {
     int per_sm = 0;
-    const auto kernel =
-        copies_ ? multi_tensor_update_kernel<Rule, W, G, true> : multi_tensor_update_kernel<Rule, W, G, false>;
-    SG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kUpdateThreads, 0));
+    SG_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, update_kernel<Rule, W, G>(copies_), kUpdateThreads, 0));
     const std::int64_t wave = std::int64_t(std::max(per_sm, 1)) * multiprocessor_count() * kQuadChunk;
     chunk_ = kQuadChunk * std::clamp<std::int64_t>((elements + wave - 1) / wave, 1, kMaxQuadsPerThread);
   }
@@ -158,10 +163,9 @@ template <class Rule, typename W, typename G>
 void MultiTensorUpdate<Rule, W, G>::launch(const UpdateScalars* scalars, const std::int32_t* step,
                                            const float* clip_scale, std::int32_t* advance_step, cudaStream_t stream,
                                            bool dependent) const {
-  const auto kernel =
-      copies_ ? multi_tensor_update_kernel<Rule, W, G, true> : multi_tensor_update_kernel<Rule, W, G, false>;
-  launch_dependent(kernel, {dim3(blocks_), dim3(kUpdateThreads)}, stream, dependent, table_.as<UpdateEntry>(), count_,
-                   scalars, step, clip_scale, hyper_, advance_step, finished_.as<unsigned>(), chunk_);
+  launch_dependent(update_kernel<Rule, W, G>(copies_), {dim3(blocks_), dim3(kUpdateThreads)}, stream, dependent,
+                   table_.as<UpdateEntry>(), count_, scalars, step, clip_scale, hyper_, advance_step,
+                   finished_.as<unsigned>(), chunk_);
 }
 
 #define SG_MULTI_TENSOR_TYPES(Rule)                         \

@@ -120,11 +120,13 @@ class UpdateMultiTensorLowering final : public CudaLowering {
       if (n.op != first.op) continue;
       if (split && reducing_bucket(g, n.inputs[1]) != bucket) continue;
       Candidate c{u.id, n.id, folded_cast(cover, n)};
-      if (!same_launch(g, first, first_grad, n, g.value(read_gradient(g, n, c.cast)).dtype)) continue;
+      const ValueId grad_read = read_gradient(g, n, c.cast);
+      if (!same_launch(g, first, first_grad, n, g.value(grad_read).dtype)) continue;
+      const UpdateInputs in = *update_inputs(n);
       c.permute = folded_permute(cover, n, c.cast);
-      c.copy = carried_cast(cover, update_inputs(n)->param, read_gradient(g, n, c.cast));
-      c.gradient_done = g.value(update_inputs(n)->grad).producer;
-      c.bytes = update_bytes(g, n, gradient_read(g, update_inputs(n)->grad, c.cast, c.permute), c.copy >= 0);
+      c.copy = carried_cast(cover, in.param, grad_read);
+      c.gradient_done = g.value(in.grad).producer;
+      c.bytes = update_bytes(g, n, gradient_read(g, in.grad, c.cast, c.permute), c.copy >= 0);
       candidates.push_back(c);
     }
     bool apart = false;
