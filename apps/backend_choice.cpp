@@ -57,6 +57,7 @@ MlpTraining mlp_training(const TrainConfig& c, DType feature_dtype) {
   t.optimizer.bucket_bytes = static_cast<std::int64_t>(c.data_parallel.bucket_mb * 1024.0 * 1024.0);
   t.optimizer.shard_updates = c.data_parallel.zero1;
   t.optimizer.shard_min_bytes = static_cast<std::int64_t>(c.data_parallel.zero1_min_mb * 1024.0 * 1024.0);
+  t.optimizer.weight_gradients = weight_gradients_from_name(c.data_parallel.weight_gradients);
   t.eval_batch = c.data.eval_batch_size;
   t.init_seed = c.run.seed;
   return t;

@@ -139,6 +139,8 @@ ResumePoint load_resume_point(const TrainConfig& config, int world_size) {
             config.data_parallel.symmetric_memory);
     differs("data_parallel.zero1", saved.data_parallel.zero1, config.data_parallel.zero1);
     differs("data_parallel.zero1_min_mb", saved.data_parallel.zero1_min_mb, config.data_parallel.zero1_min_mb);
+    differs("data_parallel.weight_gradients", saved.data_parallel.weight_gradients,
+            config.data_parallel.weight_gradients);
   }
   return point;
 }

@@ -97,6 +97,8 @@ enum class OpKind : std::uint8_t {
   to_channels_first,      // X [N,H,W,C] -> [N,C,H,W]
   // ---- sharded updates, ZeRO-1 (issue 38): graph/optimizer_pass.hpp
   all_gather_shards,      // (param) -> the parameter with every rank's shard (AllReduceAttrs::shards) gathered
+  // ---- weight gradients from every rank's rows (issue 38): graph/gathered_gradients.hpp
+  all_gather_batch,       // X [N,...] -> [shards*N,...]: every rank's rows, rank r's at rows r*N (AllReduceAttrs::shards ranks)
 };
 
 std::string_view op_name(OpKind op);
@@ -164,6 +166,8 @@ struct LossGradientAttrs {
 // range of each output holds the mean (the rest is unspecified), and the
 // updates that read it update that range alone; all_gather_shards fills every
 // range from the rank that owns it. The CPU reference is a group of one.
+// all_gather_batch (issue 38, graph/gathered_gradients.hpp): `shards` is the
+// number of ranks whose rows it gathers.
 struct AllReduceAttrs {
   bool pre_scaled = false;
   std::int64_t shards = 0;

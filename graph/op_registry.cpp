@@ -52,6 +52,8 @@ const std::vector<const OpDef*>& table() {
         &ops::to_channels_last_def(), &ops::to_channels_first_def(),
         // issue 38: sharded updates (ZeRO-1)
         &ops::all_gather_shards_def(),
+        // issue 38: weight gradients from every rank's rows
+        &ops::all_gather_batch_def(),
     };
     for (std::size_t i = 0; i < t.size(); ++i)
       if (static_cast<std::size_t>(t[i]->kind) != i || t[i]->name.empty() || !t[i]->infer)

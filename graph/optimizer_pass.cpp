@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -34,18 +35,6 @@ ValueId append_clip_scale(Graph& g, const GradientMap& grads, double max_norm) {
   return g.insert_node(after_last_gradient(g, grads), OpKind::grad_clip_scale, all, ClipGradAttrs{max_norm},
                        Role::grad, "grad_clip_scale")
       .front();
-}
-
-// The layer a gradient belongs to: the upstream gradient its producer reads
-// (dW = matmul(X^T, dZ) and db = reduce_rows(dZ) share dZ), looking through
-// the casts of fp32 master weights; the gradient itself when it reads none.
-ValueId layer_key(const Graph& g, ValueId grad) {
-  NodeId n = g.value(grad).producer;
-  while (g.node(n).op == OpKind::cast && g.value(g.node(n).inputs[0]).producer >= 0)
-    n = g.value(g.node(n).inputs[0]).producer;
-  for (ValueId in : g.node(n).inputs)
-    if (g.value(in).role == Role::grad) return in;
-  return grad;
 }
 
 // The f16/bf16 gradient that `grad` (f32) widens, when a cast read by nothing
@@ -84,7 +73,7 @@ std::size_t after_last(const Graph& g, const Bucket& b) {
 std::vector<Bucket> buckets_of(const Graph& g, const GradientMap& grads, bool compute_dtype,
                                std::int64_t bucket_bytes) {
   std::map<ValueId, std::vector<ValueId>> layers;  // layer key -> its parameters
-  for (const auto& [param, grad] : grads.of_param) layers[layer_key(g, grad)].push_back(param);
+  for (const auto& [param, grad] : grads.of_param) layers[gradient_layer(g, grad)].push_back(param);
   std::vector<Bucket> per_layer;
   for (const auto& [key, params] : layers) {
     Bucket b;
@@ -239,13 +228,14 @@ OptimizerKind optimizer_from_name(std::string_view name) {
 }
 
 namespace {
-// The updates (and what they need: clip scale, scaled gradients). With
-// `after_every_gradient` (data parallel) every SGD update also waits for the
-// last gradient, as Adam's always do: each bucket's all-reduce then runs
-// beside the earlier layers' backward (runtime/cuda/stream_plan.hpp) instead
-// of being waited for by its own layer's update right after it.
+// The updates (and what they need: clip scale, scaled gradients). The SGD
+// updates of the parameters in `after_every_gradient` (data parallel: those
+// all-reduced) also wait for the last gradient, as Adam's always do: each
+// bucket's all-reduce then runs beside the earlier layers' backward
+// (runtime/cuda/stream_plan.hpp) instead of being waited for by its own
+// layer's update right after it.
 void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step,
-                    bool after_every_gradient);
+                    const std::set<ValueId>& after_every_gradient);
 }  // namespace
 
 void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step) {
@@ -257,20 +247,32 @@ void append_optimizer(Graph& g, const GradientMap& grads, const OptimizerSpec& s
     if (shards > 1 && spec.clip_grad_norm > 0.0)
       throw GraphError("sharded updates (ZeRO-1) cannot clip gradients: the global norm would need every rank's shard");
     if (pre_scaled) pre_scale_loss_gradients(g, spec.pre_scale_ranks);
-    append_updates(g,
-                   append_all_reduce(g, grads, spec.reduce_in_compute_dtype, spec.bucket_bytes, pre_scaled, shards,
-                                     spec.shard_min_bytes),
-                   local, step, /*after_every_gradient=*/true);
-    if (shards > 1) gather_sharded_parameters(g, grads, shards, spec.shard_min_bytes);
+    // Layers whose gradients sum every rank's rows need no all-reduce; the rest are bucketed.
+    const std::set<ValueId> whole =
+        gather_rows_for_gradients(g, grads, pre_scaled ? spec.pre_scale_ranks : 0, spec.weight_gradients);
+    GradientMap to_reduce, updated = grads;
+    for (const auto& [param, grad] : grads.of_param)
+      if (!whole.count(param)) to_reduce.of_param[param] = grad;
+    std::set<ValueId> reduced_params;
+    if (!to_reduce.of_param.empty()) {
+      for (const auto& [param, mean] : append_all_reduce(g, to_reduce, spec.reduce_in_compute_dtype,
+                                                         spec.bucket_bytes, pre_scaled, shards, spec.shard_min_bytes)
+                                           .of_param) {
+        updated.of_param[param] = mean;
+        reduced_params.insert(param);
+      }
+    }
+    append_updates(g, updated, local, step, reduced_params);
+    if (shards > 1) gather_sharded_parameters(g, to_reduce, shards, spec.shard_min_bytes);
     return;
   }
-  append_updates(g, grads, spec, step, false);
+  append_updates(g, grads, spec, step, {});
 }
 
 namespace {
 
 void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spec, std::optional<ValueId> step,
-                    bool after_every_gradient) {
+                    const std::set<ValueId>& after_every_gradient) {
   const bool adam = spec.kind == OptimizerKind::adam || spec.kind == OptimizerKind::adamw;
   if (adam && !step) throw GraphError(fmt::format("{} needs the graph's step counter (bias correction)", optimizer_name(spec.kind)));
   if (spec.kind == OptimizerKind::sgd && spec.nesterov && !(spec.momentum > 0.0))
@@ -314,7 +316,7 @@ void append_updates(Graph& g, const GradientMap& grads, const OptimizerSpec& spe
     if (spec.momentum > 0.0) inputs.push_back(g.state("vel_" + p.name, p.shape, p.dtype));
     const SgdUpdateAttrs attrs{spec.momentum, spec.weight_decay, spec.nesterov};  // spec.lr is the executors' run state
     const std::size_t earliest = earliest_update_position(g, param, inputs);
-    g.insert_node(after_every_gradient ? std::max(earliest, after_last_gradient(g, grads)) : earliest,
+    g.insert_node(after_every_gradient.count(param) ? std::max(earliest, after_last_gradient(g, grads)) : earliest,
                   OpKind::sgd_update, inputs, attrs, Role::activation, {});
   }
 }

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "graph/autodiff.hpp"
+#include "graph/gathered_gradients.hpp"
 
 namespace sg {
 
@@ -78,6 +79,11 @@ struct OptimizerSpec {
   // at ~3.5 TB/s). 16 MiB, data_parallel.zero1_min_mb's default; tests
   // shard smaller ones.
   std::int64_t shard_min_bytes = std::int64_t{16} << 20;
+  // With pre_scale_ranks = R > 1: which layers' gradients come from every
+  // rank's rows instead of an all-reduce (graph/gathered_gradients.hpp). Their
+  // updates read them directly and are placed as in a single process; they
+  // are neither bucketed nor sharded.
+  WeightGradients weight_gradients = WeightGradients::by_bytes;
 };
 
 // Each rank's range of a sharded parameter is a multiple of this many

@@ -4,7 +4,8 @@
 # exit status the number of failures. docs/data_parallel.md says what each shows.
 #   - the fused CNN step at --gpus 2: two runs give the same losses
 #   - NCCL's socket transport (P2P and SHM off, a host id per rank, lo) against NVLink: same final test loss within 1%
-#   - resume at N = 2 (MLP, report CNN, the MLP with data_parallel.zero1): the checkpoint's tensors and the
+#   - data_parallel.weight_gradients: gather on the MLP: no all-reduce, a rerun the same, test loss within 1%
+#   - resume at N = 2 (MLP, report CNN, the MLP with data_parallel.zero1, with gathered rows): the checkpoint's tensors and the
 #     losses of a straight run; the zero1 MLP's checkpoint and losses also those of the all-reducing MLP's
 #   - a rank SIGKILLed (under --gpus, under torchrun variables): every rank ends within 2 s
 #   - a rank SIGSTOPped (--peer-timeout 5, both launches): every rank ends within 5-8 s
@@ -43,6 +44,19 @@ grep -q "via NET/Socket" "$out/socket_0.log" && ! grep -q "via P2P" "$out/socket
   python3 -c "import sys; sys.exit(0 if abs($a - $b) <= 0.01 * $b else 1)" 2>/dev/null
 verdict $? "NCCL socket transport (P2P, SHM off; host ids apart): final test loss within 1% of NVLink's"
 
+# Weight gradients from every rank's rows (data_parallel.weight_gradients: gather): no gradient all-reduced, a rerun
+# the same losses, the final test loss within 1% of the all-reducing run's (the sums differ only in their order).
+G=(-c configs/mnist_mlp.yaml --set data_parallel.weight_gradients=gather)
+for r in a b; do $B train "${G[@]}" --gpus 2 --set run.out_dir="$out/gather" > "$out/gather_$r.log" 2>&1; done
+a=$(test_loss "$out/gather_a.log"); b=$(test_loss "$out/nvlink.log")
+echo "  gather: test loss ${a:-?} (all-reduce ${b:-?}), $(grep -o 'test accuracy [0-9.]*%' "$out/gather_a.log" | tail -1)," \
+  "$(grep -o '[0-9]* samples/s)' "$out/gather_a.log" | tail -1)"
+schedule=$($B inspect "${G[@]}" --world-size 2 -f schedule 2>/dev/null)
+cmp -s <(steps "$out/gather_a.log") <(steps "$out/gather_b.log") &&
+  python3 -c "import sys; sys.exit(0 if abs($a - $b) <= 0.01 * $b else 1)" 2>/dev/null &&
+  [ "$(grep -c '^L[0-9]* nccl_all_gather' <<< "$schedule")" = 6 ] && ! grep -q '^L[0-9]* nccl_all_reduce' <<< "$schedule"
+verdict $? "mlp, weight gradients from every rank's rows: 6 gathers, no all-reduce, a rerun the same, test loss within 1%"
+
 # Resume at N = 2: the tensors of the checkpoint after 400 steps, straight and resumed at 200.
 same_tensors() {  # a stepgraph checkpoint's tensor section (after magic, version, step, seed and the saved config)
   python3 - "$1" "$2" <<'PY'
@@ -54,11 +68,12 @@ def tensors(path):
 sys.exit(0 if tensors(sys.argv[1]) == tensors(sys.argv[2]) else 1)
 PY
 }
-for net in mlp cnn mlp_zero1; do
+for net in mlp cnn mlp_zero1 mlp_gather; do
   C=(-c configs/mnist_mlp.yaml --set optim.schedule.kind=constant)
   [ $net = cnn ] && C=(-c configs/mnist_cnn.yaml)
   # W1 and W2 sharded (1.5 and 2 MiB in f16: below the default zero1_min_mb, so it is lowered here)
   [ $net = mlp_zero1 ] && C+=(--set data_parallel.zero1=true --set data_parallel.zero1_min_mb=1)
+  [ $net = mlp_gather ] && C+=(--set data_parallel.weight_gradients=gather)
   run() { $B train "${C[@]}" --gpus 2 --set run.epochs=0 --set run.log_every=100 --set run.checkpoint=ck.sgck "$@"; }
   run --set run.steps=400 --set run.out_dir="$out/${net}_straight" > "$out/${net}_straight.log" 2>&1
   run --set run.steps=200 --set run.out_dir="$out/${net}_half" > "$out/${net}_half.log" 2>&1

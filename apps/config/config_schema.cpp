@@ -28,7 +28,7 @@ const std::vector<ConfigSection>& config_schema() {
                  "clip_grad_norm"}, {"schedule"}},
       {"optim.schedule", {"kind", "warmup_steps", "step_size", "gamma", "min_lr"}, {}},
       {"precision", {"weights", "accumulate", "compute", "all_reduce"}, {}},
-      {"data_parallel", {"bucket_mb", "nccl_ctas", "symmetric_memory", "zero1", "zero1_min_mb"}, {}},
+      {"data_parallel", {"bucket_mb", "nccl_ctas", "symmetric_memory", "zero1", "zero1_min_mb", "weight_gradients"}, {}},
       {"run", {"steps", "epochs", "seed", "eval_every", "log_every", "out_dir", "checkpoint", "checkpoint_every", "resume",
                "loss_plot_scale"}, {}},
       {"backend", backend_keys(), {}},

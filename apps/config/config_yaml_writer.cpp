@@ -140,7 +140,8 @@ std::string to_yaml(const TrainConfig& c) {
   e << YAML::Key << "nccl_ctas" << YAML::Value << c.data_parallel.nccl_ctas;
   e << YAML::Key << "symmetric_memory" << YAML::Value << c.data_parallel.symmetric_memory;
   e << YAML::Key << "zero1" << YAML::Value << c.data_parallel.zero1;
-  e << YAML::Key << "zero1_min_mb" << YAML::Value << num(c.data_parallel.zero1_min_mb) << YAML::EndMap;
+  e << YAML::Key << "zero1_min_mb" << YAML::Value << num(c.data_parallel.zero1_min_mb);
+  e << YAML::Key << "weight_gradients" << YAML::Value << c.data_parallel.weight_gradients << YAML::EndMap;
   e << YAML::Key << "run" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "steps" << YAML::Value << c.run.steps;
   e << YAML::Key << "epochs" << YAML::Value << c.run.epochs;

@@ -217,6 +217,7 @@ void read_all(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
   r.read(parallel, "data_parallel", "symmetric_memory", c.data_parallel.symmetric_memory);
   r.read(parallel, "data_parallel", "zero1", c.data_parallel.zero1);
   r.read(parallel, "data_parallel", "zero1_min_mb", c.data_parallel.zero1_min_mb);
+  r.read(parallel, "data_parallel", "weight_gradients", c.data_parallel.weight_gradients);
 
   const auto run = section_of(root, "run");
   r.read(run, "run", "steps", c.run.steps);

@@ -171,6 +171,7 @@ void validate(const ConfigReader& r, const YAML::Node& root, TrainConfig& c) {
           "must be in [0, 1e6] MiB (0: one bucket per layer)");
   require(c.data_parallel.nccl_ctas >= 0 && c.data_parallel.nccl_ctas <= 64, "data_parallel.nccl_ctas",
           "must be in [0, 64] (0: NCCL's own choice)");
+  one_of(c.data_parallel.weight_gradients, {"reduce", "gather", "auto"}, "data_parallel.weight_gradients");
   require(c.data_parallel.zero1_min_mb >= 0 && c.data_parallel.zero1_min_mb <= 1e6, "data_parallel.zero1_min_mb",
           "must be in [0, 1e6] MiB");
   require(!(c.data_parallel.zero1 && c.optim.clip_grad_norm > 0), "data_parallel.zero1",

@@ -163,5 +163,6 @@ const OpDef& batch_norm_inference_def();
 const OpDef& to_channels_last_def();
 const OpDef& to_channels_first_def();
 const OpDef& all_gather_shards_def();
+const OpDef& all_gather_batch_def();
 
 }  // namespace sg::ops

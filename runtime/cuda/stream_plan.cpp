@@ -166,6 +166,12 @@ std::vector<bool> parameter_launches(const sg::Graph& graph, const Schedule& s) 
   return out;
 }
 
+namespace {
+bool gathers_rows(const sg::Graph& graph, const Launch& l) {
+  return l.nodes.size() == 1 && graph.node(l.nodes.front()).op == OpKind::all_gather_batch;
+}
+}  // namespace
+
 StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const BackendOptions& options) {
   std::vector<bool> communicates;
   for (const Launch& l : s.launches)
@@ -189,11 +195,16 @@ StreamPlan plan_streams(const sg::Graph& graph, const Schedule& s, const Backend
   // launch that reads what an all-reduce writes (an update) stays on the
   // step's stream too: on the gradient stream it would wait there for the
   // all-reduce and hold back the weight gradients forked after it.
+  // A weight gradient that reads every rank's rows (all_gather_batch,
+  // graph/gathered_gradients.hpp) is the exception: it stays on the gradient
+  // stream, waiting there for its gather, where the weight gradients after it
+  // wait for their own later gathers anyway and the chain runs on.
   std::vector<bool> after_communication(s.launches.size(), false);
   for (std::size_t i = 0; i < communicates.size(); ++i) {
     if (communicates[i]) on_gradient_stream[i] = false;
     for (std::size_t j = 0; j < i && !after_communication[i]; ++j)
-      after_communication[i] = communicates[j] && depends_on(s.launches[i], s.launches[j]);
+      after_communication[i] = communicates[j] && depends_on(s.launches[i], s.launches[j]) &&
+                               !gathers_rows(graph, s.launches[j]);
     if (after_communication[i]) on_gradient_stream[i] = false;
   }
   // A gradient-stream launch that forks after the step's stream has run its

@@ -15,7 +15,7 @@ using namespace sg;
 
 namespace {
 
-constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::all_gather_shards) + 1;  // the last OpKind
+constexpr std::size_t kOpKinds = static_cast<std::size_t>(OpKind::all_gather_batch) + 1;  // the last OpKind
 
 // Attributes of the given kind with every field away from its default.
 OpAttrs sample_attrs(std::size_t index) {

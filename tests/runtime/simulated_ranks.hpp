@@ -11,7 +11,8 @@
 //   beyond its range (an update over the whole parameter, a forward read of a
 //   parameter not gathered) shows in the weights and the loss;
 // - all_gather_shards: each range of the output from the rank that owns it
-//   (that rank's input).
+//   (that rank's input);
+// - all_gather_batch: rank r's rows at block r of every rank's output.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -79,6 +80,18 @@ inline void step_ranks(std::vector<std::unique_ptr<CpuExecutor<float>>>& ranks) 
           const auto [begin, end] = shard_range(out.size(), shards, owner);
           std::copy(in.begin() + static_cast<std::ptrdiff_t>(begin), in.begin() + static_cast<std::ptrdiff_t>(end),
                     out.begin() + static_cast<std::ptrdiff_t>(begin));
+        }
+      }
+      continue;
+    }
+    if (n.op == OpKind::all_gather_batch) {
+      REQUIRE(n.attr<AllReduceAttrs>().shards == static_cast<std::int64_t>(ranks.size()));
+      for (auto& r : ranks) {
+        auto& out = r->tensor(n.outputs[0]).real;
+        for (std::size_t from = 0; from < ranks.size(); ++from) {
+          const auto& in = ranks[from]->tensor(n.inputs[0]).real;
+          REQUIRE(in.size() * ranks.size() == out.size());
+          std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(from * in.size()));
         }
       }
       continue;

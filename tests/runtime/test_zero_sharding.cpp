@@ -12,7 +12,7 @@
 #include "graph/verifier.hpp"
 #include "models/mlp_program.hpp"
 #include "models/sequential_program.hpp"
-#include "tests/runtime/layer_specs.hpp"
+#include "tests/runtime/rank_cnn.hpp"
 #include "tests/runtime/simulated_ranks.hpp"
 #include "tests/runtime/test_support.hpp"
 
@@ -189,24 +189,9 @@ TEST_CASE("zero1: a model.sequential CNN on 2 simulated ranks with sharded updat
     INFO(optimizer_name(kind) << ", batch " << batch << ", seed " << test::last_seed());
     const Data d = random_dataset(rng, rows, 64, 6);
     const auto cnn = [&](std::int64_t rank, bool shard) {
-      SequentialTraining t;
-      t.model.input_shape = {1, 8, 8};
-      t.model.layers = {net_layer(LayerKind::conv2d, 8, 3, 1), net_layer(LayerKind::activation),
-                        net_layer(LayerKind::conv2d, 16, 3, 1), net_layer(LayerKind::activation),
-                        net_layer(LayerKind::max_pool2d, 0, 2), net_layer(LayerKind::flatten),
-                        net_layer(LayerKind::linear, 6)};
-      t.model.batch = batch;
-      t.model.compute_dtype = DType::f32;
-      t.model.weight_dtype = DType::f32;
-      t.optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
-      t.optimizer.kind = kind;
-      t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+      SequentialTraining t = rank_cnn(kind, batch, rank, ranks);
       t.optimizer.shard_updates = shard;
       t.optimizer.shard_min_bytes = 0;
-      t.data_rank = rank;
-      t.data_ranks = ranks;
-      t.eval_batch = 10;
-      t.init_seed = 3;
       return executor(build_sequential_program(t, rows, 10, ProgramTarget::cpu), d);
     };
     std::vector<std::unique_ptr<CpuExecutor<float>>> sharded, reduced;

@@ -1,0 +1,31 @@
+#pragma once
+// The model.sequential CNN the simulated-rank tests train (test_zero_sharding.cpp,
+// test_gathered_gradients.cpp): 1x8x8 inputs, two 3x3 convolutions (8 and 16
+// filters), a max-pool and a 6-way classifier, f32, rank `rank` of `ranks`
+// at `batch` rows each.
+#include "models/sequential_program.hpp"
+#include "tests/runtime/layer_specs.hpp"
+
+namespace sg::test {
+
+inline SequentialTraining rank_cnn(OptimizerKind kind, std::int64_t batch, std::int64_t rank, std::int64_t ranks) {
+  SequentialTraining t;
+  t.model.input_shape = {1, 8, 8};
+  t.model.layers = {net_layer(LayerKind::conv2d, 8, 3, 1), net_layer(LayerKind::activation),
+                    net_layer(LayerKind::conv2d, 16, 3, 1), net_layer(LayerKind::activation),
+                    net_layer(LayerKind::max_pool2d, 0, 2), net_layer(LayerKind::flatten),
+                    net_layer(LayerKind::linear, 6)};
+  t.model.batch = batch;
+  t.model.compute_dtype = DType::f32;
+  t.model.weight_dtype = DType::f32;
+  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.05 : 0.01;
+  t.optimizer.kind = kind;
+  t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+  t.data_rank = rank;
+  t.data_ranks = ranks;
+  t.eval_batch = 10;
+  t.init_seed = 3;
+  return t;
+}
+
+}  // namespace sg::test
