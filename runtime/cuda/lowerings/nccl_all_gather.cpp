@@ -34,7 +34,8 @@ class NcclAllGatherLowering final : public CudaLowering {
   std::unique_ptr<RecordedLaunch> record(const Launch& l, std::size_t, const BindContext& c) const override {
     const NcclCommunicator* comm = c.communicator();
     if (!comm)
-      throw CudaError("all_gather_shards needs an NCCL communicator: this graph belongs to a data-parallel run");
+      throw CudaError(fmt::format("{} needs an NCCL communicator: this graph belongs to a data-parallel run",
+                                  op_name(c.graph().node(l.nodes.front()).op)));
     const sg::Graph& g = c.graph();
     const Node& n = g.node(l.nodes.front());
     if (n.op == OpKind::all_gather_batch) return record_rows(n, c, *comm);
