@@ -15,9 +15,18 @@ std::int64_t bytes_of(const Value& v) {
   return element_count(v.shape) * static_cast<std::int64_t>(dtype_size(v.dtype));
 }
 
+bool view_or_layout(OpKind op) {
+  return op == OpKind::reshape || op == OpKind::flatten || op == OpKind::to_channels_last ||
+         op == OpKind::to_channels_first;
+}
+
 // A value with one row per example of this rank's batch: computed from the
 // batch (an activation, a gradient) or fed with it, not a parameter or state.
-bool batch_major(const Value& v) {
+// Not a view or layout copy of another value (a flatten, a channels-last
+// input): lowerings fold those into their neighbours' launches, where a
+// gather in between would read it before it is written.
+bool batch_major(const Graph& g, const Value& v) {
+  if (v.producer >= 0 && view_or_layout(g.node(v.producer).op)) return false;
   return (v.role == Role::input || v.role == Role::activation || v.role == Role::grad) && !v.shape.empty() &&
          v.shape[0] > 0;
 }
@@ -45,7 +54,7 @@ std::optional<std::vector<ValueId>> rows_summed(const Graph& g, const Node& n) {
   }
   const std::int64_t rows = g.value(in.front()).shape.empty() ? 0 : g.value(in.front()).shape[0];
   for (ValueId v : in)
-    if (!batch_major(g.value(v)) || g.value(v).shape[0] != rows) return std::nullopt;
+    if (!batch_major(g, g.value(v)) || g.value(v).shape[0] != rows) return std::nullopt;
   return in;
 }
 
@@ -77,7 +86,8 @@ bool gathering_pays(const LayerTraffic& t) { return t.gathered + t.gathers * kCo
 
 NodeId gradient_producer(const Graph& g, ValueId grad) {
   NodeId n = g.value(grad).producer;
-  while (n >= 0 && g.node(n).op == OpKind::cast && g.value(g.node(n).inputs[0]).producer >= 0)
+  while (n >= 0 && (g.node(n).op == OpKind::cast || g.node(n).op == OpKind::to_channels_first) &&
+         g.value(g.node(n).inputs[0]).producer >= 0)
     n = g.value(g.node(n).inputs[0]).producer;
   return n;
 }
@@ -85,8 +95,15 @@ NodeId gradient_producer(const Graph& g, ValueId grad) {
 ValueId gradient_layer(const Graph& g, ValueId grad) {
   const NodeId n = gradient_producer(g, grad);
   if (n < 0) return grad;
-  for (ValueId in : g.node(n).inputs)
-    if (g.value(in).role == Role::grad) return in;
+  for (ValueId in : g.node(n).inputs) {
+    if (g.value(in).role != Role::grad) continue;
+    // A channels-last bias gradient sums a [N*H*W, C] view of the dY its filter gradient reads.
+    for (NodeId p = g.value(in).producer; p >= 0 && view_or_layout(g.node(p).op) &&
+                                          g.value(g.node(p).inputs[0]).role == Role::grad;
+         p = g.value(in).producer)
+      in = g.node(p).inputs[0];
+    return in;
+  }
   return grad;
 }
 

@@ -11,6 +11,8 @@
 #include <set>
 
 #include "models/mlp_program.hpp"
+#include "models/sequential_program.hpp"
+#include "tests/runtime/report_cnn.hpp"
 #include "runtime/cuda/stream_plan.hpp"
 #include "tests/runtime/schedule_test_support.hpp"
 #include "tests/runtime/stream_order.hpp"
@@ -90,4 +92,39 @@ TEST_CASE("data parallel: auto gathers the rows of the wide layers and all-reduc
   CHECK(reduces == 2);
   const Lowered lowered = lower(p.train, BackendOptions{});
   test::check_stream_order(lowered.schedule, cuda::plan_streams(p.train, lowered.schedule, BackendOptions{}));
+}
+
+// On a GPU a CNN rank trains its channels-last variant, whose filter gradients reach their parameters through a
+// to_channels_first (graph/filter_layout_pass.hpp) and whose bias gradients sum a [N*H*W, C] view of dY: a
+// convolution's weight and bias are still one layer, one bucket (they were two: 5 NCCL launches for a 3-layer
+// CNN). Views and layout copies are not gathered (their lowerings fold them into a neighbour's launch): with
+// `gather` the convolutions (dY's view) and the first linear layer (a flatten) stay all-reduced, the classifier
+// (a dropout's rows) is gathered, and every read still follows its write.
+TEST_CASE("data parallel: a channels-last CNN rank buckets each layer once; views are not gathered") {
+  SequentialTraining t = test::report_cnn();
+  t.optimizer.momentum = 0.9;
+  t.data_rank = 1;
+  t.data_ranks = 2;
+  for (const WeightGradients mode : {WeightGradients::reduce, WeightGradients::gather}) {
+    INFO(weight_gradients_name(mode));
+    t.optimizer.weight_gradients = mode;
+    const TrainingProgram p = build_sequential_program(t, 1280, 200, ProgramTarget::cuda);
+    REQUIRE(p.channels_last);
+    const Graph& g = p.channels_last->train;
+    std::size_t reduces = 0, filters = 0, gathered_filters = 0;
+    for (const Node& n : g.nodes()) {
+      reduces += n.op == OpKind::all_reduce_mean ? 1 : 0;
+      if (n.op != OpKind::conv2d_backward_filter) continue;
+      ++filters;
+      bool all_gathered = true;
+      for (ValueId in : n.inputs)
+        all_gathered = all_gathered && g.node(g.value(in).producer).op == OpKind::all_gather_batch;
+      gathered_filters += all_gathered ? 1 : 0;
+    }
+    CHECK(filters == 2);
+    CHECK(reduces == (mode == WeightGradients::reduce ? 4u : 3u));  // two convolutions, two linear layers
+    CHECK(gathered_filters == 0);
+    const Lowered lowered = lower(g, BackendOptions{});
+    test::check_stream_order(lowered.schedule, cuda::plan_streams(g, lowered.schedule, BackendOptions{}));
+  }
 }
