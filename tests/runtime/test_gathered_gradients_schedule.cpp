@@ -100,7 +100,7 @@ TEST_CASE("data parallel: auto gathers the rows of the wide layers and all-reduc
 // CNN). Views and layout copies are not gathered (their lowerings fold them into a neighbour's launch): with
 // `gather` the convolutions (dY's view) and the first linear layer (a flatten) stay all-reduced, the classifier
 // (a dropout's rows) is gathered, and every read still follows its write.
-TEST_CASE("data parallel: a channels-last CNN rank buckets each layer once; views are not gathered") {
+TEST_CASE("data parallel: a channels-last CNN rank buckets each layer once, views are not gathered") {
   SequentialTraining t = test::report_cnn();
   t.optimizer.momentum = 0.9;
   t.data_rank = 1;
