@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -55,7 +56,12 @@ std::string nchw_reason(const TrainingProgram& program, const BackendOptions& op
   const sg::Graph& train = program.train;
   const auto lowerings = cuda_lowerings(options, device_present);
   const Schedule s = build_schedule(train, as_lowerings(lowerings));
-  if (s.launches.size() == 1 && cuda_lowering_of(s.launches[0]).covers_whole_step())
+  // (In a data-parallel rank the fused CNN step leaves the all-reduces and
+  // updates to launches of their own: any launch, not only a lone one. The
+  // lone-launch test sent the report CNN's rank channels-last, which the
+  // fused step's pattern does not take.)
+  if (std::any_of(s.launches.begin(), s.launches.end(),
+                  [](const Launch& l) { return cuda_lowering_of(l).covers_whole_step(); }))
     return "a whole-step kernel takes the NCHW step";
   std::optional<std::set<ConvKey>> few;  // built on the first candidate: a second schedule
   for (const Launch& l : s.launches) {

@@ -93,7 +93,9 @@ class CudaLowering : public Lowering {
   // runs beside the last weight gradients instead of before or after them.
   virtual bool runs_beside_chain_end(const Launch&) const { return false; }
   // Whether its one launch is a whole training step (whole_step,
-  // resident_step, cnn_step): such a schedule has no other launch.
+  // resident_step, cnn_step): such a schedule has no other launch, but in a
+  // data-parallel rank (cnn_step's gradients out, then the update stage's
+  // all-reduces and updates).
   virtual bool covers_whole_step() const { return false; }
   // Binds `launch` (the launch at `index` of the schedule; one of this
   // lowering's) to the program's buffers.
