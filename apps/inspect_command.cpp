@@ -146,7 +146,7 @@ std::string memory_dump(const TrainConfig& config, const Graph& g) {
 #ifdef STEPGRAPH_HAVE_CUDA
   const CudaCover c = cuda_cover(config, g);
   std::vector<std::size_t> bytes, masks;
-  for (const auto& v : g.values()) bytes.push_back(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype));
+  for (const auto& v : g.values()) bytes.push_back(value_bytes(v));
   for (const auto& aux : c.schedule.aux) masks.push_back(cuda::relu_aux_bytes(aux.rows, aux.cols));
   std::vector<std::string> cudnn_launches;
   for (std::size_t i = 0; i < c.schedule.launches.size(); ++i)

@@ -9,8 +9,7 @@ namespace sg::app {
 namespace {
 
 double value_bytes(const Graph& g, ValueId id) {
-  const Value& v = g.value(id);
-  return double(element_count(v.shape)) * double(dtype_size(v.dtype));
+  return double(value_bytes(g.value(id)));
 }
 
 // Bytes a read of `id` moves for the nodes of the launch: a gather's table

@@ -11,10 +11,6 @@
 namespace sg {
 namespace {
 
-std::int64_t bytes_of(const Value& v) {
-  return element_count(v.shape) * static_cast<std::int64_t>(dtype_size(v.dtype));
-}
-
 bool view_or_layout(OpKind op) {
   return op == OpKind::reshape || op == OpKind::flatten || op == OpKind::to_channels_last ||
          op == OpKind::to_channels_first;
@@ -115,7 +111,7 @@ std::set<ValueId> gather_rows_for_gradients(Graph& g, const GradientMap& grads, 
   for (const auto& [param, grad] : grads.of_param) {
     Layer& layer = layers[gradient_layer(g, grad)];
     layer.params.push_back(param);
-    layer.traffic.reduced += bytes_of(g.value(grad)) * 2 * (ranks - 1) / ranks;
+    layer.traffic.reduced += static_cast<std::int64_t>(value_bytes(g.value(grad))) * 2 * (ranks - 1) / ranks;
     const NodeId producer = gradient_producer(g, grad);
     const auto rows = producer >= 0 ? rows_summed(g, g.node(producer)) : std::nullopt;
     if (!rows) {
@@ -126,7 +122,7 @@ std::set<ValueId> gather_rows_for_gradients(Graph& g, const GradientMap& grads, 
     for (ValueId v : *rows)
       if (std::find(layer.rows.begin(), layer.rows.end(), v) == layer.rows.end()) {
         layer.rows.push_back(v);
-        layer.traffic.gathered += bytes_of(g.value(v)) * (ranks - 1);
+        layer.traffic.gathered += static_cast<std::int64_t>(value_bytes(g.value(v))) * (ranks - 1);
         ++layer.traffic.gathers;
       }
   }

@@ -84,7 +84,7 @@ std::vector<Bucket> buckets_of(const Graph& g, const GradientMap& grads, bool co
       b.params.push_back(p);
       b.in.push_back(in);
       b.widened.push_back(narrow ? grad : -1);
-      b.bytes += element_count(g.value(in).shape) * static_cast<std::int64_t>(dtype_size(g.value(in).dtype));
+      b.bytes += static_cast<std::int64_t>(value_bytes(g.value(in)));
     }
     per_layer.push_back(std::move(b));
   }

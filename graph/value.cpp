@@ -35,6 +35,8 @@ std::int64_t element_count(const Shape& shape) {
   return n;
 }
 
+std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
+
 std::string shape_string(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
 
 }  // namespace sg

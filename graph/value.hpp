@@ -1,6 +1,7 @@
 #pragma once
 // A typed tensor value of the op graph: defined once, by one node or by the
 // graph itself (inputs, labels, parameters, optimizer state).
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -34,6 +35,7 @@ struct Value {
 };
 
 std::int64_t element_count(const Shape& shape);
+std::size_t value_bytes(const Value& v);  // element_count(shape) * dtype_size(dtype)
 std::string shape_string(const Shape& shape);  // "[32,784]"
 
 }  // namespace sg

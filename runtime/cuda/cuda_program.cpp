@@ -32,8 +32,6 @@ struct MatmulConstants {
   __half zero_h;
 };
 
-std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
-
 bool runs_whole_step(const Schedule& s) { return s.launches.size() == 1 && cuda_lowering_of(s.launches[0]).covers_whole_step(); }
 
 // ZeRO-1: an update that reads a sharded gradient must update this rank's

@@ -339,7 +339,7 @@ std::vector<io::TensorBlob> CudaTrainer::save_state() {
     for (ValueId id : g.values_with_role(role)) {
       if (id == impl_->train_data.step) continue;
       const Value& v = g.value(id);
-      io::TensorBlob blob{v.name, v.dtype, v.shape, std::string(static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype), '\0')};
+      io::TensorBlob blob{v.name, v.dtype, v.shape, std::string(value_bytes(v), '\0')};
       SG_CUDA_CHECK(cudaMemcpy(blob.bytes.data(), impl_->train->device_ptr(id), blob.bytes.size(), cudaMemcpyDeviceToHost));
       blobs.push_back(std::move(blob));
     }

@@ -7,7 +7,7 @@
 namespace sg::cuda {
 
 DeviceBuffer& DeviceValues::get_or_create(const Value& v) {
-  const auto bytes = static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype);
+  const auto bytes = value_bytes(v);
   auto it = buffers_.find(v.name);
   if (it == buffers_.end()) {
     it = buffers_.emplace(v.name, DeviceBuffer(bytes)).first;

@@ -11,8 +11,6 @@
 namespace sg::cuda {
 namespace {
 
-std::size_t value_bytes(const Value& v) { return static_cast<std::size_t>(element_count(v.shape)) * dtype_size(v.dtype); }
-
 bool floating(const sg::Graph& g, ValueId v) { return is_floating(g.value(v).dtype); }
 
 class ElementwiseLowering final : public CudaLowering {
