@@ -2,9 +2,13 @@
 // The model.sequential CNN the simulated-rank tests train (test_zero_sharding.cpp,
 // test_gathered_gradients.cpp): 1x8x8 inputs, two 3x3 convolutions (8 and 16
 // filters), a max-pool and a 6-way classifier, f32, rank `rank` of `ranks`
-// at `batch` rows each.
+// at `batch` rows each; and its `ranks` simulated ranks as CPU executors.
+#include <memory>
+#include <vector>
+
 #include "models/sequential_program.hpp"
 #include "tests/runtime/layer_specs.hpp"
+#include "tests/runtime/simulated_ranks.hpp"
 
 namespace sg::test {
 
@@ -26,6 +30,21 @@ inline SequentialTraining rank_cnn(OptimizerKind kind, std::int64_t batch, std::
   t.eval_batch = 10;
   t.init_seed = 3;
   return t;
+}
+
+// The CNN's `ranks` simulated ranks on `d` (`rows` rows), each built after
+// `configure(SequentialTraining&)` set the option the test compares.
+template <class Configure>
+std::vector<std::unique_ptr<CpuExecutor<float>>> rank_cnn_executors(OptimizerKind kind, std::int64_t batch,
+                                                                    std::int64_t ranks, std::int64_t rows,
+                                                                    const Data& d, Configure configure) {
+  std::vector<std::unique_ptr<CpuExecutor<float>>> out;
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    SequentialTraining t = rank_cnn(kind, batch, r, ranks);
+    configure(t);
+    out.push_back(executor(build_sequential_program(t, rows, 10, ProgramTarget::cpu), d));
+  }
+  return out;
 }
 
 }  // namespace sg::test

@@ -170,16 +170,11 @@ TEST_CASE("weight gradients from every rank's rows: a model.sequential CNN on 2 
     const std::int64_t ranks = 2, batch = 2 + std::int64_t(rng() % 4), rows = ranks * batch * 3 + 1;
     INFO(optimizer_name(kind) << ", batch " << batch << ", seed " << test::last_seed());
     const Data d = random_dataset(rng, rows, 64, 6);
-    const auto cnn = [&](std::int64_t rank, WeightGradients mode) {
-      SequentialTraining t = rank_cnn(kind, batch, rank, ranks);
-      t.optimizer.weight_gradients = mode;
-      return executor(build_sequential_program(t, rows, 10, ProgramTarget::cpu), d);
+    const auto ranks_with = [&](WeightGradients mode) {
+      return rank_cnn_executors(kind, batch, ranks, rows, d,
+                                [mode](SequentialTraining& t) { t.optimizer.weight_gradients = mode; });
     };
-    std::vector<std::unique_ptr<CpuExecutor<float>>> gathering, reducing;
-    for (std::int64_t r = 0; r < ranks; ++r) {
-      gathering.push_back(cnn(r, WeightGradients::gather));
-      reducing.push_back(cnn(r, WeightGradients::reduce));
-    }
+    auto gathering = ranks_with(WeightGradients::gather), reducing = ranks_with(WeightGradients::reduce);
     const Graph& g = gathering.front()->graph();
     verify_graph(g);
     // The second convolution gathers; the first (its input a view of the batch) and the linear layer (a

@@ -188,17 +188,13 @@ TEST_CASE("zero1: a model.sequential CNN on 2 simulated ranks with sharded updat
     const std::int64_t ranks = 2, batch = 2 + std::int64_t(rng() % 4), rows = ranks * batch * 3 + 1;
     INFO(optimizer_name(kind) << ", batch " << batch << ", seed " << test::last_seed());
     const Data d = random_dataset(rng, rows, 64, 6);
-    const auto cnn = [&](std::int64_t rank, bool shard) {
-      SequentialTraining t = rank_cnn(kind, batch, rank, ranks);
-      t.optimizer.shard_updates = shard;
-      t.optimizer.shard_min_bytes = 0;
-      return executor(build_sequential_program(t, rows, 10, ProgramTarget::cpu), d);
+    const auto ranks_with = [&](bool shard) {
+      return rank_cnn_executors(kind, batch, ranks, rows, d, [shard](SequentialTraining& t) {
+        t.optimizer.shard_updates = shard;
+        t.optimizer.shard_min_bytes = 0;
+      });
     };
-    std::vector<std::unique_ptr<CpuExecutor<float>>> sharded, reduced;
-    for (std::int64_t r = 0; r < ranks; ++r) {
-      sharded.push_back(cnn(r, true));
-      reduced.push_back(cnn(r, false));
-    }
+    auto sharded = ranks_with(true), reduced = ranks_with(false);
     const Graph& g = sharded.front()->graph();
     CHECK(nodes_of(g, OpKind::all_gather_shards).size() == 2);
     const auto initial = all_params(*reduced.front());
