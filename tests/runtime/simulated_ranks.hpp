@@ -25,10 +25,40 @@
 #include <tuple>
 #include <vector>
 
+#include "models/mlp_program.hpp"
 #include "runtime/cpu/cpu_executor.hpp"
 #include "runtime/training_program.hpp"
 
 namespace sg::test {
+
+// A small MLP for simulated ranks: the given layer widths, f32 weights (with
+// `master_weights` f16 compute and tanh, test_data_parallel.cpp's
+// small_master_mlp says why), SGD with momentum at lr 0.2 or another rule at
+// 0.01, weight decay 0.01.
+inline MlpTraining rank_mlp(std::vector<std::int64_t> layers, std::int64_t batch, OptimizerKind kind,
+                            bool master_weights, std::uint64_t init_seed) {
+  MlpTraining t;
+  t.mlp.layers = std::move(layers);
+  t.mlp.batch = batch;
+  t.mlp.compute_dtype = master_weights ? DType::f16 : DType::f32;
+  t.mlp.weight_dtype = DType::f32;
+  if (master_weights) t.mlp.activation = MlpActivation::tanh;
+  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.2 : 0.01;
+  t.optimizer.kind = kind;
+  t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+  t.optimizer.weight_decay = 0.01;
+  t.eval_batch = 10;
+  t.init_seed = init_seed;
+  return t;
+}
+
+// The nodes of one op, in graph order.
+inline std::vector<const Node*> nodes_of(const Graph& g, OpKind op) {
+  std::vector<const Node*> out;
+  for (const Node& n : g.nodes())
+    if (n.op == op) out.push_back(&n);
+  return out;
+}
 
 struct Data {
   std::int64_t rows = 0;

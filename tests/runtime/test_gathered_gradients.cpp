@@ -24,19 +24,8 @@ using namespace sg::test;
 namespace {
 
 MlpTraining small_mlp(std::int64_t batch, OptimizerKind kind, WeightGradients mode, bool master_weights = false) {
-  MlpTraining t;
-  t.mlp.layers = {24, 40, 16, 5};
-  t.mlp.batch = batch;
-  t.mlp.compute_dtype = master_weights ? DType::f16 : DType::f32;
-  t.mlp.weight_dtype = DType::f32;
-  if (master_weights) t.mlp.activation = MlpActivation::tanh;  // (test_data_parallel.cpp's small_master_mlp: why)
-  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.2 : 0.01;
-  t.optimizer.kind = kind;
-  t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
-  t.optimizer.weight_decay = 0.01;
+  MlpTraining t = rank_mlp({24, 40, 16, 5}, batch, kind, master_weights, 5);
   t.optimizer.weight_gradients = mode;
-  t.eval_batch = 10;
-  t.init_seed = 5;
   return t;
 }
 
@@ -44,13 +33,6 @@ TrainingProgram rank_program(MlpTraining t, std::int64_t rank, std::int64_t rank
   t.data_rank = rank;
   t.data_ranks = ranks;
   return build_mlp_program(t, rows, 10, ProgramTarget::cpu);
-}
-
-std::vector<const Node*> nodes_of(const Graph& g, OpKind op) {
-  std::vector<const Node*> out;
-  for (const Node& n : g.nodes())
-    if (n.op == op) out.push_back(&n);
-  return out;
 }
 
 // The node computing each parameter's gradient as its update reads it (through casts).
@@ -166,13 +148,10 @@ TEST_CASE("weight gradients from every rank's rows: N simulated ranks end near t
 // A model.sequential CNN: a convolution's filter gradient and column sums read every rank's rows.
 TEST_CASE("weight gradients from every rank's rows: a model.sequential CNN on 2 simulated ranks") {
   auto rng = test::fresh_rng();
-  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-    const std::int64_t ranks = 2, batch = 2 + std::int64_t(rng() % 4), rows = ranks * batch * 3 + 1;
-    INFO(optimizer_name(kind) << ", batch " << batch << ", seed " << test::last_seed());
-    const Data d = random_dataset(rng, rows, 64, 6);
+  for (const RankCnnCase& c : rank_cnn_cases(rng)) {
+    INFO(optimizer_name(c.kind) << ", batch " << c.batch << ", seed " << test::last_seed());
     const auto ranks_with = [&](WeightGradients mode) {
-      return rank_cnn_executors(kind, batch, ranks, rows, d,
-                                [mode](SequentialTraining& t) { t.optimizer.weight_gradients = mode; });
+      return c.executors([mode](SequentialTraining& t) { t.optimizer.weight_gradients = mode; });
     };
     auto gathering = ranks_with(WeightGradients::gather), reducing = ranks_with(WeightGradients::reduce);
     const Graph& g = gathering.front()->graph();

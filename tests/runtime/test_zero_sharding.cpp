@@ -24,19 +24,8 @@ namespace {
 // 32-64-32-6: W1 and W2 (2048 elements) divide into 2 or 4 ranges of a
 // multiple of kShardAlignment, W3 (192) into 3; the biases never do.
 MlpTraining zero_mlp(std::int64_t batch, OptimizerKind kind, bool master_weights = false) {
-  MlpTraining t;
-  t.mlp.layers = {32, 64, 32, 6};
-  t.mlp.batch = batch;
-  t.mlp.compute_dtype = master_weights ? DType::f16 : DType::f32;
-  t.mlp.weight_dtype = DType::f32;
-  if (master_weights) t.mlp.activation = MlpActivation::tanh;  // (test_data_parallel.cpp's small_master_mlp: why)
-  t.optimizer.lr = kind == OptimizerKind::sgd ? 0.2 : 0.01;
-  t.optimizer.kind = kind;
-  t.optimizer.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
-  t.optimizer.weight_decay = 0.01;
+  MlpTraining t = rank_mlp({32, 64, 32, 6}, batch, kind, master_weights, 11);
   t.optimizer.shard_min_bytes = 0;
-  t.eval_batch = 10;
-  t.init_seed = 11;
   return t;
 }
 
@@ -45,13 +34,6 @@ TrainingProgram rank_program(MlpTraining t, std::int64_t rank, std::int64_t rank
   t.data_ranks = ranks;
   t.optimizer.shard_updates = shard;
   return build_mlp_program(t, rows, 10, ProgramTarget::cpu);
-}
-
-std::vector<const Node*> nodes_of(const Graph& g, OpKind op) {
-  std::vector<const Node*> out;
-  for (const Node& n : g.nodes())
-    if (n.op == op) out.push_back(&n);
-  return out;
 }
 
 // The parameter (or its f16 copy) an all_gather_shards reads, for each node.
@@ -184,12 +166,10 @@ TEST_CASE("zero1: N simulated ranks with sharded updates end with the weights of
 // are sharded over 2 ranks; the first convolution's (72) and the biases stay all-reduced.
 TEST_CASE("zero1: a model.sequential CNN on 2 simulated ranks with sharded updates ends as the all-reducing ranks") {
   auto rng = test::fresh_rng();
-  for (const OptimizerKind kind : {OptimizerKind::sgd, OptimizerKind::adamw}) {
-    const std::int64_t ranks = 2, batch = 2 + std::int64_t(rng() % 4), rows = ranks * batch * 3 + 1;
-    INFO(optimizer_name(kind) << ", batch " << batch << ", seed " << test::last_seed());
-    const Data d = random_dataset(rng, rows, 64, 6);
+  for (const RankCnnCase& c : rank_cnn_cases(rng)) {
+    INFO(optimizer_name(c.kind) << ", batch " << c.batch << ", seed " << test::last_seed());
     const auto ranks_with = [&](bool shard) {
-      return rank_cnn_executors(kind, batch, ranks, rows, d, [shard](SequentialTraining& t) {
+      return c.executors([shard](SequentialTraining& t) {
         t.optimizer.shard_updates = shard;
         t.optimizer.shard_min_bytes = 0;
       });
