@@ -1,4 +1,4 @@
-// stepgraph: train an MLP from a YAML config, inspect its graphs, benchmark
+// stepgraph: train a network from a YAML config, inspect its graphs, benchmark
 // graph replay against stream launches and PyTorch.
 #include <atomic>
 #include <cmath>
@@ -12,6 +12,7 @@
 
 #include "apps/backend_flags.hpp"
 #include "apps/bench_command.hpp"
+#include "apps/console_log.hpp"
 #include "apps/data_parallel_run.hpp"
 #include "apps/export_command.hpp"
 #include "apps/predict_command.hpp"
@@ -102,7 +103,8 @@ int train(const ConfigArgs& args, const sg::app::RankLaunch& cli_launch, int arg
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"stepgraph: one captured CUDA graph per MLP training step"};
+  sg::app::use_console_log();
+  CLI::App app{"stepgraph: one captured CUDA graph per training step (MLPs, CNNs, residual models)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "stepgraph " STEPGRAPH_VERSION);
 
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
   try {
     if (*train_cmd) return train(train_args, rank_launch, argc, argv);
     if (*inspect_cmd) {
+      if (inspect_request.out.empty()) sg::app::use_console_log(/*every_line_to_stderr=*/true);  // stdout: the dump
       const auto dump = sg::app::run_inspect(inspect_args.load(), inspect_request);
       if (inspect_request.out.empty()) std::fwrite(dump.data(), 1, dump.size(), stdout);
       else spdlog::info("wrote {} ({} bytes)", inspect_request.out, dump.size());

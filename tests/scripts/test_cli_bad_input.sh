@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The stepgraph binary on bad command lines and signals (issue 24):
 # unknown subcommand, --version, bench --replot of a bad file, export and
-# predict on a missing checkpoint or a bad option, SIGTERM
-# (checkpoint, exit 143), a second Ctrl-C (immediate exit 130 with a message).
+# predict on a missing checkpoint or a bad option, errors on stderr (stdout
+# carries inspect's dump alone), SIGTERM (checkpoint, exit 143), a second
+# Ctrl-C (immediate exit 130 with a message).
 # Usage: test_cli_bad_input.sh <stepgraph binary> <source dir>
 set -uo pipefail
 bin=$1
@@ -30,6 +31,21 @@ check "export of a missing checkpoint exits 1 with one error line" bash -c "test
 check "export --format tflite is refused (rc $rc)" grep -q "format 'tflite' is not one of safetensors, onnx" "$tmp/out"
 "$bin" predict --checkpoint "$tmp/none.sgck" --input "$tmp/x.npy" -o "$tmp/p.npy" --backend tpu >"$tmp/out" 2>&1; rc=$?
 check "predict --backend tpu is refused (rc $rc)" bash -c "test $rc -eq 1 && grep -q \"backend 'tpu' is not one of auto, cuda, cpu\" '$tmp/out'"
+
+# Errors go to stderr: with stdout in a file the error still shows, and
+# inspect's dump on stdout is the dump alone (its info lines go to stderr).
+printf 'model:\n  layers: [784, 16, 10]\noptim:\n  momentum: [1, 2]\n' >"$tmp/bad.yaml"
+"$bin" inspect -c "$tmp/bad.yaml" -f schedule >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "inspect of a bad config exits 1 (rc $rc)" test "$rc" -eq 1
+check "its error is one line on stderr naming the key" \
+  bash -c "test \$(grep -c . '$tmp/err') -eq 1 && grep -q 'optim.momentum: expected a number' '$tmp/err'"
+check "nothing of it on stdout" test ! -s "$tmp/out"
+"$bin" train -c "$tmp/bad.yaml" >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "train's error is on stderr (rc $rc)" bash -c "test $rc -eq 1 && grep -q 'optim.momentum' '$tmp/err' && test ! -s '$tmp/out'"
+"$bin" inspect -c "$src/configs/mnist_mlp.yaml" -f json --set run.steps=2 >"$tmp/graph.json" 2>"$tmp/err"; rc=$?
+check "inspect -f json to stdout exits 0 (rc $rc)" test "$rc" -eq 0
+check "its stdout is the JSON alone" bash -c "head -c 1 '$tmp/graph.json' | grep -q '{' && tail -c 2 '$tmp/graph.json' | grep -q '}'"
+check "its info line (--set replaces run.epochs) is on stderr" grep -q "replaces run.epochs" "$tmp/err"
 
 # A long CPU run, stopped by a signal once it is training.
 start_run() {  # start_run <out dir> [--set key=value ...]
