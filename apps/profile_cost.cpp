@@ -9,7 +9,7 @@ namespace sg::app {
 namespace {
 
 double value_bytes(const Graph& g, ValueId id) {
-  return double(value_bytes(g.value(id)));
+  return double(sg::value_bytes(g.value(id)));
 }
 
 // Bytes a read of `id` moves for the nodes of the launch: a gather's table
